@@ -1,0 +1,339 @@
+"""The Starlette application: routes, authentication, and a lifespan that runs the loop.
+
+``SchedulerService`` holds what the routes and the loop share (database, clock, rules,
+scheduler). ``create_app`` is the standalone service; another Starlette app embeds the
+same thing by mounting ``service.app`` and entering ``service.lifespan`` (see README).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from sqlalchemy import Engine
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.middleware.authentication import AuthenticationMiddleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import BaseRoute, Route
+from starlette.types import ASGIApp
+
+from scheduler import store
+from scheduler.auth import JWTBackend, TokenVerifier, on_auth_error, require
+from scheduler.clock import SystemClock
+from scheduler.config import ConfigError, Settings
+from scheduler.db import make_engine, make_sessionmaker, resolve_database_url
+from scheduler.dispatch import NudgingPlatform
+from scheduler.facts import ContractViolation, FactsMissing, check_facts_contract
+from scheduler.http import parse_body, read_json, unprocessable
+from scheduler.loop import Scheduler
+from scheduler.openapi import openapi_document
+from scheduler.publishers import LoggingPublisher
+from scheduler.rules import Catalogue, load_catalogue
+from scheduler.schemas import LiveEventIn, PreferencesIn, ScheduledEventIn
+from scheduler.types import EVENT_STATUSES, Clock, DigitalTwinEvent, Dispatcher, Publisher
+
+logger = logging.getLogger(__name__)
+
+MISSING_FACTS_SCHEDULED = "Missing facts in scheduled event"
+MISSING_FACTS_LIVE = "Missing facts in event"
+
+
+class SchedulerService:
+    """Everything one API process needs: wire it once, then serve or embed it."""
+
+    def __init__(
+        self,
+        settings: Settings | None = None,
+        *,
+        engine: Engine | None = None,
+        clock: Clock | None = None,
+        catalogue: Catalogue | None = None,
+        dispatcher: Dispatcher | None = None,
+        publisher: Publisher | None = None,
+        run_scheduler: bool | None = None,
+    ) -> None:
+        self.settings = settings or Settings.from_env()
+        if engine is None:
+            engine = make_engine(resolve_database_url(self.settings), self.settings)
+        self.engine = engine
+        self.sessions = make_sessionmaker(engine)
+        self.clock = clock or SystemClock()
+        self.catalogue = catalogue or load_catalogue(self.settings.rules_dir)
+        self.dispatcher: Dispatcher = dispatcher or NudgingPlatform(self.catalogue)
+        self.publisher = publisher or LoggingPublisher()
+        self.verifier = TokenVerifier(self.settings)
+        self.run_scheduler = self.settings.scheduler_enabled if run_scheduler is None else run_scheduler
+        self.scheduler = Scheduler(
+            self.sessions,
+            self.dispatcher,
+            self.clock,
+            publisher=self.publisher,
+            batch_size=self.settings.batch_size,
+            poll_seconds=self.settings.poll_seconds,
+        )
+        self._task: asyncio.Task[None] | None = None
+        self._stop: asyncio.Event | None = None
+        self._check_security()
+        self.app = Starlette(
+            routes=self.routes(),
+            middleware=self.middleware(),
+            exception_handlers={
+                HTTPException: _http_error,
+                OperationalError: _database_unavailable,
+                PoolTimeout: _database_unavailable,
+            },
+        )
+
+    def _check_security(self) -> None:
+        if self.settings.environment == "production":
+            if not self.verifier.configured:
+                raise ConfigError("production mode needs SCHEDULER_JWT_SECRET, SCHEDULER_JWT_PUBLIC_KEY or SCHEDULER_JWKS_URL")
+            secret = self.settings.jwt_secret or ""
+            if secret and (len(secret) < 32 or "dev" in secret.lower()):
+                raise ConfigError("production mode refuses a development-grade SCHEDULER_JWT_SECRET (use 32+ random characters)")
+        else:
+            logger.warning("running in DEVELOPMENT mode (SCHEDULER_ENV=development): not for production")
+
+    # -- wiring ------------------------------------------------------------------------
+
+    def middleware(self) -> list[Middleware]:
+        return [Middleware(AuthenticationMiddleware, backend=JWTBackend(self.verifier), on_error=on_auth_error)]
+
+    def routes(self) -> list[BaseRoute]:
+        return [
+            Route("/health", self.health, methods=["GET"]),
+            Route("/health/scheduler", self.scheduler_health, methods=["GET"]),
+            Route("/openapi.json", self.openapi, methods=["GET"], include_in_schema=False),
+            Route("/admin/scheduled-events", self.create_scheduled_event, methods=["POST"]),
+            Route("/admin/scheduled-events", self.list_scheduled_events, methods=["GET"]),
+            Route("/admin/scheduled-events/{event_id}", self.get_scheduled_event, methods=["GET"]),
+            Route("/admin/scheduled-events/{event_id}/reset", self.reset_scheduled_event, methods=["POST"]),
+            Route("/admin/ingest-event", self.ingest_event, methods=["POST"]),
+            Route("/admin/notifications", self.list_notifications, methods=["GET"]),
+            Route("/admin/participants/{user_id}/preferences", self.set_preferences, methods=["PUT"]),
+        ]
+
+    @contextlib.asynccontextmanager
+    async def lifespan(self, app: ASGIApp | None = None) -> AsyncIterator[None]:
+        """Start the polling loop with the app; stop it (at once) when the app stops."""
+        await self.start()
+        try:
+            yield
+        finally:
+            await self.stop()
+
+    async def start(self) -> None:
+        if not self.run_scheduler or self._task is not None:
+            return
+        self._stop = asyncio.Event()
+        self._task = asyncio.create_task(self.scheduler.run(self._stop), name="scheduler-loop")
+        self._task.add_done_callback(_report_exit)
+
+    async def stop(self) -> None:
+        if self._task is None or self._stop is None:
+            return
+        self._stop.set()
+        with contextlib.suppress(Exception):
+            await self._task
+
+    @property
+    def loop_alive(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    # -- open routes -------------------------------------------------------------------
+
+    async def health(self, request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def scheduler_health(self, request: Request) -> Response:
+        """Liveness of the loop: 503 once the task has exited or polls have stopped."""
+        snapshot: dict[str, Any] = self.scheduler.health.snapshot()
+        snapshot["running"] = self.loop_alive
+        stale = self.scheduler.is_stale(self.clock.now())
+        snapshot["stale"] = stale
+        snapshot["poll_seconds"] = self.scheduler.poll_seconds
+        healthy = self.loop_alive and not stale
+        return JSONResponse(snapshot, status_code=200 if healthy else 503)
+
+    async def openapi(self, request: Request) -> Response:
+        return JSONResponse(openapi_document(self.app.routes))
+
+    # -- ingest ------------------------------------------------------------------------
+
+    @require("ingest")
+    async def create_scheduled_event(self, request: Request) -> Response:
+        """Store an event for later (REQ-0063, REQ-0064). Validated now, not when it fires."""
+        body = parse_body(ScheduledEventIn, await read_json(request, self.settings.max_body_bytes))
+        refused = _contract_refusal(body.facts, MISSING_FACTS_SCHEDULED)
+        if refused is not None:
+            return refused
+        assert body.facts is not None
+        row = await run_in_threadpool(
+            store.store_event,
+            self.sessions,
+            event_type=body.event_type,
+            user_id=body.user_id,
+            community_id=body.community_id,
+            external_key=body.external_key,
+            trigger_at=body.trigger_at,
+            facts=body.facts,
+            now=self.clock.now(),
+        )
+        return JSONResponse(row, status_code=201)
+
+    @require("ingest")
+    async def ingest_event(self, request: Request) -> Response:
+        """The live path: the same engine and orchestrator a scheduled event goes through."""
+        body = parse_body(LiveEventIn, await read_json(request, self.settings.max_body_bytes))
+        refused = _contract_refusal(body.facts, MISSING_FACTS_LIVE)
+        if refused is not None:
+            return refused
+        assert body.facts is not None
+        event = DigitalTwinEvent(body.event_type, body.user_id, body.community_id, body.facts)
+        result = await run_in_threadpool(self._dispatch_live, event)
+        if result.refusal is not None:
+            return JSONResponse({"detail": result.detail}, status_code=result.http_status)
+        if result.http_status == 204:
+            return Response(status_code=204)
+        payload = {"outcome": result.outcome, "notifications": _jsonable(result.notifications)}
+        if result.http_status == 409:
+            payload = {"detail": "duplicate: every rule that would fire already notified for this period", **payload}
+        return JSONResponse(payload, status_code=result.http_status)
+
+    def _dispatch_live(self, event: DigitalTwinEvent) -> Any:
+        now = self.clock.now()
+        with self.sessions() as session:
+            result = self.dispatcher(session, event, now)
+            if result.refusal is not None:
+                session.rollback()
+                return result
+            session.commit()
+        for message in result.outbound:
+            try:
+                self.publisher.publish(message)
+            except Exception:
+                logger.exception("publishing notification %s failed", message.notification_id)
+        return result
+
+    # -- admin -------------------------------------------------------------------------
+
+    @require("admin")
+    async def list_scheduled_events(self, request: Request) -> Response:
+        status = request.query_params.get("status") or None
+        if status is not None and status not in EVENT_STATUSES:
+            return unprocessable(f"status: unknown status {status!r}; expected one of {', '.join(EVENT_STATUSES)}")
+        limit = _limit(request)
+        rows = await run_in_threadpool(
+            store.list_events, self.sessions, status=status, user_id=request.query_params.get("user_id") or None, limit=limit
+        )
+        return JSONResponse(rows)
+
+    @require("admin")
+    async def get_scheduled_event(self, request: Request) -> Response:
+        row = await run_in_threadpool(store.get_event, self.sessions, request.path_params["event_id"])
+        if row is None:
+            raise HTTPException(404, "no scheduled event with that id")
+        return JSONResponse(row)
+
+    @require("admin")
+    async def reset_scheduled_event(self, request: Request) -> Response:
+        """The reset by hand: a failed (or dispatched) row goes back to pending."""
+        row = await run_in_threadpool(store.reset_event, self.sessions, request.path_params["event_id"], self.clock.now())
+        if row is None:
+            raise HTTPException(404, "no scheduled event with that id")
+        return JSONResponse(row)
+
+    @require("admin")
+    async def list_notifications(self, request: Request) -> Response:
+        status = request.query_params.get("status") or None
+        if status is not None and status not in {"sent", "suppressed", "failed"}:
+            return unprocessable(f"status: unknown status {status!r}; expected sent, suppressed or failed")
+        rows = await run_in_threadpool(
+            store.list_notifications,
+            self.sessions,
+            user_id=request.query_params.get("user_id") or None,
+            status=status,
+            limit=_limit(request),
+        )
+        return JSONResponse(rows)
+
+    @require("admin")
+    async def set_preferences(self, request: Request) -> Response:
+        body = parse_body(PreferencesIn, await read_json(request, self.settings.max_body_bytes))
+        row = await run_in_threadpool(
+            store.set_preferences,
+            self.sessions,
+            request.path_params["user_id"],
+            enabled_kinds=body.enabled_kinds,
+            max_per_day=body.max_per_day,
+            now=self.clock.now(),
+        )
+        return JSONResponse(row)
+
+
+def _limit(request: Request) -> int:
+    raw = request.query_params.get("limit")
+    if raw is None:
+        return 100
+    if not raw.isdigit() or not 1 <= int(raw) <= 1000:
+        raise HTTPException(422, "limit: must be a whole number from 1 to 1000")
+    return int(raw)
+
+
+def _contract_refusal(facts: Any, missing_message: str) -> Response | None:
+    """The facts contract (REQ-0012), answered with the documented 422 bodies."""
+    try:
+        check_facts_contract(facts)
+    except FactsMissing:
+        return unprocessable(missing_message)
+    except ContractViolation as exc:
+        return unprocessable({"error": "invalid_facts_contract", "errors": list(exc.errors)})
+    return None
+
+
+def _jsonable(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{k: (v.isoformat() if hasattr(v, "isoformat") else v) for k, v in row.items()} for row in rows]
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers)
+
+
+async def _database_unavailable(request: Request, exc: Exception) -> Response:
+    logger.warning("database unavailable: %s", exc)
+    return JSONResponse(
+        {"detail": "database unavailable; retry later"}, status_code=503, headers={"Retry-After": "5"}
+    )
+
+
+def _report_exit(task: asyncio.Task[None]) -> None:
+    if task.cancelled():
+        logger.warning("scheduler loop cancelled: reminders stop until the process restarts")
+    elif task.exception() is not None:
+        logger.error("scheduler loop died: reminders stop until the process restarts", exc_info=task.exception())
+
+
+def create_app(settings: Settings | None = None, **kwargs: Any) -> Starlette:
+    """The standalone service: the routes plus a lifespan that runs the scheduler loop."""
+    service = SchedulerService(settings, **kwargs)
+    app = Starlette(
+        routes=service.app.routes,
+        middleware=service.middleware(),
+        exception_handlers=service.app.exception_handlers,
+        lifespan=service.lifespan,
+    )
+    app.state.service = service
+    return app
+
+
+__all__ = ["SchedulerService", "create_app"]

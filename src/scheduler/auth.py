@@ -1,0 +1,164 @@
+"""Bearer JWT authentication on Starlette's ``AuthenticationMiddleware``.
+
+Scopes map to permissions: ``nudging.ingest`` grants ``ingest``; ``nudging.admin`` grants
+``admin`` and ``ingest``. A missing or bad token is a 401 with ``WWW-Authenticate: Bearer``;
+a valid token without the permission is a 403 naming it.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import jwt
+from starlette.authentication import (
+    AuthCredentials,
+    AuthenticationBackend,
+    AuthenticationError,
+    BaseUser,
+    has_required_scope,
+    requires,
+)
+from starlette.exceptions import HTTPException
+from starlette.requests import HTTPConnection, Request
+from starlette.responses import JSONResponse, Response
+
+from scheduler.config import Settings
+
+SCOPE_PERMISSIONS: dict[str, tuple[str, ...]] = {
+    "nudging.ingest": ("ingest",),
+    "nudging.admin": ("admin", "ingest"),
+}
+PERMISSION_SCOPES = {"ingest": "nudging.ingest", "admin": "nudging.admin"}
+CHALLENGE = {"WWW-Authenticate": 'Bearer realm="nudging"'}
+
+Endpoint = Callable[..., Awaitable[Response]]
+
+
+class Principal(BaseUser):
+    def __init__(self, subject: str, scopes: Sequence[str]) -> None:
+        self.subject = subject
+        self.scopes = tuple(scopes)
+
+    @property
+    def is_authenticated(self) -> bool:
+        return True
+
+    @property
+    def display_name(self) -> str:
+        return self.subject
+
+
+class TokenVerifier:
+    """Verifies tokens with exactly one configured key type, so algorithms cannot be confused."""
+
+    def __init__(self, settings: Settings, secret: str | None = None) -> None:
+        self.audience = settings.jwt_audience
+        self.issuer = settings.jwt_issuer
+        self._secret = secret if secret is not None else settings.effective_jwt_secret()
+        self._public_key = settings.jwt_public_key
+        self._jwks = jwt.PyJWKClient(settings.jwks_url) if settings.jwks_url else None
+
+    @property
+    def configured(self) -> bool:
+        return bool(self._secret or self._public_key or self._jwks)
+
+    def verify(self, token: str) -> dict[str, Any]:
+        options = {"require": ["exp", "sub"]}
+        common: dict[str, Any] = {"audience": self.audience, "options": options}
+        if self.issuer:
+            common["issuer"] = self.issuer
+        if self._jwks is not None:
+            key = self._jwks.get_signing_key_from_jwt(token).key
+            return dict(jwt.decode(token, key, algorithms=["RS256"], **common))
+        if self._public_key:
+            return dict(jwt.decode(token, self._public_key, algorithms=["RS256"], **common))
+        if self._secret:
+            return dict(jwt.decode(token, self._secret, algorithms=["HS256"], **common))
+        raise jwt.InvalidTokenError("the service has no way to verify tokens configured")
+
+
+def scopes_of(claims: dict[str, Any]) -> list[str]:
+    """The ``scope`` claim as a space-separated string or a list."""
+    raw = claims.get("scope", claims.get("scp"))
+    if isinstance(raw, str):
+        return raw.split()
+    if isinstance(raw, list):
+        return [s for s in raw if isinstance(s, str)]
+    return []
+
+
+class JWTBackend(AuthenticationBackend):
+    def __init__(self, verifier: TokenVerifier) -> None:
+        self.verifier = verifier
+
+    async def authenticate(self, conn: HTTPConnection) -> tuple[AuthCredentials, BaseUser] | None:
+        header = conn.headers.get("authorization")
+        if header is None:
+            return None
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise AuthenticationError("malformed Authorization header: expected 'Bearer <token>'")
+        try:
+            claims = self.verifier.verify(token.strip())
+        except jwt.PyJWTError as exc:
+            raise AuthenticationError(f"invalid token: {exc}") from exc
+        scopes = scopes_of(claims)
+        permissions = {p for s in scopes for p in SCOPE_PERMISSIONS.get(s, ())}
+        return AuthCredentials(["authenticated", *sorted(permissions)]), Principal(str(claims["sub"]), scopes)
+
+
+def on_auth_error(conn: HTTPConnection, exc: AuthenticationError) -> Response:
+    return JSONResponse({"detail": str(exc)}, status_code=401, headers=CHALLENGE)
+
+
+def require(permission: str) -> Callable[[Endpoint], Endpoint]:
+    """Guard an endpoint: 401 without a valid token, 403 naming the missing permission.
+
+    The permission is recorded on the endpoint (``endpoint.permission``) so the route
+    table in ``specs/`` can be checked against the running app.
+    """
+    if permission not in PERMISSION_SCOPES:
+        raise ValueError(f"unknown permission {permission!r}")
+
+    def decorator(endpoint: Endpoint) -> Endpoint:
+        guarded = requires(permission, status_code=403)(endpoint)
+
+        @functools.wraps(endpoint)
+        async def wrapper(*args: Any) -> Response:
+            request = args[-1]  # a plain endpoint gets (request,), a method (self, request)
+            assert isinstance(request, Request)
+            if not request.user.is_authenticated:
+                raise HTTPException(401, "missing bearer token", headers=CHALLENGE)
+            if not has_required_scope(request, [permission]):
+                raise HTTPException(
+                    403, f"missing permission: {PERMISSION_SCOPES[permission]} ({permission})"
+                )
+            response: Response = await guarded(*args)
+            return response
+
+        wrapper.permission = permission  # type: ignore[attr-defined]
+        return wrapper
+
+    return decorator
+
+
+def mint_token(
+    secret: str,
+    *,
+    scope: str | None,
+    subject: str = "local-operator",
+    ttl_seconds: int = 3600,
+    audience: str = "svc-nudging",
+    issuer: str | None = None,
+) -> str:
+    """An HS256 token for local use (``scheduler token``); no scope gives a participant's token."""
+    now = int(time.time())
+    claims: dict[str, Any] = {"sub": subject, "aud": audience, "iat": now, "nbf": now, "exp": now + ttl_seconds}
+    if scope:
+        claims["scope"] = scope
+    if issuer:
+        claims["iss"] = issuer
+    return jwt.encode(claims, secret, algorithm="HS256")

@@ -1,0 +1,200 @@
+"""The ``scheduler`` command (also ``python -m scheduler``). Every command has ``--help``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import secrets
+import sys
+from collections.abc import Callable, Sequence
+
+from scheduler.config import ConfigError, Settings
+
+Command = Callable[[argparse.Namespace, Settings], int]
+
+
+def _engine(settings: Settings):  # type: ignore[no-untyped-def]
+    from scheduler.db import make_engine, migrate, resolve_database_url
+
+    engine = make_engine(resolve_database_url(settings), settings)
+    migrate(engine)
+    return engine
+
+
+def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
+    import uvicorn
+
+    from scheduler.app import create_app
+
+    if settings.effective_jwt_secret() is None and not (settings.jwt_public_key or settings.jwks_url):
+        if settings.environment == "production":
+            raise ConfigError("production mode needs SCHEDULER_JWT_SECRET, SCHEDULER_JWT_PUBLIC_KEY or SCHEDULER_JWKS_URL")
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        settings.secret_file.write_text(secrets.token_urlsafe(48))
+        settings.secret_file.chmod(0o600)
+        print(f"generated a development JWT secret in {settings.secret_file}; "
+              "`scheduler token --scope nudging.admin` mints tokens for it", file=sys.stderr)
+    engine = _engine(settings)
+    app = create_app(settings, engine=engine)
+    print(f"scheduler listening on http://{args.host}:{args.port} "
+          f"(poll every {settings.poll_seconds:g}s, batch {settings.batch_size})", file=sys.stderr)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=10)
+    return 0
+
+
+def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
+    _engine(settings).dispose()
+    print("database schema is up to date")
+    return 0
+
+
+def cmd_token(args: argparse.Namespace, settings: Settings) -> int:
+    from scheduler.auth import mint_token
+
+    secret = settings.effective_jwt_secret()
+    if secret is None:
+        print("no JWT secret configured: set SCHEDULER_JWT_SECRET, or run `scheduler serve` once "
+              f"to generate one in {settings.secret_file}", file=sys.stderr)
+        return 2
+    print(mint_token(secret, scope=args.scope, subject=args.sub, ttl_seconds=args.ttl,
+                     audience=settings.jwt_audience, issuer=settings.jwt_issuer))
+    return 0
+
+
+def cmd_events_list(args: argparse.Namespace, settings: Settings) -> int:
+    from scheduler import store
+    from scheduler.db import make_sessionmaker
+
+    engine = _engine(settings)
+    rows = store.list_events(make_sessionmaker(engine), status=args.status, user_id=args.user_id, limit=args.limit)
+    engine.dispose()
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    if not rows:
+        print("no scheduled events")
+    for row in rows:
+        error = f"  last_error={row['last_error']}" if row["last_error"] else ""
+        print(f"{row['id']}  {row['status']:<10} trigger_at={row['trigger_at']}  user={row['user_id']}{error}")
+    return 0
+
+
+def cmd_events_reset(args: argparse.Namespace, settings: Settings) -> int:
+    from scheduler import store
+    from scheduler.clock import SystemClock
+    from scheduler.db import make_sessionmaker
+
+    engine = _engine(settings)
+    row = store.reset_event(make_sessionmaker(engine), args.id, SystemClock().now())
+    engine.dispose()
+    if row is None:
+        print(f"no scheduled event with id {args.id}", file=sys.stderr)
+        return 1
+    print(f"{row['id']} is pending again (trigger_at={row['trigger_at']})")
+    return 0
+
+
+def cmd_rules_list(args: argparse.Namespace, settings: Settings) -> int:
+    from scheduler.rules import load_catalogue
+
+    catalogue = load_catalogue(settings.rules_dir)
+    summaries = [r.summary() for r in catalogue.rules]
+    if args.json:
+        print(json.dumps(summaries, indent=2))
+        return 0
+    for s in summaries:
+        state = "" if s["enabled"] else "  (disabled)"
+        print(f"{s['id']:<28} {s['frequency']:<8} {s['kind']:<10} {', '.join(s['scenarios'])}{state}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="scheduler",
+        description="Scheduled events for the nudging platform: store now, dispatch later. "
+        "Without DATABASE_URL every command uses an embedded PostgreSQL in SCHEDULER_DATA_DIR "
+        "(default ./.scheduler).",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = sub.add_parser("serve", help="migrate, then run the API and its polling loop under uvicorn",
+                           description="Migrate the database, then serve the API; the lifespan runs the loop.")
+    serve.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    serve.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    serve.set_defaults(func=cmd_serve)
+
+    mig = sub.add_parser("migrate", help="bring the database schema up to date (Alembic)",
+                         description="Run the Alembic migrations up to head.")
+    mig.set_defaults(func=cmd_migrate)
+
+    token = sub.add_parser("token", help="mint a local HS256 token (prints only the token)",
+                           description="Mint a token signed with the configured (or generated) secret.")
+    token.add_argument("--scope", default=None,
+                       help="space-separated scopes, e.g. nudging.admin or nudging.ingest; omit for a participant")
+    token.add_argument("--sub", default="local-operator", help="the subject claim (default local-operator)")
+    token.add_argument("--ttl", type=int, default=3600, help="seconds until it expires (default 3600)")
+    token.set_defaults(func=cmd_token)
+
+    events = sub.add_parser("events", help="inspect and reset scheduled events",
+                            description="Operators' view of the scheduled_events table.")
+    events_sub = events.add_subparsers(dest="events_command", required=True, metavar="ACTION")
+    ev_list = events_sub.add_parser("list", help="list rows, newest change first",
+                                    description="List scheduled events, newest change first.")
+    ev_list.add_argument("--status", choices=["pending", "dispatched", "failed"], help="only rows in this status")
+    ev_list.add_argument("--user-id", help="only this participant's rows")
+    ev_list.add_argument("--limit", type=int, default=50, help="at most this many rows (default 50)")
+    ev_list.add_argument("--json", action="store_true", help="print JSON")
+    ev_list.set_defaults(func=cmd_events_list)
+    ev_reset = events_sub.add_parser("reset", help="reset a row by hand to pending",
+                                     description="Back to pending, dispatched_at and last_error cleared.")
+    ev_reset.add_argument("id", help="the scheduled event's id")
+    ev_reset.set_defaults(func=cmd_events_reset)
+
+    rules = sub.add_parser("rules", help="the rule catalogue", description="Inspect the loaded rule catalogue.")
+    rules_sub = rules.add_subparsers(dest="rules_command", required=True, metavar="ACTION")
+    rules_list = rules_sub.add_parser("list", help="list rules: id, frequency, kind, scenarios",
+                                      description="List the loaded rules (SCHEDULER_RULES_DIR or the examples).")
+    rules_list.add_argument("--json", action="store_true", help="print JSON")
+    rules_list.set_defaults(func=cmd_rules_list)
+
+    _add_extensions(sub)
+    return parser
+
+
+def _add_extensions(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Commands that live in other packages (the simulation harness, the benchmarks)."""
+    try:
+        from harness.cli import add_simulate_command
+    except ImportError:
+        pass
+    else:
+        add_simulate_command(sub)
+    try:
+        from bench.cli import add_bench_command  # type: ignore[import-not-found]
+    except ImportError:
+        pass
+    else:
+        add_bench_command(sub)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        settings = Settings.from_env()
+        result: int = args.func(args, settings)
+        return result
+    except ConfigError as exc:
+        print(f"configuration error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,117 @@
+"""Connections: the configured database, or an embedded PostgreSQL (the ``pgserver`` wheel).
+
+A newcomer needs nothing but pip: without ``DATABASE_URL`` the service starts (or joins)
+an embedded server kept in ``<data dir>/pgdata`` and uses a database named ``scheduler``.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlparse
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import Engine, create_engine, make_url, text
+from sqlalchemy.orm import Session, sessionmaker
+
+from scheduler.config import Settings
+
+logger = logging.getLogger(__name__)
+
+MIGRATIONS = Path(__file__).parent / "migrations"
+EMBEDDED_DATABASE = "scheduler"
+
+# Keep a reference so the embedded server is not stopped while this process uses it.
+_embedded: dict[Path, Any] = {}
+
+
+def embedded_server_uri(pgdata: Path) -> str:
+    """Start (or join) the embedded PostgreSQL in ``pgdata``; return its libpq URI."""
+    import pgserver  # imported lazily: only the embedded path needs it
+
+    pgdata = pgdata.resolve()
+    pgdata.parent.mkdir(parents=True, exist_ok=True)
+    server = _embedded.get(pgdata)
+    if server is None:
+        logger.info("starting embedded PostgreSQL in %s", pgdata)
+        server = pgserver.get_server(pgdata, cleanup_mode="stop")
+        _embedded[pgdata] = server
+    return str(server.get_uri())
+
+
+def socket_dir_of(uri: str) -> str | None:
+    """The Unix socket directory in a libpq URI such as ``postgresql://u@/db?host=/tmp/x``."""
+    hosts = parse_qs(urlparse(uri).query).get("host")
+    return hosts[0] if hosts else None
+
+
+def sqlalchemy_url(uri: str, database: str | None = None) -> str:
+    """Turn a libpq URI (as pgserver prints) into a SQLAlchemy URL for psycopg 3."""
+    url = make_url(uri)
+    if url.drivername in {"postgresql", "postgres"}:
+        url = url.set(drivername="postgresql+psycopg")
+    if database is not None:
+        url = url.set(database=database)
+    return url.render_as_string(hide_password=False)
+
+
+def ensure_database(admin_url: str, name: str) -> None:
+    """Create database ``name`` on the server behind ``admin_url`` if it does not exist."""
+    engine = create_engine(admin_url, isolation_level="AUTOCOMMIT")
+    try:
+        with engine.connect() as conn:
+            exists = conn.execute(
+                text("SELECT 1 FROM pg_database WHERE datname = :name"), {"name": name}
+            ).scalar()
+            if not exists:
+                conn.execute(text(f'CREATE DATABASE "{name}"'))
+    finally:
+        engine.dispose()
+
+
+def resolve_database_url(settings: Settings) -> str:
+    """The SQLAlchemy URL to use: ``DATABASE_URL`` if set, else the embedded server."""
+    if settings.database_url:
+        return sqlalchemy_url(settings.database_url)
+    uri = embedded_server_uri(settings.data_dir / "pgdata")
+    ensure_database(sqlalchemy_url(uri), EMBEDDED_DATABASE)
+    return sqlalchemy_url(uri, EMBEDDED_DATABASE)
+
+
+def make_engine(url: str, settings: Settings | None = None, **kwargs: Any) -> Engine:
+    """An engine with the service's timeouts on every connection.
+
+    ``statement_timeout`` and ``lock_timeout`` bound how long one stuck statement (an
+    operator holding a lock, say) can hold up a request or a poll; ``pool_pre_ping``
+    lets the pool heal after a database restart without restarting the process.
+    """
+    settings = settings or Settings()
+    options = (
+        f"-c statement_timeout={settings.statement_timeout_ms} "
+        f"-c lock_timeout={settings.lock_timeout_ms}"
+    )
+    connect_args: dict[str, Any] = {"options": options, "connect_timeout": 10}
+    connect_args.update(kwargs.pop("connect_args", {}))
+    kwargs.setdefault("pool_pre_ping", True)
+    kwargs.setdefault("pool_timeout", settings.pool_timeout_seconds)
+    return create_engine(url, connect_args=connect_args, **kwargs)
+
+
+def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
+    return sessionmaker(engine, expire_on_commit=False)
+
+
+def alembic_config() -> Config:
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS))
+    return config
+
+
+def migrate(engine: Engine, revision: str = "head") -> None:
+    """Bring the schema up to ``revision`` with Alembic (never ``create_all``)."""
+    config = alembic_config()
+    with engine.begin() as conn:
+        config.attributes["connection"] = conn
+        command.upgrade(config, revision)

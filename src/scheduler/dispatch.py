@@ -1,0 +1,53 @@
+"""The one dispatch path shared by live ingest and the scheduler (REQ-0066).
+
+``NudgingPlatform`` is the production ``Dispatcher``: the engine decides what the rules
+want, the orchestrator decides what is delivered, and the result carries the HTTP answer
+a live sender would get, so a scheduled event's fate can be stated in the same terms.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy.orm import Session
+
+from scheduler.engine import Refusal, evaluate
+from scheduler.orchestrator import Orchestrator
+from scheduler.rules import Catalogue
+from scheduler.types import DigitalTwinEvent, DispatchResult
+
+
+class NudgingPlatform:
+    """Engine plus orchestrator, run inside the caller's transaction."""
+
+    def __init__(self, catalogue: Catalogue, orchestrator: Orchestrator | None = None) -> None:
+        self.catalogue = catalogue
+        self.orchestrator = orchestrator or Orchestrator()
+
+    def __call__(self, session: Session, event: DigitalTwinEvent, now: datetime) -> DispatchResult:
+        try:
+            candidates = evaluate(self.catalogue, event)
+        except Refusal as refusal:
+            return DispatchResult(
+                http_status=refusal.status,
+                outcome="refused",
+                refusal=str(refusal),
+                detail={"error": refusal.reason, "detail": refusal.detail},
+            )
+        if not candidates:
+            return DispatchResult(http_status=204, outcome="no_rule_triggered")
+        result = DispatchResult(http_status=202, outcome="suppressed")
+        duplicates = 0
+        for candidate in candidates:
+            decision = self.orchestrator.decide(session, event, candidate, now)
+            duplicates += decision.duplicate
+            if decision.notification is not None:
+                result.notifications.append(
+                    {k: v for k, v in decision.notification.items() if k != "now"}
+                )
+            result.outbound.extend(decision.outbound)
+        if result.outbound:
+            result.http_status, result.outcome = 200, "delivered"
+        elif duplicates == len(candidates):
+            result.http_status, result.outcome = 409, "duplicate"
+        return result

@@ -1,0 +1,129 @@
+"""The facts contract (REQ-0012) and the time scope (REQ-0020, REQ-0021).
+
+One implementation, used by both routes and by the engine: a scheduled event is
+checked against the contract when it is stored, and its time scope only when it fires.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import date
+from typing import Any, Literal
+
+Frequency = Literal["daily", "weekly", "monthly", "yearly"]
+TIME_FIELDS = ("time", "date", "week", "period")
+REQUIRED_STRINGS = ("facts_version", "scenario")
+INVALID_TIME_SCOPE = "missing_or_invalid_time_scope"
+
+
+class FactsMissing(ValueError):
+    """``facts`` is absent, null or empty."""
+
+
+@dataclass(frozen=True)
+class ContractViolation(ValueError):
+    """``facts`` is present but lacks ``facts_version`` or ``scenario`` as non-empty strings."""
+
+    errors: tuple[dict[str, str], ...]
+
+    def __str__(self) -> str:
+        return "invalid_facts_contract: " + "; ".join(e["message"] for e in self.errors)
+
+
+def check_facts_contract(facts: Any) -> Mapping[str, Any]:
+    """Return ``facts`` if it honours the contract; raise ``FactsMissing`` or ``ContractViolation``."""
+    if facts is None or (isinstance(facts, Mapping) and not facts):
+        raise FactsMissing("facts are missing or empty")
+    if not isinstance(facts, Mapping):
+        raise ContractViolation(
+            ({"field": "facts", "message": "facts must be a JSON object"},)
+        )
+    errors = []
+    for name in REQUIRED_STRINGS:
+        value = facts.get(name)
+        if value is None:
+            errors.append({"field": f"facts.{name}", "message": f"facts.{name} is required"})
+        elif not isinstance(value, str):
+            errors.append({"field": f"facts.{name}", "message": f"facts.{name} must be a string"})
+        elif not value.strip():
+            errors.append({"field": f"facts.{name}", "message": f"facts.{name} must not be empty"})
+    if errors:
+        raise ContractViolation(tuple(errors))
+    return facts
+
+
+@dataclass(frozen=True)
+class TimeScope:
+    """The period an event speaks of, e.g. ``2026-W48`` (weekly)."""
+
+    frequency: Frequency
+    value: str
+
+
+class TimeScopeError(ValueError):
+    """The facts carry no usable time scope."""
+
+    def __str__(self) -> str:
+        return INVALID_TIME_SCOPE + (f": {self.args[0]}" if self.args else "")
+
+
+_DAILY = re.compile(r"^(\d{4})-(\d{2})-(\d{2})$")
+_WEEKLY = re.compile(r"^(\d{4})-W(\d{2})$")
+_MONTHLY = re.compile(r"^(\d{4})-(\d{2})$")
+_YEARLY = re.compile(r"^(\d{4})$")
+
+
+def _valid_daily(text: str) -> bool:
+    match = _DAILY.match(text)
+    if not match:
+        return False
+    try:
+        date(int(match[1]), int(match[2]), int(match[3]))
+    except ValueError:
+        return False
+    return True
+
+
+def _valid_weekly(text: str) -> bool:
+    match = _WEEKLY.match(text)
+    if not match:
+        return False
+    try:
+        date.fromisocalendar(int(match[1]), int(match[2]), 1)
+    except ValueError:
+        return False
+    return True
+
+
+def _valid_monthly(text: str) -> bool:
+    match = _MONTHLY.match(text)
+    return match is not None and 1 <= int(match[2]) <= 12
+
+
+def parse_time_scope(facts: Mapping[str, Any]) -> TimeScope:
+    """The frequency and value of the first non-empty of ``time``, ``date``, ``week``, ``period``.
+
+    Only the first non-empty field counts (trimmed); if it is not one of the four
+    shapes the event is refused with ``missing_or_invalid_time_scope``.
+    """
+    for name in TIME_FIELDS:
+        raw = facts.get(name)
+        if raw is None:
+            continue
+        if not isinstance(raw, str):
+            raise TimeScopeError(f"facts.{name} must be a string")
+        candidate = raw.strip()
+        if not candidate:
+            continue
+        if _valid_daily(candidate):
+            return TimeScope("daily", candidate)
+        if _valid_weekly(candidate):
+            return TimeScope("weekly", candidate)
+        if _valid_monthly(candidate):
+            return TimeScope("monthly", candidate)
+        if _YEARLY.match(candidate):
+            return TimeScope("yearly", candidate)
+        raise TimeScopeError(f"facts.{name}={candidate!r} is not YYYY-MM-DD, YYYY-Www, YYYY-MM or YYYY")
+    raise TimeScopeError("none of facts.time, facts.date, facts.week, facts.period is set")

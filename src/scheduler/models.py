@@ -1,0 +1,149 @@
+"""The schema, as typed SQLAlchemy models. Alembic migrations create it; tests check they agree."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    CheckConstraint,
+    DateTime,
+    ForeignKey,
+    Identity,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    text,
+)
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+NAMING = {
+    "ix": "ix_%(table_name)s_%(column_0_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+ID_LENGTH = 64
+NAME_LENGTH = 200
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+
+
+class ScheduledEvent(Base):
+    """An event stored now and dispatched by the loop once ``trigger_at`` has passed."""
+
+    __tablename__ = "scheduled_events"
+    __table_args__ = (
+        CheckConstraint("status IN ('pending', 'dispatched', 'failed')", name="status"),
+        # The claim reads only pending rows in (trigger_at, id) order; a partial index keeps
+        # its cost independent of how many dispatched and failed rows pile up.
+        Index(
+            "ix_scheduled_events_pending_due",
+            "trigger_at",
+            "id",
+            postgresql_where=text("status = 'pending'"),
+        ),
+        # Operators look for failed rows; they are few, so this index stays small.
+        Index(
+            "ix_scheduled_events_failed",
+            "updated_at",
+            postgresql_where=text("status = 'failed'"),
+        ),
+    )
+
+    id: Mapped[str] = mapped_column(String(ID_LENGTH), primary_key=True)
+    event_type: Mapped[str] = mapped_column(String(NAME_LENGTH))
+    user_id: Mapped[str] = mapped_column(String(NAME_LENGTH))
+    community_id: Mapped[str | None] = mapped_column(String(NAME_LENGTH))
+    external_key: Mapped[str | None] = mapped_column(String(NAME_LENGTH), unique=True)
+    trigger_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    facts: Mapped[dict[str, Any]] = mapped_column(JSONB)
+    status: Mapped[str] = mapped_column(String(16), server_default=text("'pending'"))
+    last_error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    dispatched_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class Notification(Base):
+    """A notification decided for a participant: sent, or suppressed with a reason."""
+
+    __tablename__ = "notifications"
+    __table_args__ = (
+        CheckConstraint("status IN ('sent', 'suppressed', 'failed')", name="status"),
+        Index("ix_notifications_user_id_created_at", "user_id", "created_at"),
+    )
+
+    id: Mapped[str] = mapped_column(String(ID_LENGTH), primary_key=True)
+    user_id: Mapped[str] = mapped_column(String(NAME_LENGTH))
+    community_id: Mapped[str | None] = mapped_column(String(NAME_LENGTH))
+    rule_id: Mapped[str] = mapped_column(String(NAME_LENGTH))
+    kind: Mapped[str] = mapped_column(String(NAME_LENGTH))
+    scenario: Mapped[str] = mapped_column(String(NAME_LENGTH))
+    time_scope: Mapped[str] = mapped_column(String(32))
+    dedup_key: Mapped[str] = mapped_column(Text)
+    title: Mapped[str] = mapped_column(Text)
+    body: Mapped[str] = mapped_column(Text)
+    status: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str | None] = mapped_column(Text)
+    source: Mapped[str] = mapped_column(String(16))
+    scheduled_event_id: Mapped[str | None] = mapped_column(String(ID_LENGTH))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class DedupKey(Base):
+    """One row per deduplication key; the primary key is the arbiter between racing writers."""
+
+    __tablename__ = "dedup_keys"
+
+    key: Mapped[str] = mapped_column(Text, primary_key=True)
+    # No foreign key: the key is claimed before its notification row is written.
+    notification_id: Mapped[str] = mapped_column(String(ID_LENGTH))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    duplicate_count: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    last_duplicate_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    duplicate_notification_id: Mapped[str | None] = mapped_column(String(ID_LENGTH))
+
+
+class Delivery(Base):
+    """The delivery log: one row per channel a notification was written to."""
+
+    __tablename__ = "deliveries"
+    __table_args__ = (
+        # The daily cap counts a participant's sent deliveries since midnight (UTC).
+        Index(
+            "ix_deliveries_sent_by_user",
+            "user_id",
+            "created_at",
+            postgresql_where=text("status = 'sent'"),
+        ),
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
+    notification_id: Mapped[str] = mapped_column(
+        String(ID_LENGTH), ForeignKey("notifications.id", ondelete="CASCADE"), index=True
+    )
+    user_id: Mapped[str] = mapped_column(String(NAME_LENGTH))
+    channel: Mapped[str] = mapped_column(String(32))
+    status: Mapped[str] = mapped_column(String(16))
+    detail: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class ParticipantPreference(Base):
+    """A participant's choices: which kinds they want (NULL: all) and their daily cap."""
+
+    __tablename__ = "participant_preferences"
+
+    user_id: Mapped[str] = mapped_column(String(NAME_LENGTH), primary_key=True)
+    enabled_kinds: Mapped[list[str] | None] = mapped_column(ARRAY(Text))
+    max_per_day: Mapped[int] = mapped_column(Integer, server_default=text("3"))
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))

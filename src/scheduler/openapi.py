@@ -1,0 +1,147 @@
+"""The OpenAPI document, derived from the pydantic models and the mounted routes."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic import BaseModel
+from pydantic.json_schema import models_json_schema
+from starlette.routing import BaseRoute, Route
+
+from scheduler.schemas import (
+    ErrorOut,
+    IngestOut,
+    LiveEventIn,
+    NotificationOut,
+    PreferencesIn,
+    PreferencesOut,
+    ScheduledEventIn,
+    ScheduledEventOut,
+    SchedulerHealthOut,
+)
+
+MODELS: tuple[type[BaseModel], ...] = (
+    ScheduledEventIn, LiveEventIn, PreferencesIn, ScheduledEventOut, NotificationOut,
+    IngestOut, PreferencesOut, SchedulerHealthOut, ErrorOut,
+)
+
+
+def _ref(model: type[BaseModel]) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{model.__name__}"}
+
+
+def _json(model: type[BaseModel] | None, description: str, many: bool = False) -> dict[str, Any]:
+    if model is None:
+        return {"description": description}
+    schema: dict[str, Any] = {"type": "array", "items": _ref(model)} if many else _ref(model)
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+ERRORS = {
+    "401": _json(ErrorOut, "missing, expired or invalid bearer token"),
+    "403": _json(ErrorOut, "the token lacks the permission this route needs"),
+    "422": _json(ErrorOut, "malformed body or parameters; the detail names the field"),
+    "503": _json(ErrorOut, "the database is unavailable"),
+}
+
+# (path, method) -> operation; the request and response schemas come from the models.
+OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
+    ("/health", "get"): {"summary": "Liveness", "responses": {"200": {"description": "alive"}}},
+    ("/health/scheduler", "get"): {
+        "summary": "Is the polling loop alive and polling?",
+        "responses": {
+            "200": _json(SchedulerHealthOut, "the loop runs and polled recently"),
+            "503": _json(SchedulerHealthOut, "the loop task exited, or no poll completed in three intervals"),
+        },
+    },
+    ("/admin/scheduled-events", "post"): {
+        "summary": "Store an event to dispatch later (permission: ingest)",
+        "request": ScheduledEventIn,
+        "responses": {"201": _json(ScheduledEventOut, "stored (or, for a known external_key, rewritten and reset)"),
+                      "413": _json(ErrorOut, "body too large"), **ERRORS},
+    },
+    ("/admin/scheduled-events", "get"): {
+        "summary": "List scheduled events (permission: admin)",
+        "parameters": ["status", "user_id", "limit"],
+        "responses": {"200": _json(ScheduledEventOut, "rows, newest change first", many=True), **ERRORS},
+    },
+    ("/admin/scheduled-events/{event_id}", "get"): {
+        "summary": "One scheduled event (permission: admin)",
+        "responses": {"200": _json(ScheduledEventOut, "the row"), "404": _json(ErrorOut, "no such row"), **ERRORS},
+    },
+    ("/admin/scheduled-events/{event_id}/reset", "post"): {
+        "summary": "Reset a row by hand to pending (permission: admin)",
+        "responses": {"200": _json(ScheduledEventOut, "the reset row"), "404": _json(ErrorOut, "no such row"), **ERRORS},
+    },
+    ("/admin/ingest-event", "post"): {
+        "summary": "Send a live event through the engine and orchestrator (permission: ingest)",
+        "request": LiveEventIn,
+        "responses": {
+            "200": _json(IngestOut, "delivered on at least one channel"),
+            "202": _json(IngestOut, "created, but every delivery suppressed"),
+            "204": {"description": "no rule triggered"},
+            "400": _json(ErrorOut, "no enabled rule claims the scenario at that frequency"),
+            "409": _json(IngestOut, "every rule that would have fired was a duplicate"),
+            "413": _json(ErrorOut, "body too large"),
+            **ERRORS,
+        },
+    },
+    ("/admin/notifications", "get"): {
+        "summary": "Participants' notifications with status and reason (permission: admin)",
+        "parameters": ["user_id", "status", "limit"],
+        "responses": {"200": _json(NotificationOut, "notifications, newest first", many=True), **ERRORS},
+    },
+    ("/admin/participants/{user_id}/preferences", "put"): {
+        "summary": "Set a participant's enabled kinds and daily cap (permission: admin)",
+        "request": PreferencesIn,
+        "responses": {"200": _json(PreferencesOut, "the stored preferences"), **ERRORS},
+    },
+}
+
+
+def openapi_document(routes: Sequence[BaseRoute]) -> dict[str, Any]:
+    """OpenAPI 3.1 for the routes actually mounted (an undocumented route is an error)."""
+    _, definitions = models_json_schema(
+        [(m, "validation" if m.__name__.endswith("In") else "serialization") for m in MODELS],
+        ref_template="#/components/schemas/{model}",
+    )
+    paths: dict[str, dict[str, Any]] = {}
+    for route in routes:
+        if not isinstance(route, Route) or not route.include_in_schema:
+            continue
+        for method in sorted((route.methods or set()) - {"HEAD"}):
+            key = (route.path, method.lower())
+            if key not in OPERATIONS:
+                raise KeyError(f"route {method} {route.path} has no OpenAPI description")
+            spec = dict(OPERATIONS[key])
+            operation: dict[str, Any] = {"summary": spec["summary"], "responses": spec["responses"]}
+            params = [
+                {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+                for name in route.param_convertors
+            ]
+            params += [
+                {"name": name, "in": "query", "required": False,
+                 "schema": {"type": "integer", "minimum": 1, "maximum": 1000} if name == "limit" else {"type": "string"}}
+                for name in spec.get("parameters", [])
+            ]
+            if params:
+                operation["parameters"] = params
+            if "request" in spec:
+                operation["requestBody"] = {
+                    "required": True,
+                    "content": {"application/json": {"schema": _ref(spec["request"])}},
+                }
+            if route.path.startswith("/admin"):
+                operation["security"] = [{"bearer": []}]
+            paths.setdefault(route.path, {})[method.lower()] = operation
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "scheduler", "version": "0.1.0",
+                 "description": "Scheduled events for the nudging platform (REQ-0063 to REQ-0067)."},
+        "paths": paths,
+        "components": {
+            "schemas": definitions.get("$defs", {}),
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer", "bearerFormat": "JWT"}},
+        },
+    }

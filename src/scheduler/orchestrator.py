@@ -1,0 +1,196 @@
+"""The orchestrator: deduplication, preferences, the daily cap and delivery.
+
+Everything here writes inside the caller's transaction; nothing leaves the process until
+that transaction commits (the caller hands ``DispatchResult.outbound`` to a publisher).
+
+Concurrency. Every decision about one participant happens under that participant's
+transaction-level advisory lock. The cap (count today's sent deliveries, then add one)
+is therefore exact across replicas, and because a deduplication key names its
+participant, two writers of one key are serialised by the same lock; the key's primary
+key remains the arbiter all the same.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime, time, timedelta
+from typing import Any, Protocol
+
+from sqlalchemy.orm import Session
+
+from scheduler.engine import Candidate
+from scheduler.queries import statement
+from scheduler.types import DigitalTwinEvent, OutboundMessage
+
+DEFAULT_MAX_PER_DAY = 3
+
+
+def participant_lock_key(user_id: str) -> int:
+    """A stable signed 64-bit advisory-lock key for one participant."""
+    digest = hashlib.blake2b(f"nudging-participant:{user_id}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big", signed=True)
+
+
+def lock_participants(session: Session, user_ids: Iterable[str]) -> None:
+    """Lock several participants in one global order (sorted keys), so that two batches
+    that share participants can never wait on each other in a cycle."""
+    keys = sorted({participant_lock_key(u) for u in user_ids})
+    if keys:
+        session.execute(statement("lock_participants"), {"keys": keys}).all()
+
+
+def lock_participant(session: Session, user_id: str) -> None:
+    session.execute(statement("lock_participant"), {"key": participant_lock_key(user_id)})
+
+
+@dataclass(frozen=True)
+class Preferences:
+    enabled_kinds: frozenset[str] | None
+    max_per_day: int
+
+    def allows(self, kind: str) -> bool:
+        return self.enabled_kinds is None or kind in self.enabled_kinds
+
+
+def load_preferences(session: Session, user_id: str) -> Preferences:
+    row = session.execute(statement("get_preferences"), {"user_id": user_id}).first()
+    if row is None:
+        return Preferences(None, DEFAULT_MAX_PER_DAY)
+    kinds = row.enabled_kinds
+    return Preferences(None if kinds is None else frozenset(kinds), int(row.max_per_day))
+
+
+def utc_day(now: datetime) -> tuple[datetime, datetime]:
+    """The UTC day containing ``now``: the window the daily cap counts."""
+    start = datetime.combine(now.date(), time(0), tzinfo=now.tzinfo)
+    return start, start + timedelta(days=1)
+
+
+def sent_today(session: Session, user_id: str, now: datetime) -> int:
+    day_start, day_end = utc_day(now)
+    count = session.execute(
+        statement("count_sent_today"),
+        {"user_id": user_id, "day_start": day_start, "day_end": day_end},
+    ).scalar_one()
+    return int(count)
+
+
+class Channel(Protocol):
+    """Writes one delivery of a notification inside the dispatch transaction."""
+
+    name: str
+
+    def deliver(self, session: Session, notification: dict[str, Any], now: datetime) -> OutboundMessage | None: ...
+
+
+class WebChannel:
+    """The in-app channel: the notification row is the message; the delivery log records it."""
+
+    name = "web"
+
+    def deliver(self, session: Session, notification: dict[str, Any], now: datetime) -> OutboundMessage | None:
+        session.execute(
+            statement("insert_delivery"),
+            {
+                "notification_id": notification["id"],
+                "user_id": notification["user_id"],
+                "channel": self.name,
+                "status": "sent",
+                "detail": None,
+                "now": now,
+            },
+        )
+        return OutboundMessage(
+            notification_id=notification["id"],
+            user_id=notification["user_id"],
+            community_id=notification["community_id"],
+            channel=self.name,
+            kind=notification["kind"],
+            title=notification["title"],
+            body=notification["body"],
+            rule_id=notification["rule_id"],
+        )
+
+
+@dataclass
+class Decision:
+    """What became of one candidate."""
+
+    notification: dict[str, Any] | None
+    duplicate: bool
+    outbound: list[OutboundMessage]
+
+
+class Orchestrator:
+    """Turns the engine's candidates into notifications, honouring dedup, preferences and cap."""
+
+    def __init__(self, channels: Iterable[Channel] | None = None) -> None:
+        self.channels: tuple[Channel, ...] = tuple(channels) if channels is not None else (WebChannel(),)
+
+    def _record(
+        self,
+        session: Session,
+        event: DigitalTwinEvent,
+        candidate: Candidate,
+        key: str,
+        now: datetime,
+        status: str,
+        reason: str | None,
+        notification_id: str | None = None,
+    ) -> dict[str, Any]:
+        row = {
+            "id": notification_id or str(uuid.uuid4()),
+            "user_id": event.user_id,
+            "community_id": event.community_id,
+            "rule_id": candidate.rule.id,
+            "kind": candidate.rule.kind,
+            "scenario": candidate.scenario,
+            "time_scope": candidate.scope.value,
+            "dedup_key": key,
+            "title": candidate.title,
+            "body": candidate.body,
+            "status": status,
+            "reason": reason,
+            "source": "scheduled" if event.scheduled_event_id else "live",
+            "scheduled_event_id": event.scheduled_event_id,
+            "now": now,
+        }
+        session.execute(statement("insert_notification"), row)
+        return row
+
+    def decide(self, session: Session, event: DigitalTwinEvent, candidate: Candidate, now: datetime) -> Decision:
+        """Deduplicate, filter by preference and cap, then deliver one candidate."""
+        lock_participant(session, event.user_id)
+        key = candidate.dedup_key(event)
+        notification_id = str(uuid.uuid4())
+        claimed = session.execute(
+            statement("claim_dedup_key"), {"key": key, "notification_id": notification_id, "now": now}
+        ).first()
+        if claimed is None:
+            repeat = session.execute(statement("record_duplicate"), {"key": key, "now": now}).one()
+            # A duplicate is recorded once per key; later repeats only bump the counter.
+            if repeat.duplicate_notification_id is None:
+                row = self._record(session, event, candidate, key, now, "suppressed", "suppressed_dedup")
+                session.execute(
+                    statement("link_duplicate_notification"), {"key": key, "notification_id": row["id"]}
+                )
+            return Decision(None, True, [])
+
+        prefs = load_preferences(session, event.user_id)
+        if not prefs.allows(candidate.rule.kind):
+            row = self._record(session, event, candidate, key, now, "suppressed", "kind_disabled", notification_id)
+            return Decision(row, False, [])
+        if sent_today(session, event.user_id, now) >= prefs.max_per_day:
+            row = self._record(session, event, candidate, key, now, "suppressed", "rate_limited", notification_id)
+            return Decision(row, False, [])
+
+        row = self._record(session, event, candidate, key, now, "sent", None, notification_id)
+        outbound = []
+        for channel in self.channels:
+            message = channel.deliver(session, row, now)
+            if message is not None:
+                outbound.append(message)
+        return Decision(row, False, outbound)

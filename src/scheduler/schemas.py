@@ -1,0 +1,153 @@
+"""Request and response bodies (pydantic v2). The OpenAPI document is derived from these."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator
+
+from scheduler.types import EVENT_STATUSES
+
+MAX_DEPTH = 32
+MAX_STRING = 200
+Name = Field(min_length=1, max_length=MAX_STRING)
+
+
+def _check_json(value: Any, depth: int = 0) -> None:
+    """PostgreSQL's jsonb refuses NUL characters, and deep nesting is an attack, not data."""
+    if depth > MAX_DEPTH:
+        raise ValueError(f"nested deeper than {MAX_DEPTH} levels")
+    if isinstance(value, str):
+        if "\x00" in value:
+            raise ValueError("contains a NUL character (\\u0000), which cannot be stored")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _check_json(key, depth + 1)
+            _check_json(item, depth + 1)
+    elif isinstance(value, list):
+        for item in value:
+            _check_json(item, depth + 1)
+
+
+def _no_nul(value: str | None) -> str | None:
+    if value is not None and "\x00" in value:
+        raise ValueError("contains a NUL character (\\u0000)")
+    return value
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid", str_strip_whitespace=False)
+
+    @field_validator("facts", mode="after", check_fields=False)
+    @classmethod
+    def _facts_storable(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is not None:
+            _check_json(value)
+        return value
+
+    @field_validator("event_type", "user_id", "community_id", "external_key", mode="after", check_fields=False)
+    @classmethod
+    def _strings_storable(cls, value: str | None) -> str | None:
+        return _no_nul(value)
+
+
+class ScheduledEventIn(_Body):
+    """``POST /admin/scheduled-events``: an event to dispatch at ``trigger_at``."""
+
+    event_type: str = Name
+    user_id: str = Name
+    community_id: str | None = Field(default=None, max_length=MAX_STRING)
+    external_key: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_STRING,
+        description="Opt-in idempotence: posting the same key again rewrites and resets that row.",
+    )
+    trigger_at: AwareDatetime = Field(description="ISO 8601 with an offset; a naive time is refused.")
+    facts: dict[str, Any] | None = Field(
+        default=None, description="Must carry facts_version and scenario as non-empty strings."
+    )
+
+
+class LiveEventIn(_Body):
+    """``POST /admin/ingest-event``: a live event, dispatched now."""
+
+    event_type: str = Name
+    user_id: str = Name
+    community_id: str | None = Field(default=None, max_length=MAX_STRING)
+    facts: dict[str, Any] | None = None
+
+
+class PreferencesIn(BaseModel):
+    """``PUT /admin/participants/{user_id}/preferences``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled_kinds: list[str] | None = Field(default=None, description="null: every kind")
+    max_per_day: int = Field(default=3, ge=0, le=1000)
+
+
+class ScheduledEventOut(BaseModel):
+    id: str
+    event_type: str
+    user_id: str
+    community_id: str | None
+    external_key: str | None
+    trigger_at: datetime
+    facts: dict[str, Any]
+    status: Literal["pending", "dispatched", "failed"]
+    last_error: str | None
+    created_at: datetime
+    updated_at: datetime
+    dispatched_at: datetime | None
+
+
+class NotificationOut(BaseModel):
+    id: str
+    user_id: str
+    community_id: str | None
+    rule_id: str
+    kind: str
+    scenario: str
+    time_scope: str
+    dedup_key: str
+    title: str
+    body: str
+    status: Literal["sent", "suppressed", "failed"]
+    reason: str | None
+    source: Literal["live", "scheduled"]
+    scheduled_event_id: str | None
+    created_at: datetime
+
+
+class IngestOut(BaseModel):
+    outcome: str
+    notifications: list[NotificationOut]
+
+
+class PreferencesOut(BaseModel):
+    user_id: str
+    enabled_kinds: list[str] | None
+    max_per_day: int
+    updated_at: datetime
+
+
+class SchedulerHealthOut(BaseModel):
+    running: bool
+    started_at: datetime | None
+    last_poll_at: datetime | None
+    last_error: str | None
+    last_error_at: datetime | None
+    polls: int
+    dispatched: int
+    failed: int
+    stale: bool
+    poll_seconds: float
+
+
+class ErrorOut(BaseModel):
+    detail: Any
+
+
+assert set(EVENT_STATUSES) == {"pending", "dispatched", "failed"}

@@ -1,0 +1,112 @@
+"""Storing and reading scheduled events, notifications and preferences (the HTTP side).
+
+Each function runs in its own short transaction and binds ``now`` from the caller's clock.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from scheduler.queries import statement
+
+EVENT_COLUMNS = (
+    "id", "event_type", "user_id", "community_id", "external_key", "trigger_at", "facts",
+    "status", "last_error", "created_at", "updated_at", "dispatched_at",
+)
+
+
+def _jsonable(row: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: (v.isoformat() if isinstance(v, datetime) else v) for k, v in row.items()}
+
+
+def event_to_json(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A stored row as the API shows it: every column, times in ISO 8601."""
+    return _jsonable({k: row[k] for k in EVENT_COLUMNS})
+
+
+def store_event(
+    sessions: sessionmaker[Session],
+    *,
+    event_type: str,
+    user_id: str,
+    community_id: str | None,
+    external_key: str | None,
+    trigger_at: datetime,
+    facts: Mapping[str, Any],
+    now: datetime,
+) -> dict[str, Any]:
+    """Insert a row, or rewrite and reset the row of ``external_key`` (REQ-0064), atomically."""
+    params = {
+        "id": str(uuid.uuid4()),
+        "event_type": event_type,
+        "user_id": user_id,
+        "community_id": community_id,
+        "external_key": external_key,
+        "trigger_at": trigger_at,
+        "facts": json.dumps(facts),
+        "now": now,
+    }
+    name = "insert_event" if external_key is None else "upsert_event_by_key"
+    with sessions.begin() as session:
+        row = session.execute(statement(name), params).mappings().one()
+        return event_to_json(row)
+
+
+def get_event(sessions: sessionmaker[Session], event_id: str) -> dict[str, Any] | None:
+    with sessions.begin() as session:
+        row = session.execute(statement("get_event"), {"id": event_id}).mappings().first()
+        return event_to_json(row) if row else None
+
+
+def list_events(
+    sessions: sessionmaker[Session], *, status: str | None, user_id: str | None, limit: int
+) -> list[dict[str, Any]]:
+    with sessions.begin() as session:
+        rows = session.execute(
+            statement("list_events"), {"status": status, "user_id": user_id, "limit": limit}
+        ).mappings().all()
+        return [event_to_json(r) for r in rows]
+
+
+def reset_event(sessions: sessionmaker[Session], event_id: str, now: datetime) -> dict[str, Any] | None:
+    """The operator's reset by hand (REQ-0065): pending again, nothing of the last run kept."""
+    with sessions.begin() as session:
+        row = session.execute(statement("reset_event"), {"id": event_id, "now": now}).mappings().first()
+        return event_to_json(row) if row else None
+
+
+def list_notifications(
+    sessions: sessionmaker[Session], *, user_id: str | None, status: str | None, limit: int
+) -> list[dict[str, Any]]:
+    with sessions.begin() as session:
+        rows = session.execute(
+            statement("list_notifications"), {"user_id": user_id, "status": status, "limit": limit}
+        ).mappings().all()
+        return [_jsonable(r) for r in rows]
+
+
+def set_preferences(
+    sessions: sessionmaker[Session],
+    user_id: str,
+    *,
+    enabled_kinds: Sequence[str] | None,
+    max_per_day: int,
+    now: datetime,
+) -> dict[str, Any]:
+    with sessions.begin() as session:
+        row = session.execute(
+            statement("upsert_preferences"),
+            {
+                "user_id": user_id,
+                "enabled_kinds": None if enabled_kinds is None else list(enabled_kinds),
+                "max_per_day": max_per_day,
+                "now": now,
+            },
+        ).mappings().one()
+        return _jsonable(row)

@@ -1,0 +1,89 @@
+"""Aliases and protocols shared across the package (one place, as Starlette does).
+
+Everything that crosses a seam lives here: the clock the loop reads, the
+publisher that pushes a delivered notification out of the process, and the
+dispatcher that runs one stored event through the platform.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal, Protocol
+
+from sqlalchemy.orm import Session
+
+JSONObject = dict[str, Any]
+EventStatus = Literal["pending", "dispatched", "failed"]
+EVENT_STATUSES: tuple[EventStatus, ...] = ("pending", "dispatched", "failed")
+NotificationStatus = Literal["sent", "suppressed", "failed"]
+
+
+class Clock(Protocol):
+    """Where time comes from. Production reads the wall clock; tests freeze it."""
+
+    def now(self) -> datetime:
+        """An aware UTC datetime."""
+        ...
+
+
+@dataclass(frozen=True)
+class DigitalTwinEvent:
+    """An event as the rule engine sees it, whether it arrived live or from a stored row."""
+
+    event_type: str
+    user_id: str
+    community_id: str | None
+    facts: Mapping[str, Any]
+    # Set when the event comes from a stored row, so its notifications can point back to it.
+    scheduled_event_id: str | None = None
+
+
+@dataclass(frozen=True)
+class OutboundMessage:
+    """What a publisher pushes after commit: a notification that was delivered."""
+
+    notification_id: str
+    user_id: str
+    community_id: str | None
+    channel: str
+    kind: str
+    title: str
+    body: str
+    rule_id: str
+
+
+class Publisher(Protocol):
+    """Pushes a committed notification out of the process (a browser, a queue).
+
+    It is only ever called after the transaction that recorded the notification
+    has committed, so nothing leaves the process for work that was rolled back.
+    """
+
+    def publish(self, message: OutboundMessage) -> None: ...
+
+
+@dataclass
+class DispatchResult:
+    """What the shared dispatch path decided for one event.
+
+    ``refusal`` is set when the event is the sender's fault (a live request would
+    answer 400 or 422); a scheduled event with a refusal ends ``failed``.
+    """
+
+    http_status: int
+    outcome: str
+    refusal: str | None = None
+    detail: Any = None
+    notifications: list[JSONObject] = field(default_factory=list)
+    outbound: list[OutboundMessage] = field(default_factory=list)
+
+
+class Dispatcher(Protocol):
+    """Runs one event through the engine and orchestrator inside ``session``.
+
+    The caller owns the transaction: the dispatcher writes, never commits.
+    """
+
+    def __call__(self, session: Session, event: DigitalTwinEvent, now: datetime) -> DispatchResult: ...
