@@ -43,7 +43,7 @@ def _server() -> dict[str, Any]:
         }
     import pgserver
 
-    pgdata = Path(tempfile.gettempdir()) / f"scheduler-tests-pg-{os.getuid()}"
+    pgdata = Path(os.environ.get("SCHEDULER_TEST_PGDATA") or Path(tempfile.gettempdir()) / f"scheduler-tests-pg-{os.getuid()}")
     server = pgserver.get_server(pgdata, cleanup_mode="stop")
     _server.keep = server  # type: ignore[attr-defined]  # keep it alive for the session
     return {"host": socket_dir_of(server.get_uri()), "port": 5432, "user": "postgres", "password": ""}
@@ -71,7 +71,8 @@ def load_schema(host: str, port: int, user: str, dbname: str, password: str | No
 
 postgresql_noproc = factories.postgresql_noproc(
     host=SERVER["host"], port=SERVER["port"], user=SERVER["user"], password=SERVER["password"],
-    dbname="scheduler_test", load=[load_schema],
+    # One template per pytest process, so that concurrent sessions on one server never collide.
+    dbname=f"scheduler_test_{os.getpid()}", load=[load_schema],
 )
 postgresql = factories.postgresql("postgresql_noproc")
 
