@@ -1,0 +1,121 @@
+"""Small builders shared by the requirement tests (no fakes of the database here)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Engine, text
+from starlette.testclient import TestClient
+
+from scheduler.app import SchedulerService
+from scheduler.loop import PollReport
+from scheduler.types import DigitalTwinEvent, DispatchResult
+from tests.conftest import INGEST, T0
+
+
+def reminder_facts(day: str = "2026-11-30", **extra: Any) -> dict[str, Any]:
+    """Facts that the shipped commitment-reminder rule turns into a notification."""
+    return {
+        "facts_version": "1.0",
+        "scenario": "commitment_reminder",
+        "date": day,
+        "commitment": "run the dishwasher at noon",
+        **extra,
+    }
+
+
+def event_body(
+    *,
+    user_id: str = "participant-1",
+    trigger_at: datetime | str = T0,
+    facts: Any = None,
+    external_key: str | None = None,
+    event_type: str = "commitment_reminder",
+    community_id: str | None = "community-1",
+) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "event_type": event_type,
+        "user_id": user_id,
+        "community_id": community_id,
+        "trigger_at": trigger_at.isoformat() if isinstance(trigger_at, datetime) else trigger_at,
+        "facts": reminder_facts() if facts is None else facts,
+    }
+    if external_key is not None:
+        body["external_key"] = external_key
+    return body
+
+
+def post_event(client: TestClient, **kwargs: Any) -> dict[str, Any]:
+    """POST a scheduled event that must be accepted; return the stored row."""
+    response = client.post("/admin/scheduled-events", headers=INGEST, json=event_body(**kwargs))
+    assert response.status_code == 201, response.text
+    row: dict[str, Any] = response.json()
+    return row
+
+
+def rows(engine: Engine, sql: str, **params: Any) -> list[dict[str, Any]]:
+    with engine.connect() as conn:
+        return [dict(r) for r in conn.execute(text(sql), params).mappings()]
+
+
+def event_row(engine: Engine, event_id: str) -> dict[str, Any]:
+    found = rows(engine, "SELECT * FROM scheduled_events WHERE id = :id", id=event_id)
+    assert found, f"no row {event_id}"
+    return found[0]
+
+
+def statuses(engine: Engine) -> dict[str, str]:
+    return {r["id"]: r["status"] for r in rows(engine, "SELECT id, status FROM scheduled_events")}
+
+
+def drain(service: SchedulerService) -> list[PollReport]:
+    """Poll until a poll claims nothing; return every report."""
+    reports = []
+    while True:
+        report = service.scheduler.poll_once()
+        if report.claimed == 0:
+            return reports
+        reports.append(report)
+
+
+def later(hours: float = 1) -> timedelta:
+    return timedelta(hours=hours)
+
+
+class FakeDispatcher:
+    """A fake at the dispatcher edge: fails for chosen users, records what it was handed,
+    and delegates everything else to the real platform."""
+
+    def __init__(self, real: Any, fail_for: Mapping[str, Exception] | None = None) -> None:
+        self.real = real
+        self.fail_for = dict(fail_for or {})
+        self.seen: list[DigitalTwinEvent] = []
+
+    def __call__(self, session: Any, event: DigitalTwinEvent, now: datetime) -> DispatchResult:
+        self.seen.append(event)
+        if event.user_id in self.fail_for:
+            raise self.fail_for[event.user_id]
+        result: DispatchResult = self.real(session, event, now)
+        return result
+
+
+def ids(items: Iterator[dict[str, Any]] | list[dict[str, Any]]) -> list[str]:
+    return sorted(item["id"] for item in items)
+
+
+def wait_until_blocked_on_a_lock(engine: Engine, timeout: float = 30.0) -> None:
+    """Wait (on PostgreSQL's own view, not a timer) until some backend waits on a lock."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        waiting = rows(
+            engine,
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'",
+        )
+        if waiting:
+            return
+        threading.Event().wait(0.01)
+    raise AssertionError("no backend started waiting on a lock")
