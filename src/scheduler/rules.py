@@ -144,7 +144,10 @@ def _parse_rule(raw: Any, where: str) -> Rule:
         rule.body  # noqa: B018
     except Exception as exc:
         raise CatalogueError(f"{where}: template does not compile: {exc}") from exc
-    rule.evaluator()
+    try:
+        rule.evaluator()  # import now: a typo in a rule file fails at start, not at dispatch
+    except CatalogueError as exc:
+        raise CatalogueError(f"{where}: {exc}") from exc
     return rule
 
 
