@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from sqlalchemy import Engine
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DataError, DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -38,7 +38,7 @@ from scheduler.loop import Scheduler
 from scheduler.openapi import openapi_document
 from scheduler.publishers import LoggingPublisher
 from scheduler.rules import Catalogue, load_catalogue
-from scheduler.schemas import LiveEventIn, PreferencesIn, ScheduledEventIn
+from scheduler.schemas import MAX_STRING, LiveEventIn, PreferencesIn, ScheduledEventIn, check_text
 from scheduler.types import EVENT_STATUSES, Clock, DigitalTwinEvent, Dispatcher, Publisher
 
 logger = logging.getLogger(__name__)
@@ -89,19 +89,31 @@ class SchedulerService:
             exception_handlers={
                 HTTPException: _http_error,
                 OperationalError: _database_unavailable,
+                InterfaceError: _database_unavailable,
                 PoolTimeout: _database_unavailable,
+                DataError: _value_not_storable,
+                DBAPIError: _database_error,
             },
         )
 
     def _check_security(self) -> None:
-        if self.settings.environment == "production":
-            if not self.verifier.configured:
-                raise ConfigError("production mode needs SCHEDULER_JWT_SECRET, SCHEDULER_JWT_PUBLIC_KEY or SCHEDULER_JWKS_URL")
-            secret = self.settings.jwt_secret or ""
-            if secret and (len(secret) < 32 or "dev" in secret.lower()):
+        settings = self.settings
+        if settings.environment == "production":
+            # The secret `serve` generates into the data directory is a development
+            # convenience: production must be told explicitly how to verify tokens.
+            if not (settings.jwt_secret or settings.jwt_public_key or settings.jwks_url):
+                raise ConfigError(
+                    "production mode needs SCHEDULER_JWT_SECRET, SCHEDULER_JWT_PUBLIC_KEY or SCHEDULER_JWKS_URL "
+                    f"(a generated development secret in {settings.secret_file} is not accepted)"
+                )
+            secret = settings.jwt_secret or ""
+            if secret and _weak_secret(secret):
                 raise ConfigError("production mode refuses a development-grade SCHEDULER_JWT_SECRET (use 32+ random characters)")
         else:
-            logger.warning("running in DEVELOPMENT mode (SCHEDULER_ENV=development): not for production")
+            logger.warning(
+                "running in DEVELOPMENT mode (SCHEDULER_ENV is not 'production'): development secrets "
+                "are accepted; set SCHEDULER_ENV=production and a real key before exposing this service"
+            )
 
     # -- wiring ------------------------------------------------------------------------
 
@@ -155,13 +167,14 @@ class SchedulerService:
         return JSONResponse({"status": "ok"})
 
     async def scheduler_health(self, request: Request) -> Response:
-        """Liveness of the loop: 503 once the task has exited or polls have stopped."""
+        """Liveness of the loop: 503 once the task has exited, its last poll failed (the
+        error is in ``last_error``), or polls have stopped; 200 again after a good poll."""
         snapshot: dict[str, Any] = self.scheduler.health.snapshot()
         snapshot["running"] = self.loop_alive
         stale = self.scheduler.is_stale(self.clock.now())
         snapshot["stale"] = stale
         snapshot["poll_seconds"] = self.scheduler.poll_seconds
-        healthy = self.loop_alive and not stale
+        healthy = self.loop_alive and not stale and self.scheduler.health.consecutive_failures == 0
         return JSONResponse(snapshot, status_code=200 if healthy else 503)
 
     async def openapi(self, request: Request) -> Response:
@@ -233,13 +246,18 @@ class SchedulerService:
             return unprocessable(f"status: unknown status {status!r}; expected one of {', '.join(EVENT_STATUSES)}")
         limit = _limit(request)
         rows = await run_in_threadpool(
-            store.list_events, self.sessions, status=status, user_id=request.query_params.get("user_id") or None, limit=limit
+            store.list_events,
+            self.sessions,
+            status=status,
+            user_id=_text_param("user_id", request.query_params.get("user_id") or None),
+            limit=limit,
         )
         return JSONResponse(rows)
 
     @require("admin")
     async def get_scheduled_event(self, request: Request) -> Response:
-        row = await run_in_threadpool(store.get_event, self.sessions, request.path_params["event_id"])
+        event_id = _path_param(request, "event_id")
+        row = await run_in_threadpool(store.get_event, self.sessions, event_id)
         if row is None:
             raise HTTPException(404, "no scheduled event with that id")
         return JSONResponse(row)
@@ -247,7 +265,8 @@ class SchedulerService:
     @require("admin")
     async def reset_scheduled_event(self, request: Request) -> Response:
         """The reset by hand: a failed (or dispatched) row goes back to pending."""
-        row = await run_in_threadpool(store.reset_event, self.sessions, request.path_params["event_id"], self.clock.now())
+        event_id = _path_param(request, "event_id")
+        row = await run_in_threadpool(store.reset_event, self.sessions, event_id, self.clock.now())
         if row is None:
             raise HTTPException(404, "no scheduled event with that id")
         return JSONResponse(row)
@@ -260,7 +279,7 @@ class SchedulerService:
         rows = await run_in_threadpool(
             store.list_notifications,
             self.sessions,
-            user_id=request.query_params.get("user_id") or None,
+            user_id=_text_param("user_id", request.query_params.get("user_id") or None),
             status=status,
             limit=_limit(request),
         )
@@ -268,11 +287,12 @@ class SchedulerService:
 
     @require("admin")
     async def set_preferences(self, request: Request) -> Response:
+        user_id = _path_param(request, "user_id")
         body = parse_body(PreferencesIn, await read_json(request, self.settings.max_body_bytes))
         row = await run_in_threadpool(
             store.set_preferences,
             self.sessions,
-            request.path_params["user_id"],
+            user_id,
             enabled_kinds=body.enabled_kinds,
             max_per_day=body.max_per_day,
             now=self.clock.now(),
@@ -307,6 +327,47 @@ def _jsonable(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers)
+
+
+async def _value_not_storable(request: Request, exc: Exception) -> Response:
+    """A value the database refused (a safety net behind the schemas): the sender's 422."""
+    assert isinstance(exc, DBAPIError)
+    logger.warning("database refused a value: %s", exc.orig)
+    first_line = str(exc.orig).splitlines()[0] if exc.orig is not None else "invalid value"
+    return JSONResponse({"detail": f"a value cannot be stored: {first_line}"}, status_code=422)
+
+
+async def _database_error(request: Request, exc: Exception) -> Response:
+    """A connection the pool found dead (a restart, a terminated backend) is an outage: 503."""
+    assert isinstance(exc, DBAPIError)
+    if exc.connection_invalidated:
+        return await _database_unavailable(request, exc)
+    raise exc
+
+
+def _weak_secret(secret: str) -> bool:
+    lowered = secret.lower()
+    markers = ("dev", "test", "secret", "changeme", "example", "password")
+    return len(secret) < 32 or len(set(secret)) < 12 or any(m in lowered for m in markers)
+
+
+def _text_param(name: str, value: str | None) -> str | None:
+    """A path or query parameter the database can compare: bounded, no NUL, valid Unicode."""
+    if value is None:
+        return None
+    if len(value) > MAX_STRING:
+        raise HTTPException(422, f"{name}: at most {MAX_STRING} characters")
+    try:
+        check_text(value)
+    except ValueError as exc:
+        raise HTTPException(422, f"{name}: {exc}") from None
+    return value
+
+
+def _path_param(request: Request, name: str) -> str:
+    value = str(request.path_params[name])
+    _text_param(name, value)
+    return value
 
 
 async def _database_unavailable(request: Request, exc: Exception) -> Response:

@@ -36,11 +36,17 @@ async def read_json(request: Request, limit: int) -> Any:
         chunks.append(chunk)
     raw = b"".join(chunks)
     try:
-        return json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise HTTPException(422, f"body is not valid JSON: {exc}") from exc
+        return json.loads(raw, parse_constant=_not_json)
     except RecursionError as exc:
         raise HTTPException(422, "body is nested too deeply") from exc
+    except ValueError as exc:
+        # JSONDecodeError and UnicodeDecodeError, but also NaN/Infinity (which jsonb
+        # refuses) and integers longer than Python's int-parsing limit: all the sender's.
+        raise HTTPException(422, f"body is not valid JSON: {exc}") from exc
+
+
+def _not_json(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
 
 
 def validation_errors(exc: ValidationError) -> list[dict[str, str]]:

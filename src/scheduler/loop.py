@@ -112,6 +112,7 @@ class SchedulerHealth:
     polls: int = 0
     dispatched: int = 0
     failed: int = 0
+    consecutive_failures: int = 0  # polls that failed since the last one that completed
 
     def snapshot(self) -> dict[str, Any]:
         def iso(value: datetime | None) -> str | None:
@@ -126,6 +127,7 @@ class SchedulerHealth:
             "polls": self.polls,
             "dispatched": self.dispatched,
             "failed": self.failed,
+            "consecutive_failures": self.consecutive_failures,
         }
 
 
@@ -288,6 +290,9 @@ class Scheduler:
             logger.exception("%s: poll failed; the loop continues", self.name)
             self.health.last_error = error_text(exc)
             self.health.last_error_at = self.clock.now()
+            self.health.consecutive_failures += 1
+        else:
+            self.health.consecutive_failures = 0
 
     def _started(self) -> None:
         self.health.running = True

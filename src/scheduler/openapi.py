@@ -52,7 +52,7 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
         "summary": "Is the polling loop alive and polling?",
         "responses": {
             "200": _json(SchedulerHealthOut, "the loop runs and polled recently"),
-            "503": _json(SchedulerHealthOut, "the loop task exited, or no poll completed in three intervals"),
+            "503": _json(SchedulerHealthOut, "the loop task exited, its last poll failed (a database outage), or no poll completed in three intervals"),
         },
     },
     ("/admin/scheduled-events", "post"): {

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator
@@ -19,8 +19,7 @@ def _check_json(value: Any, depth: int = 0) -> None:
     if depth > MAX_DEPTH:
         raise ValueError(f"nested deeper than {MAX_DEPTH} levels")
     if isinstance(value, str):
-        if "\x00" in value:
-            raise ValueError("contains a NUL character (\\u0000), which cannot be stored")
+        check_text(value)
     elif isinstance(value, dict):
         for key, item in value.items():
             _check_json(key, depth + 1)
@@ -30,9 +29,19 @@ def _check_json(value: Any, depth: int = 0) -> None:
             _check_json(item, depth + 1)
 
 
+def check_text(value: str) -> None:
+    """Text PostgreSQL can store: no NUL, and valid Unicode (no unpaired surrogate)."""
+    if "\x00" in value:
+        raise ValueError("contains a NUL character (\\u0000), which cannot be stored")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("contains an unpaired surrogate (\\ud800-\\udfff), which is not valid Unicode") from None
+
+
 def _no_nul(value: str | None) -> str | None:
-    if value is not None and "\x00" in value:
-        raise ValueError("contains a NUL character (\\u0000)")
+    if value is not None:
+        check_text(value)
     return value
 
 
@@ -69,6 +78,16 @@ class ScheduledEventIn(_Body):
         default=None, description="Must carry facts_version and scenario as non-empty strings."
     )
 
+    @field_validator("trigger_at", mode="after")
+    @classmethod
+    def _trigger_in_range(cls, value: datetime) -> datetime:
+        # 9999-12-31T23:59-12:00 is year 10000 in UTC: PostgreSQL cannot store it.
+        try:
+            value.astimezone(UTC)
+        except OverflowError:
+            raise ValueError("is out of range once converted to UTC") from None
+        return value
+
 
 class LiveEventIn(_Body):
     """``POST /admin/ingest-event``: a live event, dispatched now."""
@@ -84,8 +103,17 @@ class PreferencesIn(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    enabled_kinds: list[str] | None = Field(default=None, description="null: every kind")
+    enabled_kinds: list[str] | None = Field(default=None, max_length=100, description="null: every kind")
     max_per_day: int = Field(default=3, ge=0, le=1000)
+
+    @field_validator("enabled_kinds", mode="after")
+    @classmethod
+    def _kinds_storable(cls, value: list[str] | None) -> list[str] | None:
+        for kind in value or []:
+            if not 1 <= len(kind) <= MAX_STRING:
+                raise ValueError(f"each kind must be 1 to {MAX_STRING} characters")
+            check_text(kind)
+        return value
 
 
 class ScheduledEventOut(BaseModel):
@@ -142,6 +170,7 @@ class SchedulerHealthOut(BaseModel):
     polls: int
     dispatched: int
     failed: int
+    consecutive_failures: int
     stale: bool
     poll_seconds: float
 
