@@ -56,6 +56,7 @@ def test_a_disabled_kind_is_suppressed_and_does_not_count_toward_the_cap(client:
     assert ingest(client, "2026-10-21") == 202
 
 
+@pytest.mark.clause("DEC-4")
 @pytest.mark.clause("CTX-PREFS.3")
 def test_the_cap_counts_the_current_utc_day_only(client: TestClient, clock: ManualClock) -> None:
     """CTX-PREFS.3: yesterday's deliveries do not count today; the window is midnight to midnight UTC."""

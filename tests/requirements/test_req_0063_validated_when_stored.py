@@ -155,6 +155,7 @@ def test_a_malformed_body_is_a_422_that_names_the_field(
     assert count(engine) == 0
 
 
+@pytest.mark.clause("DEC-6")
 @pytest.mark.clause("REQ-0063.6")
 def test_a_body_that_is_not_json_or_too_large_is_refused_clearly(client: TestClient, engine: Engine) -> None:
     """REQ-0063.6: not JSON is a 422 saying so; an oversized body is a 413; neither stores anything."""

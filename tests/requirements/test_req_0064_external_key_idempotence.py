@@ -132,6 +132,7 @@ def test_twenty_concurrent_posts_with_one_new_key_give_one_row_and_twenty_201s(
     assert len(rows(engine, "SELECT id FROM scheduled_events WHERE external_key = 'race-key'")) == 1
 
 
+@pytest.mark.clause("DEC-5")
 @pytest.mark.clause("REQ-0064.6")
 def test_a_repost_during_a_dispatch_waits_for_it_then_leaves_the_row_pending_with_the_new_content(
     client: TestClient, service: SchedulerService, clock: ManualClock, engine: Engine

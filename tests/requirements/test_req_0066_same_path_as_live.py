@@ -123,6 +123,7 @@ def test_a_suppressed_notification_ends_dispatched_like_a_delivered_one(
     assert {event_row(engine, r["id"])["status"] for r in (delivered, capped, duplicate)} == {"dispatched"}
 
 
+@pytest.mark.clause("DEC-8")
 @pytest.mark.clause("REQ-0066.6")
 @pytest.mark.parametrize(
     ("facts", "live_status", "reason"),

@@ -68,6 +68,7 @@ class FailingStatementDispatcher:
         return result
 
 
+@pytest.mark.clause("DEC-1")
 @pytest.mark.clause("REQ-0067.3")
 @pytest.mark.parametrize(
     "bad_sql",

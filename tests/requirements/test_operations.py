@@ -1,0 +1,135 @@
+"""Operations: the ``scheduler`` command an operator uses.
+
+In our words: ``scheduler`` (or ``python -m scheduler``) explains every command with
+``--help``; ``token`` prints only a token minted with the configured secret (no scope: a
+participant's) and refuses clearly without one; ``events list`` finds failed rows with
+their ``last_error`` and ``events reset`` puts one back to pending; ``rules list`` shows the
+loaded catalogue; ``migrate`` brings the schema up to date.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import jwt
+import pytest
+from sqlalchemy import Engine
+from starlette.testclient import TestClient
+
+from scheduler.app import SchedulerService
+from scheduler.cli import build_parser, main
+from tests.conftest import TEST_SECRET
+from tests.helpers import event_row, post_event
+
+
+@pytest.mark.clause("OPS-1")
+def test_every_command_explains_itself_with_help(capsys: pytest.CaptureFixture[str]) -> None:
+    """OPS-1: --help works on the program and on every command and action."""
+    commands = [[], ["serve"], ["migrate"], ["token"], ["events"], ["events", "list"], ["events", "reset"],
+                ["rules"], ["rules", "list"]]
+    for words in commands:
+        with pytest.raises(SystemExit) as done:
+            build_parser().parse_args([*words, "--help"])
+        assert done.value.code == 0
+        assert "usage: scheduler" in capsys.readouterr().out
+    out = subprocess.run([sys.executable, "-m", "scheduler", "--help"], capture_output=True, text=True, check=True).stdout
+    assert "serve" in out and "token" in out
+
+
+@pytest.mark.clause("OPS-2")
+def test_token_prints_only_a_token_the_service_accepts(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], client: TestClient
+) -> None:
+    """OPS-2: the output is exactly one JWT carrying the scope and subject asked for."""
+    monkeypatch.setenv("SCHEDULER_JWT_SECRET", TEST_SECRET)
+    assert main(["token", "--scope", "nudging.admin", "--sub", "ops"]) == 0
+    printed = capsys.readouterr().out
+    token = printed.strip()
+    assert printed == token + "\n"
+    claims = jwt.decode(token, TEST_SECRET, algorithms=["HS256"], audience="svc-nudging")
+    assert (claims["scope"], claims["sub"]) == ("nudging.admin", "ops")
+    assert client.get("/admin/notifications", headers={"Authorization": f"Bearer {token}"}).status_code == 200
+    assert main(["token"]) == 0
+    participant = capsys.readouterr().out.strip()
+    assert "scope" not in jwt.decode(participant, TEST_SECRET, algorithms=["HS256"], audience="svc-nudging")
+    assert client.get("/admin/notifications", headers={"Authorization": f"Bearer {participant}"}).status_code == 403
+
+
+@pytest.mark.clause("OPS-2")
+def test_token_refuses_clearly_when_no_secret_is_configured(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: object
+) -> None:
+    """OPS-2: no secret and no generated one: exit code 2 and a message saying what to do."""
+    monkeypatch.delenv("SCHEDULER_JWT_SECRET", raising=False)
+    monkeypatch.setenv("SCHEDULER_DATA_DIR", str(tmp_path))
+    assert main(["token", "--scope", "nudging.admin"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "SCHEDULER_JWT_SECRET" in captured.err
+
+
+@pytest.mark.clause("OPS-3")
+def test_events_list_shows_failed_rows_and_events_reset_puts_one_back(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], client: TestClient,
+    service: SchedulerService, engine: Engine, database_url: str,
+) -> None:
+    """OPS-3: an operator finds the failed row and its last_error, then resets it to pending."""
+    bad = post_event(client, facts={"facts_version": "1", "scenario": "commitment_reminder", "date": "someday"})
+    post_event(client, user_id="fine")
+    service.scheduler.poll_once()
+    monkeypatch.setenv("DATABASE_URL", database_url)
+    assert main(["events", "list", "--status", "failed", "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert [r["id"] for r in listed] == [bad["id"]]
+    assert listed[0]["last_error"].startswith("missing_or_invalid_time_scope")
+    assert main(["events", "reset", bad["id"]]) == 0
+    assert "pending again" in capsys.readouterr().out
+    assert event_row(engine, bad["id"])["status"] == "pending"
+    assert main(["events", "reset", "no-such-id"]) == 1
+
+
+@pytest.mark.clause("OPS-4")
+def test_rules_list_shows_the_loaded_catalogue(capsys: pytest.CaptureFixture[str]) -> None:
+    """OPS-4: id, scenarios, frequency and kind of every rule, as text or JSON."""
+    assert main(["rules", "list", "--json"]) == 0
+    rules = {r["id"]: r for r in json.loads(capsys.readouterr().out)}
+    assert rules["commitment-reminder"]["scenarios"] == ["commitment_reminder"]
+    assert (rules["commitment-reminder"]["frequency"], rules["commitment-reminder"]["kind"]) == ("daily", "reminder")
+    assert rules["yearly-review"]["enabled"] is False
+    assert main(["rules", "list"]) == 0
+    assert "commitment-reminder" in capsys.readouterr().out
+
+
+@pytest.mark.clause("OPS-5")
+def test_migrate_is_idempotent_on_an_up_to_date_database(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], database_url: str
+) -> None:
+    """OPS-5: migrate on a migrated database changes nothing and says the schema is up to date."""
+    monkeypatch.setenv("DATABASE_URL", database_url)
+    assert main(["migrate"]) == 0
+    assert "up to date" in capsys.readouterr().out
+
+
+@pytest.mark.clause("OPS-6")
+def test_a_bad_setting_is_a_clear_error_naming_the_variable(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """OPS-6: SCHEDULER_BATCH_SIZE=twenty is refused with exit 2 and the variable's name."""
+    monkeypatch.setenv("SCHEDULER_BATCH_SIZE", "twenty")
+    assert main(["rules", "list"]) == 2
+    assert "SCHEDULER_BATCH_SIZE" in capsys.readouterr().err
+
+
+@pytest.mark.clause("OPS-5")
+def test_the_migrations_build_exactly_the_schema_the_models_declare(engine: Engine) -> None:
+    """OPS-5: Alembic (never create_all) owns the schema; autogenerate finds nothing to change."""
+    from alembic.autogenerate import compare_metadata
+    from alembic.migration import MigrationContext
+
+    from scheduler.models import Base
+
+    with engine.connect() as conn:
+        context = MigrationContext.configure(conn, opts={"compare_type": True})
+        assert compare_metadata(context, Base.metadata) == []
