@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import logging
 import secrets
@@ -164,20 +165,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+EXTENSIONS = (("harness.cli", "add_simulate_command"), ("bench.cli", "add_bench_command"))
+
+
 def _add_extensions(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Commands that live in other packages (the simulation harness, the benchmarks)."""
-    try:
-        from harness.cli import add_simulate_command
-    except ImportError:
-        pass
-    else:
-        add_simulate_command(sub)
-    try:
-        from bench.cli import add_bench_command  # type: ignore[import-not-found]
-    except ImportError:
-        pass
-    else:
-        add_bench_command(sub)
+    """Commands that live in other packages (the simulation harness, the benchmarks),
+    added when those packages are installed."""
+    for module_name, hook in EXTENSIONS:
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            continue
+        getattr(module, hook)(sub)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

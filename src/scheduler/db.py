@@ -36,7 +36,7 @@ def embedded_server_uri(pgdata: Path) -> str:
     server = _embedded.get(pgdata)
     if server is None:
         logger.info("starting embedded PostgreSQL in %s", pgdata)
-        server = pgserver.get_server(pgdata, cleanup_mode="stop")
+        server = pgserver.get_server(pgdata, cleanup_mode="stop")  # type: ignore[attr-defined]
         _embedded[pgdata] = server
     return str(server.get_uri())
 

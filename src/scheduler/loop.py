@@ -15,6 +15,7 @@ cannot poison the batch, because no event ever runs outside its own savepoint.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 from collections.abc import Callable
@@ -307,10 +308,8 @@ class Scheduler:
                 await anyio.to_thread.run_sync(self._poll_guarded, stop.is_set)
                 if stop.is_set():
                     break
-                try:
+                with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), timeout=self.poll_seconds)
-                except TimeoutError:
-                    pass
         finally:
             self.health.running = False
 

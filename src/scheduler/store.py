@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
+from sqlalchemy import RowMapping
 from sqlalchemy.orm import Session, sessionmaker
 
 from scheduler.queries import statement
@@ -21,11 +22,11 @@ EVENT_COLUMNS = (
 )
 
 
-def _jsonable(row: Mapping[str, Any]) -> dict[str, Any]:
+def _jsonable(row: Mapping[str, Any] | RowMapping) -> dict[str, Any]:
     return {k: (v.isoformat() if isinstance(v, datetime) else v) for k, v in row.items()}
 
 
-def event_to_json(row: Mapping[str, Any]) -> dict[str, Any]:
+def event_to_json(row: Mapping[str, Any] | RowMapping) -> dict[str, Any]:
     """A stored row as the API shows it: every column, times in ISO 8601."""
     return _jsonable({k: row[k] for k in EVENT_COLUMNS})
 
@@ -40,10 +41,15 @@ def store_event(
     trigger_at: datetime,
     facts: Mapping[str, Any],
     now: datetime,
+    event_id: str | None = None,
 ) -> dict[str, Any]:
-    """Insert a row, or rewrite and reset the row of ``external_key`` (REQ-0064), atomically."""
+    """Insert a row, or rewrite and reset the row of ``external_key`` (REQ-0064), atomically.
+
+    ``event_id`` names a new row (default: a random UUID); the simulation passes seeded
+    ids so that a replayed run claims rows in the same ``(trigger_at, id)`` order.
+    """
     params = {
-        "id": str(uuid.uuid4()),
+        "id": event_id or str(uuid.uuid4()),
         "event_type": event_type,
         "user_id": user_id,
         "community_id": community_id,

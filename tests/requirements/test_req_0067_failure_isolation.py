@@ -25,7 +25,7 @@ from scheduler.clock import ManualClock
 from scheduler.loop import Batch
 from scheduler.types import DigitalTwinEvent, DispatchResult
 from tests.conftest import ADMIN, T0
-from tests.helpers import FakeDispatcher, event_row, post_event, reminder_facts, rows, statuses
+from tests.helpers import FakeDispatcher, event_row, post_event, rows, statuses
 
 
 def batch_of_five(client: TestClient, middle: str = "user-2") -> list[dict[str, Any]]:
