@@ -184,6 +184,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # pgserver narrates every pg_ctl call at INFO; keep its warnings only.
+    logging.getLogger("pgserver").setLevel(logging.DEBUG if args.verbose else logging.WARNING)
     try:
         settings = Settings.from_env()
         result: int = args.func(args, settings)

@@ -7,6 +7,7 @@ an embedded server kept in ``<data dir>/pgdata`` and uses a database named ``sch
 from __future__ import annotations
 
 import logging
+import warnings
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlparse
@@ -29,7 +30,11 @@ _embedded: dict[Path, Any] = {}
 
 def embedded_server_uri(pgdata: Path) -> str:
     """Start (or join) the embedded PostgreSQL in ``pgdata``; return its libpq URI."""
-    import pgserver  # imported lazily: only the embedded path needs it
+    with warnings.catch_warnings():
+        # pgserver asks platformdirs for a runtime dir at import; without XDG_RUNTIME_DIR
+        # (root in CI) it warns and falls back to /tmp, which is what we want anyway.
+        warnings.simplefilter("ignore")
+        import pgserver  # imported lazily: only the embedded path needs it
 
     pgdata = pgdata.resolve()
     pgdata.parent.mkdir(parents=True, exist_ok=True)
