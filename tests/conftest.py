@@ -44,7 +44,7 @@ def _server() -> dict[str, Any]:
     import pgserver
 
     pgdata = Path(os.environ.get("SCHEDULER_TEST_PGDATA") or Path(tempfile.gettempdir()) / f"scheduler-tests-pg-{os.getuid()}")
-    server = pgserver.get_server(pgdata, cleanup_mode="stop")
+    server = pgserver.get_server(pgdata, cleanup_mode="stop")  # type: ignore[attr-defined]
     _server.keep = server  # type: ignore[attr-defined]  # keep it alive for the session
     return {"host": socket_dir_of(server.get_uri()), "port": 5432, "user": "postgres", "password": ""}
 

@@ -74,7 +74,7 @@ def statuses(engine: Engine) -> dict[str, str]:
 
 def drain(service: SchedulerService) -> list[PollReport]:
     """Poll until a poll claims nothing; return every report."""
-    reports = []
+    reports: list[PollReport] = []
     while True:
         report = service.scheduler.poll_once()
         if report.claimed == 0:

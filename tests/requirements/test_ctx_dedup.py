@@ -23,7 +23,7 @@ from tests.helpers import reminder_facts, rows
 
 def ingest(client: TestClient, user_id: str = "p1", community_id: str | None = "c1", day: str = "2026-11-30") -> int:
     body = {"event_type": "t", "user_id": user_id, "community_id": community_id, "facts": reminder_facts(day)}
-    return client.post("/admin/ingest-event", headers=INGEST, json=body).status_code
+    return int(client.post("/admin/ingest-event", headers=INGEST, json=body).status_code)
 
 
 @pytest.mark.clause("CTX-DEDUP.1")

@@ -84,7 +84,7 @@ def test_live_ingest_answers_each_documented_status(client: TestClient, publishe
 
     def send(facts: dict[str, object], user_id: str = "p1") -> int:
         body = {"event_type": "t", "user_id": user_id, "facts": facts}
-        return client.post("/admin/ingest-event", headers=INGEST, json=body).status_code
+        return int(client.post("/admin/ingest-event", headers=INGEST, json=body).status_code)
 
     assert send(reminder_facts()) == 200
     assert len(publisher.messages) == 1

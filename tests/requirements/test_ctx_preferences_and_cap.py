@@ -26,7 +26,7 @@ from tests.helpers import post_event, reminder_facts, rows
 
 def ingest(client: TestClient, day: str, user_id: str = "p1") -> int:
     body = {"event_type": "t", "user_id": user_id, "facts": reminder_facts(day)}
-    return client.post("/admin/ingest-event", headers=INGEST, json=body).status_code
+    return int(client.post("/admin/ingest-event", headers=INGEST, json=body).status_code)
 
 
 def days(n: int) -> list[str]:

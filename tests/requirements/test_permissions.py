@@ -45,7 +45,7 @@ def call(client: TestClient, method: str, path: str, headers: dict[str, str] | N
         body = {"event_type": "t", "user_id": "p1", "facts": reminder_facts()}
     elif method == "PUT":
         body = {"max_per_day": 3}
-    return client.request(method, path, headers=headers or {}, json=body).status_code
+    return int(client.request(method, path, headers=headers or {}, json=body).status_code)
 
 
 @pytest.mark.clause("PERM-1")

@@ -28,7 +28,7 @@ def notifications(client: TestClient, user_id: str | None = None) -> list[dict[s
 
 def live(client: TestClient, facts: dict[str, object], user_id: str = "participant-1") -> int:
     body = {"event_type": "commitment_reminder", "user_id": user_id, "community_id": "community-1", "facts": facts}
-    return client.post("/admin/ingest-event", headers=INGEST, json=body).status_code
+    return int(client.post("/admin/ingest-event", headers=INGEST, json=body).status_code)
 
 
 @pytest.mark.clause("REQ-0066.1")
