@@ -69,7 +69,7 @@ class TimeScopeError(ValueError):
         return INVALID_TIME_SCOPE + (f": {self.args[0]}" if self.args else "")
 
 
-# ASCII digits only: \d alone also matches "２０２６" or "٢٠٢٦", which int() reads as 2026,
+# ASCII digits only: \d alone also matches fullwidth or Arabic-Indic digits, which int() reads as 2026,
 # so one period could be spelt several ways and slip past deduplication.
 _DAILY = re.compile(r"^(\d{4})-(\d{2})-(\d{2})$", re.ASCII)
 _WEEKLY = re.compile(r"^(\d{4})-W(\d{2})$", re.ASCII)
