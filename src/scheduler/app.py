@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import Engine
 from sqlalchemy.exc import DataError, DBAPIError, InterfaceError, OperationalError
@@ -33,7 +33,7 @@ from scheduler.config import ConfigError, Settings
 from scheduler.db import make_engine, make_sessionmaker, resolve_database_url
 from scheduler.dispatch import NudgingPlatform
 from scheduler.facts import ContractViolation, FactsMissing, check_facts_contract
-from scheduler.http import parse_body, read_json, unprocessable
+from scheduler.http import Refused, parse_body, read_json, unprocessable
 from scheduler.loop import Scheduler
 from scheduler.openapi import openapi_document
 from scheduler.publishers import LoggingPublisher
@@ -42,6 +42,8 @@ from scheduler.schemas import MAX_STRING, LiveEventIn, PreferencesIn, ScheduledE
 from scheduler.types import EVENT_STATUSES, Clock, DigitalTwinEvent, Dispatcher, Publisher
 
 logger = logging.getLogger(__name__)
+
+EventBodyT = TypeVar("EventBodyT", ScheduledEventIn, LiveEventIn)
 
 MISSING_FACTS_SCHEDULED = "Missing facts in scheduled event"
 MISSING_FACTS_LIVE = "Missing facts in event"
@@ -88,6 +90,7 @@ class SchedulerService:
             middleware=self.middleware(),
             exception_handlers={
                 HTTPException: _http_error,
+                Refused: _refused,
                 OperationalError: _database_unavailable,
                 InterfaceError: _database_unavailable,
                 PoolTimeout: _database_unavailable,
@@ -185,10 +188,7 @@ class SchedulerService:
     @require("ingest")
     async def create_scheduled_event(self, request: Request) -> Response:
         """Store an event for later (REQ-0063, REQ-0064). Validated now, not when it fires."""
-        body = parse_body(ScheduledEventIn, await read_json(request, self.settings.max_body_bytes))
-        refused = _contract_refusal(body.facts, MISSING_FACTS_SCHEDULED)
-        if refused is not None:
-            return refused
+        body = await self._event_body(request, ScheduledEventIn, MISSING_FACTS_SCHEDULED)
         assert body.facts is not None
         row = await run_in_threadpool(
             store.store_event,
@@ -206,10 +206,7 @@ class SchedulerService:
     @require("ingest")
     async def ingest_event(self, request: Request) -> Response:
         """The live path: the same engine and orchestrator a scheduled event goes through."""
-        body = parse_body(LiveEventIn, await read_json(request, self.settings.max_body_bytes))
-        refused = _contract_refusal(body.facts, MISSING_FACTS_LIVE)
-        if refused is not None:
-            return refused
+        body = await self._event_body(request, LiveEventIn, MISSING_FACTS_LIVE)
         assert body.facts is not None
         event = DigitalTwinEvent(body.event_type, body.user_id, body.community_id, body.facts)
         result = await run_in_threadpool(self._dispatch_live, event)
@@ -221,6 +218,18 @@ class SchedulerService:
         if result.http_status == 409:
             payload = {"detail": "duplicate: every rule that would fire already notified for this period", **payload}
         return JSONResponse(payload, status_code=result.http_status)
+
+    async def _event_body(self, request: Request, model: type[EventBodyT], missing_message: str) -> EventBodyT:
+        """A validated event body whose facts honour the contract (REQ-0012), or the
+        documented 422: ``missing_message`` for absent facts, ``invalid_facts_contract``."""
+        body = parse_body(model, await read_json(request, self.settings.max_body_bytes))
+        try:
+            check_facts_contract(body.facts)
+        except FactsMissing:
+            raise Refused(422, missing_message) from None
+        except ContractViolation as exc:
+            raise Refused(422, {"error": "invalid_facts_contract", "errors": list(exc.errors)}) from None
+        return body
 
     def _dispatch_live(self, event: DigitalTwinEvent) -> Any:
         now = self.clock.now()
@@ -309,19 +318,15 @@ def _limit(request: Request) -> int:
     return int(raw)
 
 
-def _contract_refusal(facts: Any, missing_message: str) -> Response | None:
-    """The facts contract (REQ-0012), answered with the documented 422 bodies."""
-    try:
-        check_facts_contract(facts)
-    except FactsMissing:
-        return unprocessable(missing_message)
-    except ContractViolation as exc:
-        return unprocessable({"error": "invalid_facts_contract", "errors": list(exc.errors)})
-    return None
 
 
 def _jsonable(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{k: (v.isoformat() if hasattr(v, "isoformat") else v) for k, v in row.items()} for row in rows]
+
+
+async def _refused(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, Refused)
+    return JSONResponse({"detail": exc.detail}, status_code=exc.status_code)
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:

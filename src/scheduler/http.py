@@ -13,6 +13,15 @@ from starlette.responses import JSONResponse
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
 
+class Refused(Exception):
+    """The request is refused with ``detail`` (any JSON), e.g. the facts contract's 422s."""
+
+    def __init__(self, status_code: int, detail: Any) -> None:
+        super().__init__(detail)
+        self.status_code = status_code
+        self.detail = detail
+
+
 class BodyTooLarge(HTTPException):
     def __init__(self, limit: int) -> None:
         super().__init__(413, f"request body larger than {limit} bytes")
