@@ -113,6 +113,7 @@ def test_strings_longer_than_the_limit_are_422_naming_the_field(
 
 
 @pytest.mark.clause("SEC-12")
+@pytest.mark.clause("SEC-14")
 @pytest.mark.parametrize(
     ("method", "path", "name"),
     [

@@ -74,8 +74,9 @@ def test_a_malformed_authorization_header_is_401(client: TestClient, header: str
     assert response.json()["detail"]
 
 
+@pytest.mark.clause("SEC-4")
 def test_a_valid_admin_token_gets_in(client: TestClient) -> None:
-    """The control for every refusal below: the same claims, properly signed, pass."""
+    """SEC-4: the control for every refusal below: the same claims, properly signed, pass."""
     assert _status(client, hs256(claims())) == 200
 
 
