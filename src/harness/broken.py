@@ -1,0 +1,140 @@
+"""Deliberately broken schedulers: a harness that never fails proves nothing.
+
+Each variant is the production scheduler with one classic mistake put back in, as close
+to the real code as possible: most rewrite a statement on the broken replica's own
+connection (so ``Scheduler`` itself runs unchanged), one subclasses ``Scheduler``, and
+one replaces the API's atomic upsert. ``expected`` names the invariant that must catch it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.orm import Session
+
+from harness.faults import Rewrite, is_claim_statement
+from scheduler.loop import Batch, Scheduler
+from scheduler.queries import statement
+from scheduler.store import event_to_json
+
+
+class VariantNoLongerApplies(RuntimeError):
+    """The production SQL changed and a broken variant's rewrite no longer matches it."""
+
+
+def _replace(pattern: str, replacement: str, *, claim_only: bool = True) -> Rewrite:
+    compiled = re.compile(pattern)
+
+    def rewrite(sql: str, params: Any) -> tuple[str, Any]:
+        if claim_only and not is_claim_statement(sql):
+            return sql, params
+        new, count = compiled.subn(replacement, sql)
+        if claim_only and count == 0:
+            raise VariantNoLongerApplies(f"{pattern!r} is not in the claim statement any more")
+        return new, params
+
+    return rewrite
+
+
+def _claim_one_more(sql: str, params: Any) -> tuple[str, Any]:
+    if is_claim_statement(sql) and isinstance(params, Mapping) and "batch_size" in params:
+        params = {**params, "batch_size": int(params["batch_size"]) + 1}
+    return sql, params
+
+
+_SAVEPOINT = re.compile(r"^\s*(SAVEPOINT|ROLLBACK TO SAVEPOINT|RELEASE SAVEPOINT)\b", re.I)
+
+
+def _no_savepoints(sql: str, params: Any) -> tuple[str, Any]:
+    if _SAVEPOINT.match(sql):
+        return "SELECT 1", params
+    return sql, params
+
+
+class StatusFirstScheduler(Scheduler):
+    """Marks every claimed row dispatched and commits that before the engine runs."""
+
+    def claim(self) -> Batch:
+        batch = super().claim()
+        for event in batch.events:
+            batch.session.execute(statement("mark_dispatched"), {"id": event.id, "now": batch.claimed_at})
+        # The bug: the status commits apart from the effects, and the row locks go with it.
+        batch.session.commit()
+        return batch
+
+
+# -- the API side: read-then-write instead of one atomic upsert ----------------------------
+
+_READ_BY_KEY = text("SELECT id FROM scheduled_events WHERE external_key = :external_key")
+_INSERT_WITH_KEY = text(
+    "INSERT INTO scheduled_events (id, event_type, user_id, community_id, external_key, trigger_at,"
+    " facts, status, created_at, updated_at) VALUES (:id, :event_type, :user_id, :community_id,"
+    " :external_key, :trigger_at, CAST(:facts AS jsonb), 'pending', :now, :now) RETURNING *"
+)
+_UPDATE_BY_ID = text(
+    "UPDATE scheduled_events SET event_type = :event_type, user_id = :user_id,"
+    " community_id = :community_id, trigger_at = :trigger_at, facts = CAST(:facts AS jsonb),"
+    " status = 'pending', dispatched_at = NULL, last_error = NULL, updated_at = :now"
+    " WHERE id = :existing RETURNING *"
+)
+
+
+def read_then_write_begin(session: Session, params: Mapping[str, Any]) -> str | None:
+    """First half of the broken upsert: look the key up (no lock, no arbiter)."""
+    row = session.execute(_READ_BY_KEY, {"external_key": params["external_key"]}).first()
+    return None if row is None else str(row[0])
+
+
+def read_then_write_end(session: Session, params: Mapping[str, Any], existing: str | None) -> dict[str, Any]:
+    """Second half: insert if the read found nothing, else update by id; then commit."""
+    if existing is None:
+        row = session.execute(_INSERT_WITH_KEY, dict(params)).mappings().one()
+    else:
+        row = session.execute(_UPDATE_BY_ID, {**params, "existing": existing}).mappings().one()
+    session.commit()
+    return event_to_json(row)
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A scheduler build: production (``correct``) or one deliberate bug."""
+
+    name: str
+    description: str
+    expected: str | None  # the SIM clause that must catch it
+    rewrites: tuple[Rewrite, ...] = ()
+    scheduler_class: type[Scheduler] = Scheduler
+    read_then_write: bool = False
+
+
+VARIANTS: dict[str, Variant] = {
+    v.name: v
+    for v in (
+        Variant("correct", "the production scheduler, unchanged", None),
+        Variant("no-skip-locked", "the claim locks with FOR UPDATE but without SKIP LOCKED",
+                "SIM-1", rewrites=(_replace(r"FOR UPDATE SKIP LOCKED", "FOR UPDATE"),)),
+        Variant("order-by-id", "the claim orders by id instead of (trigger_at, id)",
+                "SIM-1", rewrites=(_replace(r"ORDER BY trigger_at, id", "ORDER BY id"),)),
+        Variant("batch-of-21", "the claim takes one row more than the batch size (21 for 20)",
+                "SIM-1", rewrites=(_claim_one_more,)),
+        Variant("one-transaction", "events run without savepoints: one failure rolls the batch back",
+                "SIM-4", rewrites=(_no_savepoints,)),
+        Variant("read-then-write-upsert", "a re-post reads the key, then inserts or updates",
+                "SIM-2", read_then_write=True),
+        Variant("cap-without-lock", "no participant advisory locks: the cap is counted unlocked",
+                "SIM-6", rewrites=(_replace(r"pg_advisory_xact_lock\(", "abs(", claim_only=False),)),
+        Variant("status-first", "status set before the engine runs and committed apart from it",
+                "SIM-5", scheduler_class=StatusFirstScheduler),
+    )
+}
+
+
+def variant(name: str) -> Variant:
+    try:
+        return VARIANTS[name]
+    except KeyError:
+        raise ValueError(f"unknown scheduler variant {name!r}; choose one of {', '.join(VARIANTS)}") from None

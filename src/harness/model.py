@@ -1,0 +1,208 @@
+"""The oracle: a plain in-memory model of what REQ-0063 to REQ-0067 allow.
+
+The model knows every stored row, which replica holds which rows, and what each claimed
+event must become. It never looks at the database; the simulation compares the two after
+every step through an observer connection (see ``observer.py``).
+
+Row status is fully predictable: an event fails when its content says so (a Python or a
+database error, or facts the engine refuses) and is dispatched otherwise. What the
+orchestrator decides (sent, rate limited, duplicate) depends on timing across replicas, so
+the model does not predict it; it checks it instead (the cap, one notification per key,
+and that exactly the notifications of committed, successful dispatches exist).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import date, datetime
+
+# Event faults carried in the facts (``sim_fault``): what the dispatch of that event does.
+EVENT_FAULTS = ("python", "database", "refused")
+
+
+@dataclass(frozen=True)
+class Content:
+    """What a post writes: the participant, the trigger time and the facts that matter."""
+
+    user: str
+    trigger_at: datetime
+    day: date
+    fault: str | None
+    version: int  # unique per post; stored in the facts as ``sim_version``
+
+    @property
+    def expected_status(self) -> str:
+        return "failed" if self.fault in EVENT_FAULTS else "dispatched"
+
+
+@dataclass
+class Row:
+    """The committed state of one scheduled event, as the model believes it."""
+
+    id: str
+    key: str | None
+    content: Content
+    status: str = "pending"
+    generation: int = 0  # bumped by every re-post and reset: a new chance to be dispatched
+    has_error: bool = False
+    has_dispatched_at: bool = False
+
+
+@dataclass
+class Call:
+    """One dispatcher call, as the replica's dispatcher wrapper saw it."""
+
+    replica: int
+    event_id: str
+    version: int
+    result: str  # "ok", "refused" or "raised"
+    outcome: str | None  # the platform's outcome: delivered, suppressed, duplicate, ...
+    notification_ids: tuple[str, ...]
+    batch: int  # serial of the model batch it belongs to
+
+
+@dataclass
+class OpenBatch:
+    """A batch a replica holds: the rows it locked, in claim order, and what it did so far."""
+
+    serial: int
+    replica: int
+    ids: list[str]
+    generations: dict[str, int]
+    versions: dict[str, int]
+    position: int = 0
+    outcomes: dict[str, str] = field(default_factory=dict)
+    calls: list[Call] = field(default_factory=list)
+    dead: bool = False  # its backend was killed: it is gone server-side already
+
+
+class Model:
+    """Rows, open batches and the record of everything committed."""
+
+    def __init__(self, caps: dict[str, int]) -> None:
+        self.caps = caps
+        self.rows: dict[str, Row] = {}
+        self.order: list[str] = []  # row ids in creation order (steps name rows by index)
+        self.by_key: dict[str, str] = {}
+        self.batches: dict[int, OpenBatch] = {}
+        self.serial = 0
+        # (id, generation, version, status) of every committed outcome, in commit order
+        self.processed: list[tuple[str, int, int, str]] = []
+        self.committed_calls: list[Call] = []
+        self.expected_notifications: set[str] = set()
+        self.duplicate_events: set[str] = set()  # events whose committed dispatch was a duplicate
+        self.discarded_calls: list[Call] = []
+
+    # -- rows -----------------------------------------------------------------------------
+
+    def held(self, *, besides: int | None = None) -> dict[str, int]:
+        """Row id -> replica, for every row locked by a live open batch."""
+        held: dict[str, int] = {}
+        for replica, batch in self.batches.items():
+            if batch.dead or replica == besides:
+                continue
+            for event_id in batch.ids:
+                held[event_id] = replica
+        return held
+
+    def holder_of_key(self, key: str | None) -> int | None:
+        if key is None or key not in self.by_key:
+            return None
+        return self.held().get(self.by_key[key])
+
+    def apply_post(self, event_id: str, key: str | None, content: Content) -> Row:
+        """A post committed: a new row, or the key's row rewritten and pending again."""
+        existing = self.by_key.get(key) if key is not None else None
+        if existing is not None:
+            row = self.rows[existing]
+            row.content = content
+            row.status = "pending"
+            row.generation += 1
+            row.has_error = row.has_dispatched_at = False
+            return row
+        row = Row(event_id, key, content)
+        self.rows[event_id] = row
+        self.order.append(event_id)
+        if key is not None:
+            self.by_key[key] = event_id
+        return row
+
+    def apply_reset(self, event_id: str) -> None:
+        """The operator's reset committed: pending again, nothing of the last run kept."""
+        row = self.rows[event_id]
+        row.status = "pending"
+        row.generation += 1
+        row.has_error = row.has_dispatched_at = False
+
+    # -- batches ----------------------------------------------------------------------------
+
+    def expected_claim(self, replica: int, now: datetime, batch_size: int) -> list[str]:
+        """Due pending rows not held by another replica, oldest first, at most the batch size."""
+        held = self.held(besides=replica)
+        due = [
+            r for r in self.rows.values()
+            if r.status == "pending" and r.content.trigger_at <= now and r.id not in held
+        ]
+        due.sort(key=lambda r: (r.content.trigger_at, r.id))
+        return [r.id for r in due[:batch_size]]
+
+    def open_batch(self, replica: int, ids: list[str]) -> OpenBatch:
+        if replica in self.batches:
+            raise AssertionError(f"replica {replica} already holds a batch")
+        self.serial += 1
+        batch = OpenBatch(
+            self.serial, replica, list(ids),
+            {i: self.rows[i].generation for i in ids},
+            {i: self.rows[i].content.version for i in ids},
+        )
+        self.batches[replica] = batch
+        return batch
+
+    def next_expected(self, replica: int) -> tuple[str, str] | None:
+        """The next event the replica's batch dispatches, and the status it must end in."""
+        batch = self.batches[replica]
+        if batch.position >= len(batch.ids):
+            return None
+        event_id = batch.ids[batch.position]
+        return event_id, self.rows[event_id].content.expected_status
+
+    def record_outcome(self, replica: int, event_id: str, status: str, call: Call | None) -> None:
+        batch = self.batches[replica]
+        batch.position += 1
+        batch.outcomes[event_id] = status
+        if call is not None:
+            batch.calls.append(call)
+
+    def commit(self, replica: int) -> OpenBatch:
+        """The batch committed: its outcomes and their effects become the committed state."""
+        batch = self.batches.pop(replica)
+        for event_id, status in batch.outcomes.items():
+            row = self.rows[event_id]
+            row.status = status
+            row.has_error = status == "failed"
+            row.has_dispatched_at = status == "dispatched"
+            self.processed.append((event_id, batch.generations[event_id], batch.versions[event_id], status))
+        for call in batch.calls:
+            self.committed_calls.append(call)
+            if call.result == "ok":
+                self.expected_notifications.update(call.notification_ids)
+                if call.outcome == "duplicate":
+                    self.duplicate_events.add(call.event_id)
+        return batch
+
+    def discard(self, replica: int) -> OpenBatch:
+        """The batch rolled back (aborted, crashed, killed): as if it never ran."""
+        batch = self.batches.pop(replica)
+        self.discarded_calls.extend(batch.calls)
+        return batch
+
+    # -- summaries ---------------------------------------------------------------------------
+
+    def due_pending(self, now: datetime) -> list[str]:
+        return sorted(r.id for r in self.rows.values() if r.status == "pending" and r.content.trigger_at <= now)
+
+    def committed_counts(self) -> dict[str, int]:
+        counts = {"dispatched": 0, "failed": 0}
+        for *_, status in self.processed:
+            counts[status] += 1
+        return counts
