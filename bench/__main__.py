@@ -1,0 +1,7 @@
+"""``python -m bench``: the same command as ``scheduler bench``."""
+
+import sys
+
+from bench.cli import main
+
+sys.exit(main())

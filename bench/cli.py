@@ -1,0 +1,217 @@
+"""``python -m bench`` and ``scheduler bench``: run one benchmark or all of them.
+
+Progress goes to stderr; the Markdown table to stdout; both files (JSON with everything,
+including the EXPLAIN plans, and the table) to ``--out`` (default ``bench/results``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+DEFAULT_OUT = Path(__file__).parent / "results"
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How big each benchmark is: the full run (about ten minutes) or ``--quick``."""
+
+    claim_sizes: tuple[int, ...]
+    claim_samples: int
+    claim_budget: float
+    events: int
+    replicas: tuple[int, ...]
+    batches: tuple[int, ...]
+    full_events: int
+    formula_events: int
+    formula_poll: float
+    http_requests: int
+    http_concurrency: int
+    http_seconds: float
+    shutdown_repeats: int
+    memory_events: int
+    profile_events: int
+
+
+FULL = Sizes(claim_sizes=(10_000, 100_000, 1_000_000), claim_samples=300, claim_budget=10.0,
+             events=10_000, replicas=(1, 2, 4), batches=(20, 100), full_events=5_000,
+             formula_events=1_000, formula_poll=0.1, http_requests=4_000, http_concurrency=16,
+             http_seconds=20.0, shutdown_repeats=10, memory_events=100_000, profile_events=5_000)
+QUICK = Sizes(claim_sizes=(10_000, 100_000), claim_samples=100, claim_budget=3.0,
+              events=2_000, replicas=(1, 2), batches=(20, 100), full_events=1_000,
+              formula_events=400, formula_poll=0.1, http_requests=600, http_concurrency=8,
+              http_seconds=10.0, shutdown_repeats=3, memory_events=10_000, profile_events=1_000)
+
+DESCRIPTIONS = {
+    "claim": "claim latency (median, p90, EXPLAIN ANALYZE BUFFERS) with 1,000 due rows among 10k/100k/1M "
+             "rows, ours against a naive plain index on trigger_at; ratio 1M / 10k",
+    "mechanics": "drain N due events with a no-op dispatcher at poll interval 0 by 1/2/4 replica processes, "
+                 "batch 20 and larger; beside it the raw SQL ceiling, procrastinate and pgqueuer; and the "
+                 "drain-time formula checked with a real poll interval",
+    "fullpath": "drain N due commitment reminders through the real NudgingPlatform (rules, dedup, "
+                "preferences, cap, notification rows) by 1/2/4 replicas",
+    "http": "requests/s and p50/p99 of POST /admin/scheduled-events on a real `scheduler serve` (uvicorn, "
+            "127.0.0.1) from a separate load process: new keys, then the same keys re-posted",
+    "shutdown": "time from stop to loop exit with a one-hour poll interval: run_blocking, async run, "
+                "and the service lifespan",
+    "memory": "RSS of one replica process after 1,000 and after 100,000 dispatched events (full path)",
+    "profile": "cProfile of one replica's drain and the statements it sends per event (explains the "
+               "mechanics ratio)",
+}
+ORDER = ("claim", "mechanics", "fullpath", "http", "shutdown", "memory", "profile")
+
+
+def _claim(server: Any, s: Sizes, results: dict[str, Any]) -> dict[str, Any]:
+    from bench import claim
+
+    return claim.run(server, sizes=list(s.claim_sizes), samples=s.claim_samples, budget=s.claim_budget)
+
+
+def _mechanics(server: Any, s: Sizes, results: dict[str, Any]) -> dict[str, Any]:
+    from bench import drain, peers
+
+    runs: list[dict[str, Any]] = []
+    for replicas in s.replicas:
+        for batch in s.batches:
+            runs.append(drain.drain(server, "ours", events=s.events, replicas=replicas, batch=batch))
+            runs.append(drain.drain(server, "raw", events=s.events, replicas=replicas, batch=batch))
+            if batch == 20:
+                runs.append(drain.drain(server, "raw_same", events=s.events, replicas=replicas, batch=batch))
+        for peer in peers.PEERS:
+            runs.append(peers.drain(server, peer, events=s.events, replicas=replicas, batch=20))
+    one = next(r for r in runs if r["kind"] == "ours" and r["replicas"] == 1 and r["batch_size"] == 20)
+    poll_cost = one["seconds"] / -(-s.events // 20)
+    formula = [
+        drain.formula_check(server, events=s.formula_events, replicas=r, batch=20,
+                            poll_seconds=s.formula_poll, poll_cost_seconds=poll_cost)
+        for r in s.replicas[:2]
+    ]
+    return {"events": s.events, "runs": runs, "formula": formula}
+
+
+def _fullpath(server: Any, s: Sizes, results: dict[str, Any]) -> dict[str, Any]:
+    from bench import drain
+
+    runs = [drain.drain(server, "full", events=s.full_events, replicas=r, batch=20) for r in s.replicas]
+    return {"events": s.full_events, "runs": runs}
+
+
+def _http(server: Any, s: Sizes, results: dict[str, Any]) -> dict[str, Any]:
+    from bench import http_load
+
+    return http_load.run(server, requests=s.http_requests, concurrency=s.http_concurrency, seconds=s.http_seconds)
+
+
+def _shutdown(server: Any, s: Sizes, results: dict[str, Any]) -> dict[str, Any]:
+    from bench import shutdown
+
+    return shutdown.run(server, repeats=s.shutdown_repeats)
+
+
+def _memory(server: Any, s: Sizes, results: dict[str, Any]) -> dict[str, Any]:
+    from bench import memory
+
+    return memory.run(server, events=s.memory_events)
+
+
+def _profile(server: Any, s: Sizes, results: dict[str, Any]) -> dict[str, Any]:
+    from bench import profile
+
+    return profile.run(server, events=s.profile_events)
+
+
+RUNNERS: dict[str, Callable[[Any, Sizes, dict[str, Any]], dict[str, Any]]] = {
+    "claim": _claim, "mechanics": _mechanics, "fullpath": _fullpath, "http": _http,
+    "shutdown": _shutdown, "memory": _memory, "profile": _profile,
+}
+
+
+def run_benchmarks(names: Sequence[str], *, quick: bool, out: Path, database_url: str | None) -> int:
+    """Run ``names`` in order; one failing benchmark is reported and the others still run."""
+    from bench import report
+    from bench.env import Server, machine_facts, progress
+
+    # Every fresh database is migrated: keep Alembic's per-migration INFO lines out of the progress.
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+    sizes = QUICK if quick else FULL
+    started = time.perf_counter()
+    results: dict[str, Any] = {
+        "started": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "quick": quick, "sizes": sizes.__dict__, "machine": machine_facts(),
+        "benchmarks": {}, "errors": {},
+    }
+    server = Server(database_url)
+    results["server"] = server.facts()
+    for name in names:
+        progress(f"{name}: {DESCRIPTIONS[name]}")
+        try:
+            results["benchmarks"][name] = RUNNERS[name](server, sizes, results)
+        except Exception as exc:  # noqa: BLE001 -- one benchmark's failure must not lose the others' figures
+            progress(f"{name} FAILED: {type(exc).__name__}: {exc}")
+            results["errors"][name] = f"{type(exc).__name__}: {exc}"
+            results.setdefault("tracebacks", {})[name] = traceback.format_exc()
+    results["seconds"] = time.perf_counter() - started
+    json_path, md_path = report.write(results, out)
+    sys.stdout.write(report.markdown(results))
+    progress(f"done in {results['seconds']:.0f}s: {json_path} and {md_path}")
+    return 1 if results["errors"] else 0
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--quick", action="store_true",
+                        help="a smaller run (about two minutes): 10k/100k claim sizes, 2,000 events, 1-2 replicas")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
+                        help=f"where the JSON and Markdown results go (default {DEFAULT_OUT})")
+    parser.add_argument("--database-url", default=os.environ.get("DATABASE_URL"),
+                        help="a PostgreSQL server to create the benchmark databases on (needs CREATEDB); "
+                             "default: DATABASE_URL, else the embedded server in $SCHEDULER_DATA_DIR/pgdata")
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Add the benchmark subcommands to ``parser`` (``python -m bench`` or ``scheduler bench``)."""
+    sub = parser.add_subparsers(dest="bench_command", required=True, metavar="BENCHMARK")
+    every = sub.add_parser("all", help="every benchmark, one table (about ten minutes; --quick: about two)",
+                           description="Run every benchmark in one go: " + "; ".join(
+                               f"{n}: {DESCRIPTIONS[n]}" for n in ORDER) + ".")
+    _common(every)
+    every.set_defaults(bench_names=ORDER)
+    for name in ORDER:
+        one = sub.add_parser(name, help=DESCRIPTIONS[name], description=DESCRIPTIONS[name] + ".")
+        _common(one)
+        one.set_defaults(bench_names=(name,))
+
+
+def _run(args: argparse.Namespace, settings: Any = None) -> int:
+    return run_benchmarks(args.bench_names, quick=args.quick, out=args.out, database_url=args.database_url)
+
+
+EPILOG = ("Figures are ratios measured side by side in one run; absolute times on a shared machine "
+          "mean little. Each benchmark uses its own fresh database, dropped afterwards. "
+          "procrastinate and pgqueuer are optional: pip install -e '.[bench]'. See docs/performance.md.")
+
+
+def add_bench_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``scheduler bench ...`` (called by scheduler.cli when this package is importable)."""
+    parser = sub.add_parser("bench", help="benchmarks: claim cost, drain throughput, HTTP, shutdown, memory",
+                            description="Benchmarks of the scheduler, on the embedded PostgreSQL by default.",
+                            epilog=EPILOG)
+    configure(parser)
+    parser.set_defaults(func=_run)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench",
+                                     description="Benchmarks of the scheduler, on the embedded PostgreSQL by default.",
+                                     epilog=EPILOG)
+    configure(parser)
+    args = parser.parse_args(argv)
+    return _run(args)

@@ -1,0 +1,157 @@
+"""Benchmark 4: storing events over HTTP, ``POST /admin/scheduled-events`` under uvicorn.
+
+The server is the real thing: ``python -m scheduler serve`` on 127.0.0.1 (a free port),
+in its own process, on a fresh database, with its polling loop running as in production
+(the stored events fall due next year, so it never dispatches). The load comes from a
+separate process: ``concurrency`` httpx clients on one event loop, each posting until the
+phase's request count or time budget runs out. Phase ``new keys`` posts a fresh
+``external_key`` each time (an INSERT); ``re-posted keys`` posts the same keys again
+(the ON CONFLICT rewrite of REQ-0064). Only loopback traffic; every loop is bounded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import secrets
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+from bench.claim import percentile
+from bench.drain import CTX
+from bench.env import Server, libpq_uri, progress
+from scheduler.auth import mint_token
+
+SECRET = "bench-" + secrets.token_urlsafe(32)
+TRIGGER_AT = "2027-11-30T09:00:00+00:00"
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def body(key: str, user: int) -> dict[str, Any]:
+    return {
+        "event_type": "commitment",
+        "user_id": f"user-{user}",
+        "community_id": "bench-community",
+        "external_key": key,
+        "trigger_at": TRIGGER_AT,
+        "facts": {"facts_version": "1", "scenario": "commitment_reminder",
+                  "commitment": "run the dishwasher at noon", "date": "2027-11-30"},
+    }
+
+
+async def _phase(base: str, token: str, keys: list[str], concurrency: int, seconds: float) -> dict[str, Any]:
+    import httpx
+
+    latencies: list[float] = []
+    statuses: dict[int, int] = {}
+    position = 0
+    deadline = time.perf_counter() + seconds
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(base_url=base, headers={"Authorization": f"Bearer {token}"},
+                                 limits=limits, timeout=30) as client:
+
+        async def client_task() -> None:
+            nonlocal position
+            while position < len(keys) and time.perf_counter() < deadline:
+                index = position
+                position += 1
+                started = time.perf_counter()
+                response = await client.post("/admin/scheduled-events", json=body(keys[index], index))
+                latencies.append((time.perf_counter() - started) * 1000)
+                statuses[response.status_code] = statuses.get(response.status_code, 0) + 1
+
+        started = time.perf_counter()
+        await asyncio.gather(*(client_task() for _ in range(concurrency)))
+        elapsed = time.perf_counter() - started
+    return {
+        "requests": len(latencies), "seconds": elapsed, "requests_per_second": len(latencies) / elapsed,
+        "p50_ms": statistics.median(latencies), "p99_ms": percentile(latencies, 0.99),
+        "statuses": {str(k): v for k, v in sorted(statuses.items())},
+    }
+
+
+def _load(base: str, token: str, requests: int, concurrency: int, seconds: float, out: Any) -> None:
+    """The load process: a warm-up, then new keys, then the same keys re-posted."""
+    async def run() -> dict[str, Any]:
+        run_id = secrets.token_hex(4)
+        await _phase(base, token, [f"warm-{run_id}-{i}" for i in range(min(200, requests))], concurrency, seconds)
+        keys = [f"key-{run_id}-{i}" for i in range(requests)]
+        new = await _phase(base, token, keys, concurrency, seconds)
+        reposted = await _phase(base, token, keys[: new["requests"]], concurrency, seconds)
+        return {"new_keys": new, "reposted_keys": reposted}
+
+    out.put(asyncio.run(run()))
+
+
+def _wait_until_up(base: str, server: subprocess.Popen[bytes], seconds: float = 60) -> None:
+    import httpx
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise RuntimeError(f"scheduler serve exited with {server.returncode}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{base}/health", timeout=1).status_code == 200:
+                return
+        time.sleep(0.1)
+    raise RuntimeError(f"scheduler serve did not answer {base}/health within {seconds:.0f}s")
+
+
+def run(server: Server, *, requests: int, concurrency: int, seconds: float) -> dict[str, Any]:
+    """Requests per second and p50/p99 for new and re-posted keys, from a separate process."""
+    if not _have_httpx():
+        return {"skipped": "httpx is not installed (pip install -e '.[test]')"}
+    with server.fresh_database("http") as url, tempfile.TemporaryDirectory() as data_dir:
+        port = free_port()
+        base = f"http://127.0.0.1:{port}"
+        env = {**os.environ, "DATABASE_URL": libpq_uri(url), "SCHEDULER_JWT_SECRET": SECRET,
+               "SCHEDULER_DATA_DIR": data_dir, "SCHEDULER_ENV": "development"}
+        process = subprocess.Popen(
+            [sys.executable, "-m", "scheduler", "serve", "--host", "127.0.0.1", "--port", str(port),
+             "--log-level", "warning"],
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        )
+        try:
+            _wait_until_up(base, process)
+            progress(f"http: scheduler serve is up on {base}; {concurrency} clients, "
+                     f"up to {requests:,} requests or {seconds:.0f}s per phase")
+            out = CTX.Queue()
+            token = mint_token(SECRET, scope="nudging.ingest", ttl_seconds=3600)
+            load = CTX.Process(target=_load, args=(base, token, requests, concurrency, seconds, out), daemon=True)
+            load.start()
+            result: dict[str, Any] = out.get(timeout=3 * seconds + 120)
+            load.join(timeout=10)
+        finally:
+            process.terminate()
+            try:
+                _, stderr = process.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                _, stderr = process.communicate()
+    for phase in ("new_keys", "reposted_keys"):
+        r = result[phase]
+        progress(f"http {phase}: {r['requests_per_second']:.0f} req/s, p50 {r['p50_ms']:.1f} ms, "
+                 f"p99 {r['p99_ms']:.1f} ms, statuses {r['statuses']}")
+        if set(r["statuses"]) != {"201"}:
+            tail = stderr.decode(errors="replace")[-2000:]
+            raise RuntimeError(f"http {phase}: unexpected statuses {r['statuses']}; server said:\n{tail}")
+    result.update(concurrency=concurrency, server="scheduler serve (uvicorn, one process)")
+    return result
+
+
+def _have_httpx() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("httpx") is not None

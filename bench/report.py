@@ -1,0 +1,220 @@
+"""A run's results as a JSON file and a short Markdown table (bench/results/<timestamp>.*)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+
+def _f(value: float | None, digits: int = 2) -> str:
+    return "n/a" if value is None else f"{value:,.{digits}f}"
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    return "n/a" if a is None or not b else f"{a / b:.2f}"
+
+
+def _mech_rate(runs: list[dict[str, Any]], kind: str, replicas: int, batch: int | None) -> float | None:
+    """The events/s of the run of ``kind`` with ``replicas`` (and ``batch``, unless None)."""
+    for r in runs:
+        if r["kind"] == kind and r["replicas"] == replicas and "skipped" not in r and (
+            batch is None or r.get("batch_size") == batch
+        ):
+            value: float = r["events_per_second"]
+            return value
+    return None
+
+
+def claim_table(claim: dict[str, Any]) -> list[str]:
+    lines = [
+        f"### Claim latency ({claim['pending']:,} due pending rows, batch {claim['batch_size']}, the real claim statement)",
+        "",
+        "| rows in table | ours median ms | ours p90 ms | naive median ms | naive p90 ms | naive / ours | ours plan |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for size, entry in claim["sizes"].items():
+        ours, naive = entry["ours"], entry["naive"]
+        scan = ours["explain"]["scans"][0] if ours["explain"]["scans"] else {}
+        plan = f"{scan.get('node')} on {scan.get('index')}, {scan.get('shared_buffers')} buffers"
+        lines.append(
+            f"| {int(size):,} | {_f(ours['median_ms'])} | {_f(ours['p90_ms'])} | {_f(naive['median_ms'])} | "
+            f"{_f(naive['p90_ms'])} | {naive['median_ms'] / ours['median_ms']:.1f} | {plan} |"
+        )
+    ratio = claim["ratio_largest_to_smallest"]
+    met = "met" if claim["target_met"] else "MISSED"
+    lines += ["", f"Largest / smallest table, median: ours **{ratio['ours']:.2f}x** (target <= 1.5x: {met}), "
+              f"naive {ratio['naive']:.1f}x."]
+    return lines
+
+
+def mechanics_table(mech: dict[str, Any]) -> list[str]:
+    runs = mech["runs"]
+    batches = sorted({r["batch_size"] for r in runs if r["kind"] in ("ours", "raw")})
+    replicas = sorted({r["replicas"] for r in runs})
+    head = "| replicas | " + " | ".join(f"ours b{b}" for b in batches) + " | " + \
+        " | ".join(f"raw ceiling b{b}" for b in batches) + \
+        " | raw, ours' statements b20 | procrastinate | pgqueuer b20 | ours / ceiling (b20) " \
+        "| ours / raw with ours' statements | ours / procrastinate | ours / pgqueuer |"
+    lines = [
+        f"### Queue mechanics: {mech['events']:,} due events, no-op dispatcher, poll interval 0 (events/s)",
+        "",
+        head,
+        "|" + " ---: |" * (len(head.split("|")) - 2),
+    ]
+    for n in replicas:
+        def rate(kind: str, batch: int, n: int = n) -> float | None:
+            return _mech_rate(runs, kind, n, batch)
+
+        def peer(kind: str, n: int = n) -> float | None:
+            return _mech_rate(runs, kind, n, None)
+
+        ours20 = rate("ours", 20)
+        cells = [_f(rate("ours", b), 0) for b in batches] + [_f(rate("raw", b), 0) for b in batches]
+        cells += [_f(rate("raw_same", 20), 0), _f(peer("procrastinate"), 0), _f(peer("pgqueuer"), 0),
+                  _ratio(ours20, rate("raw", 20)), _ratio(ours20, rate("raw_same", 20)),
+                  _ratio(ours20, peer("procrastinate")), _ratio(ours20, peer("pgqueuer"))]
+        lines.append(f"| {n} | " + " | ".join(cells) + " |")
+    drivers = sorted({r["driver"] for r in runs if r.get("driver")})
+    if drivers:
+        lines.append(f"\npgqueuer driver: {', '.join(drivers)}.")
+    skipped = sorted({r["skipped"] for r in runs if "skipped" in r})
+    lines += [f"\nSkipped: {s}" for s in skipped]
+    return lines
+
+
+def full_table(full: dict[str, Any], mech: dict[str, Any] | None) -> list[str]:
+    lines = [
+        f"### Full path: {full['events']:,} due commitment reminders, real NudgingPlatform, batch 20",
+        "",
+        "| replicas | full path events/s | mechanics events/s | full / mechanics | dispatch cost per event (ms, one replica's time) |",
+        "| ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for run in full["runs"]:
+        n = run["replicas"]
+        mech_rate = None
+        if mech is not None:
+            for r in mech["runs"]:
+                if r["kind"] == "ours" and r["replicas"] == n and r["batch_size"] == 20:
+                    mech_rate = r["events_per_second"]
+        cost = None if mech_rate is None else (n / run["events_per_second"] - n / mech_rate) * 1000
+        lines.append(f"| {n} | {_f(run['events_per_second'], 0)} | {_f(mech_rate, 0)} | "
+                     f"{_ratio(run['events_per_second'], mech_rate)} | {_f(cost)} |")
+    notes = full["runs"][0].get("notifications")
+    if notes:
+        lines.append(f"\nNotifications written by the one-replica run: {notes}")
+    return lines
+
+
+def formula_table(formula: list[dict[str, Any]]) -> list[str]:
+    lines = [
+        "### Drain time: T = P t_poll + (P - 1) p, with P = ceil(N / (R b))",
+        "",
+        "| N | replicas R | batch b | interval p (s) | t_poll at p=0 (s) | predicted s | t_poll in this run (s) | "
+        "predicted with it s | measured s | measured / predicted (p=0 t_poll, this run's) |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for f in formula:
+        lines.append(f"| {f['events']:,} | {f['replicas']} | {f['batch_size']} | {f['poll_seconds']} | "
+                     f"{f['poll_cost_seconds']:.4f} | {f['predicted_seconds']:.2f} | {f['run_poll_cost_seconds']:.4f} | "
+                     f"{f['predicted_with_run_cost_seconds']:.2f} | {f['measured_seconds']:.2f} | "
+                     f"{f['measured_over_predicted']:.2f}, {f['measured_over_predicted_with_run_cost']:.2f} |")
+    return lines
+
+
+def http_table(http: dict[str, Any]) -> list[str]:
+    if "skipped" in http:
+        return ["### Storing events over HTTP", "", f"Skipped: {http['skipped']}"]
+    lines = [
+        f"### Storing events over HTTP: POST /admin/scheduled-events, {http['concurrency']} concurrent clients",
+        "",
+        "| phase | requests | requests/s | p50 ms | p99 ms |",
+        "| --- | ---: | ---: | ---: | ---: |",
+    ]
+    for phase, label in (("new_keys", "new keys (insert)"), ("reposted_keys", "re-posted keys (upsert rewrite)")):
+        r = http[phase]
+        lines.append(f"| {label} | {r['requests']:,} | {r['requests_per_second']:.0f} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} |")
+    return lines
+
+
+def shutdown_table(shutdown: dict[str, Any]) -> list[str]:
+    lines = [
+        f"### Shutdown with a {shutdown['poll_seconds']:.0f} s poll interval (stop to loop exit)",
+        "",
+        "| way the loop runs | samples | median ms | max ms |",
+        "| --- | ---: | ---: | ---: |",
+    ]
+    for name in ("run_blocking", "async_run", "service_lifespan"):
+        r = shutdown[name]
+        lines.append(f"| {name} | {r['samples']} | {r['median_ms']:.2f} | {r['max_ms']:.2f} |")
+    return lines
+
+
+def memory_table(memory: dict[str, Any]) -> list[str]:
+    return [
+        f"### Memory: one replica ({memory['dispatcher']} dispatcher)",
+        "",
+        "| RSS after events | MiB |",
+        "| ---: | ---: |",
+        f"| {memory['first_events']:,} | {memory['rss_after_first_mib']:.1f} |",
+        f"| {memory['end_events']:,} | {memory['rss_at_end_mib']:.1f} |",
+        "",
+        f"Ratio end / first: **{memory['ratio']:.3f}** (samples: "
+        + ", ".join(f"{n:,}: {b / 2**20:.1f}" for n, b in memory["samples"]) + " MiB)"
+        + f"; {memory['end_events'] / memory['seconds']:.0f} events/s over the run",
+    ]
+
+
+def profile_table(profile: dict[str, Any]) -> list[str]:
+    shares = ", ".join(f"{k} {v:.0%}" for k, v in profile["share_of_time"].items())
+    kinds = ", ".join(f"{k} x{v / profile['events']:.2f}" for k, v in profile["statements_by_kind"].items())
+    return [
+        f"### Profile of one replica ({profile['events']:,} events, batch {profile['batch_size']}, under cProfile)",
+        "",
+        f"- statements per event: {profile['statements_per_event']:.2f} ({kinds}; BEGIN/COMMIT not counted)",
+        f"- share of wall time (cumulative, overlapping): {shares}",
+    ]
+
+
+def markdown(results: dict[str, Any]) -> str:
+    machine, server = results["machine"], results.get("server", {})
+    lines = [
+        f"## Benchmark run {results['started']} ({'quick' if results['quick'] else 'full'})",
+        "",
+        f"Machine: {machine.get('cores')} cores ({machine.get('cpu', '?')}), {machine.get('memory_gib', '?')} GiB, "
+        f"load average at start {machine.get('load_average_at_start')}; "
+        f"{server.get('version', '?').split(' on ')[0]} ({'embedded pgserver' if server.get('embedded') else 'external'}, "
+        f"shared_buffers {server.get('settings', {}).get('shared_buffers', '?')}); Python {machine.get('python')}. "
+        f"Took {results.get('seconds', 0):.0f} s.",
+    ]
+    sections = results["benchmarks"]
+    if "claim" in sections:
+        lines += ["", *claim_table(sections["claim"])]
+    if "mechanics" in sections:
+        lines += ["", *mechanics_table(sections["mechanics"])]
+        if sections["mechanics"].get("formula"):
+            lines += ["", *formula_table(sections["mechanics"]["formula"])]
+    if "fullpath" in sections:
+        lines += ["", *full_table(sections["fullpath"], sections.get("mechanics"))]
+    if "http" in sections:
+        lines += ["", *http_table(sections["http"])]
+    if "shutdown" in sections:
+        lines += ["", *shutdown_table(sections["shutdown"])]
+    if "memory" in sections:
+        lines += ["", *memory_table(sections["memory"])]
+    if "profile" in sections:
+        lines += ["", *profile_table(sections["profile"])]
+    errors = results.get("errors") or {}
+    for name, message in errors.items():
+        lines += ["", f"**{name} failed**: {message}"]
+    return "\n".join(lines) + "\n"
+
+
+def write(results: dict[str, Any], directory: Path) -> tuple[Path, Path]:
+    directory.mkdir(parents=True, exist_ok=True)
+    stem = results["started"].replace(":", "").replace("-", "")
+    json_path = directory / f"{stem}.json"
+    md_path = directory / f"{stem}.md"
+    json_path.write_text(json.dumps(results, indent=2, default=str))
+    md_path.write_text(markdown(results))
+    return json_path, md_path

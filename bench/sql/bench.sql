@@ -1,0 +1,60 @@
+-- The benchmarks' own statements (loading and reshaping data), in the format of
+-- src/scheduler/sql/queries.sql. The statements they measure come from that file.
+
+-- name: load_terminal_events
+-- :count rows already dispatched (nine in ten) or failed, due long before the pending ones.
+INSERT INTO scheduled_events (id, event_type, user_id, community_id, external_key, trigger_at,
+                              facts, status, last_error, created_at, updated_at, dispatched_at)
+SELECT 'old-' || g, 'commitment', 'user-' || (g % 5000), 'bench-community', NULL,
+       CAST(:now AS timestamptz) - interval '1 day' - g * interval '1 second',
+       jsonb_build_object('facts_version', '1', 'scenario', 'commitment_reminder',
+                          'commitment', 'run the dishwasher at noon', 'date', '2026-11-28'),
+       CASE WHEN g % 10 = 0 THEN 'failed' ELSE 'dispatched' END,
+       CASE WHEN g % 10 = 0 THEN 'RuntimeError: benchmark failure' END,
+       CAST(:now AS timestamptz) - interval '2 days', CAST(:now AS timestamptz) - interval '1 day',
+       CASE WHEN g % 10 = 0 THEN NULL ELSE CAST(:now AS timestamptz) - interval '1 day' END
+FROM generate_series(1, :count) AS g;
+
+-- name: load_pending_events
+-- :count due pending rows for distinct users, each triggering the commitment reminder.
+INSERT INTO scheduled_events (id, event_type, user_id, community_id, external_key, trigger_at,
+                              facts, status, created_at, updated_at)
+SELECT gen_random_uuid()::text, 'commitment', :prefix || g, 'bench-community', NULL,
+       CAST(:now AS timestamptz) - interval '1 hour' + g * interval '1 millisecond',
+       jsonb_build_object('facts_version', '1', 'scenario', 'commitment_reminder',
+                          'commitment', 'run the dishwasher at noon', 'date', CAST(:day AS text)),
+       'pending', CAST(:now AS timestamptz) - interval '1 day', CAST(:now AS timestamptz) - interval '1 day'
+FROM generate_series(1, :count) AS g;
+
+-- name: count_pending
+-- Rows still pending (the drain is over when this reaches zero).
+SELECT count(*) FROM scheduled_events WHERE status = 'pending';
+
+-- name: count_by_status
+-- Rows per status, to check that a drain dispatched everything exactly once.
+SELECT status, count(*) FROM scheduled_events GROUP BY status;
+
+-- name: drop_pending_index
+-- The naive schema, step 1: no partial index on pending rows.
+DROP INDEX ix_scheduled_events_pending_due;
+
+-- name: create_naive_index
+-- The naive schema, step 2: the plain index on trigger_at a first design would have.
+CREATE INDEX ix_bench_naive_trigger_at ON scheduled_events (trigger_at);
+
+-- name: drop_naive_index
+-- Back from the naive schema.
+DROP INDEX ix_bench_naive_trigger_at;
+
+-- name: create_pending_index
+-- Back to the shipped schema (the migration's partial index).
+CREATE INDEX ix_scheduled_events_pending_due ON scheduled_events (trigger_at, id)
+WHERE status = 'pending';
+
+-- name: analyze_events
+-- Fresh statistics, so the planner's choice is the one a settled table would get.
+ANALYZE scheduled_events;
+
+-- name: count_notifications
+-- Notifications per status after a full-path drain.
+SELECT status, count(*) FROM notifications GROUP BY status;
