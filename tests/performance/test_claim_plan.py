@@ -1,0 +1,106 @@
+"""The claim's plan, pinned: it walks the pending partial index and reads no terminal row.
+
+This is the benchmark's EXPLAIN turned into a check (PERF-1): a schema change that loses
+``ix_scheduled_events_pending_due`` (or a claim rewritten so the planner cannot use it)
+makes each poll read every dispatched and failed row, and fails here. The table holds
+enough terminal rows, loaded in bulk and ANALYZEd, for the planner's choice to mean
+something; the statement is production's, with ``:now`` and ``:batch_size`` bound.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from bench.env import NOW, bench_sql, load_events
+from sqlalchemy import Connection, Engine, text
+
+from scheduler.queries import sql
+
+TERMINAL = 30_000
+PENDING = 200
+BATCH = 20
+PENDING_INDEX = "ix_scheduled_events_pending_due"
+
+
+def claim_plan(conn: Connection, mode: str) -> dict[str, Any]:
+    """``EXPLAIN (ANALYZE, BUFFERS)`` of the real claim, as a custom or a generic plan.
+
+    psycopg prepares a statement after a few executions and PostgreSQL may then settle
+    on a generic plan (``:now`` unknown at planning time): both must use the index.
+    """
+    params = {"now": NOW, "batch_size": BATCH}
+    if mode == "custom":
+        raw = conn.execute(text("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql("claim_due_events")), params).scalar_one()
+    else:
+        generic = sql("claim_due_events").replace(":now", "$1").replace(":batch_size", "$2")
+        conn.exec_driver_sql("SET plan_cache_mode = force_generic_plan")
+        conn.exec_driver_sql(f"PREPARE bench_claim (timestamptz, integer) AS {generic}")
+        # EXECUTE takes no bound parameters: the values go in as literals, the plan stays generic.
+        raw = conn.exec_driver_sql(
+            f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE bench_claim('{NOW.isoformat()}', {BATCH})"
+        ).scalar_one()
+    conn.rollback()  # the claim locked rows; nothing else changed
+    document = raw if isinstance(raw, list) else json.loads(raw)
+    plan: dict[str, Any] = document[0]["Plan"]
+    return plan
+
+
+def scans(node: dict[str, Any]) -> list[dict[str, Any]]:
+    found = [node] if "Scan" in node["Node Type"] else []
+    for child in node.get("Plans", []):
+        found += scans(child)
+    return found
+
+
+def plan_problems(plan: dict[str, Any]) -> list[str]:
+    """What is wrong with a claim plan; empty when it reads only the pending index."""
+    problems = []
+    table_scans = [s for s in scans(plan) if s.get("Relation Name") == "scheduled_events"]
+    if len(table_scans) != 1:
+        problems.append(f"expected one scan of scheduled_events, got {len(table_scans)}")
+    for scan in table_scans:
+        if scan.get("Index Name") != PENDING_INDEX:
+            problems.append(f"{scan['Node Type']} on {scan.get('Index Name') or 'the heap'}, not {PENDING_INDEX}")
+        if scan.get("Rows Removed by Filter", 0):
+            problems.append(f"read and discarded {scan['Rows Removed by Filter']} non-pending rows")
+        if scan.get("Actual Rows", 0) > BATCH:
+            problems.append(f"read {scan['Actual Rows']} rows for a batch of {BATCH}")
+        buffers = scan.get("Shared Hit Blocks", 0) + scan.get("Shared Read Blocks", 0)
+        if buffers > 50:  # a walk over the terminal rows touches thousands of pages
+            problems.append(f"touched {buffers} buffers")
+    return problems
+
+
+@pytest.fixture
+def settled_table(engine: Engine) -> Engine:
+    """30,000 dispatched/failed rows due long ago, 200 due pending rows, fresh statistics."""
+    load_events(engine, pending=PENDING, terminal=TERMINAL)
+    return engine
+
+
+@pytest.mark.clause("PERF-1")
+@pytest.mark.parametrize("mode", ["custom", "generic"])
+def test_the_claim_reads_only_the_pending_index_among_many_terminal_rows(settled_table: Engine, mode: str) -> None:
+    """PERF-1: the claim's plan (custom and generic) is one scan of the pending partial index
+    that returns exactly one batch and reads no terminal row."""
+    with settled_table.connect() as conn:
+        plan = claim_plan(conn, mode)
+    assert plan_problems(plan) == [], json.dumps(plan, indent=1)
+    assert scans(plan)[0]["Actual Rows"] == BATCH
+
+
+@pytest.mark.clause("PERF-1")
+def test_the_plan_check_fails_when_the_schema_loses_the_pending_index(settled_table: Engine) -> None:
+    """PERF-1: with only the plain trigger_at index a naive schema would have, the same check
+    reports the walk over terminal rows (so the pin above can fail)."""
+    with settled_table.begin() as conn:
+        conn.execute(bench_sql("drop_pending_index"))
+        conn.execute(bench_sql("create_naive_index"))
+    with settled_table.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.execute(bench_sql("analyze_events"))
+    with settled_table.connect() as conn:
+        problems = plan_problems(claim_plan(conn, "custom"))
+    assert any(PENDING_INDEX in p for p in problems), problems
+    assert any("discarded" in p or "buffers" in p for p in problems), problems
