@@ -143,14 +143,18 @@ class Audit:
 def audit_backlog(engine: Engine, backlog: Backlog) -> Audit:
     """Compare the database with what the backlog's construction says must have happened."""
     audit = Audit()
+    users = {e.user_id for e in backlog.events}
+    # Only the backlog's own rows: a scenario may post other events (to other participants).
     with engine.connect() as conn:
         rows = {r.id: r for r in conn.execute(text(
-            "SELECT id, status, last_error, dispatched_at FROM scheduled_events"))}
-        notes = list(conn.execute(text(
-            "SELECT id, user_id, kind, dedup_key, status, reason, scheduled_event_id FROM notifications")))
-        dedup = {r.key: r for r in conn.execute(text("SELECT key, notification_id, duplicate_count FROM dedup_keys"))}
+            "SELECT id, status, last_error, dispatched_at FROM scheduled_events WHERE event_type = 'reliability'"))}
+        notes = [n for n in conn.execute(text(
+            "SELECT id, user_id, kind, dedup_key, status, reason, scheduled_event_id FROM notifications"))
+            if n.user_id in users]
+        dedup = {r.key: r for r in conn.execute(text("SELECT key, notification_id, duplicate_count FROM dedup_keys"))
+                 if r.key.split(":")[1] in users}
         deliveries = Counter(r.notification_id for r in conn.execute(
-            text("SELECT notification_id FROM deliveries WHERE status = 'sent'")))
+            text("SELECT notification_id, user_id FROM deliveries WHERE status = 'sent'")) if r.user_id in users)
     planned = {e.id: e for e in backlog.events}
     statuses = Counter(r.status for r in rows.values())
     audit.figures.update(events=len(planned), dispatched=statuses["dispatched"], failed=statuses["failed"],
