@@ -175,6 +175,7 @@ class Replica:
     env: dict[str, str]
     log_path: Path
     process: subprocess.Popen[bytes] | None = None
+    log_level: str = "warning"
     starts: int = 0
     exits: list[int] = field(default_factory=list)
 
@@ -188,7 +189,7 @@ class Replica:
         log_file = self.log_path.open("ab")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "scheduler", "serve", "--host", "127.0.0.1", "--port", str(self.port),
-             "--log-level", "warning"],
+             "--log-level", self.log_level],
             env=self.env, cwd=ROOT, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,
         )
         log_file.close()
@@ -218,7 +219,10 @@ class Replica:
         self.exits.append(self.process.wait(timeout=30))
 
     def terminate(self, timeout: float = 60) -> tuple[int, float]:
-        """SIGTERM and wait for the exit; returns (exit code, seconds to exit)."""
+        """SIGTERM and wait for the exit; returns (exit code, seconds to exit).
+
+        uvicorn shuts down gracefully (the lifespan stops the loop), then re-raises the
+        signal, so a clean exit shows as -SIGTERM (143 in a shell), not 0."""
         assert self.process is not None
         started = time.monotonic()
         self.process.send_signal(signal.SIGTERM)
@@ -234,6 +238,10 @@ class Replica:
     def stop(self) -> None:
         if self.alive():
             self.terminate()
+
+    def clean_shutdowns(self) -> int:
+        """How many times uvicorn logged a completed lifespan shutdown (needs log level info)."""
+        return self.log_path.read_text(errors="replace").count("Application shutdown complete")
 
 
 class Cluster:
