@@ -24,6 +24,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import anyio.to_thread
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
 from scheduler.orchestrator import lock_participants
@@ -216,6 +217,11 @@ class Scheduler:
                 batch.outbound.extend(result.outbound)
                 outcome = EventOutcome(event.id, "dispatched")
         except Exception as exc:
+            if isinstance(exc, DBAPIError) and exc.connection_invalidated:
+                # The connection is gone (a database restart, a terminated backend): this is
+                # no fault of the event, and nothing can be recorded on this transaction. Let
+                # the poll fail whole with the real cause; the rows are pending again.
+                raise
             logger.exception("%s: dispatch of scheduled event %s failed", self.name, event.id)
             if savepoint.is_active:
                 savepoint.rollback()
