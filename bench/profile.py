@@ -10,6 +10,7 @@ from __future__ import annotations
 import cProfile
 import io
 import pstats
+import re
 import time
 from typing import Any
 
@@ -27,11 +28,13 @@ BUCKETS = {
     "Scheduler.claim": "scheduler/loop.py:claim",
     "Scheduler.dispatch_next": "scheduler/loop.py:dispatch_next",
     "Scheduler.finish": "scheduler/loop.py:finish",
+    "engine evaluate (rules, templates)": "scheduler/engine.py:evaluate",
+    "Orchestrator.decide": "scheduler/orchestrator.py:decide",
 }
 
 
-def run(server: Server, *, events: int, batch: int = 20) -> dict[str, Any]:
-    """Profile one replica draining ``events`` rows with the no-op dispatcher."""
+def run(server: Server, *, events: int, batch: int = 20, kind: str = "ours") -> dict[str, Any]:
+    """Profile one replica draining ``events`` rows (``kind``: ``ours`` no-op, ``full`` platform)."""
     with server.fresh_database("profile") as url:
         engine = bench_engine(url, pool_size=1, max_overflow=0)
         try:
@@ -45,10 +48,17 @@ def run(server: Server, *, events: int, batch: int = 20) -> dict[str, Any]:
                 if words and words[0] in ("SAVEPOINT", "RELEASE", "ROLLBACK"):
                     words = words[:1] if words[0] == "SAVEPOINT" else words[:2]
                 elif words and words[0] == "SELECT":
-                    words = ["SELECT", "pg_advisory_xact_lock" if "pg_advisory" in statement else "(claim)"]
+                    if "pg_advisory" in statement:
+                        words = ["SELECT", "pg_advisory_xact_lock"]
+                    else:
+                        tables = re.findall(r"\bFROM\s+(\w+)", statement, re.I)
+                        words = ["SELECT", tables[0] if tables else "?"]
+                elif words and words[0] in ("INSERT", "UPDATE"):
+                    target = re.search(r"^\s*(?:INSERT\s+INTO|UPDATE)\s+(\w+)", " ".join(body), re.I)
+                    words = [words[0], target[1] if target else "?"]
                 statements.append(" ".join(words[:2]))
 
-            scheduler = make_scheduler(engine, "ours", batch)
+            scheduler = make_scheduler(engine, kind, batch)
             profiler = cProfile.Profile()
             started = time.perf_counter()
             profiler.enable()
@@ -79,6 +89,7 @@ def run(server: Server, *, events: int, batch: int = 20) -> dict[str, Any]:
         kinds[s] = kinds.get(s, 0) + 1
     shares = {label: seconds / total for label, seconds in buckets.items()}
     result: dict[str, Any] = {
+        "dispatcher": "NudgingPlatform" if kind == "full" else "no-op",
         "events": dispatched, "polls": polls, "batch_size": batch, "seconds": elapsed,
         "events_per_second": dispatched / elapsed,
         "share_of_time": shares,
@@ -88,7 +99,7 @@ def run(server: Server, *, events: int, batch: int = 20) -> dict[str, Any]:
         "top_tottime": text.getvalue().splitlines()[:45],
         "note": "cProfile slows Python down, so its shares overstate Python against the database",
     }
-    progress(f"profile: {dispatched:,} events under cProfile, {result['statements_per_event']:.2f} statements "
+    progress(f"profile ({result['dispatcher']}): {dispatched:,} events under cProfile, {result['statements_per_event']:.2f} statements "
              f"per event; psycopg execute {shares.get('psycopg execute (round trips)', 0):.0%} "
              f"of the time")
     return result

@@ -75,6 +75,10 @@ def mechanics_table(mech: dict[str, Any]) -> list[str]:
                   _ratio(ours20, rate("raw", 20)), _ratio(ours20, rate("raw_same", 20)),
                   _ratio(ours20, peer("procrastinate")), _ratio(ours20, peer("pgqueuer"))]
         lines.append(f"| {n} | " + " | ".join(cells) + " |")
+    attempts = [f"{r['kind']} x{r['replicas']}: " + "/".join(f"{a:,.0f}" for a in r["attempts_events_per_second"])
+                for r in runs if len(r.get("attempts_events_per_second", [])) > 1]
+    if attempts:
+        lines.append("\nBatch 20, ours and both raw loops: best of the interleaved attempts (" + "; ".join(attempts) + ").")
     drivers = sorted({r["driver"] for r in runs if r.get("driver")})
     if drivers:
         lines.append(f"\npgqueuer driver: {', '.join(drivers)}.")
@@ -165,15 +169,17 @@ def memory_table(memory: dict[str, Any]) -> list[str]:
     ]
 
 
-def profile_table(profile: dict[str, Any]) -> list[str]:
-    shares = ", ".join(f"{k} {v:.0%}" for k, v in profile["share_of_time"].items())
-    kinds = ", ".join(f"{k} x{v / profile['events']:.2f}" for k, v in profile["statements_by_kind"].items())
-    return [
-        f"### Profile of one replica ({profile['events']:,} events, batch {profile['batch_size']}, under cProfile)",
-        "",
-        f"- statements per event: {profile['statements_per_event']:.2f} ({kinds}; BEGIN/COMMIT not counted)",
-        f"- share of wall time (cumulative, overlapping): {shares}",
-    ]
+def profile_table(profiles: dict[str, Any]) -> list[str]:
+    lines = ["### Profile of one replica (batch 20, under cProfile; BEGIN/COMMIT not counted)", ""]
+    for profile in profiles.values():
+        shares = ", ".join(f"{k} {v:.0%}" for k, v in profile["share_of_time"].items())
+        kinds = ", ".join(f"{k} x{v / profile['events']:.2f}" for k, v in profile["statements_by_kind"].items())
+        lines += [
+            f"- {profile.get('dispatcher', 'no-op')} dispatcher, {profile['events']:,} events: "
+            f"**{profile['statements_per_event']:.2f} statements per event** ({kinds})",
+            f"  - share of wall time (cumulative, overlapping): {shares}",
+        ]
+    return lines
 
 
 def markdown(results: dict[str, Any]) -> str:
@@ -197,7 +203,8 @@ def markdown(results: dict[str, Any]) -> str:
     if "fullpath" in sections:
         lines += ["", *full_table(sections["fullpath"], sections.get("mechanics"))]
     if "http" in sections:
-        lines += ["", *http_table(sections["http"])]
+        for http in sections["http"].values():
+            lines += ["", *http_table(http)]
     if "shutdown" in sections:
         lines += ["", *shutdown_table(sections["shutdown"])]
     if "memory" in sections:

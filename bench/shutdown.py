@@ -10,6 +10,7 @@ first poll is done and the loop is idle in its hour-long wait, then times the st
 from __future__ import annotations
 
 import asyncio
+import logging
 import statistics
 import threading
 import time
@@ -86,6 +87,8 @@ def _summary(samples: list[float]) -> dict[str, Any]:
 
 def run(server: Server, *, repeats: int) -> dict[str, Any]:
     """Stop-to-exit times (ms) for each way of running the loop, with a one-hour interval."""
+    # Each service built here warns that it runs in development mode: once is enough.
+    logging.getLogger("scheduler.app").setLevel(logging.ERROR)
     with server.fresh_database("shutdown") as url:
         engine = bench_engine(url)
         try:
