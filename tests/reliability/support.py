@@ -1,0 +1,78 @@
+"""Helpers for the reliability tests: bounded waits on conditions, never fixed sleeps."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import Any, TypeVar
+
+from sqlalchemy import Engine, text
+
+from scheduler import store
+from scheduler.db import make_sessionmaker
+
+T = TypeVar("T")
+
+
+def bounded(fn: Callable[[], T], timeout: float, what: str) -> T:
+    """Run ``fn`` in a thread and fail (instead of hanging the suite) if it has not returned
+    within ``timeout`` seconds: the guard against the hang these tests look for."""
+    result: list[T] = []
+    errors: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            result.append(fn())
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread below
+            errors.append(exc)
+
+    thread = threading.Thread(target=target, name=f"bounded: {what}", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        raise AssertionError(f"{what} did not return within {timeout:g}s: it hangs")
+    if errors:
+        raise errors[0]
+    return result[0]
+
+
+def wait_until(predicate: Callable[[], Any], what: str, timeout: float = 60.0) -> Any:
+    """Poll a condition until it holds (the deadline only turns a hang into a failure)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        threading.Event().wait(0.01)
+
+
+def reminder(day: str = "2026-11-30") -> dict[str, Any]:
+    return {"facts_version": "1", "scenario": "commitment_reminder", "date": day, "commitment": "run the dishwasher"}
+
+
+def store_due(engine: Engine, users: list[str], trigger_at: datetime, facts: dict[str, Any] | None = None) -> list[str]:
+    """Store one reminder per user, due before ``trigger_at`` (a second apart, in list order); return the ids."""
+    sessions = make_sessionmaker(engine)
+    ids = []
+    for i, user in enumerate(users):
+        row = store.store_event(sessions, event_type="reminder", user_id=user, community_id="community-1",
+                                external_key=None, trigger_at=trigger_at - timedelta(seconds=len(users) - i),
+                                facts=facts or reminder(), now=trigger_at)
+        ids.append(row["id"])
+    return ids
+
+
+def statuses(engine: Engine) -> dict[str, str]:
+    with engine.connect() as conn:
+        return {r.id: r.status for r in conn.execute(text("SELECT id, status FROM scheduled_events"))}
+
+
+def notifications_by_event(engine: Engine) -> dict[str, int]:
+    with engine.connect() as conn:
+        rows = conn.execute(text(
+            "SELECT scheduled_event_id, count(*) AS n FROM notifications GROUP BY scheduled_event_id"))
+        return {r.scheduled_event_id: r.n for r in rows}
