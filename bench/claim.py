@@ -6,21 +6,24 @@ bulk-loaded as such. A second database per size reaches the same state the way p
 does, every row pending first and then made terminal by UPDATE, and is measured before and
 after a VACUUM (dead index entries are what an UPDATE-made history adds).
 The measured statement is production's ``claim_due_events``, bound exactly as the loop
-binds it, run in its own transaction and rolled back so every sample sees the same rows.
+binds it, run in its own transaction and rolled back so every sample sees the same rows;
+the sizes' databases are open together and sampled round-robin, side by side.
 The same run then swaps our partial index for the plain ``trigger_at`` index a naive
 schema would have, and measures again.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import statistics
 import time
+from collections.abc import Iterator
 from typing import Any
 
-from sqlalchemy import Connection, text
+from sqlalchemy import Connection, Engine, text
 
-from bench.env import NOW, Server, bench_engine, bench_sql, load_events, progress
+from bench.env import NOW, Server, bench_engine, bench_sql, checkpoint, load_events, progress
 from scheduler.queries import sql, statement
 
 PENDING = 1_000
@@ -38,21 +41,33 @@ def _params() -> dict[str, Any]:
     return {"now": NOW, "batch_size": BATCH}
 
 
-def time_claims(conn: Connection, samples: int, budget_seconds: float) -> list[float]:
-    """Latencies (ms) of the real claim, each in its own rolled-back transaction."""
-    claim = statement("claim_due_events")
-    for _ in range(5):  # warm the plan cache and the buffers
-        conn.execute(claim, _params()).all()
-        conn.rollback()
-    latencies: list[float] = []
+def _claim_once(conn: Connection) -> float:
+    """One claim in its own transaction, rolled back; its latency in ms."""
+    started = time.perf_counter()
+    rows = conn.execute(statement("claim_due_events"), _params()).all()
+    elapsed = (time.perf_counter() - started) * 1000
+    conn.rollback()
+    if len(rows) != BATCH:
+        raise RuntimeError(f"the claim returned {len(rows)} rows, expected {BATCH}")
+    return elapsed
+
+
+def time_claims(conns: dict[int, Connection], samples: int, budget_seconds: float) -> dict[int, list[float]]:
+    """Latencies (ms) of the real claim on every table, sampled round-robin.
+
+    Interleaving puts the sizes side by side in time: a burst of load from elsewhere
+    on the machine lands on all of them alike instead of on whichever ran then.
+    """
+    for conn in conns.values():
+        for _ in range(5):  # warm the plan cache and the buffers
+            _claim_once(conn)
+    latencies: dict[int, list[float]] = {size: [] for size in conns}
     deadline = time.perf_counter() + budget_seconds
-    while len(latencies) < samples and (len(latencies) < 10 or time.perf_counter() < deadline):
-        started = time.perf_counter()
-        rows = conn.execute(claim, _params()).all()
-        latencies.append((time.perf_counter() - started) * 1000)
-        conn.rollback()
-        if len(rows) != BATCH:
-            raise RuntimeError(f"the claim returned {len(rows)} rows, expected {BATCH}")
+    rounds = 0
+    while rounds < samples and (rounds < 10 or time.perf_counter() < deadline):
+        for size, conn in conns.items():
+            latencies[size].append(_claim_once(conn))
+        rounds += 1
     return latencies
 
 
@@ -93,76 +108,99 @@ def _scan_nodes(node: dict[str, Any]) -> Any:
         yield from _scan_nodes(child)
 
 
-def measure(conn: Connection, samples: int, budget: float) -> dict[str, Any]:
-    latencies = time_claims(conn, samples, budget)
-    return {
-        "samples": len(latencies),
-        "median_ms": statistics.median(latencies),
-        "p90_ms": percentile(latencies, 0.9),
-        "explain": explain(conn),
-    }
+def measure(engines: dict[int, Engine], samples: int, budget: float) -> dict[int, dict[str, Any]]:
+    """Median, p90 and EXPLAIN of the claim on each table, measured side by side."""
+    with contextlib.ExitStack() as stack:
+        conns = {size: stack.enter_context(engine.connect()) for size, engine in engines.items()}
+        latencies = time_claims(conns, samples, budget)
+        return {
+            size: {
+                "samples": len(values),
+                "median_ms": statistics.median(values),
+                "p90_ms": percentile(values, 0.9),
+                "explain": explain(conns[size]),
+            }
+            for size, values in latencies.items()
+        }
 
 
-def _after_updates(server: Server, size: int, samples: int, budget: float) -> tuple[dict[str, Any], dict[str, Any]]:
+def _each(engines: dict[int, Engine], name: str, autocommit: bool = False, **params: Any) -> None:
+    for engine in engines.values():
+        if autocommit:
+            with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+                conn.execute(bench_sql(name), params)
+        else:
+            with engine.begin() as conn:
+                conn.execute(bench_sql(name), params)
+
+
+@contextlib.contextmanager
+def _databases(server: Server, label: str, sizes: list[int]) -> Iterator[dict[int, Engine]]:
+    """One fresh database (and engine) per size, all open at once."""
+    with contextlib.ExitStack() as stack:
+        engines: dict[int, Engine] = {}
+        for size in sizes:
+            url = stack.enter_context(server.fresh_database(label))
+            engines[size] = bench_engine(url)
+            stack.callback(engines[size].dispose)
+        yield engines
+
+
+def _bulk_loaded(server: Server, sizes: list[int], samples: int, budget: float) -> tuple[dict[int, Any], dict[int, Any]]:
+    """Terminal rows bulk-loaded: ours, then the naive index, each size side by side."""
+    with _databases(server, "claim", sizes) as engines:
+        for size, engine in engines.items():
+            started = time.perf_counter()
+            load_events(engine, pending=PENDING, terminal=size - PENDING)
+            progress(f"claim: loaded {size:,} rows in {time.perf_counter() - started:.1f}s")
+        ours = measure(engines, samples, budget)
+        _each(engines, "drop_pending_index")
+        _each(engines, "create_naive_index")
+        _each(engines, "analyze_events", autocommit=True)
+        naive = measure(engines, samples, budget)
+    return ours, naive
+
+
+def _after_updates(server: Server, sizes: list[int], samples: int, budget: float) -> tuple[dict[int, Any], dict[int, Any]]:
     """The realistic history: every row was pending once and was made terminal by UPDATE.
 
     Each such UPDATE leaves a dead entry in the partial index until VACUUM removes it, and
     the claim's index scan steps over them (the first scan marks them dead, later scans
     still read their pages). Measured with autovacuum held off, then after a VACUUM.
     """
-    with server.fresh_database("claim_updated") as url:
-        engine = bench_engine(url)
-        try:
+    with _databases(server, "claim_updated", sizes) as engines:
+        for size, engine in engines.items():
+            started = time.perf_counter()
             with engine.begin() as conn:
                 conn.execute(bench_sql("disable_autovacuum"))
-            started = time.perf_counter()
             load_events(engine, pending=size)
             with engine.begin() as conn:
                 conn.execute(bench_sql("finish_oldest_events"), {"now": NOW, "count": size - PENDING})
             with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
                 conn.execute(bench_sql("analyze_events"))
+            checkpoint(engine)
             progress(f"claim: {size:,} rows loaded pending and {size - PENDING:,} made terminal by UPDATE "
                      f"in {time.perf_counter() - started:.1f}s")
-            with engine.connect() as conn:
-                updated = measure(conn, samples, budget)
-            with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-                conn.execute(bench_sql("vacuum_events"))
-            with engine.connect() as conn:
-                vacuumed = measure(conn, samples, budget)
-        finally:
-            engine.dispose()
+        updated = measure(engines, samples, budget)
+        _each(engines, "vacuum_events", autocommit=True)
+        vacuumed = measure(engines, samples, budget)
     return updated, vacuumed
 
 
 def run(server: Server, *, sizes: list[int], samples: int, budget: float) -> dict[str, Any]:
     """Claim latency per table size, ours and naive, and the ratios the issue asks for."""
     results: dict[str, Any] = {"pending": PENDING, "batch_size": BATCH, "sizes": {}}
+    ours, naive = _bulk_loaded(server, sizes, samples, budget)
     for size in sizes:
-        with server.fresh_database("claim") as url:
-            engine = bench_engine(url)
-            try:
-                started = time.perf_counter()
-                load_events(engine, pending=PENDING, terminal=size - PENDING)
-                progress(f"claim: loaded {size:,} rows in {time.perf_counter() - started:.1f}s")
-                with engine.connect() as conn:
-                    ours = measure(conn, samples, budget)
-                with engine.begin() as conn:
-                    conn.execute(bench_sql("drop_pending_index"))
-                    conn.execute(bench_sql("create_naive_index"))
-                with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-                    conn.execute(bench_sql("analyze_events"))
-                with engine.connect() as conn:
-                    naive = measure(conn, samples, budget)
-            finally:
-                engine.dispose()
-        updated, vacuumed = _after_updates(server, size, samples, budget)
-        results["sizes"][str(size)] = {"ours": ours, "naive": naive, "ours_updated": updated, "ours_vacuumed": vacuumed}
-        progress(f"claim: {size:,} rows made terminal by UPDATE: median {updated['median_ms']:.2f} ms before "
-                 f"VACUUM, {vacuumed['median_ms']:.2f} ms after")
-        progress(
-            f"claim: {size:,} rows: ours median {ours['median_ms']:.2f} ms (p90 {ours['p90_ms']:.2f}), "
-            f"naive median {naive['median_ms']:.2f} ms (p90 {naive['p90_ms']:.2f})"
-        )
+        progress(f"claim: {size:,} rows: ours median {ours[size]['median_ms']:.2f} ms "
+                 f"(p90 {ours[size]['p90_ms']:.2f}), naive median {naive[size]['median_ms']:.2f} ms "
+                 f"(p90 {naive[size]['p90_ms']:.2f})")
+    updated, vacuumed = _after_updates(server, sizes, samples, budget)
+    for size in sizes:
+        progress(f"claim: {size:,} rows made terminal by UPDATE: median {updated[size]['median_ms']:.2f} ms "
+                 f"before VACUUM, {vacuumed[size]['median_ms']:.2f} ms after")
+        results["sizes"][str(size)] = {"ours": ours[size], "naive": naive[size], "ours_updated": updated[size],
+                                       "ours_vacuumed": vacuumed[size]}
     smallest, largest = str(min(sizes)), str(max(sizes))
     by_size = results["sizes"]
     results["ratio_largest_to_smallest"] = {

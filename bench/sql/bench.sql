@@ -73,3 +73,7 @@ WHERE id IN (SELECT id FROM scheduled_events ORDER BY trigger_at LIMIT :count);
 -- name: vacuum_events
 -- What autovacuum would do: remove the dead versions and their index entries.
 VACUUM scheduled_events;
+
+-- name: checkpoint
+-- Write out a bulk load's dirty pages before measuring.
+CHECKPOINT;
