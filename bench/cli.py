@@ -174,6 +174,7 @@ def run_benchmarks(names: Sequence[str], *, quick: bool, out: Path, database_url
             results["errors"][name] = f"{type(exc).__name__}: {exc}"
             results.setdefault("tracebacks", {})[name] = traceback.format_exc()
     results["seconds"] = time.perf_counter() - started
+    results["machine"]["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
     json_path, md_path = report.write(results, out)
     sys.stdout.write(report.markdown(results))
     progress(f"done in {results['seconds']:.0f}s: {json_path} and {md_path}")

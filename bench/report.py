@@ -197,7 +197,7 @@ def markdown(results: dict[str, Any]) -> str:
         f"## Benchmark run {results['started']} ({'quick' if results['quick'] else 'full'})",
         "",
         f"Machine: {machine.get('cores')} cores ({machine.get('cpu', '?')}), {machine.get('memory_gib', '?')} GiB, "
-        f"load average at start {machine.get('load_average_at_start')}; "
+        f"load average at start {machine.get('load_average_at_start')}, at end {machine.get('load_average_at_end')}; "
         f"{server.get('version', '?').split(' on ')[0]} ({'embedded pgserver' if server.get('embedded') else 'external'}, "
         f"shared_buffers {server.get('settings', {}).get('shared_buffers', '?')}); Python {machine.get('python')}. "
         f"Took {results.get('seconds', 0):.0f} s.",
