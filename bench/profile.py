@@ -24,7 +24,7 @@ BUCKETS = {
     "psycopg execute (round trips)": "psycopg/cursor.py:execute",
     "SQLAlchemy Session.execute": "orm/session.py:execute",
     "savepoint begin_nested": "orm/session.py:begin_nested",
-    "commit": "orm/session.py:commit",
+    "commits (savepoint RELEASE and batch COMMIT)": "orm/session.py:commit",
     "Scheduler.claim": "scheduler/loop.py:claim",
     "Scheduler.dispatch_next": "scheduler/loop.py:dispatch_next",
     "Scheduler.finish": "scheduler/loop.py:finish",
