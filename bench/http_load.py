@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 from bench.claim import percentile
@@ -86,11 +87,11 @@ def _load(base: str, token: str, requests: int, concurrency: int, seconds: float
     """The load process: a warm-up, then new keys, then the same keys re-posted."""
     async def run() -> dict[str, Any]:
         run_id = secrets.token_hex(4)
-        await _phase(base, token, [f"warm-{run_id}-{i}" for i in range(min(200, requests))], concurrency, seconds)
+        warm = await _phase(base, token, [f"warm-{run_id}-{i}" for i in range(min(200, requests))], concurrency, seconds)
         keys = [f"key-{run_id}-{i}" for i in range(requests)]
         new = await _phase(base, token, keys, concurrency, seconds)
         reposted = await _phase(base, token, keys[: new["requests"]], concurrency, seconds)
-        return {"new_keys": new, "reposted_keys": reposted}
+        return {"warm_up": warm, "new_keys": new, "reposted_keys": reposted}
 
     out.put(asyncio.run(run()))
 
@@ -130,9 +131,11 @@ def run(server: Server, *, requests: int, concurrency: int, seconds: float) -> d
             out = CTX.Queue()
             token = mint_token(SECRET, scope="nudging.ingest", ttl_seconds=3600)
             load = CTX.Process(target=_load, args=(base, token, requests, concurrency, seconds, out), daemon=True)
+            cpu_before = cpu_seconds(process.pid)
             load.start()
             result: dict[str, Any] = out.get(timeout=3 * seconds + 120)
             load.join(timeout=10)
+            server_cpu = cpu_seconds(process.pid) - cpu_before
         finally:
             process.terminate()
             try:
@@ -147,8 +150,17 @@ def run(server: Server, *, requests: int, concurrency: int, seconds: float) -> d
         if set(r["statuses"]) != {"201"}:
             tail = stderr.decode(errors="replace")[-2000:]
             raise RuntimeError(f"http {phase}: unexpected statuses {r['statuses']}; server said:\n{tail}")
-    result.update(concurrency=concurrency, server="scheduler serve (uvicorn, one process)")
+    total = sum(result[phase]["requests"] for phase in ("warm_up", "new_keys", "reposted_keys"))
+    result.update(concurrency=concurrency, server="scheduler serve (uvicorn, one process)",
+                  server_cpu_ms_per_request=server_cpu * 1000 / total)
+    progress(f"http: the server process used {result['server_cpu_ms_per_request']:.2f} ms of CPU per request")
     return result
+
+
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU time of process ``pid`` so far, from /proc (Linux)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _have_httpx() -> bool:

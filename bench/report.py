@@ -147,6 +147,9 @@ def http_table(http: dict[str, Any]) -> list[str]:
     for phase, label in (("new_keys", "new keys (insert)"), ("reposted_keys", "re-posted keys (upsert rewrite)")):
         r = http[phase]
         lines.append(f"| {label} | {r['requests']:,} | {r['requests_per_second']:.0f} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} |")
+    if "server_cpu_ms_per_request" in http:
+        lines.append(f"\nThe server process used {http['server_cpu_ms_per_request']:.2f} ms of CPU per request "
+                     "(PostgreSQL's own time not included).")
     return lines
 
 
