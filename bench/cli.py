@@ -54,7 +54,8 @@ QUICK = Sizes(claim_sizes=(10_000, 100_000), claim_samples=100, claim_budget=3.0
 
 DESCRIPTIONS = {
     "claim": "claim latency (median, p90, EXPLAIN ANALYZE BUFFERS) with 1,000 due rows among 10k/100k/1M "
-             "rows, ours against a naive plain index on trigger_at; ratio 1M / 10k",
+             "rows, ours against a naive plain index on trigger_at, and ours with a history made by UPDATE "
+             "before and after VACUUM; ratio 1M / 10k",
     "mechanics": "drain N due events with a no-op dispatcher at poll interval 0 by 1/2/4 replica processes, "
                  "batch 20 and larger; beside it the raw SQL ceiling, procrastinate and pgqueuer; and the "
                  "drain-time formula checked with a real poll interval",
