@@ -114,6 +114,7 @@ class Client(Actor):
     def __init__(self, name: str, index: int, engine: Engine) -> None:
         super().__init__(name, index, engine)
         self.request: Request | None = None
+        self.target: str | None = None  # the row its write in flight touches, if known
 
 
 @dataclass

@@ -1,0 +1,121 @@
+"""Outcomes the requirements leave open under concurrency, decided in specs/simulation.md
+(DEC-SIM-*) and pinned here as explicit step programs on the production scheduler."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness import Simulation
+
+
+@pytest.mark.clause("DEC-SIM-1")
+def test_replicas_whose_batches_share_participants_in_opposite_order_wait_instead_of_deadlocking(
+    database_url: str,
+) -> None:
+    """DEC-SIM-1: the later claim waits for the earlier batch; nobody deadlocks; all is dispatched."""
+    with Simulation(database_url, replicas=2, batch_size=2) as sim:
+        sim.post(user=0, trigger=-9, day=0)  # replica 0's batch: p0 then p1
+        sim.post(user=1, trigger=-8, day=0)
+        sim.claim(0)
+        sim.post(user=1, trigger=-7, day=1)  # replica 1's batch: p1 then p0
+        sim.post(user=0, trigger=-6, day=1)
+        sim.claim(1)
+        assert sim.stats.blocked == {"claim": 1}  # waiting on a participant lock, not deadlocked
+        sim.dispatch(0)
+        sim.dispatch(0)
+        sim.finish(0)
+        sim.dispatch(1)
+        sim.dispatch(1)
+        sim.finish(1)
+        assert sim.summary()["events_dispatched"] == 4
+        sim.drain()
+
+
+@pytest.mark.clause("DEC-SIM-2")
+def test_a_crash_rolls_back_the_whole_open_batch_and_another_replica_dispatches_it_once(database_url: str) -> None:
+    """DEC-SIM-2: events the crashed batch had already dispatched are pending again; effects exist once."""
+    with Simulation(database_url, replicas=2, batch_size=3) as sim:
+        for user in range(3):
+            sim.post(user=user, trigger=-5)
+        sim.claim(0)
+        sim.dispatch(0)
+        sim.dispatch(0)
+        sim.crash(0)
+        assert sorted(r.status for r in sim.observer.rows().values()) == ["pending"] * 3
+        sim.run(1)
+        assert sorted(r.status for r in sim.observer.rows().values()) == ["dispatched"] * 3
+        sent = [n for n in sim.observer.notifications() if n[2] == "sent"]
+        assert sorted(n[1] or "" for n in sent) == sorted(sim.model.order)
+        sim.drain()
+
+
+@pytest.mark.clause("DEC-SIM-3")
+def test_a_killed_backend_releases_its_rows_at_once_and_the_replica_notices_at_its_next_statement(
+    database_url: str,
+) -> None:
+    """DEC-SIM-3: another replica takes the rows while the killed one still believes it holds them;
+    its next step fails that poll, the loop rolls back and carries on."""
+    with Simulation(database_url, replicas=2, batch_size=2) as sim:
+        sim.post(user=0, trigger=-5)
+        sim.post(user=1, trigger=-4)
+        sim.claim(0)
+        sim.kill(0)
+        sim.run(1)  # takes both rows although replica 0 still has its Batch object
+        sim.dispatch(0)  # the dead connection fails this poll
+        assert sim.stats.poll_errors == 1
+        sim.post(user=2, trigger=-3)
+        sim.run(0)  # the same replica polls again
+        assert sim.summary()["events_dispatched"] == 3
+        sim.drain()
+
+
+@pytest.mark.clause("DEC-SIM-4")
+def test_stopping_mid_batch_commits_what_was_dispatched_and_leaves_the_rest_pending(database_url: str) -> None:
+    """DEC-SIM-4: the loop's stop path commits the events already dispatched; the rest stay pending."""
+    with Simulation(database_url, replicas=2, batch_size=3) as sim:
+        for user in range(3):
+            sim.post(user=user, trigger=-5)
+        sim.run(0, stop_after=1)
+        statuses = sorted(r.status for r in sim.observer.rows().values())
+        assert statuses == ["dispatched", "pending", "pending"]
+        assert sim.replicas[0].scheduler.health.running is False
+        sim.drain()
+
+
+@pytest.mark.clause("DEC-SIM-5")
+def test_after_the_clock_jumps_back_a_row_is_due_only_when_the_clock_passes_its_trigger_again(
+    database_url: str,
+) -> None:
+    """DEC-SIM-5: due means trigger_at <= the clock at the claim; dispatched rows stay dispatched."""
+    with Simulation(database_url, replicas=1, batch_size=3) as sim:
+        sim.post(user=0, trigger=-1)
+        sim.post(user=1, trigger=5)
+        sim.advance(10)
+        sim.advance(-20)  # now before both triggers
+        sim.run(0)
+        assert sim.summary()["events_dispatched"] == 0
+        sim.advance(12)  # past the first trigger only
+        sim.run(0)
+        sim.advance(-60)
+        assert sim.summary()["events_dispatched"] == 1
+        assert sorted(r.status for r in sim.observer.rows().values()) == ["dispatched", "pending"]
+        sim.advance(70)
+        sim.drain()
+        assert sim.summary()["events_dispatched"] == 2
+
+
+@pytest.mark.clause("DEC-SIM-6")
+def test_a_second_writer_is_not_started_on_a_row_that_already_has_one_waiting(database_url: str) -> None:
+    """DEC-SIM-6: PostgreSQL wakes two waiting writers of one row in no fixed order, so a replayable
+    run never has two; the second post of the key waits in the driver until the first is done."""
+    with Simulation(database_url, replicas=1, clients=2) as sim:
+        sim.post(user=0, trigger=-5, key="k")
+        sim.claim(0)
+        assert sim.post(user=1, trigger=-1, key="k") is True  # waits on the held row
+        assert sim.stats.blocked == {"post": 1}
+        assert sim.post(user=2, trigger=-2, key="k") is False  # not started: one writer waits already
+        sim.finish(0)  # nothing dispatched: the re-post goes through
+        assert sim.post(user=2, trigger=-2, key="k") is True
+        rows = list(sim.observer.rows().values())
+        assert [(r.user_id, r.status) for r in rows] == [("p2", "pending")]
+        sim.drain()

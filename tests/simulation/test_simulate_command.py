@@ -1,0 +1,85 @@
+"""The seeded random driver and ``scheduler simulate``: seed first, clean summary, replayable failures."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from harness import Simulation
+from harness.driver import FAULTS, run_random
+from scheduler.cli import main
+
+
+@pytest.mark.clause("SIM-8")
+def test_the_same_seed_replays_the_same_program_and_summary(database_url: str) -> None:
+    """SIM-8: two runs from one seed take the same steps and end in the same state."""
+    runs = []
+    for _ in range(2):
+        with Simulation(database_url, seed=7, replicas=3, batch_size=3, participants=3) as sim:
+            run_random(sim, 150, random.Random(7), frozenset(FAULTS))
+            runs.append((sim.program, sim.summary(), sorted(
+                (r.id, r.status, r.version) for r in sim.observer.rows().values())))
+    assert runs[0] == runs[1]
+
+
+@pytest.fixture
+def cli_env(database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The command runs against this test's server; it creates and drops its own database."""
+    monkeypatch.setenv("DATABASE_URL", database_url)
+    monkeypatch.setenv("SCHEDULER_DATA_DIR", str(tmp_path))
+    return tmp_path
+
+
+@pytest.mark.clause("SIM-8")
+def test_the_simulate_command_prints_the_seed_first_and_ends_with_a_clean_summary(
+    cli_env: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """SIM-8: the seed comes first; the summary gives steps by kind, events, faults, checks and replay."""
+    code = main(["simulate", "--replicas", "3", "--steps", "120", "--seed", "5", "--batch-size", "4"])
+    out, err = capsys.readouterr()
+    assert code == 0, out + err
+    lines = out.splitlines()
+    assert lines[0] == "simulation seed: 5"
+    for expected in ("steps: ", "  by kind: ", "events: ", "faults injected: ", "invariant checks: "):
+        assert any(line.startswith(expected) for line in lines), (expected, out)
+    assert lines[-1] == "replay: scheduler simulate --replicas 3 --steps 120 --seed 5 --batch-size 4"
+    assert "120/120 steps" in err  # the progress line
+
+
+@pytest.mark.clause("SIM-8")
+def test_a_caught_variant_prints_the_invariant_the_program_and_the_replay_command(
+    cli_env: Path, database_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """SIM-8: a violation prints the invariant, the program, a pytest file that replays it, the command."""
+    args = ["simulate", "--scheduler", "batch-of-21", "--replicas", "2", "--batch-size", "3",
+            "--steps", "300", "--seed", "1", "--faults", "none"]
+    code = main(args)
+    out, _ = capsys.readouterr()
+    assert code == 1
+    assert out.splitlines()[0] == "simulation seed: 1"
+    assert "INVARIANT VIOLATED: SIM-1 violated at step" in out
+    assert "    sim.claim(" in out
+    replay = ("replay: scheduler simulate --replicas 2 --steps 300 --seed 1 --faults none "
+              "--scheduler batch-of-21 --batch-size 3")
+    assert replay in out
+    assert "broken variant 'batch-of-21' caught by SIM-1 as expected" in out
+    source = (cli_env / "simulation" / "seed-1.py").read_text()
+    namespace: dict[str, object] = {}
+    exec(compile(source, "seed-1.py", "exec"), namespace)
+    with pytest.raises(pytest.fail.Exception, match="SIM-1 violated"):
+        namespace["test_seed_1_sim_1"](database_url)  # type: ignore[operator]
+
+
+def test_the_simulate_command_refuses_bad_arguments_with_a_clear_message(
+    cli_env: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Bad input is a usage error naming the option, before any database is touched."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(["simulate", "--faults", "crash,meteor"])
+    assert exit_info.value.code == 2
+    assert "unknown faults ['meteor']" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["simulate", "--replicas", "0"])
+    assert "--replicas must be between 1 and 16" in capsys.readouterr().err
