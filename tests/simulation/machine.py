@@ -15,7 +15,7 @@ from typing import ClassVar
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from harness import Simulation
 
@@ -32,9 +32,9 @@ _COMMON = {
     "print_blob": True,
 }
 # CI: a fixed derandomised search (the same programs every run) ...
-settings.register_profile("simulation-ci", max_examples=60, stateful_step_count=30, derandomize=True, **_COMMON)
+settings.register_profile("simulation-ci", max_examples=150, stateful_step_count=40, derandomize=True, **_COMMON)
 # ... plus a few programs from a fresh seed each run (printed first, replayable).
-settings.register_profile("simulation-random", max_examples=8, stateful_step_count=30, **_COMMON)
+settings.register_profile("simulation-random", max_examples=20, stateful_step_count=40, **_COMMON)
 # Locally: SIM_PROFILE=soak python -m pytest tests/simulation
 settings.register_profile("simulation-soak", max_examples=400, stateful_step_count=60, **_COMMON)
 
@@ -68,6 +68,11 @@ class ReplicaMachine(RuleBasedStateMachine):
 
     # -- the API side --------------------------------------------------------------------
 
+    @initialize(events=st.lists(st.tuples(users, st.integers(-20, -1), keys, days, faults), min_size=1, max_size=6))
+    def some_events_are_due_already(self, events: list[tuple[int, int, str | None, int, str | None]]) -> None:
+        for user, trigger, key, day, fault in events:
+            self.sim.post(user, trigger, key, day, fault)
+
     @rule(user=users, trigger=triggers, key=keys, day=days, fault=faults)
     def post(self, user: int, trigger: int, key: str | None, day: int, fault: str | None) -> None:
         self.sim.post(user, trigger, key, day, fault)
@@ -76,6 +81,7 @@ class ReplicaMachine(RuleBasedStateMachine):
     def begin_post(self, client: int, user: int, trigger: int, key: str | None, day: int) -> None:
         self.sim.begin_post(client, user, trigger, key, day)
 
+    @precondition(lambda self: self.sim.requesting_clients())
     @rule(client=clients)
     def end_post(self, client: int) -> None:
         self.sim.end_post(client)
@@ -90,36 +96,44 @@ class ReplicaMachine(RuleBasedStateMachine):
 
     # -- the replicas --------------------------------------------------------------------
 
+    @precondition(lambda self: self.sim.idle_replicas())
     @rule(replica=replicas)
     def claim(self, replica: int) -> None:
         self.sim.claim(replica)
 
+    @precondition(lambda self: self.sim.holding_replicas())
     @rule(replica=replicas)
     def dispatch(self, replica: int) -> None:
         self.sim.dispatch(replica)
 
+    @precondition(lambda self: self.sim.holding_replicas())
     @rule(replica=replicas)
     def dispatch_again(self, replica: int) -> None:
         self.sim.dispatch(replica)
 
+    @precondition(lambda self: self.sim.holding_replicas())
     @rule(replica=replicas)
     def finish(self, replica: int) -> None:
         self.sim.finish(replica)
 
+    @precondition(lambda self: self.sim.idle_replicas())
     @rule(replica=replicas, stop_after=st.none() | st.integers(1, BATCH_SIZE))
     def run(self, replica: int, stop_after: int | None) -> None:
         self.sim.run(replica, stop_after)
 
     # -- faults --------------------------------------------------------------------------
 
+    @precondition(lambda self: self.sim.live_holding_replicas())
     @rule(replica=replicas)
     def crash(self, replica: int) -> None:
         self.sim.crash(replica)
 
+    @precondition(lambda self: self.sim.live_holding_replicas() or self.sim.busy_replicas())
     @rule(replica=replicas)
     def kill(self, replica: int) -> None:
         self.sim.kill(replica)
 
+    @precondition(lambda self: self.sim.live_holding_replicas())
     @rule(replica=replicas)
     def stop(self, replica: int) -> None:
         self.sim.stop(replica)
