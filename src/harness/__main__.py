@@ -7,15 +7,15 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from harness.cli import add_simulate_command
+from harness.cli import DESCRIPTION, add_arguments, cmd_simulate
 from scheduler.config import ConfigError, Settings
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m harness")
-    sub = parser.add_subparsers(dest="command", required=True)
-    add_simulate_command(sub)
-    args = parser.parse_args(["simulate", *(sys.argv[1:] if argv is None else argv)])
+    parser = argparse.ArgumentParser(prog="python -m harness", description=DESCRIPTION)
+    add_arguments(parser)
+    parser.set_defaults(func=cmd_simulate)
+    args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         result: int = args.func(args, Settings.from_env())

@@ -77,18 +77,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
 
 
+DESCRIPTION = (
+    "Run the replica simulation: N production schedulers (each with its own connection), API "
+    "clients and a frozen clock over a fresh database, driven step by step by one seed, with "
+    "crashes, killed backends, failing events and polls, stops and clock jumps. After every step "
+    "the database is compared with a model. The seed is printed first; a failure prints the "
+    "violated invariant, the program and the command that replays it. Without DATABASE_URL the "
+    "embedded PostgreSQL in SCHEDULER_DATA_DIR is used; each run creates and drops its own database."
+)
+
+
 def add_simulate_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``scheduler simulate``."""
     parser = sub.add_parser(
         "simulate",
         help="run several scheduler replicas against one database under a seeded random program",
-        description="Run the replica simulation: N production schedulers (each with its own "
-        "connection), API clients and a frozen clock over a fresh database, driven step by step "
-        "by one seed, with crashes, killed backends, failing events and polls, stops and clock "
-        "jumps. After every step the database is compared with a model. The seed is printed "
-        "first; a failure prints the violated invariant, the program and the command that "
-        "replays it. Without DATABASE_URL the embedded PostgreSQL in SCHEDULER_DATA_DIR is used; "
-        "each run creates and drops its own database.",
+        description=DESCRIPTION,
     )
     add_arguments(parser)
     parser.set_defaults(func=cmd_simulate)
