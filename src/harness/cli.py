@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import create_engine, make_url, text
+from sqlalchemy.exc import SQLAlchemyError
 
 from harness.broken import VARIANTS
 from harness.driver import FAULTS, Progress, regression_source, run_random, write_regression
@@ -168,7 +169,11 @@ def cmd_simulate(args: argparse.Namespace, settings: Settings) -> int:
     for noisy in ("scheduler.loop", "alembic", "sqlalchemy.pool"):
         logging.getLogger(noisy).setLevel(logging.CRITICAL)
     name = f"sim_{seed}_{os.getpid()}"
-    url, base = _fresh_database(settings, name)
+    try:
+        url, base = _fresh_database(settings, name)
+    except SQLAlchemyError as exc:
+        print(f"cannot create the run's database {name}: {exc}", file=sys.stderr)
+        return 2
     started = time.monotonic()
     try:
         with Simulation(url, seed=seed, replicas=args.replicas, clients=args.clients,
