@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 
@@ -83,3 +84,19 @@ def test_the_simulate_command_refuses_bad_arguments_with_a_clear_message(
     with pytest.raises(SystemExit):
         main(["simulate", "--replicas", "0"])
     assert "--replicas must be between 1 and 16" in capsys.readouterr().err
+
+
+@pytest.mark.clause("SIM-8")
+def test_python_dash_m_harness_runs_the_same_simulation_without_faults(
+    cli_env: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """SIM-8: ``python -m harness`` takes the same options; its seed comes first, its replay names it."""
+    from harness.__main__ import main as harness_main
+
+    code = harness_main(["--replicas", "2", "--steps", "60", "--seed", "9", "--faults", "none", "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0, out + err
+    assert out.splitlines()[0] == "simulation seed: 9"
+    summary = json.loads(out.split("\n", 1)[1])
+    assert summary["replay"] == "scheduler simulate --replicas 2 --steps 60 --seed 9 --faults none"
+    assert summary["faults"] == {} and summary["steps_total"] >= 60
