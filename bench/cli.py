@@ -45,8 +45,8 @@ class Sizes:
 
 FULL = Sizes(claim_sizes=(10_000, 100_000, 1_000_000), claim_samples=300, claim_budget=10.0,
              events=6_000, replicas=(1, 2, 4), batches=(20, 100), full_events=4_000,
-             formula_events=1_000, formula_poll=0.1, http_requests=2_000, http_concurrency=(4, 16),
-             http_seconds=8.0, shutdown_repeats=10, memory_events=100_000, profile_events=4_000, repeats=2)
+             formula_events=1_000, formula_poll=0.1, http_requests=1_500, http_concurrency=(1, 8, 16),
+             http_seconds=6.0, shutdown_repeats=10, memory_events=100_000, profile_events=4_000, repeats=2)
 QUICK = Sizes(claim_sizes=(10_000, 100_000), claim_samples=100, claim_budget=3.0,
               events=2_000, replicas=(1, 2), batches=(20, 100), full_events=1_000,
               formula_events=400, formula_poll=0.1, http_requests=600, http_concurrency=(8,),
