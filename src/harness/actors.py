@@ -58,6 +58,7 @@ class Actor:
         self.engine = engine
         self.sessions: sessionmaker[Session] = make_sessionmaker(engine)
         self.pid: int | None = None
+        self.pids: set[int] = set()  # every backend it ever had, so close() can make sure they are gone
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
         self.op: Op | None = None
         self.killed = False
@@ -65,6 +66,7 @@ class Actor:
 
     def _on_connect(self, dbapi_connection: Any, record: Any) -> None:
         self.pid = int(dbapi_connection.info.backend_pid)
+        self.pids.add(self.pid)
 
     @property
     def rank(self) -> tuple[int, int]:

@@ -60,10 +60,14 @@ class StatusFirstScheduler(Scheduler):
 
     def claim(self) -> Batch:
         batch = super().claim()
-        for event in batch.events:
-            batch.session.execute(statement("mark_dispatched"), {"id": event.id, "now": batch.claimed_at})
-        # The bug: the status commits apart from the effects, and the row locks go with it.
-        batch.session.commit()
+        try:
+            for event in batch.events:
+                batch.session.execute(statement("mark_dispatched"), {"id": event.id, "now": batch.claimed_at})
+            # The bug: the status commits apart from the effects, and the row locks go with it.
+            batch.session.commit()
+        except BaseException:
+            self.abort(batch)
+            raise
         return batch
 
 

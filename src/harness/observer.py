@@ -37,6 +37,8 @@ TERMINATE = text("SELECT pg_terminate_backend(:pid, 10000)")
 TRUNCATE = text(
     "TRUNCATE scheduled_events, notifications, deliveries, dedup_keys, participant_preferences"
 )
+# A leftover session of an earlier run must not make the next one hang: fail instead.
+TRUNCATE_LOCK_TIMEOUT = text("SET lock_timeout = '30s'")
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,7 @@ class Observer:
         return list(self.conn.execute(query, params or {}).all())
 
     def truncate(self) -> None:
+        self.conn.execute(TRUNCATE_LOCK_TIMEOUT)
         self.conn.execute(TRUNCATE)
 
     def rows(self) -> dict[str, DbRow]:
@@ -111,6 +114,9 @@ class Observer:
     def terminate(self, pid: int) -> bool:
         """``pg_terminate_backend`` from this session; returns once the backend has exited."""
         return bool(self.conn.execute(TERMINATE, {"pid": pid}).scalar())
+
+    def alive(self, pids: Iterable[int]) -> list[int]:
+        return list(self.states(pids))
 
     def wait_gone(self, pid: int, timeout: float = 30.0) -> None:
         """Wait until a backend whose client hung up has exited (its locks are then free)."""

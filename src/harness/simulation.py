@@ -29,7 +29,7 @@ from scheduler.clock import ManualClock
 from scheduler.config import Settings
 from scheduler.db import make_engine, make_sessionmaker
 from scheduler.dispatch import NudgingPlatform
-from scheduler.loop import Scheduler
+from scheduler.loop import Batch, Scheduler
 from scheduler.publishers import RecordingPublisher
 from scheduler.rules import load_catalogue
 
@@ -901,7 +901,13 @@ class Simulation:
         for a in self.actors:
             if a.op is not None:
                 wait_futures([a.op.future], timeout=SETTLE_TIMEOUT)
-                a.op = None
+                future, a.op = a.op.future, None
+                # an op that finished unprocessed (a violation stopped the processing) may
+                # have opened a batch nobody else knows of
+                result = future.result() if future.done() and future.exception() is None else None
+                if isinstance(result, Batch) and isinstance(a, Replica):
+                    with contextlib.suppress(Exception):
+                        a.scheduler.abort(result)
         for r in self.replicas:
             if r.batch is not None:
                 with contextlib.suppress(Exception):
@@ -914,6 +920,11 @@ class Simulation:
             c.request = None
         for a in self.actors:
             a.shutdown()
+        if observer is not None:
+            # Whatever was missed above, no backend of this run outlives it.
+            with contextlib.suppress(Exception):
+                for pid in observer.alive({p for a in self.actors for p in a.pids}):
+                    observer.terminate(pid)
         self.replicas, self.clients = [], []
         if observer is not None:
             observer.close()
