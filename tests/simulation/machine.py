@@ -121,6 +121,19 @@ class ReplicaMachine(RuleBasedStateMachine):
     def run(self, replica: int, stop_after: int | None) -> None:
         self.sim.run(replica, stop_after)
 
+    @precondition(lambda self: len(self.sim.idle_replicas()) > 1)
+    @rule()
+    def every_idle_replica_claims(self) -> None:
+        """Batches side by side: the interleavings where replicas share participants."""
+        for replica in self.sim.idle_replicas():
+            self.sim.claim(replica)
+
+    @precondition(lambda self: len(self.sim.holding_replicas()) > 1)
+    @rule()
+    def every_holding_replica_dispatches(self) -> None:
+        for replica in self.sim.holding_replicas():
+            self.sim.dispatch(replica)
+
     # -- faults --------------------------------------------------------------------------
 
     @precondition(lambda self: self.sim.live_holding_replicas())
