@@ -32,6 +32,11 @@ SENT_PER_KEY = text(
 WAITING = text("SELECT pid, locktype FROM pg_locks WHERE NOT granted AND pid = ANY(:pids)")
 HELD = text("SELECT pid, locktype, mode FROM pg_locks WHERE granted AND pid = ANY(:pids)")
 ACTIVITY = text("SELECT pid, state FROM pg_stat_activity WHERE pid = ANY(:pids)")
+# A backend that cannot move by itself: in a transaction but idle, or waiting on a lock.
+STUCK = text(
+    "SELECT pid FROM pg_stat_activity WHERE pid = ANY(:pids)"
+    " AND (state LIKE 'idle in transaction%' OR (state = 'active' AND wait_event_type = 'Lock'))"
+)
 BLOCKERS = text("SELECT pid, pg_blocking_pids(pid) AS blockers FROM unnest(CAST(:pids AS integer[])) AS pid")
 TERMINATE = text("SELECT pg_terminate_backend(:pid, 10000)")
 TRUNCATE = text(
@@ -104,6 +109,12 @@ class Observer:
         if not pids:
             return {}
         return {r.pid: r.state for r in self._all(ACTIVITY, {"pids": pids})}
+
+    def stuck(self, pids: Iterable[int]) -> set[int]:
+        pids = [p for p in pids if p]
+        if not pids:
+            return set()
+        return {r.pid for r in self._all(STUCK, {"pids": pids})}
 
     def blockers(self, pids: Iterable[int]) -> dict[int, list[int]]:
         pids = [p for p in pids if p]

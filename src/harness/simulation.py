@@ -174,6 +174,12 @@ class Simulation:
         row = event_id if event_id is not None else (self.model.by_key.get(key) if key else None)
         return row is not None and row in {c.target for c in self.clients if c.op is not None}
 
+    def _a_claim_waits(self) -> bool:
+        """Two claims waiting at once may be woken together and race for the same participant
+        locks, so which one wins is PostgreSQL's choice and a seed would not replay; the
+        drivers therefore start a claim only when no other replica is waiting (DEC-SIM-6)."""
+        return any(r.op is not None for r in self.replicas)
+
     def now(self) -> datetime:
         return self.clock.now()
 
@@ -423,7 +429,7 @@ class Simulation:
     def claim(self, replica: int) -> bool:
         """Replica ``replica`` opens a batch: it claims due pending rows (it may wait)."""
         r = self.replicas[replica]
-        if r.op is not None or r.batch is not None:
+        if r.op is not None or r.batch is not None or self._a_claim_waits():
             return False
         self._step("claim", f"sim.claim({replica})")
         armed = r.faults.armed == "claim"
@@ -560,7 +566,7 @@ class Simulation:
         """Replica ``replica`` runs the production loop (``run_blocking``) for one poll,
         stopped after ``stop_after`` events; two polls if its next poll is armed to fail."""
         r = self.replicas[replica]
-        if r.op is not None or r.batch is not None:
+        if r.op is not None or r.batch is not None or self._a_claim_waits():
             return False
         self._step("run", f"sim.run({replica}, stop_after={stop_after})")
         armed = r.faults.armed
@@ -730,7 +736,7 @@ class Simulation:
         wait_futures([op.future], timeout=0.002)
         while not op.future.done():
             lock = self.observer.waiting([a.pid] if a.pid else []).get(a.pid or 0)
-            if lock is not None:
+            if lock is not None and self._stably_blocked(a):
                 if not op.blocked:
                     op.blocked = True
                     Stats.bump(self.stats.blocked, op.kind)
@@ -742,6 +748,17 @@ class Simulation:
                                    f"within {SETTLE_TIMEOUT:g}s")
             wait_futures([op.future], timeout=0.002)
         return True
+
+    def _stably_blocked(self, a: Actor) -> bool:
+        """A wait counts only when every blocker is one of our actors that cannot move by
+        itself (idle in its transaction, or waiting too). A wait on anything else (autovacuum,
+        a relation-extension lock of a backend that is running) ends by itself, so stopping
+        there would let timing decide the next step and a seed would not replay."""
+        blockers = self.observer.blockers([a.pid] if a.pid else []).get(a.pid or 0, [])
+        ours = {x.pid for x in self.actors if x.pid}
+        if not blockers or not set(blockers) <= ours:
+            return False
+        return self.observer.stuck(blockers) == set(blockers)
 
     def _complete(self, a: Actor) -> None:
         op = a.op
