@@ -4,6 +4,7 @@ and mid-request): requests answer 503 promptly, the loop survives and shows the 
 
 from __future__ import annotations
 
+import functools
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -85,7 +86,7 @@ def test_an_unreachable_database_answers_503_on_every_route_and_the_loop_shows_i
         assert health.json()["last_error"].startswith("OperationalError: (psycopg.OperationalError) connection")
         for method, path, body in DATABASE_ROUTES:
             headers = INGEST if path in {"/admin/scheduled-events", "/admin/ingest-event"} and method == "POST" else ADMIN
-            response = bounded(lambda m=method, p=path, b=body, h=headers: client.request(m, p, headers=h, json=b),
+            response = bounded(functools.partial(client.request, method, path, headers=headers, json=body),
                                30, f"{method} {path} during the outage")
             assert (response.status_code, response.json()) == (503, UNAVAILABLE), f"{method} {path}"
             assert response.headers["retry-after"] == "5"

@@ -11,7 +11,7 @@ keep their own Hypothesis settings. ``SIM_PROFILE=soak`` runs many more, longer 
 from __future__ import annotations
 
 import os
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -24,7 +24,7 @@ CLIENTS = 2
 BATCH_SIZE = 3
 PARTICIPANTS = 3
 
-_COMMON = {
+_COMMON: dict[str, Any] = {
     "deadline": None,
     "database": None,
     "suppress_health_check": [HealthCheck.too_slow, HealthCheck.function_scoped_fixture,

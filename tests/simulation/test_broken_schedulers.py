@@ -110,7 +110,7 @@ def test_a_read_then_write_upsert_is_caught_when_two_posts_of_one_key_race(datab
 @pytest.mark.clause("SIM-6")
 def test_a_cap_counted_without_a_lock_is_caught_when_two_replicas_send_to_one_participant(database_url: str) -> None:
     """SIM-6: without the participant lock two batches both see room under a cap of one."""
-    program_steps = [
+    program_steps: list[Callable[[Simulation], object]] = [
         lambda sim: sim.post(user=0, trigger=-5, day=0),  # participant p0 has a cap of 1
         lambda sim: sim.post(user=0, trigger=-4, day=1),  # another period: another dedup key
         lambda sim: sim.claim(0),
