@@ -139,7 +139,8 @@ def http_table(http: dict[str, Any]) -> list[str]:
     if "skipped" in http:
         return ["### Storing events over HTTP", "", f"Skipped: {http['skipped']}"]
     lines = [
-        f"### Storing events over HTTP: POST /admin/scheduled-events, {http['concurrency']} concurrent clients",
+        f"### Storing events over HTTP: POST /admin/scheduled-events, {http['concurrency']} concurrent "
+        f"client{'' if http['concurrency'] == 1 else 's'}",
         "",
         "| phase | requests | requests/s | p50 ms | p99 ms |",
         "| --- | ---: | ---: | ---: | ---: |",
