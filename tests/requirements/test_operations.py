@@ -133,3 +133,13 @@ def test_the_migrations_build_exactly_the_schema_the_models_declare(engine: Engi
     with engine.connect() as conn:
         context = MigrationContext.configure(conn, opts={"compare_type": True})
         assert compare_metadata(context, Base.metadata) == []
+
+
+@pytest.mark.clause("OPS-5")
+def test_the_scheduled_events_table_is_vacuumed_early_so_the_claim_stays_cheap(engine: Engine) -> None:
+    """OPS-5: the migrations tune autovacuum on scheduled_events (dead pending-index entries slow the claim)."""
+    from sqlalchemy import text
+
+    with engine.connect() as conn:
+        options = conn.execute(text("SELECT reloptions FROM pg_class WHERE relname = 'scheduled_events'")).scalar()
+    assert sorted(options) == ["autovacuum_vacuum_scale_factor=0.01", "autovacuum_vacuum_threshold=1000"]
