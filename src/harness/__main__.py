@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from harness.cli import DESCRIPTION, add_arguments, cmd_simulate
-from scheduler.config import ConfigError, Settings
+from scheduler.cli import run_command
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -17,14 +17,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.set_defaults(func=cmd_simulate)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    try:
-        result: int = args.func(args, Settings.from_env())
-        return result
-    except ConfigError as exc:
-        print(f"configuration error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
+    return run_command(args)
 
 
 if __name__ == "__main__":

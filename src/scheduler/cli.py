@@ -186,9 +186,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # pgserver narrates every pg_ctl call at INFO; keep its warnings only.
     logging.getLogger("pgserver").setLevel(logging.DEBUG if args.verbose else logging.WARNING)
+    return run_command(args)
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Run the parsed command with settings from the environment; a bad setting is exit 2."""
     try:
-        settings = Settings.from_env()
-        result: int = args.func(args, settings)
+        result: int = args.func(args, Settings.from_env())
         return result
     except ConfigError as exc:
         print(f"configuration error: {exc}", file=sys.stderr)
