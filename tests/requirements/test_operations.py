@@ -141,5 +141,5 @@ def test_the_scheduled_events_table_is_vacuumed_early_so_the_claim_stays_cheap(e
     from sqlalchemy import text
 
     with engine.connect() as conn:
-        options = conn.execute(text("SELECT reloptions FROM pg_class WHERE relname = 'scheduled_events'")).scalar()
+        options = conn.execute(text("SELECT reloptions FROM pg_class WHERE relname = 'scheduled_events'")).scalar_one()
     assert sorted(options) == ["autovacuum_vacuum_scale_factor=0.01", "autovacuum_vacuum_threshold=1000"]
