@@ -163,6 +163,26 @@ def advisory_locks(engine: Engine) -> int:
         return int(conn.execute(text("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'")).scalar_one())
 
 
+def drain_and_check(engine: Engine, timeout: float, problems: list[str],
+                    survivors: list[Replica] | None = None) -> float:
+    """Wait for the backlog to drain, then check that no advisory lock is left and that each
+    of ``survivors`` is still the process it started as. Returns when the drain ended
+    (``time.monotonic()``); every failure is added to ``problems``."""
+    from reliability.workload import pending_count
+
+    try:
+        wait_for(lambda: pending_count(engine) == 0, timeout, "the backlog to drain", interval=0.5)
+    except ScenarioError as exc:
+        problems.append(str(exc))
+    drained = time.monotonic()
+    for replica in survivors or []:
+        if not replica.alive() or replica.starts != 1:
+            problems.append(f"{replica.name} did not survive: alive={replica.alive()} starts={replica.starts}")
+    if advisory_locks(engine):
+        problems.append("advisory locks still held after the drain")
+    return drained
+
+
 # -- replicas -----------------------------------------------------------------------------
 
 

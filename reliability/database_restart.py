@@ -16,9 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from reliability.cluster import (
-    ScenarioError,
-    advisory_locks,
     cluster,
+    drain_and_check,
     log,
     terminate_backends,
     wait_for,
@@ -83,19 +82,9 @@ def run(args: argparse.Namespace) -> int:
 
         clients.stop()
         log(f"clients stopped; draining ({pending_count(c.engine)} pending)")
-        try:
-            wait_for(lambda: pending_count(c.engine) == 0, args.timeout, "the backlog to drain", interval=0.5)
-        except ScenarioError as exc:
-            problems.append(str(exc))
-        elapsed = time.monotonic() - started
+        elapsed = drain_and_check(c.engine, args.timeout, problems, survivors=replicas) - started
         monitor.stop()
-
-        for replica in replicas:
-            if not replica.alive() or replica.starts != 1:
-                problems.append(f"{replica.name} did not survive: alive={replica.alive()} starts={replica.starts}")
         _check_health_during_outages(monitor, outages, replicas, problems)
-        if advisory_locks(c.engine):
-            problems.append("advisory locks still held after the drain")
         client_figures = check_clients(clients.figures, c.engine, problems)
         audit = audit_backlog(c.engine, backlog)
         problems.extend(audit.problems)

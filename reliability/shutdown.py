@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from reliability.cluster import ScenarioError, advisory_locks, backends_of, cluster, log, wait_for
+from reliability.cluster import ScenarioError, backends_of, cluster, drain_and_check, log, wait_for
 from reliability.report import report
 from reliability.workload import audit_backlog, pending_count, plan_backlog, seed_backlog
 
@@ -79,13 +79,7 @@ def run(args: argparse.Namespace) -> int:
             log(f"round {n + 1}: SIGTERM {victim.name} {'mid-batch' if in_batch else 'between batches'}: "
                 f"exit {code} in {seconds:.2f}s, no backend left; {pending_count(c.engine)} pending; restarting it")
             victim.start()
-        try:
-            wait_for(lambda: pending_count(c.engine) == 0, args.timeout, "the backlog to drain", interval=0.5)
-        except ScenarioError as exc:
-            problems.append(str(exc))
-        elapsed = time.monotonic() - started
-        if advisory_locks(c.engine):
-            problems.append("advisory locks still held after the drain")
+        elapsed = drain_and_check(c.engine, args.timeout, problems) - started
         audit = audit_backlog(c.engine, backlog)
         problems.extend(audit.problems)
         figures.update(audit.figures)

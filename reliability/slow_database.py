@@ -19,7 +19,7 @@ from typing import Any
 
 from sqlalchemy import text
 
-from reliability.cluster import ScenarioError, advisory_locks, cluster, log, wait_for
+from reliability.cluster import ScenarioError, cluster, drain_and_check, log, wait_for
 from reliability.report import report
 from reliability.traffic import Clients, HealthMonitor, check_clients, client_rows
 from reliability.workload import audit_backlog, pending_count, plan_backlog, seed_backlog
@@ -93,17 +93,8 @@ def run(args: argparse.Namespace) -> int:
             problems.append("no progress at all while one participant's advisory lock was held")
 
         clients.stop()
-        try:
-            wait_for(lambda: pending_count(c.engine) == 0, args.timeout, "the backlog to drain", interval=0.5)
-        except ScenarioError as exc:
-            problems.append(str(exc))
-        elapsed = time.monotonic() - started
+        elapsed = drain_and_check(c.engine, args.timeout, problems, survivors=replicas) - started
         monitor.stop()
-        for replica in replicas:
-            if not replica.alive() or replica.starts != 1:
-                problems.append(f"{replica.name} did not survive: alive={replica.alive()} starts={replica.starts}")
-        if advisory_locks(c.engine):
-            problems.append("advisory locks still held after the drain")
         client_figures = check_clients(clients.figures, c.engine, problems)
         if clients.figures.max_503_seconds > STATEMENT_TIMEOUT_MS / 1000 + 2:
             problems.append(f"a POST took {clients.figures.max_503_seconds:.1f}s to answer 503")
