@@ -25,7 +25,13 @@ from sqlalchemy import Engine, create_engine, make_url, text
 from sqlalchemy.exc import DBAPIError
 
 from scheduler.config import Settings
-from scheduler.db import embedded_server_uri, make_engine, migrate, sqlalchemy_url
+from scheduler.db import (
+    create_migrated_database,
+    drop_database,
+    embedded_server_uri,
+    make_engine,
+    sqlalchemy_url,
+)
 from scheduler.queries import Query, load_queries
 
 BENCH_SQL = Path(__file__).parent / "sql" / "bench.sql"
@@ -82,21 +88,10 @@ class Server:
     def fresh_database(self, label: str) -> Iterator[str]:
         """A newly created, migrated database (its SQLAlchemy URL), dropped afterwards."""
         name = f"bench_{label}_{os.getpid()}_{secrets.token_hex(3)}"
-        admin = self._admin()
         try:
-            with admin.connect() as conn:
-                conn.execute(text(f'CREATE DATABASE "{name}"'))
-            url = make_url(self.admin_url).set(database=name).render_as_string(hide_password=False)
-            engine = make_engine(url)
-            try:
-                migrate(engine)
-            finally:
-                engine.dispose()
-            yield url
+            yield create_migrated_database(self.admin_url, name)
         finally:
-            with admin.connect() as conn:
-                conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-            admin.dispose()
+            drop_database(self.admin_url, name)
 
     def facts(self) -> dict[str, Any]:
         """PostgreSQL's version and the settings that shape the figures."""

@@ -29,10 +29,10 @@ from sqlalchemy import Engine, text
 from scheduler.auth import mint_token
 from scheduler.config import Settings
 from scheduler.db import (
+    create_migrated_database,
+    drop_database,
     embedded_server_uri,
-    ensure_database,
     make_engine,
-    migrate,
     socket_dir_of,
     sqlalchemy_url,
 )
@@ -106,28 +106,12 @@ class Postgres:
 
     def create_database(self, name: str) -> str:
         """A fresh, migrated database; returns its SQLAlchemy URL."""
-        admin = make_engine(sqlalchemy_url(self.uri), isolation_level="AUTOCOMMIT")
-        try:
-            with admin.connect() as conn:
-                conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        finally:
-            admin.dispose()
-        ensure_database(sqlalchemy_url(self.uri), name)
-        url = self.url(name)
-        engine = make_engine(url)
-        try:
-            migrate(engine)
-        finally:
-            engine.dispose()
-        return url
+        self.drop_database(name)
+        create_migrated_database(sqlalchemy_url(self.uri), name)
+        return self.url(name)
 
     def drop_database(self, name: str) -> None:
-        admin = make_engine(sqlalchemy_url(self.uri), isolation_level="AUTOCOMMIT")
-        try:
-            with admin.connect() as conn:
-                conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        finally:
-            admin.dispose()
+        drop_database(sqlalchemy_url(self.uri), name)
 
 
 def terminate_backends(engine: Engine, database: str, application_prefix: str = "replica-") -> int:

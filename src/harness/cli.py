@@ -13,13 +13,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import create_engine, make_url, text
 from sqlalchemy.exc import SQLAlchemyError
 
 from harness.broken import VARIANTS
 from harness.driver import FAULTS, Progress, regression_source, run_random, write_regression
 from harness.simulation import HarnessError, Simulation, Violation
 from scheduler.config import Settings
+from scheduler.db import drop_database
 
 DEFAULTS = {"replicas": 4, "clients": 2, "batch_size": 20, "participants": 4, "faults": "all", "scheduler": "correct"}
 MAX_ACTORS = 40  # keeps a run well under PostgreSQL's default max_connections (100)
@@ -113,31 +113,10 @@ def replay_command(args: argparse.Namespace, seed: int) -> str:
 
 def _fresh_database(settings: Settings, name: str) -> tuple[str, str]:
     """Create database ``name`` next to the configured one; return (its URL, an admin URL)."""
-    from scheduler.db import make_engine, migrate, resolve_database_url
+    from scheduler.db import create_migrated_database, resolve_database_url
 
     base = resolve_database_url(settings)
-    admin = create_engine(base, isolation_level="AUTOCOMMIT")
-    try:
-        with admin.connect() as conn:
-            conn.execute(text(f'CREATE DATABASE "{name}"'))
-    finally:
-        admin.dispose()
-    url = make_url(base).set(database=name).render_as_string(hide_password=False)
-    engine = make_engine(url, settings)
-    try:
-        migrate(engine)
-    finally:
-        engine.dispose()
-    return url, base
-
-
-def _drop_database(base: str, name: str) -> None:
-    admin = create_engine(base, isolation_level="AUTOCOMMIT")
-    try:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-    finally:
-        admin.dispose()
+    return create_migrated_database(base, name, settings), base
 
 
 def print_summary(summary: dict[str, Any], replay: str, elapsed: float, out: Any) -> None:
@@ -203,7 +182,7 @@ def cmd_simulate(args: argparse.Namespace, settings: Settings) -> int:
             print(f"database kept: {url}", file=sys.stderr)
         else:
             with contextlib.suppress(Exception):
-                _drop_database(base, name)
+                drop_database(base, name)
 
 
 def _report_failure(args: argparse.Namespace, settings: Settings, sim: Simulation, violation: Violation,

@@ -76,6 +76,35 @@ def ensure_database(admin_url: str, name: str) -> None:
         engine.dispose()
 
 
+def drop_database(admin_url: str, name: str) -> None:
+    """Drop database ``name`` if it exists, ending any session still connected to it."""
+    engine = create_engine(admin_url, isolation_level="AUTOCOMMIT")
+    try:
+        with engine.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    finally:
+        engine.dispose()
+
+
+def create_migrated_database(admin_url: str, name: str, settings: Settings | None = None) -> str:
+    """Create database ``name`` (it must not exist yet) on the server behind ``admin_url``,
+    migrate it, and return its SQLAlchemy URL: the scratch databases of the simulation,
+    the benchmarks and the fault scenarios."""
+    admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            conn.execute(text(f'CREATE DATABASE "{name}"'))
+    finally:
+        admin.dispose()
+    url = make_url(admin_url).set(database=name).render_as_string(hide_password=False)
+    engine = make_engine(url, settings)
+    try:
+        migrate(engine)
+    finally:
+        engine.dispose()
+    return url
+
+
 def resolve_database_url(settings: Settings) -> str:
     """The SQLAlchemy URL to use: ``DATABASE_URL`` if set, else the embedded server."""
     if settings.database_url:

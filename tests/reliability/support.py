@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
+from reliability.cluster import wait_for
 from sqlalchemy import Engine, text
 
 from scheduler import store
@@ -40,14 +40,7 @@ def bounded(fn: Callable[[], T], timeout: float, what: str) -> T:
 
 def wait_until(predicate: Callable[[], Any], what: str, timeout: float = 60.0) -> Any:
     """Poll a condition until it holds (the deadline only turns a hang into a failure)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        threading.Event().wait(0.01)
+    return wait_for(predicate, timeout, what, interval=0.01)
 
 
 def reminder(day: str = "2026-11-30") -> dict[str, Any]:
