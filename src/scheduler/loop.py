@@ -161,6 +161,9 @@ class Scheduler:
         self.poll_seconds = poll_seconds
         self.name = name
         self.health = SchedulerHealth()
+        # Called after every poll of the loop, completed or failed (heartbeats, metrics);
+        # a hook that raises is logged and never stops the loop.
+        self.poll_hooks: list[Callable[[Scheduler], None]] = []
 
     # -- phases -------------------------------------------------------------------------
 
@@ -300,6 +303,14 @@ class Scheduler:
             self.health.consecutive_failures += 1
         else:
             self.health.consecutive_failures = 0
+        self._run_poll_hooks()
+
+    def _run_poll_hooks(self) -> None:
+        for hook in self.poll_hooks:
+            try:
+                hook(self)
+            except Exception:
+                logger.exception("%s: a poll hook failed", self.name)
 
     def _started(self) -> None:
         self.health.running = True
