@@ -66,9 +66,21 @@ class ClaimedEvent:
 
 @dataclass(frozen=True)
 class EventOutcome:
+    """What one claimed event became, with what metrics need (its type and lateness)."""
+
     id: str
     status: str  # "dispatched" or "failed"
     error: str | None = None
+    event_type: str = ""
+    trigger_at: datetime | None = None
+    finished_at: datetime | None = None  # the injected clock's time of the outcome
+
+    @property
+    def lateness(self) -> timedelta | None:
+        """``dispatched_at - trigger_at`` for a dispatched event (the user's measure)."""
+        if self.status != "dispatched" or self.trigger_at is None or self.finished_at is None:
+            return None
+        return self.finished_at - self.trigger_at
 
 
 @dataclass
@@ -164,6 +176,7 @@ class Scheduler:
         # Called after every poll of the loop, completed or failed (heartbeats, metrics);
         # a hook that raises is logged and never stops the loop.
         self.poll_hooks: list[Callable[[Scheduler], None]] = []
+        self.last_report: PollReport | None = None  # the last poll that committed
 
     # -- phases -------------------------------------------------------------------------
 
@@ -213,12 +226,12 @@ class Scheduler:
             if result.refusal is not None:
                 # The sender's error: a live request would get 400/422. Nothing it wrote stays.
                 savepoint.rollback()
-                outcome = self._mark_failed(session, event.id, result.refusal, now)
+                outcome = self._mark_failed(session, event, result.refusal, now)
             else:
                 session.execute(statement("mark_dispatched"), {"id": event.id, "now": now})
                 savepoint.commit()
                 batch.outbound.extend(result.outbound)
-                outcome = EventOutcome(event.id, "dispatched")
+                outcome = EventOutcome(event.id, "dispatched", None, event.event_type, event.trigger_at, now)
         except Exception as exc:
             if isinstance(exc, DBAPIError) and exc.connection_invalidated:
                 # The connection is gone (a database restart, a terminated backend): this is
@@ -228,13 +241,13 @@ class Scheduler:
             logger.exception("%s: dispatch of scheduled event %s failed", self.name, event.id)
             if savepoint.is_active:
                 savepoint.rollback()
-            outcome = self._mark_failed(session, event.id, error_text(exc), now)
+            outcome = self._mark_failed(session, event, error_text(exc), now)
         batch.outcomes.append(outcome)
         return outcome
 
-    def _mark_failed(self, session: Session, event_id: str, error: str, now: datetime) -> EventOutcome:
-        session.execute(statement("mark_failed"), {"id": event_id, "error": error, "now": now})
-        return EventOutcome(event_id, "failed", error)
+    def _mark_failed(self, session: Session, event: ClaimedEvent, error: str, now: datetime) -> EventOutcome:
+        session.execute(statement("mark_failed"), {"id": event.id, "error": error, "now": now})
+        return EventOutcome(event.id, "failed", error, event.event_type, event.trigger_at, now)
 
     def finish(self, batch: Batch) -> PollReport:
         """Commit the batch (releasing its locks), then publish what it delivered.
@@ -257,6 +270,7 @@ class Scheduler:
         self.health.last_poll_at = self.clock.now()
         self.health.dispatched += report.dispatched
         self.health.failed += report.failed
+        self.last_report = report
         self._publish(batch.outbound)
         return report
 
