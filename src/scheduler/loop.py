@@ -404,6 +404,9 @@ class Scheduler:
             self.health.last_error_at = self.clock.now()
             self.health.consecutive_failures += 1
             report = None
+            # What we knew of the next trigger may be stale; a failed poll waits the whole
+            # interval (no hot loop against a database that is down).
+            self.next_due = None
         else:
             self.health.consecutive_failures = 0
         self._run_poll_hooks()

@@ -343,3 +343,30 @@ def test_with_listen_switched_off_the_loop_uses_timed_wakeups(engine: Engine, cl
     assert not service.listener.has_subscribers
     with TestClient(service.app) as client:
         assert client.get("/health/scheduler").json()["wakeups"] == {"by": "timer", "reason": "SCHEDULER_LISTEN is false"}
+
+
+class FakeSessionsThatFail:
+    """A fake at the database edge: every session the loop asks for is refused."""
+
+    def __call__(self) -> Any:
+        raise RuntimeError("database down (fake)")
+
+    def begin(self) -> Any:
+        raise RuntimeError("database down (fake)")
+
+
+@pytest.mark.clause("PROMPT-3")
+def test_a_failed_poll_waits_the_interval_instead_of_retrying_at_once(
+    engine: Engine, clock: ManualClock, running: list[LoopThread]
+) -> None:
+    """PROMPT-3: even with a next trigger already due (as last read), a poll that fails is
+    followed by the interval, not a hot retry loop against a database that is down."""
+    service = make_service(engine, clock)
+    service.scheduler.next_due = T0 - timedelta(hours=1)
+    service.scheduler.sessions = FakeSessionsThatFail()  # type: ignore[assignment]
+    scheduler = start(running, service)
+    assert waits(scheduler)
+    scheduler.recheck()
+    assert waits(scheduler)
+    assert scheduler.health.consecutive_failures == 1
+    assert scheduler.waiting_until is None
