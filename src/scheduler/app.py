@@ -33,7 +33,7 @@ from scheduler.config import ConfigError, Settings
 from scheduler.db import make_engine, make_sessionmaker, resolve_database_url
 from scheduler.dispatch import NudgingPlatform
 from scheduler.facts import ContractViolation, FactsMissing, check_facts_contract
-from scheduler.http import Refused, parse_body, read_json, unprocessable
+from scheduler.http import HTTPRefusal, parse_body, read_json, unprocessable
 from scheduler.loop import Scheduler
 from scheduler.openapi import openapi_document
 from scheduler.publishers import LoggingPublisher
@@ -90,7 +90,7 @@ class SchedulerService:
             middleware=self.middleware(),
             exception_handlers={
                 HTTPException: _http_error,
-                Refused: _refused,
+                HTTPRefusal: _refused,
                 OperationalError: _database_unavailable,
                 InterfaceError: _database_unavailable,
                 PoolTimeout: _database_unavailable,
@@ -226,9 +226,9 @@ class SchedulerService:
         try:
             check_facts_contract(body.facts)
         except FactsMissing:
-            raise Refused(422, missing_message) from None
+            raise HTTPRefusal(422, missing_message) from None
         except ContractViolation as exc:
-            raise Refused(422, {"error": "invalid_facts_contract", "errors": list(exc.errors)}) from None
+            raise HTTPRefusal(422, {"error": "invalid_facts_contract", "errors": list(exc.errors)}) from None
         return body
 
     def _dispatch_live(self, event: DigitalTwinEvent) -> Any:
@@ -325,7 +325,7 @@ def _jsonable(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 async def _refused(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, Refused)
+    assert isinstance(exc, HTTPRefusal)
     return JSONResponse({"detail": exc.detail}, status_code=exc.status_code)
 
 

@@ -27,7 +27,7 @@ import anyio.to_thread
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
-from scheduler.orchestrator import lock_participants
+from scheduler.participant_locks import lock_participants
 from scheduler.queries import statement
 from scheduler.types import Clock, DigitalTwinEvent, Dispatcher, OutboundMessage, Publisher
 

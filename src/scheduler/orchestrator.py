@@ -12,7 +12,6 @@ key remains the arbiter all the same.
 
 from __future__ import annotations
 
-import hashlib
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -21,29 +20,12 @@ from typing import Any, Protocol
 
 from sqlalchemy.orm import Session
 
-from scheduler.engine import Candidate
+from scheduler.participant_locks import lock_participant
 from scheduler.queries import statement
+from scheduler.rule_engine import Candidate
 from scheduler.types import DigitalTwinEvent, OutboundMessage
 
 DEFAULT_MAX_PER_DAY = 3
-
-
-def participant_lock_key(user_id: str) -> int:
-    """A stable signed 64-bit advisory-lock key for one participant."""
-    digest = hashlib.blake2b(f"nudging-participant:{user_id}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big", signed=True)
-
-
-def lock_participants(session: Session, user_ids: Iterable[str]) -> None:
-    """Lock several participants in one global order (sorted keys), so that two batches
-    that share participants can never wait on each other in a cycle."""
-    keys = sorted({participant_lock_key(u) for u in user_ids})
-    if keys:
-        session.execute(statement("lock_participants"), {"keys": keys}).all()
-
-
-def lock_participant(session: Session, user_id: str) -> None:
-    session.execute(statement("lock_participant"), {"key": participant_lock_key(user_id)})
 
 
 @dataclass(frozen=True)
