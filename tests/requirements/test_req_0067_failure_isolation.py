@@ -25,7 +25,7 @@ from scheduler.clock import ManualClock
 from scheduler.loop import Batch
 from scheduler.types import DigitalTwinEvent, DispatchResult
 from tests.conftest import ADMIN, T0
-from tests.helpers import FakeDispatcher, event_row, post_event, rows, statuses
+from tests.helpers import FakeDispatcher, event_row, eventually, post_event, rows, statuses
 
 
 def batch_of_five(client: TestClient, middle: str = "user-2") -> list[dict[str, Any]]:
@@ -190,9 +190,8 @@ def test_an_exception_escaping_a_poll_is_caught_and_the_loop_continues(
     async def scenario() -> None:
         stop = asyncio.Event()
         task = asyncio.create_task(scheduler.run(stop))
-        while scheduler.health.dispatched < 1:
-            assert not task.done()
-            await asyncio.sleep(0)
+        await eventually(lambda: scheduler.health.dispatched >= 1 or task.done(), "a dispatch after the failed poll")
+        assert not task.done()
         stop.set()
         await task
 
