@@ -47,6 +47,7 @@ EventBodyT = TypeVar("EventBodyT", ScheduledEventIn, LiveEventIn)
 
 MISSING_FACTS_SCHEDULED = "Missing facts in scheduled event"
 MISSING_FACTS_LIVE = "Missing facts in event"
+LOOP_POOL_SIZE = 2
 
 
 class SchedulerService:
@@ -62,11 +63,23 @@ class SchedulerService:
         dispatcher: Dispatcher | None = None,
         publisher: Publisher | None = None,
         run_scheduler: bool | None = None,
+        loop_engine: Engine | None = None,
     ) -> None:
         self.settings = settings or Settings.from_env()
+        # Engines this service creates are its own to dispose when it stops; an engine the
+        # caller passes stays the caller's.
+        self._owned_engines: list[Engine] = []
         if engine is None:
-            engine = make_engine(resolve_database_url(self.settings), self.settings)
+            url = resolve_database_url(self.settings)
+            engine = make_engine(url, self.settings)
+            self._owned_engines.append(engine)
+            if loop_engine is None:
+                # The loop gets a pool of its own, so requests that take every pooled
+                # connection (a slow query, a held lock) cannot starve the polls.
+                loop_engine = make_engine(url, self.settings, pool_size=LOOP_POOL_SIZE, max_overflow=0)
+                self._owned_engines.append(loop_engine)
         self.engine = engine
+        self.loop_engine = loop_engine or engine
         self.sessions = make_sessionmaker(engine)
         self.clock = clock or SystemClock()
         self.catalogue = catalogue or load_catalogue(self.settings.rules_dir)
@@ -75,7 +88,7 @@ class SchedulerService:
         self.verifier = TokenVerifier(self.settings)
         self.run_scheduler = self.settings.scheduler_enabled if run_scheduler is None else run_scheduler
         self.scheduler = Scheduler(
-            self.sessions,
+            make_sessionmaker(self.loop_engine) if self.loop_engine is not engine else self.sessions,
             self.dispatcher,
             self.clock,
             publisher=self.publisher,
@@ -97,7 +110,10 @@ class SchedulerService:
                 DataError: _value_not_storable,
                 DBAPIError: _database_error,
             },
+            # Mounting service.app alone runs the loop: its lifespan is the service's.
+            lifespan=self.lifespan,
         )
+        self.app.state.service = self
 
     def _check_security(self) -> None:
         settings = self.settings
@@ -154,11 +170,15 @@ class SchedulerService:
         self._task.add_done_callback(_report_exit)
 
     async def stop(self) -> None:
-        if self._task is None or self._stop is None:
-            return
-        self._stop.set()
-        with contextlib.suppress(Exception):
-            await self._task
+        """Set the loop's stop event and wait for the loop to return (it is never cancelled);
+        then dispose of the engines this service created."""
+        if self._task is not None and self._stop is not None:
+            self._stop.set()
+            with contextlib.suppress(Exception):
+                await self._task
+            self._task = None
+        for engine in self._owned_engines:
+            engine.dispose()
 
     @property
     def loop_alive(self) -> bool:
@@ -390,16 +410,9 @@ def _report_exit(task: asyncio.Task[None]) -> None:
 
 
 def create_app(settings: Settings | None = None, **kwargs: Any) -> Starlette:
-    """The standalone service: the routes plus a lifespan that runs the scheduler loop."""
-    service = SchedulerService(settings, **kwargs)
-    app = Starlette(
-        routes=service.app.routes,
-        middleware=service.middleware(),
-        exception_handlers=service.app.exception_handlers,
-        lifespan=service.lifespan,
-    )
-    app.state.service = service
-    return app
+    """The standalone service: ``SchedulerService(...).app``, whose lifespan runs the loop
+    (the service is ``app.state.service``)."""
+    return SchedulerService(settings, **kwargs).app
 
 
 __all__ = ["SchedulerService", "create_app"]

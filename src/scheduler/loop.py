@@ -334,9 +334,12 @@ class Scheduler:
         """Poll every ``poll_seconds`` until ``stop`` is set; the wait is on ``stop`` itself,
         so shutdown is immediate however long the interval (REQ-0065)."""
         self._started()
+        # A thread limiter of its own: requests that fill the default threadpool (their
+        # limiter) cannot keep a poll waiting for a thread.
+        limiter = anyio.CapacityLimiter(1)
         try:
             while not stop.is_set():
-                await anyio.to_thread.run_sync(self._poll_guarded, stop.is_set)
+                await anyio.to_thread.run_sync(self._poll_guarded, stop.is_set, limiter=limiter)
                 if stop.is_set():
                     break
                 with contextlib.suppress(TimeoutError):
