@@ -245,14 +245,11 @@ EXTENSIONS = (("harness.cli", "add_simulate_command"), ("bench.cli", "add_bench_
 
 
 def _add_extensions(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Commands that live in other packages (the simulation harness, the benchmarks),
-    added when those packages are installed."""
+    """Commands that live in the other packages of this distribution (the simulation
+    harness, the benchmarks). They ship together, so a failing import is a bug to report,
+    never a reason to drop the subcommand silently."""
     for module_name, hook in EXTENSIONS:
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError:
-            continue
-        getattr(module, hook)(sub)
+        getattr(importlib.import_module(module_name), hook)(sub)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
