@@ -34,16 +34,48 @@ def participant_lock_key(user_id: str) -> int:
     return int.from_bytes(digest, "big", signed=True)
 
 
+# Where a session remembers the participant locks its current transaction holds at its
+# top level (outside any savepoint), so that an event does not ask for them again.
+_HELD_LOCKS = "scheduler.participant_locks"
+
+
 def lock_participants(session: Session, user_ids: Iterable[str]) -> None:
     """Lock several participants in one global order (sorted keys), so that two batches
     that share participants can never wait on each other in a cycle."""
     keys = sorted({participant_lock_key(u) for u in user_ids})
     if keys:
         session.execute(statement("lock_participants"), {"keys": keys}).all()
+        remember_participant_locks(session, keys)
+
+
+def remember_participant_locks(session: Session, keys: Iterable[int]) -> None:
+    """Note that the current transaction holds the advisory locks ``keys`` to its end.
+
+    Only locks taken at the top level count: a lock taken inside a savepoint is released
+    if the savepoint rolls back, so it is not remembered.
+    """
+    if session.in_nested_transaction():
+        return
+    transaction = session.get_transaction()
+    held: tuple[object, set[int]] | None = session.info.get(_HELD_LOCKS)
+    if held is None or held[0] is not transaction:
+        held = (transaction, set())
+        session.info[_HELD_LOCKS] = held
+    held[1].update(keys)
+
+
+def holds_participant_lock(session: Session, key: int) -> bool:
+    """True when the current transaction took ``key`` at its top level (see above)."""
+    held = session.info.get(_HELD_LOCKS)
+    return held is not None and held[0] is session.get_transaction() and key in held[1]
 
 
 def lock_participant(session: Session, user_id: str) -> None:
-    session.execute(statement("lock_participant"), {"key": participant_lock_key(user_id)})
+    """Lock one participant until the end of the transaction, unless this transaction
+    already holds that lock (a batch takes its participants' locks when it claims)."""
+    key = participant_lock_key(user_id)
+    if not holds_participant_lock(session, key):
+        session.execute(statement("lock_participant"), {"key": key})
 
 
 @dataclass(frozen=True)
@@ -55,27 +87,36 @@ class Preferences:
         return self.enabled_kinds is None or kind in self.enabled_kinds
 
 
-def load_preferences(session: Session, user_id: str) -> Preferences:
-    row = session.execute(statement("get_preferences"), {"user_id": user_id}).first()
-    if row is None:
-        return Preferences(None, DEFAULT_MAX_PER_DAY)
-    kinds = row.enabled_kinds
-    return Preferences(None if kinds is None else frozenset(kinds), int(row.max_per_day))
-
-
 def utc_day(now: datetime) -> tuple[datetime, datetime]:
     """The UTC day containing ``now``: the window the daily cap counts."""
     start = datetime.combine(now.date(), time(0), tzinfo=now.tzinfo)
     return start, start + timedelta(days=1)
 
 
-def sent_today(session: Session, user_id: str, now: datetime) -> int:
+@dataclass(frozen=True)
+class KeyClaim:
+    """A deduplication key claimed (or found taken), with what the cap and preferences need."""
+
+    claimed: bool
+    preferences: Preferences
+    sent_today: int
+
+
+def claim_key_with_limits(session: Session, key: str, notification_id: str, user_id: str, now: datetime) -> KeyClaim:
+    """Claim ``key`` for ``notification_id`` and read the participant's preferences and
+    today's sent deliveries, in one round trip (the caller holds the participant's lock)."""
     day_start, day_end = utc_day(now)
-    count = session.execute(
-        statement("count_sent_today"),
-        {"user_id": user_id, "day_start": day_start, "day_end": day_end},
-    ).scalar_one()
-    return int(count)
+    row = session.execute(
+        statement("claim_dedup_key_with_limits"),
+        {"key": key, "notification_id": notification_id, "now": now, "user_id": user_id,
+         "day_start": day_start, "day_end": day_end},
+    ).one()
+    if row.has_preferences:
+        kinds = row.enabled_kinds
+        preferences = Preferences(None if kinds is None else frozenset(kinds), int(row.max_per_day))
+    else:
+        preferences = Preferences(None, DEFAULT_MAX_PER_DAY)
+    return KeyClaim(bool(row.claimed), preferences, int(row.sent_today))
 
 
 class Channel(Protocol):
@@ -166,10 +207,8 @@ class Orchestrator:
         lock_participant(session, event.user_id)
         key = candidate.dedup_key(event)
         notification_id = str(uuid.uuid4())
-        claimed = session.execute(
-            statement("claim_dedup_key"), {"key": key, "notification_id": notification_id, "now": now}
-        ).first()
-        if claimed is None:
+        claim = claim_key_with_limits(session, key, notification_id, event.user_id, now)
+        if not claim.claimed:
             repeat = session.execute(statement("record_duplicate"), {"key": key, "now": now}).one()
             # A duplicate is recorded once per key; later repeats only bump the counter.
             if repeat.duplicate_notification_id is None:
@@ -179,11 +218,10 @@ class Orchestrator:
                 )
             return Decision(None, True, [])
 
-        prefs = load_preferences(session, event.user_id)
-        if not prefs.allows(candidate.rule.kind):
+        if not claim.preferences.allows(candidate.rule.kind):
             row = self._record(session, event, candidate, key, now, "suppressed", "kind_disabled", notification_id)
             return Decision(row, False, [])
-        if sent_today(session, event.user_id, now) >= prefs.max_per_day:
+        if claim.sent_today >= claim.preferences.max_per_day:
             row = self._record(session, event, candidate, key, now, "suppressed", "rate_limited", notification_id)
             return Decision(row, False, [])
 
