@@ -176,7 +176,7 @@ class Model:
     def record_replay(self, replica: int, call: Call, *, current: str) -> None:
         """A call made inside the dispatch of ``current`` other than its last: the first, rolled
         back attempt of ``current``, or a replay of an earlier event of the batch, whose new
-        call replaces the one rolled back (DEC-10: a failure rolls back to the checkpoint)."""
+        call replaces the one rolled back (DEC-1: a failure rolls back to the checkpoint)."""
         batch = self.batches[replica]
         if call.event_id != current:
             if call.event_id not in batch.outcomes:

@@ -23,7 +23,7 @@ takes a fresh checkpoint. The dispatcher must therefore be safe to call again fo
 event whose first call was rolled back: everything it writes goes through the session it
 is handed, and nothing leaves the process before the batch commits (``Dispatcher``).
 The outcomes are kept in memory and written with one statement when the batch finishes,
-just before its commit (DEC-10 in ``specs/decisions.md``).
+just before its commit (DEC-1 in ``specs/decisions.md``).
 """
 
 from __future__ import annotations
