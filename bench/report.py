@@ -195,6 +195,36 @@ def profile_table(profiles: dict[str, Any]) -> list[str]:
     return lines
 
 
+def burst_table(burst: dict[str, Any]) -> list[str]:
+    lines = [
+        f"### Lateness: {burst['events']:,} reminders due at one instant, full dispatch path "
+        "(dispatched_at - trigger_at, seconds)",
+        "",
+        "| system | mode | replicas | all out after (s) | lateness p50 | p99 | max | literal: drain / formula |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in burst["runs"]:
+        if "skipped" in r:
+            lines.append(f"| {r['system']} | n/a | {r['replicas']} | skipped: {r['skipped']} | | | | |")
+            continue
+        late = r["lateness"]
+        mode = r["mode"] if r["system"] != "ours" else f"{r['mode']}, interval {r['poll_seconds']:g} s"
+        formula = r.get("formula")
+        check = "" if not formula else (f"{r['drain_seconds']:.1f} / {formula['predicted_low_seconds']:.1f}"
+                                        f"-{formula['predicted_high_seconds']:.1f}")
+        lines.append(f"| {r['system']} | {mode} | {r['replicas']} | {r['drain_seconds']:.2f} | {late['p50_s']:.2f} | "
+                     f"{late['p99_s']:.2f} | {late['max_s']:.2f} | {check} |")
+    for mode, reason in burst.get("skipped_modes", {}).items():
+        lines.append(f"\n{mode} mode skipped: {reason}.")
+    if burst.get("single"):
+        lines += ["", "One reminder alone, stored while the loops wait, due 2 s later (2 replicas): "
+                  + "; ".join(f"{s['mode']} mode, interval {s['poll_seconds']:g} s: dispatched "
+                              f"**{s['lateness_seconds']:.2f} s** after its trigger" for s in burst["single"]) + "."]
+    lines += ["", f"Stored through `store_event` at about {burst['store_rate']:.0f} reminders/s before the trigger; "
+              "peers poll every second (a NOTIFY at enqueue time cannot wake them at the trigger)."]
+    return lines
+
+
 def markdown(results: dict[str, Any]) -> str:
     machine, server = results["machine"], results.get("server", {})
     lines = [
@@ -224,6 +254,8 @@ def markdown(results: dict[str, Any]) -> str:
         lines += ["", *memory_table(sections["memory"])]
     if "profile" in sections:
         lines += ["", *profile_table(sections["profile"])]
+    if "burst" in sections:
+        lines += ["", *burst_table(sections["burst"])]
     errors = results.get("errors") or {}
     for name, message in errors.items():
         lines += ["", f"**{name} failed**: {message}"]
