@@ -34,18 +34,23 @@ def participant_lock_key(user_id: str) -> int:
     return int.from_bytes(digest, "big", signed=True)
 
 
+def try_lock_participants(session: Session, keys: Iterable[int]) -> set[int]:
+    """Take whichever of these participant locks are free, without waiting; return those.
+
+    A claim uses this: it never waits on a participant another transaction holds, so it
+    can neither stall behind a held lock nor take part in a deadlock (DEC-2).
+    """
+    wanted = sorted(set(keys))
+    if not wanted:
+        return set()
+    taken = {int(k) for k in session.execute(statement("try_lock_participants"), {"keys": wanted}).scalars()}
+    remember_participant_locks(session, taken)
+    return taken
+
+
 # Where a session remembers the participant locks its current transaction holds at its
 # top level (outside any savepoint), so that an event does not ask for them again.
 _HELD_LOCKS = "scheduler.participant_locks"
-
-
-def lock_participants(session: Session, user_ids: Iterable[str]) -> None:
-    """Lock several participants in one global order (sorted keys), so that two batches
-    that share participants can never wait on each other in a cycle."""
-    keys = sorted({participant_lock_key(u) for u in user_ids})
-    if keys:
-        session.execute(statement("lock_participants"), {"keys": keys}).all()
-        remember_participant_locks(session, keys)
 
 
 def remember_participant_locks(session: Session, keys: Iterable[int]) -> None:

@@ -43,7 +43,7 @@ class StatementLog:
         if words[0].upper() in ("WITH", "SELECT", "INSERT", "UPDATE"):
             # the statement's target: the table it writes, or the function it calls
             body = " ".join(words)
-            for marker in ("INSERT INTO dedup_keys", "pg_advisory_xact_lock", "FOR UPDATE SKIP LOCKED",
+            for marker in ("INSERT INTO dedup_keys", "advisory_xact_lock", "FOR UPDATE SKIP LOCKED",
                            "UPDATE scheduled_events", "INSERT INTO notifications", "INSERT INTO deliveries"):
                 if marker in body:
                     self.kinds[marker] += 1
@@ -87,7 +87,7 @@ def test_a_batch_without_failures_sends_the_same_queue_statements_for_two_events
     small = poll_statements(service, log)
     post_due(client, 20, "large")
     large = poll_statements(service, log)
-    assert small == large == Counter({"FOR UPDATE SKIP LOCKED": 1, "pg_advisory_xact_lock": 1, "SAVEPOINT": 1,
+    assert small == large == Counter({"FOR UPDATE SKIP LOCKED": 1, "advisory_xact_lock": 1, "SAVEPOINT": 1,
                                       "UPDATE scheduled_events": 1, "RELEASE SAVEPOINT": 1})
 
 
@@ -102,5 +102,5 @@ def test_the_real_dispatch_path_adds_three_statements_per_event_and_no_second_pa
     post_due(client, 20, "many")
     many = poll_statements(service, log)
     assert sum(many.values()) - sum(one.values()) == 3 * 19
-    assert many["pg_advisory_xact_lock"] == 1  # the claim's, for all twenty participants at once
+    assert many["advisory_xact_lock"] == 1  # the claim's, for all twenty participants at once
     assert many["INSERT INTO dedup_keys"] == many["INSERT INTO notifications"] == many["INSERT INTO deliveries"] == 20
