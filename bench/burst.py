@@ -142,11 +142,31 @@ def make_loop(engine: Engine, mode: str, poll_seconds: float) -> TimedScheduler:
                           name=f"burst-{mode}", **options)
 
 
+def prompt_listener(engine: Engine, scheduler: Scheduler) -> Any:
+    """Prompt mode's LISTEN connection, wired as ``SchedulerService`` wires it: every store's
+    NOTIFY announces its trigger time to the loop."""
+    from scheduler.listener import Listener, conninfo_of
+    from scheduler.loop import DUE_CHANNEL
+
+    def on_due(payload: str) -> None:
+        try:
+            when: datetime | None = datetime.fromisoformat(payload) if payload else None
+        except ValueError:
+            when = None
+        scheduler.announce(when)
+
+    listener = Listener(conninfo_of(engine), name=scheduler.name, probe_engine=engine)
+    listener.subscribe(DUE_CHANNEL, on_due)
+    listener.start()
+    return listener
+
+
 def _replica(url: str, mode: str, poll_seconds: float, stop_all: MpEvent, barrier: Barrier, out: Any) -> None:
     """One replica process: the production loop until the parent says the burst is over."""
     # Two connections: prompt mode may keep one for LISTEN besides the batch's.
     engine = bench_engine(url, pool_size=2, max_overflow=2)
     scheduler = make_loop(engine, mode, poll_seconds)
+    listener = prompt_listener(engine, scheduler) if mode == "prompt" else None
     with engine.connect() as conn:
         conn.exec_driver_sql("SELECT 1")
     stop = threading.Event()
@@ -156,6 +176,8 @@ def _replica(url: str, mode: str, poll_seconds: float, stop_all: MpEvent, barrie
     stop_all.wait()
     stop.set()
     loop.join()
+    if listener is not None:
+        listener.stop()
     out.put({"dispatched": scheduler.health.dispatched, "failed": scheduler.health.failed,
              "poll_time": scheduler.poll_time, "timed_polls": scheduler.timed_polls,
              "polls": scheduler.health.polls, "last_error": scheduler.health.last_error})

@@ -149,6 +149,10 @@ class WebChannel:
                 "now": now,
             },
         )
+        return self.message(notification)
+
+    def message(self, notification: dict[str, Any]) -> OutboundMessage:
+        """The push for a notification whose delivery row is already written."""
         return OutboundMessage(
             notification_id=notification["id"],
             user_id=notification["user_id"],
@@ -175,6 +179,9 @@ class Orchestrator:
 
     def __init__(self, channels: Iterable[Channel] | None = None) -> None:
         self.channels: tuple[Channel, ...] = tuple(channels) if channels is not None else (WebChannel(),)
+        # The in-app channel's delivery row is written by the statement that records its
+        # notification (one round trip instead of two); other channels deliver themselves.
+        self.web = next((c for c in self.channels if type(c) is WebChannel), None)
 
     def _record(
         self,
@@ -186,6 +193,7 @@ class Orchestrator:
         status: str,
         reason: str | None,
         notification_id: str | None = None,
+        web: WebChannel | None = None,
     ) -> dict[str, Any]:
         row = {
             "id": notification_id or str(uuid.uuid4()),
@@ -204,7 +212,10 @@ class Orchestrator:
             "scheduled_event_id": event.scheduled_event_id,
             "now": now,
         }
-        session.execute(statement("insert_notification"), row)
+        if web is None:
+            session.execute(statement("insert_notification"), row)
+        else:
+            session.execute(statement("insert_notification_with_delivery"), {**row, "channel": web.name})
         return row
 
     def decide(self, session: Session, event: DigitalTwinEvent, candidate: Candidate, now: datetime) -> Decision:
@@ -230,10 +241,13 @@ class Orchestrator:
             row = self._record(session, event, candidate, key, now, "suppressed", "rate_limited", notification_id)
             return Decision(row, False, [])
 
-        row = self._record(session, event, candidate, key, now, "sent", None, notification_id)
+        row = self._record(session, event, candidate, key, now, "sent", None, notification_id, self.web)
         outbound = []
         for channel in self.channels:
-            message = channel.deliver(session, row, now)
+            if channel is self.web:
+                message: OutboundMessage | None = self.web.message(row)
+            else:
+                message = channel.deliver(session, row, now)
             if message is not None:
                 outbound.append(message)
         return Decision(row, False, outbound)

@@ -167,6 +167,22 @@ VALUES (:id, :user_id, :community_id, :rule_id, :kind, :scenario, :time_scope,
         :dedup_key, :title, :body, :status, :reason, :source,
         :scheduled_event_id, :now);
 
+-- name: insert_notification_with_delivery
+-- Record a sent notification and its in-app (web) delivery in one statement.
+WITH notification AS (
+    INSERT INTO notifications (id, user_id, community_id, rule_id, kind, scenario, time_scope,
+                               dedup_key, title, body, status, reason, source,
+                               scheduled_event_id, created_at)
+    VALUES (:id, :user_id, :community_id, :rule_id, :kind, :scenario, :time_scope,
+            :dedup_key, :title, :body, :status, :reason, :source,
+            :scheduled_event_id, :now)
+    RETURNING id, user_id
+)
+-- the delivery references the notification inserted above; its foreign key is checked at
+-- the end of the statement, when both rows exist
+INSERT INTO deliveries (notification_id, user_id, channel, status, detail, created_at)
+SELECT id, user_id, :channel, 'sent', NULL, :now FROM notification;
+
 -- name: insert_delivery
 -- Log one channel's delivery of a notification.
 INSERT INTO deliveries (notification_id, user_id, channel, status, detail, created_at)
