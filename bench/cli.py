@@ -107,6 +107,8 @@ def _mechanics(server: Any, s: Sizes, results: dict[str, Any]) -> dict[str, Any]
                 runs.append(best)
         for peer in peers.PEERS:
             runs.append(peers.drain(server, peer, events=s.events, replicas=replicas, batch=20))
+        # pgqueuer's own default batch is 10: ours is compared with it at 10 and at 20.
+        runs.append(peers.drain(server, "pgqueuer", events=s.events, replicas=replicas, batch=10))
     one = next(r for r in runs if r["kind"] == "ours" and r["replicas"] == 1 and r["batch_size"] == 20)
     poll_cost = one["seconds"] / -(-s.events // 20)
     formula = [

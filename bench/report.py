@@ -63,8 +63,8 @@ def mechanics_table(mech: dict[str, Any]) -> list[str]:
     replicas = sorted({r["replicas"] for r in runs})
     head = "| replicas | " + " | ".join(f"ours b{b}" for b in batches) + " | " + \
         " | ".join(f"raw ceiling b{b}" for b in batches) + \
-        " | raw, ours' statements b20 | procrastinate | pgqueuer b20 | ours / ceiling (b20) " \
-        "| ours / raw with ours' statements | ours / procrastinate | ours / pgqueuer |"
+        " | raw, ours' statements b20 | procrastinate | pgqueuer b10 | pgqueuer b20 | ours / ceiling (b20) " \
+        "| ours / raw with ours' statements | ours / procrastinate | ours / pgqueuer b10 | ours / pgqueuer b20 |"
     lines = [
         f"### Queue mechanics: {mech['events']:,} due events, no-op dispatcher, poll interval 0 (events/s)",
         "",
@@ -80,9 +80,10 @@ def mechanics_table(mech: dict[str, Any]) -> list[str]:
 
         ours20 = rate("ours", 20)
         cells = [_f(rate("ours", b), 0) for b in batches] + [_f(rate("raw", b), 0) for b in batches]
-        cells += [_f(rate("raw_same", 20), 0), _f(peer("procrastinate"), 0), _f(peer("pgqueuer"), 0),
-                  _ratio(ours20, rate("raw", 20)), _ratio(ours20, rate("raw_same", 20)),
-                  _ratio(ours20, peer("procrastinate")), _ratio(ours20, peer("pgqueuer"))]
+        cells += [_f(rate("raw_same", 20), 0), _f(peer("procrastinate"), 0), _f(rate("pgqueuer", 10), 0),
+                  _f(rate("pgqueuer", 20), 0), _ratio(ours20, rate("raw", 20)), _ratio(ours20, rate("raw_same", 20)),
+                  _ratio(ours20, peer("procrastinate")), _ratio(ours20, rate("pgqueuer", 10)),
+                  _ratio(ours20, rate("pgqueuer", 20))]
         lines.append(f"| {n} | " + " | ".join(cells) + " |")
     attempts = [f"{r['kind']} x{r['replicas']}: " + "/".join(f"{a:,.0f}" for a in r["attempts_events_per_second"])
                 for r in runs if len(r.get("attempts_events_per_second", [])) > 1]
