@@ -48,16 +48,25 @@ SELECT pg_notify('scheduler_due', :trigger_at);
 -- Take one participant's advisory lock until the end of the transaction (re-entrant).
 SELECT pg_advisory_xact_lock(:key);
 
+-- name: record_outcomes
+-- Record a batch's outcomes at its end, one array element per event (REQ-0067).
+UPDATE scheduled_events AS e
+-- dispatched: the engine ran, dispatched_at is the event's own time, any earlier error is
+-- cleared; failed: the reason, and no dispatched_at
+SET status = o.status,
+    dispatched_at = CASE WHEN o.status = 'dispatched' THEN o.at END,
+    last_error = o.error,
+    updated_at = o.at
+-- one row per claimed event, each with its own time (lateness is measured from it)
+FROM unnest(CAST(:ids AS text[]), CAST(:statuses AS text[]), CAST(:errors AS text[]),
+            CAST(:times AS timestamptz[])) AS o(id, status, error, at)
+-- by primary key: only rows this batch claimed and still holds locked
+WHERE e.id = o.id;
+
 -- name: mark_dispatched
--- Record a successful dispatch: the engine ran; any earlier error is cleared (REQ-0067).
+-- One row dispatched (the benchmarks' raw-SQL ceiling and the status-first broken variant).
 UPDATE scheduled_events
 SET status = 'dispatched', dispatched_at = :now, last_error = NULL, updated_at = :now
-WHERE id = :id;
-
--- name: mark_failed
--- Record a failed dispatch with its reason; dispatched_at stays unset (REQ-0067).
-UPDATE scheduled_events
-SET status = 'failed', dispatched_at = NULL, last_error = :error, updated_at = :now
 WHERE id = :id;
 
 -- name: insert_event
@@ -108,12 +117,26 @@ SET status = 'pending', dispatched_at = NULL, last_error = NULL, updated_at = :n
 WHERE id = :id
 RETURNING *;
 
--- name: claim_dedup_key
--- Claim a deduplication key; the primary key decides between racing writers.
-INSERT INTO dedup_keys (key, notification_id, created_at)
-VALUES (:key, :notification_id, :now)
-ON CONFLICT (key) DO NOTHING
-RETURNING key;
+-- name: claim_dedup_key_with_limits
+-- Claim a deduplication key and read the participant's preferences and today's sent count, in one round trip.
+WITH claimed AS (
+    -- the key's primary key decides between racing writers
+    INSERT INTO dedup_keys (key, notification_id, created_at)
+    VALUES (:key, :notification_id, :now)
+    ON CONFLICT (key) DO NOTHING
+    RETURNING key
+)
+SELECT EXISTS (SELECT 1 FROM claimed) AS claimed,
+       -- no preferences row: every kind enabled and the default cap (the caller knows it)
+       p.user_id IS NOT NULL AS has_preferences, p.enabled_kinds, p.max_per_day,
+       -- sent deliveries in the current UTC day; exact because the caller holds the
+       -- participant's lock, so no other transaction adds one until this one ends
+       (SELECT count(*) FROM deliveries AS d
+        WHERE d.user_id = :user_id AND d.status = 'sent'
+          AND d.created_at >= :day_start AND d.created_at < :day_end) AS sent_today
+-- exactly one row, whether or not the participant has preferences
+FROM (VALUES (1)) AS one (n)
+LEFT JOIN participant_preferences AS p ON p.user_id = :user_id;
 
 -- name: record_duplicate
 -- Count one more duplicate of a key and return how many there have been.
@@ -125,15 +148,6 @@ RETURNING duplicate_count, duplicate_notification_id;
 -- name: link_duplicate_notification
 -- Remember the one suppressed_dedup notification recorded for a key.
 UPDATE dedup_keys SET duplicate_notification_id = :notification_id WHERE key = :key;
-
--- name: count_sent_today
--- A participant's sent deliveries since the start of the current UTC day.
-SELECT count(*) FROM deliveries
-WHERE user_id = :user_id AND status = 'sent' AND created_at >= :day_start AND created_at < :day_end;
-
--- name: get_preferences
--- A participant's enabled kinds (NULL: all) and daily cap.
-SELECT enabled_kinds, max_per_day FROM participant_preferences WHERE user_id = :user_id;
 
 -- name: upsert_preferences
 -- Set a participant's enabled kinds and daily cap.
@@ -152,6 +166,22 @@ INSERT INTO notifications (id, user_id, community_id, rule_id, kind, scenario, t
 VALUES (:id, :user_id, :community_id, :rule_id, :kind, :scenario, :time_scope,
         :dedup_key, :title, :body, :status, :reason, :source,
         :scheduled_event_id, :now);
+
+-- name: insert_notification_with_delivery
+-- Record a sent notification and its in-app (web) delivery in one statement.
+WITH notification AS (
+    INSERT INTO notifications (id, user_id, community_id, rule_id, kind, scenario, time_scope,
+                               dedup_key, title, body, status, reason, source,
+                               scheduled_event_id, created_at)
+    VALUES (:id, :user_id, :community_id, :rule_id, :kind, :scenario, :time_scope,
+            :dedup_key, :title, :body, :status, :reason, :source,
+            :scheduled_event_id, :now)
+    RETURNING id, user_id
+)
+-- the delivery references the notification inserted above; its foreign key is checked at
+-- the end of the statement, when both rows exist
+INSERT INTO deliveries (notification_id, user_id, channel, status, detail, created_at)
+SELECT id, user_id, :channel, 'sent', NULL, :now FROM notification;
 
 -- name: insert_delivery
 -- Log one channel's delivery of a notification.
