@@ -92,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
             monitor.start()
             clients.start()
             try:
-                wait_for(lambda: _backlog_pending(c.engine) == 0, args.timeout, "the backlog to drain", interval=0.2)
+                wait_for(_Progress(c.engine, clients), args.timeout, "the backlog to drain", interval=0.2)
             except ScenarioError as exc:
                 problems.append(str(exc))
             backlog_drained = time.monotonic() - started
@@ -124,6 +124,7 @@ def run(args: argparse.Namespace) -> int:
             backlog_drain_seconds=round(backlog_drained, 1),
             events_per_second=round(args.events / backlog_drained, 1) if backlog_drained else None,
             run_seconds=round(drained, 1),
+            all_rows_per_second=round((args.events + len(clients.figures.acknowledged)) / drained, 1) if drained else None,
         )
         figures["lost"] = audit.lost + len(clients.figures.acknowledged - set(client_rows(c.engine)))
         if problems:
@@ -144,6 +145,7 @@ def _timed_reminders(c: Cluster, replicas: list[Replica], count: int, timeout: f
     learns of a future row at its next timed poll and then wakes at its trigger time."""
     if count <= 0:
         return {}
+    log(f"posting {count} reminders {TIMED_LEAD_SECONDS:g} s ahead, one at a time, to time the timed wake-ups")
     lateness: list[float] = []
     with httpx.Client(timeout=30, headers=c.headers("nudging.ingest")) as http:
         for n in range(count):
@@ -171,7 +173,7 @@ def _timed_reminders(c: Cluster, replicas: list[Replica], count: int, timeout: f
         problems.append(f"{count} timed reminders made {notes} notifications, not one each")
     if not lateness:
         return {}
-    return {"timed_reminders": len(lateness), "timed_lateness_median_seconds": round(statistics.median(lateness), 2),
+    return {"timed_reminders": len(lateness), "timed_lateness_seconds": [round(x, 3) for x in lateness], "timed_lateness_median_seconds": round(statistics.median(lateness), 2),
             "timed_lateness_max_seconds": round(max(lateness), 2)}
 
 
@@ -188,6 +190,21 @@ def _dispatched(engine: Engine, event_id: str) -> tuple[float] | None:
             "SELECT EXTRACT(EPOCH FROM dispatched_at - trigger_at) FROM scheduled_events "
             "WHERE id = :id AND status = 'dispatched'"), {"id": event_id}).scalar()
     return None if late is None else (float(late),)
+
+
+class _Progress:
+    """The drain's condition for ``wait_for``, saying how far it is every ``every`` seconds."""
+
+    def __init__(self, engine: Engine, clients: Clients, every: float = 5.0) -> None:
+        self.engine, self.clients, self.every = engine, clients, every
+        self.said_at = time.monotonic()
+
+    def __call__(self) -> bool:
+        pending = _backlog_pending(self.engine)
+        if pending and time.monotonic() - self.said_at >= self.every:
+            self.said_at = time.monotonic()
+            log(f"{pending} backlog events pending; {len(self.clients.figures.acknowledged)} POSTs acknowledged")
+        return pending == 0
 
 
 def _backlog_pending(engine: Engine) -> int:

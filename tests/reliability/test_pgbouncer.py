@@ -1,8 +1,8 @@
 """REL-8, REL-9: behind a real PgBouncer in transaction mode (Debian's ``pgbouncer``).
 
-Each test starts its own PgBouncer (``pool_mode = transaction``) in front of the suite's
-PostgreSQL and reaches the test's database only through it. Skipped, with the reason, only
-where the pgbouncer package is not installed (``scripts/system-packages`` installs it in CI).
+Each test that needs it starts its own PgBouncer (``pool_mode = transaction``) in front of the suite's
+PostgreSQL and reaches the test's database only through it. Those are skipped, with the
+reason, only where the pgbouncer package is not installed (``scripts/system-packages`` installs it in CI).
 """
 
 from __future__ import annotations
@@ -10,7 +10,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -19,15 +21,19 @@ from reliability.pooler import PgBouncer, pgbouncer_binary
 from sqlalchemy import Connection, Engine, make_url, text
 from sqlalchemy.exc import OperationalError
 
+from scheduler.app import SchedulerService
 from scheduler.cli import main
-from scheduler.config import Settings
+from scheduler.clock import ManualClock
+from scheduler.config import ConfigError, Settings
 from scheduler.db import make_engine
 from scheduler.listener import Listener
-from tests.conftest import SERVER
-from tests.reliability.support import bounded
+from scheduler.loop import Batch
+from scheduler.types import SchedulerMode
+from tests.conftest import SERVER, TEST_SECRET
+from tests.reliability.support import bounded, statuses, store_due
 from tests.reliability.test_scenarios import _test_pgdata
 
-pytestmark = pytest.mark.skipif(
+needs_pgbouncer = pytest.mark.skipif(
     pgbouncer_binary() is None,
     reason="pgbouncer is not installed (Debian package pgbouncer; scripts/system-packages installs it)",
 )
@@ -47,6 +53,17 @@ def _through(bouncer: PgBouncer, database_url: str, settings: Settings, **kwargs
     return make_engine(bouncer.url(database), settings, **kwargs)
 
 
+@pytest.mark.clause("REL-9")
+def test_transaction_pooling_is_off_by_default_and_read_from_its_variable() -> None:
+    """REL-9: SCHEDULER_TRANSACTION_POOLING is false unless set; a value that is not a boolean
+    is refused naming the variable."""
+    assert Settings.from_env({}).transaction_pooling is False
+    assert Settings.from_env({"SCHEDULER_TRANSACTION_POOLING": "true"}).transaction_pooling is True
+    with pytest.raises(ConfigError, match="SCHEDULER_TRANSACTION_POOLING"):
+        Settings.from_env({"SCHEDULER_TRANSACTION_POOLING": "pgbouncer"})
+
+
+@needs_pgbouncer
 @pytest.mark.clause("REL-9")
 def test_with_transaction_pooling_set_statements_repeat_across_server_sessions_and_the_timeouts_hold(
     bouncer: PgBouncer, database_url: str
@@ -68,6 +85,7 @@ def test_with_transaction_pooling_set_statements_repeat_across_server_sessions_a
         engine.dispose()
 
 
+@needs_pgbouncer
 @pytest.mark.clause("REL-9")
 def test_behind_transaction_pooling_a_lock_wait_still_ends_at_the_lock_timeout(
     bouncer: PgBouncer, database_url: str, engine: Engine
@@ -95,6 +113,7 @@ def test_behind_transaction_pooling_a_lock_wait_still_ends_at_the_lock_timeout(
         through.dispose()
 
 
+@needs_pgbouncer
 @pytest.mark.clause("REL-9")
 def test_without_the_setting_a_pgbouncer_refusal_is_a_configuration_error_naming_it(
     bouncer: PgBouncer, database_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
@@ -111,6 +130,7 @@ def test_without_the_setting_a_pgbouncer_refusal_is_a_configuration_error_naming
     assert "unsupported startup parameter" in error and "SCHEDULER_TRANSACTION_POOLING=true" in error
 
 
+@needs_pgbouncer
 @pytest.mark.clause("REL-8")
 def test_the_listener_probe_finds_listen_unusable_behind_transaction_pooling(
     bouncer: PgBouncer, database_url: str
@@ -133,6 +153,36 @@ def test_the_listener_probe_finds_listen_unusable_behind_transaction_pooling(
         engine.dispose()
 
 
+@pytest.mark.clause("REL-8")
+def test_without_listen_a_row_falling_due_during_a_poll_is_polled_for_at_once(
+    engine: Engine, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """REL-8: on timed wake-ups the next wake comes from the pending index, read after the poll.
+    A row that falls due after the poll's claim but before that read (the clock moves on while
+    the poll runs) is polled for at once, not one whole interval later (found by the scenario:
+    a reminder about one in ten arrived SCHEDULER_POLL_SECONDS late)."""
+    settings = Settings(jwt_secret=TEST_SECRET, poll_seconds=30.0, mode=SchedulerMode.PROMPT, listen=False)
+    scheduler = SchedulerService(settings, engine=engine, clock=clock, run_scheduler=False).scheduler
+    due = clock.now() + timedelta(milliseconds=5)
+    (event_id,) = store_due(engine, ["falls-due-mid-poll"], due + timedelta(seconds=1))
+    claim = scheduler.claim
+
+    def claim_while_time_passes() -> Batch:
+        batch = claim()
+        clock.advance(timedelta(milliseconds=10))  # the poll takes 10 ms: the row falls due meanwhile
+        return batch
+
+    monkeypatch.setattr(scheduler, "claim", claim_while_time_passes)
+    report = scheduler._poll_guarded(lambda: False)
+    assert report is not None and report.claimed == 0
+    assert scheduler.next_due == due
+    assert scheduler._wait_seconds(report, time.monotonic() + settings.poll_seconds) == 0
+    monkeypatch.undo()
+    scheduler._poll_guarded(lambda: False)
+    assert statuses(engine) == {event_id: "dispatched"}
+
+
+@needs_pgbouncer
 @pytest.mark.clause("REL-8")
 def test_a_small_pgbouncer_run_passes_end_to_end(tmp_path: Path) -> None:
     """REL-8: `python -m reliability pgbouncer` (300 events, 2 prompt-mode replicas behind a real
