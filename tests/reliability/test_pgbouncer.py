@@ -1,4 +1,4 @@
-"""REL-8, REL-9: behind a real PgBouncer in transaction mode (Debian's ``pgbouncer``).
+"""REL-9, REL-10: behind a real PgBouncer in transaction mode (Debian's ``pgbouncer``).
 
 Each test that needs it starts its own PgBouncer (``pool_mode = transaction``) in front of the suite's
 PostgreSQL and reaches the test's database only through it. Those are skipped, with the
@@ -29,7 +29,7 @@ from scheduler.db import make_engine
 from scheduler.listener import Listener
 from scheduler.loop import Batch
 from scheduler.types import SchedulerMode
-from tests.conftest import SERVER, TEST_SECRET
+from tests.conftest import TEST_SECRET, PgServer
 from tests.reliability.support import bounded, statuses, store_due
 from tests.reliability.test_scenarios import _test_pgdata
 
@@ -40,10 +40,10 @@ needs_pgbouncer = pytest.mark.skipif(
 
 
 @pytest.fixture
-def bouncer(tmp_path: Path) -> Iterator[PgBouncer]:
+def bouncer(pg_server: PgServer, tmp_path: Path) -> Iterator[PgBouncer]:
     """A PgBouncer in transaction mode with two server connections, in front of the suite's server."""
-    with PgBouncer(str(SERVER["host"]), tmp_path, server_port=int(SERVER["port"]), pool_size=2,
-                   user=str(SERVER["user"]), password=str(SERVER["password"] or "")) as running:
+    with PgBouncer(pg_server.host, tmp_path, server_port=pg_server.port, pool_size=2, user=pg_server.user,
+                   password=pg_server.password) as running:
         yield running
 
 
@@ -53,9 +53,9 @@ def _through(bouncer: PgBouncer, database_url: str, settings: Settings, **kwargs
     return make_engine(bouncer.url(database), settings, **kwargs)
 
 
-@pytest.mark.clause("REL-9")
+@pytest.mark.clause("REL-10")
 def test_transaction_pooling_is_off_by_default_and_read_from_its_variable() -> None:
-    """REL-9: SCHEDULER_TRANSACTION_POOLING is false unless set; a value that is not a boolean
+    """REL-10: SCHEDULER_TRANSACTION_POOLING is false unless set; a value that is not a boolean
     is refused naming the variable."""
     assert Settings.from_env({}).transaction_pooling is False
     assert Settings.from_env({"SCHEDULER_TRANSACTION_POOLING": "true"}).transaction_pooling is True
@@ -64,11 +64,11 @@ def test_transaction_pooling_is_off_by_default_and_read_from_its_variable() -> N
 
 
 @needs_pgbouncer
-@pytest.mark.clause("REL-9")
+@pytest.mark.clause("REL-10")
 def test_with_transaction_pooling_set_statements_repeat_across_server_sessions_and_the_timeouts_hold(
     bouncer: PgBouncer, database_url: str
 ) -> None:
-    """REL-9: with SCHEDULER_TRANSACTION_POOLING two pooled connections take turns on PgBouncer's
+    """REL-10: with SCHEDULER_TRANSACTION_POOLING two pooled connections take turns on PgBouncer's
     server sessions, each running the same statement far past psycopg's prepare threshold, and
     every transaction carries the configured statement and lock timeouts."""
     settings = Settings(transaction_pooling=True, statement_timeout_ms=4321, lock_timeout_ms=321)
@@ -86,11 +86,11 @@ def test_with_transaction_pooling_set_statements_repeat_across_server_sessions_a
 
 
 @needs_pgbouncer
-@pytest.mark.clause("REL-9")
+@pytest.mark.clause("REL-10")
 def test_behind_transaction_pooling_a_lock_wait_still_ends_at_the_lock_timeout(
     bouncer: PgBouncer, database_url: str, engine: Engine
 ) -> None:
-    """REL-9: the per-transaction lock timeout really bounds a wait: with the table locked by an
+    """REL-10: the per-transaction lock timeout really bounds a wait: with the table locked by an
     operator (directly on PostgreSQL), a claim-like read through PgBouncer fails with a lock
     timeout instead of waiting."""
     through = _through(bouncer, database_url, Settings(transaction_pooling=True, lock_timeout_ms=200))
@@ -114,11 +114,11 @@ def test_behind_transaction_pooling_a_lock_wait_still_ends_at_the_lock_timeout(
 
 
 @needs_pgbouncer
-@pytest.mark.clause("REL-9")
+@pytest.mark.clause("REL-10")
 def test_without_the_setting_a_pgbouncer_refusal_is_a_configuration_error_naming_it(
     bouncer: PgBouncer, database_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """REL-9: `scheduler migrate` pointed at PgBouncer without SCHEDULER_TRANSACTION_POOLING exits 2
+    """REL-10: `scheduler migrate` pointed at PgBouncer without SCHEDULER_TRANSACTION_POOLING exits 2
     with an error that names the setting (PgBouncer refuses the `options` startup parameter)."""
     database = make_url(database_url).database
     assert database is not None
@@ -131,11 +131,11 @@ def test_without_the_setting_a_pgbouncer_refusal_is_a_configuration_error_naming
 
 
 @needs_pgbouncer
-@pytest.mark.clause("REL-8")
+@pytest.mark.clause("REL-9")
 def test_the_listener_probe_finds_listen_unusable_behind_transaction_pooling(
     bouncer: PgBouncer, database_url: str
 ) -> None:
-    """REL-8: through PgBouncer in transaction mode the listener's probe NOTIFY never comes back,
+    """REL-9: through PgBouncer in transaction mode the listener's probe NOTIFY never comes back,
     so it reports LISTEN unavailable with the reason (timed wake-ups follow)."""
     engine = _through(bouncer, database_url, Settings(transaction_pooling=True))
     database = make_url(database_url).database
@@ -153,11 +153,11 @@ def test_the_listener_probe_finds_listen_unusable_behind_transaction_pooling(
         engine.dispose()
 
 
-@pytest.mark.clause("REL-8")
+@pytest.mark.clause("REL-9")
 def test_without_listen_a_row_falling_due_during_a_poll_is_polled_for_at_once(
     engine: Engine, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """REL-8: on timed wake-ups the next wake comes from the pending index, read after the poll.
+    """REL-9: on timed wake-ups the next wake comes from the pending index, read after the poll.
     A row that falls due after the poll's claim but before that read (the clock moves on while
     the poll runs) is polled for at once, not one whole interval later (found by the scenario:
     a reminder about one in ten arrived SCHEDULER_POLL_SECONDS late)."""
@@ -183,9 +183,9 @@ def test_without_listen_a_row_falling_due_during_a_poll_is_polled_for_at_once(
 
 
 @needs_pgbouncer
-@pytest.mark.clause("REL-8")
+@pytest.mark.clause("REL-9")
 def test_a_small_pgbouncer_run_passes_end_to_end(tmp_path: Path) -> None:
-    """REL-8: `python -m reliability pgbouncer` (300 events, 2 prompt-mode replicas behind a real
+    """REL-9: `python -m reliability pgbouncer` (300 events, 2 prompt-mode replicas behind a real
     PgBouncer in transaction mode, 2 POSTing clients) exits 0 with lost: 0, both replicas on timed
     wake-ups with a reason, the fallback logged once each; full-size figures in docs/reliability.md."""
     pgdata = _test_pgdata()
