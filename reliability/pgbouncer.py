@@ -128,7 +128,8 @@ def run(args: argparse.Namespace) -> int:
         )
         figures["lost"] = audit.lost + len(clients.figures.acknowledged - set(client_rows(c.engine)))
         if problems:
-            args.keep = True
+            args.keep = c.keep = True  # the database and every log stay for a look
+            log(f"keeping the database {database} and the logs in {workdir}")
     reproduce = (f"python -m reliability pgbouncer --seed {args.seed} --events {args.events} "
                  f"--clients {args.clients} --pool-size {args.pool_size} --poll-seconds {args.poll_seconds}")
     return report("pgbouncer", figures, problems, reproduce)
