@@ -21,10 +21,22 @@ Command = Callable[[argparse.Namespace, Settings], int]
 
 
 def _engine(settings: Settings):  # type: ignore[no-untyped-def]
+    from sqlalchemy.exc import OperationalError
+
     from scheduler.db import make_engine, migrate, resolve_database_url
 
     engine = make_engine(resolve_database_url(settings), settings)
-    migrate(engine)
+    try:
+        migrate(engine)
+    except OperationalError as exc:
+        if "unsupported startup parameter" not in str(exc):
+            raise
+        engine.dispose()
+        # PgBouncer refuses the `options` we send the timeouts in: say what to set.
+        raise ConfigError(
+            "the server refused a startup parameter (" + str(exc.orig).strip().splitlines()[-1] + "): behind a "
+            "transaction-pooling proxy such as PgBouncer, set SCHEDULER_TRANSACTION_POOLING=true"
+        ) from None
     return engine
 
 

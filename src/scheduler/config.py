@@ -79,6 +79,7 @@ class Settings:
     environment: str = "development"
     mode: SchedulerMode = SchedulerMode.LITERAL
     listen: bool = True
+    transaction_pooling: bool = False
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -115,6 +116,7 @@ class Settings:
             environment=environment,
             mode=mode,
             listen=_bool(env, "SCHEDULER_LISTEN", True),
+            transaction_pooling=_bool(env, "SCHEDULER_TRANSACTION_POOLING", False),
         )
 
     def with_(self, **changes: object) -> Settings:

@@ -254,6 +254,7 @@ class Scheduler:
         self._announced: datetime | None = None
         self._interrupt: Callable[[], None] | None = None
         self.next_due: datetime | None = None  # the next pending trigger_at, as last read
+        self.last_claimed_at: datetime | None = None  # the clock time of the last claim
         self.waiting_until: datetime | None = None  # prompt mode: the wait's clock deadline
         # Observable state for tests, the simulation and health: whether the loop is
         # between polls, announced on a condition so that nobody has to sleep to see it.
@@ -272,6 +273,7 @@ class Scheduler:
         head of the queue does not empty the batch.
         """
         now = self.clock.now()
+        self.last_claimed_at = now
         session = self.sessions()
         try:
             events, skipped = self._claim_rounds(session, now)
@@ -477,7 +479,9 @@ class Scheduler:
         try:
             report = self.poll_once(should_stop)
             if self.mode is SchedulerMode.PROMPT and not self._full(report):
-                self.next_due = self.read_next_due()
+                # After the claim's time, not the clock's now: a row that fell due while
+                # the poll ran is then the next due (at once), not missed for an interval.
+                self.next_due = self.read_next_due(after=self.last_claimed_at)
         except Exception as exc:
             # REQ-0067: an exception escaping the poll is caught here and the loop goes on.
             logger.exception("%s: poll failed; the loop continues", self.name)
@@ -516,10 +520,10 @@ class Scheduler:
     def _full(self, report: PollReport) -> bool:
         return report.claimed >= self.batch_size
 
-    def read_next_due(self) -> datetime | None:
-        """The earliest pending ``trigger_at`` after now, from the pending index."""
+    def read_next_due(self, after: datetime | None = None) -> datetime | None:
+        """The earliest pending ``trigger_at`` after ``after`` (default: now), from the pending index."""
         with self.sessions.begin() as session:
-            value = session.execute(statement("next_pending_trigger"), {"now": self.clock.now()}).scalar()
+            value = session.execute(statement("next_pending_trigger"), {"now": after or self.clock.now()}).scalar()
         return value if isinstance(value, datetime) else None
 
     # -- wake-ups (prompt mode) -----------------------------------------------------------

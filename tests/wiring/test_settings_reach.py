@@ -15,10 +15,11 @@ import re
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
+import psycopg
 import pytest
-from sqlalchemy import Engine, make_url, text
+from sqlalchemy import Connection, Engine, make_url, text
 from starlette.testclient import TestClient
 
 from scheduler import store
@@ -203,6 +204,22 @@ def check_pool_timeout_seconds(env: Env) -> None:
         assert service.loop_engine.pool.timeout() == 2.5  # type: ignore[attr-defined]
 
 
+def _raw(conn: Connection) -> psycopg.Connection[Any]:
+    return cast("psycopg.Connection[Any]", conn.connection.dbapi_connection)
+
+
+def check_transaction_pooling(env: Env) -> None:
+    pooled = env.base(SCHEDULER_TRANSACTION_POOLING="true", SCHEDULER_LOCK_TIMEOUT_MS="4321")
+    with service_from_env(pooled) as service:
+        for engine in (service.engine, service.loop_engine):
+            with engine.connect() as conn:
+                assert _raw(conn).prepare_threshold is None  # nothing prepared on a server session
+                assert "options" not in _raw(conn).info.get_parameters()  # nothing PgBouncer refuses
+                assert conn.execute(text("SHOW lock_timeout")).scalar_one() == "4321ms"  # set per transaction
+    with service_from_env(env.base()) as service, service.engine.connect() as conn:
+        assert _raw(conn).prepare_threshold is not None and "options" in _raw(conn).info.get_parameters()
+
+
 def check_environment(env: Env) -> None:
     with pytest.raises(ConfigError, match="development-grade"), \
             service_from_env(env.base(SCHEDULER_ENV="production")):
@@ -229,6 +246,7 @@ CHECKS: dict[str, Callable[[Env], None]] = {
     "statement_timeout_ms": check_statement_timeout_ms,
     "lock_timeout_ms": check_lock_timeout_ms,
     "pool_timeout_seconds": check_pool_timeout_seconds,
+    "transaction_pooling": check_transaction_pooling,
     "environment": check_environment,
 }
 

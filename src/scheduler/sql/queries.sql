@@ -44,6 +44,11 @@ WHERE status = 'pending' AND trigger_at > :now;
 -- inside the storing transaction, so it is delivered only if that commits.
 SELECT pg_notify('scheduler_due', :trigger_at);
 
+-- name: set_local_timeouts
+-- Apply the service's timeouts to this transaction only (behind a transaction-pooling proxy,
+-- where the options startup parameter is refused and a session SET would leak to others).
+SELECT set_config('statement_timeout', :statement, true), set_config('lock_timeout', :lock, true);
+
 -- name: lock_participant
 -- Take one participant's advisory lock until the end of the transaction (re-entrant).
 SELECT pg_advisory_xact_lock(:key);
