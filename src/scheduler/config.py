@@ -75,6 +75,8 @@ class Settings:
     lock_timeout_ms: int = 10_000
     pool_timeout_seconds: float = 10.0
     environment: str = "development"
+    metrics_require_admin: bool = False  # GET /metrics needs the admin permission (issue 9)
+    console_refresh_seconds: float = 2.0  # how often the console's overview stream sends
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -104,6 +106,8 @@ class Settings:
             lock_timeout_ms=_int(env, "SCHEDULER_LOCK_TIMEOUT_MS", 10_000, 0),
             pool_timeout_seconds=_float(env, "SCHEDULER_POOL_TIMEOUT_SECONDS", 10.0, 0.1),
             environment=environment,
+            metrics_require_admin=_bool(env, "SCHEDULER_METRICS_REQUIRE_ADMIN", False),
+            console_refresh_seconds=_float(env, "SCHEDULER_CONSOLE_REFRESH_SECONDS", 2.0, 0.1),
         )
 
     def with_(self, **changes: object) -> Settings:

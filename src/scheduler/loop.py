@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -177,6 +178,7 @@ class Scheduler:
         # a hook that raises is logged and never stops the loop.
         self.poll_hooks: list[Callable[[Scheduler], None]] = []
         self.last_report: PollReport | None = None  # the last poll that committed
+        self.last_poll_seconds: float | None = None  # how long the last poll of the loop took
 
     # -- phases -------------------------------------------------------------------------
 
@@ -307,6 +309,7 @@ class Scheduler:
             self.abort(batch)
 
     def _poll_guarded(self, should_stop: Callable[[], bool]) -> None:
+        started = time.perf_counter()
         try:
             self.poll_once(should_stop)
         except Exception as exc:
@@ -317,6 +320,7 @@ class Scheduler:
             self.health.consecutive_failures += 1
         else:
             self.health.consecutive_failures = 0
+        self.last_poll_seconds = time.perf_counter() - started  # wall time, for the metrics
         self._run_poll_hooks()
 
     def _run_poll_hooks(self) -> None:
