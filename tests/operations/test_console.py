@@ -163,6 +163,7 @@ def test_the_event_page_shows_every_column_the_facts_its_notifications_and_histo
 
 
 @pytest.mark.clause("CON-5")
+@pytest.mark.clause("CON-6")
 def test_bulk_reset_counts_first_needs_a_reason_and_resets_what_was_counted(
     client: TestClient, service: SchedulerService, engine: Engine, clock: ManualClock
 ) -> None:

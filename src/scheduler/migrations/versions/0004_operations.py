@@ -1,5 +1,7 @@
-"""Operations (issue 9): replica heartbeats, the operators' audit trail, and the index the
-console's lateness percentiles read.
+"""Operations (issue 9): replica heartbeats, the operators' audit trail, console indexes.
+
+The console's lateness percentiles read the last hour of dispatches (dispatched_at) and an
+event's page lists its notifications (scheduled_event_id): one partial index for each.
 
 Revision ID: 0004
 Revises: 0003
