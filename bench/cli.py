@@ -41,6 +41,8 @@ class Sizes:
     memory_events: int
     profile_events: int
     repeats: int
+    console_rows: int = 1_000_000
+    console_samples: int = 30
 
 
 FULL = Sizes(claim_sizes=(10_000, 100_000, 1_000_000), claim_samples=300, claim_budget=10.0,
@@ -50,7 +52,8 @@ FULL = Sizes(claim_sizes=(10_000, 100_000, 1_000_000), claim_samples=300, claim_
 QUICK = Sizes(claim_sizes=(10_000, 100_000), claim_samples=100, claim_budget=3.0,
               events=2_000, replicas=(1, 2), batches=(20, 100), full_events=1_000,
               formula_events=400, formula_poll=0.1, http_requests=600, http_concurrency=(8,),
-              http_seconds=10.0, shutdown_repeats=3, memory_events=10_000, profile_events=1_000, repeats=1)
+              http_seconds=10.0, shutdown_repeats=3, memory_events=10_000, profile_events=1_000, repeats=1,
+              console_rows=100_000, console_samples=15)
 
 DESCRIPTIONS = {
     "claim": "claim latency (median, p90, EXPLAIN ANALYZE BUFFERS) with 1,000 due rows among 10k/100k/1M "
@@ -68,8 +71,10 @@ DESCRIPTIONS = {
     "memory": "RSS of one replica process after 1,000 and after 100,000 dispatched events (full path)",
     "profile": "cProfile of one replica's drain and the statements it sends per event (explains the "
                "mechanics ratio)",
+    "console": "response time of the console's overview and filtered events pages (whole ASGI app, "
+               "queries and templates) with 1,000,000 rows, mostly dispatched; and each overview query",
 }
-ORDER = ("claim", "mechanics", "fullpath", "http", "shutdown", "memory", "profile")
+ORDER = ("claim", "mechanics", "fullpath", "http", "shutdown", "memory", "profile", "console")
 
 
 def _claim(server: Any, s: Sizes, results: dict[str, Any]) -> dict[str, Any]:
@@ -144,9 +149,15 @@ def _profile(server: Any, s: Sizes, results: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _console(server: Any, s: Sizes, results: dict[str, Any]) -> dict[str, Any]:
+    from bench import console
+
+    return console.run(server, rows=s.console_rows, samples=s.console_samples)
+
+
 RUNNERS: dict[str, Callable[[Any, Sizes, dict[str, Any]], dict[str, Any]]] = {
     "claim": _claim, "mechanics": _mechanics, "fullpath": _fullpath, "http": _http,
-    "shutdown": _shutdown, "memory": _memory, "profile": _profile,
+    "shutdown": _shutdown, "memory": _memory, "profile": _profile, "console": _console,
 }
 
 

@@ -224,6 +224,10 @@ def markdown(results: dict[str, Any]) -> str:
         lines += ["", *memory_table(sections["memory"])]
     if "profile" in sections:
         lines += ["", *profile_table(sections["profile"])]
+    if "console" in sections:
+        from bench.console import table as console_table
+
+        lines += ["", *console_table(sections["console"])]
     errors = results.get("errors") or {}
     for name, message in errors.items():
         lines += ["", f"**{name} failed**: {message}"]
