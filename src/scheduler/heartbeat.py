@@ -33,8 +33,8 @@ RETENTION = timedelta(days=1)
 
 
 def scheduler_mode(scheduler: Scheduler) -> str:
-    """The loop's mode (``literal`` until the mode setting exists on this branch)."""
-    return str(getattr(scheduler, "mode", "literal"))
+    """The loop's mode: ``literal`` or ``prompt`` (SCHEDULER_MODE, DEC-9)."""
+    return str(scheduler.mode)
 
 
 class Heartbeat:
