@@ -39,7 +39,8 @@ def _like(text: str) -> str:
     return f"%{escaped}%"
 
 
-def _time(name: str, raw: str | None) -> datetime | None:
+def parse_time(name: str, raw: str | None) -> datetime | None:
+    """An ISO 8601 time with a zone from a form or query field; empty is ``None``."""
     if not raw:
         return None
     try:
@@ -82,8 +83,8 @@ class EventFilter:
         return cls(
             status=status, event_type=text["event_type"], user_id=text["user_id"],
             external_key=text["external_key"], community_id=text["community_id"],
-            trigger_from=_time("trigger_from", text["trigger_from"]),
-            trigger_to=_time("trigger_to", text["trigger_to"]),
+            trigger_from=parse_time("trigger_from", text["trigger_from"]),
+            trigger_to=parse_time("trigger_to", text["trigger_to"]),
             error_contains=text["error_contains"],
         )
 

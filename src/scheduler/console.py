@@ -180,7 +180,7 @@ class Console:
     async def events_page(self, request: Request) -> Response:
         try:
             where = audit.EventFilter.from_mapping(request.query_params)
-            after_at = audit._time("after_at", request.query_params.get("after_at"))
+            after_at = audit.parse_time("after_at", request.query_params.get("after_at"))
         except audit.FilterError as exc:
             return self.page(request, "error.html", {"message": str(exc)}, 422)
         after_id = request.query_params.get("after_id") or ""
@@ -253,7 +253,7 @@ class Console:
         fields = {k: str(v) for k, v in form.items()}
         try:
             where = audit.EventFilter.from_mapping(fields)
-            as_of = audit._time("as_of", fields.get("as_of"))
+            as_of = audit.parse_time("as_of", fields.get("as_of"))
             expected = int(fields.get("expected", ""))
         except (audit.FilterError, ValueError) as exc:
             return self.page(request, "error.html", {"message": f"bad bulk reset form: {exc}"}, 422)

@@ -31,15 +31,20 @@ POLL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 3
 # Lateness is measured against poll intervals of seconds to minutes and backlogs of hours.
 LATENESS_BUCKETS = (1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0, 21600.0, 86400.0)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+REPLICA_STATES = ("ok", "failing", "stale")
 
 
 def database_gauges(sessions: sessionmaker[Session], now: datetime) -> dict[str, float]:
-    """Backlog (due pending rows), the oldest overdue row's age in seconds, failed rows."""
+    """Backlog (due pending rows), the oldest overdue row's age in seconds, failed rows,
+    and replicas by state (from the heartbeats)."""
     with sessions.begin() as session:
         backlog = session.execute(statement("backlog_gauges"), {"now": now}).mappings().one()
         failed = session.execute(statement("count_failed")).scalar_one()
+        replicas = {str(r["state"]): float(r["count"])
+                    for r in session.execute(statement("count_replicas_by_state"), {"now": now}).mappings()}
     oldest = backlog["oldest_trigger_at"]
     return {
+        **{f"replicas_{state}": replicas.get(state, 0.0) for state in REPLICA_STATES},
         "backlog": float(backlog["backlog"]),
         "oldest_overdue_seconds": max((now - oldest).total_seconds(), 0.0) if oldest else 0.0,
         "failed": float(failed),
@@ -85,6 +90,11 @@ class _DatabaseGauges(Collector):
             gauge = GaugeMetricFamily(name, doc)
             gauge.add_metric([], values[key])
             yield gauge
+        replicas = GaugeMetricFamily("scheduler_replicas", "replicas by the state of their heartbeats "
+                                     "(stale: silent for three poll intervals)", labels=["state"])
+        for state in REPLICA_STATES:
+            replicas.add_metric([state], values[f"replicas_{state}"])
+        yield replicas
 
 
 class Metrics:

@@ -272,3 +272,25 @@ def test_the_console_serves_its_own_script_and_style_and_nothing_from_elsewhere(
     for path in ("/console", "/console/events", "/console/audit", "/console/sign-in"):
         html = client.get(path).text
         assert re.findall(r'(?:src|href)="(https?:)?//', html) == [], path
+
+
+@pytest.mark.clause("CON-1")
+def test_the_console_works_mounted_under_a_prefix_of_a_host_app(service: SchedulerService) -> None:
+    """CON-1: embedded at /nudging, sign-in redirects, links, assets and the cookie's path carry the prefix."""
+    from starlette.applications import Starlette
+    from starlette.routing import Mount
+
+    host = Starlette(routes=[Mount("/nudging", app=service.app)])
+    with TestClient(host) as client:
+        first = client.get("/nudging/console", follow_redirects=False)
+        assert first.headers["location"] == "/nudging/console/sign-in?next=%2Fnudging%2Fconsole"
+        page = client.get(first.headers["location"])
+        assert 'action="/nudging/console/sign-in"' in page.text and 'src="/nudging/console/static/console.js"' in page.text
+        nonce = re.search(r'name="nonce" value="([^"]+)"', page.text)[1]  # type: ignore[index]
+        response = client.post("/nudging/console/sign-in", follow_redirects=False, data={
+            "nonce": nonce, "token": token("nudging.admin"), "next": "/nudging/console"})
+        assert response.headers["location"] == "/nudging/console"
+        assert "Path=/nudging/console" in response.headers["set-cookie"]
+        overview = client.get("/nudging/console")
+        assert overview.status_code == 200 and 'href="/nudging/console/events"' in overview.text
+        assert client.get("/nudging/console/static/console.css").status_code == 200

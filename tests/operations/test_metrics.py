@@ -84,10 +84,15 @@ def test_the_gauges_read_the_table_at_scrape_time_and_are_cached_a_few_seconds(
     clock.advance(timedelta(seconds=1))
     m = scrape(client)
     assert (m["scheduler_backlog_events"], m["scheduler_oldest_overdue_seconds"]) == (3, 605)
+    assert m["scheduler_replicas{state=ok}"] == 0  # no heartbeat yet
     loop_step(service)
     clock.advance(timedelta(seconds=5))
     m = scrape(client)
     assert (m["scheduler_backlog_events"], m["scheduler_oldest_overdue_seconds"], m["scheduler_failed_events"]) == (0, 0, 1)
+    assert (m["scheduler_replicas{state=ok}"], m["scheduler_replicas{state=stale}"]) == (1, 0)
+    clock.advance(timedelta(seconds=91))  # three 30 s intervals without a heartbeat
+    m = scrape(client)
+    assert (m["scheduler_replicas{state=ok}"], m["scheduler_replicas{state=stale}"]) == (0, 1)
 
 
 @pytest.mark.clause("OBS-4")

@@ -352,3 +352,11 @@ FROM notifications
 WHERE scheduled_event_id = :event_id
 ORDER BY created_at, id
 LIMIT 100;
+
+-- name: count_replicas_by_state
+-- How many replicas are stale, failing or ok by their heartbeats (the table is one row per process).
+SELECT CASE WHEN seen_at < CAST(:now AS timestamptz) - 3 * greatest(poll_seconds, 1.0) * interval '1 second'
+            THEN 'stale' WHEN consecutive_failures > 0 THEN 'failing' ELSE 'ok' END AS state,
+       count(*) AS count
+FROM scheduler_replicas
+GROUP BY 1;
