@@ -34,6 +34,9 @@ PAGES = {
     "events: status=failed": "/console/events?status=failed",
     "events: failed, error text": "/console/events?status=failed&error_contains=smtp",
     "events: status=pending": "/console/events?status=pending",
+    "events: no filter": "/console/events",
+    "events: one participant": "/console/events?user_id=user-42",
+    "events: failed, next page": "/console/events?status=failed&after_at=2026-11-29T09%3A00%3A00%2B00%3A00&after_id=old-500000",
 }
 
 

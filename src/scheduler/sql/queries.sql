@@ -227,23 +227,34 @@ SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY lateness) AS p50,
 FROM (
     SELECT extract(epoch FROM dispatched_at - trigger_at) AS lateness
     FROM scheduled_events
-    -- ix_scheduled_events_dispatched_at: only the window's dispatches are read
-    WHERE status = 'dispatched'
+    -- the window on ix_scheduled_events_updated_at: a row's updated_at is never before its
+    -- dispatched_at (it is the time of its last change), so this reads only the window's rows
+    WHERE updated_at >= :since
+      AND status = 'dispatched'
       AND dispatched_at >= :since
       AND dispatched_at <= :now
 ) AS recent;
 
 -- name: failures_by_kind
--- Failed rows of the window grouped by the kind of last_error (the text before its first colon).
-SELECT split_part(coalesce(last_error, ''), ':', 1) AS kind, count(*) AS count,
-       max(updated_at) AS latest
-FROM scheduled_events
--- ix_scheduled_events_failed on updated_at: only the window's failures are read
-WHERE status = 'failed'
-  AND updated_at >= :since
+-- The latest :sample failures of the window grouped by the kind of last_error (the text before its first colon).
+SELECT split_part(coalesce(last_error, ''), ':', 1) AS kind, count(*) AS count, max(updated_at) AS latest
+FROM (
+    SELECT last_error, updated_at
+    FROM scheduled_events
+    -- ix_scheduled_events_failed on (updated_at, id): the window's failures, newest first
+    WHERE status = 'failed'
+      AND updated_at >= :since
+    ORDER BY updated_at DESC
+    -- a failure storm is summarised by its latest rows, so the overview's cost stays bounded
+    LIMIT :sample
+) AS recent
 GROUP BY 1
 ORDER BY count(*) DESC, kind
 LIMIT 20;
+
+-- name: count_failed_since
+-- How many rows failed in the window (an index-only count on the failed partial index).
+SELECT count(*) FROM scheduled_events WHERE status = 'failed' AND updated_at >= :since;
 
 -- name: filter_events_page
 -- One page of the console's events list: the filter, newest change first, keyset-paginated.

@@ -1,7 +1,9 @@
 """Operations (issue 9): replica heartbeats, the operators' audit trail, console indexes.
 
-The console's lateness percentiles read the last hour of dispatches (dispatched_at) and an
-event's page lists its notifications (scheduled_event_id): one partial index for each.
+The console pages events newest change first by keyset on (updated_at, id), over every row
+and over failed rows, and reads the last hour's dispatches for its lateness percentiles
+(a dispatched row's updated_at is its dispatched_at); an event's page lists its
+notifications (scheduled_event_id).
 
 Revision ID: 0004
 Revises: 0003
@@ -61,11 +63,14 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("action_id", "event_id", name="pk_operator_action_events"),
     )
     op.create_index("ix_operator_action_events_event_id", "operator_action_events", ["event_id"])
+    # The console's keyset order is (updated_at, id): over every row, and over failed rows.
+    op.create_index("ix_scheduled_events_updated_at", "scheduled_events", ["updated_at", "id"])
+    op.drop_index("ix_scheduled_events_failed", table_name="scheduled_events")
     op.create_index(
-        "ix_scheduled_events_dispatched_at",
+        "ix_scheduled_events_failed",
         "scheduled_events",
-        ["dispatched_at"],
-        postgresql_where=sa.text("status = 'dispatched'"),
+        ["updated_at", "id"],
+        postgresql_where=sa.text("status = 'failed'"),
     )
     op.create_index(
         "ix_notifications_scheduled_event_id",
@@ -77,7 +82,14 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     op.drop_index("ix_notifications_scheduled_event_id", table_name="notifications")
-    op.drop_index("ix_scheduled_events_dispatched_at", table_name="scheduled_events")
+    op.drop_index("ix_scheduled_events_failed", table_name="scheduled_events")
+    op.create_index(
+        "ix_scheduled_events_failed",
+        "scheduled_events",
+        ["updated_at"],
+        postgresql_where=sa.text("status = 'failed'"),
+    )
+    op.drop_index("ix_scheduled_events_updated_at", table_name="scheduled_events")
     op.drop_index("ix_operator_action_events_event_id", table_name="operator_action_events")
     op.drop_table("operator_action_events")
     op.drop_index("ix_operator_actions_at", table_name="operator_actions")
