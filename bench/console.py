@@ -54,7 +54,8 @@ def _query_times(service: SchedulerService, samples: int) -> dict[str, float]:
     queries = {
         "backlog_gauges": {"now": NOW}, "count_pending": {}, "count_failed": {}, "count_dispatched": {},
         "lateness_percentiles": {"since": NOW - timedelta(hours=1), "now": NOW},
-        "failures_by_kind": {"since": NOW - timedelta(hours=24)}, "list_replicas": {"now": NOW},
+        "failures_by_kind": {"since": NOW - timedelta(hours=24), "sample": 10_000},
+        "count_failed_since": {"since": NOW - timedelta(hours=24)}, "list_replicas": {"now": NOW},
     }
     out: dict[str, float] = {}
     with service.engine.connect() as conn:

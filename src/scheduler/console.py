@@ -191,15 +191,19 @@ class Console:
         next_link = None
         if more:
             last = rows[-1]
-            next_link = urlencode({**query, "after_at": last["updated_at"].isoformat(), "after_id": last["id"]})
+            key = "trigger_at" if where.status == "pending" else "updated_at"
+            next_link = urlencode({**query, "after_at": last[key].isoformat(), "after_id": last["id"]})
         return self.page(request, "events.html", {
             "rows": rows, "f": query, "statuses": audit.FILTER_STATUSES, "next_link": next_link,
-            "filter_query": urlencode(query), "first_page": after_at is None,
+            "filter_query": urlencode(query), "first_page": after_at is None, "pending": where.status == "pending",
         })
 
     def _events(self, where: audit.EventFilter, after_at: datetime | None, after_id: str) -> list[dict[str, Any]]:
         with self.sessions.begin() as session:
-            return [dict(r) for r in session.execute(statement("filter_events_page"), {
+            # Pending rows come next due first, on the pending index (the claim's order);
+            # the others newest change first, on the (updated_at, id) indexes.
+            name = "filter_pending_page" if where.status == "pending" else "filter_events_page"
+            return [dict(r) for r in session.execute(statement(name), {
                 **where.params(), "after_at": after_at, "after_id": after_id, "limit": PAGE_SIZE + 1,
             }).mappings()]
 

@@ -131,6 +131,18 @@ def test_every_events_page_reads_one_page_by_keyset_even_unfiltered_and_among_eq
 
 
 @pytest.mark.clause("CON-9")
+def test_the_pending_page_walks_the_pending_index_in_the_claims_order(settled_table: Engine) -> None:
+    """CON-9: pending rows, next due first, first and next page: one page read from the pending index."""
+    pending = EventFilter(status="pending").params()
+    with settled_table.connect() as conn:
+        first = explain(conn, "filter_pending_page", {**pending, "after_at": None, "after_id": "", "limit": 51})
+        nxt = explain(conn, "filter_pending_page", {**pending, "after_at": NOW - timedelta(minutes=30),
+                                                    "after_id": "", "limit": 51})
+    assert problems(first, PENDING, 51) == [], json.dumps(first, indent=1)
+    assert problems(nxt, PENDING, 51) == [], json.dumps(nxt, indent=1)
+
+
+@pytest.mark.clause("CON-9")
 def test_the_plan_check_fails_without_the_updated_at_index(settled_table: Engine) -> None:
     """CON-9: dropping the (updated_at, id) index makes the lateness query read the table, and the check says so."""
     with settled_table.begin() as conn:

@@ -275,6 +275,25 @@ WHERE (CAST(:status AS text) IS NULL OR status = :status)
 ORDER BY updated_at DESC, id DESC
 LIMIT :limit;
 
+-- name: filter_pending_page
+-- One page of pending rows for the console: the filter, next due first (the claim's order), keyset-paginated.
+SELECT id, event_type, user_id, community_id, external_key, trigger_at, status, last_error,
+       updated_at, dispatched_at
+FROM scheduled_events
+-- the pending partial index, walked in its own (trigger_at, id) order
+WHERE status = 'pending'
+  AND (CAST(:event_type AS text) IS NULL OR event_type = :event_type)
+  AND (CAST(:user_id AS text) IS NULL OR user_id = :user_id)
+  AND (CAST(:external_key AS text) IS NULL OR external_key = :external_key)
+  AND (CAST(:community_id AS text) IS NULL OR community_id = :community_id)
+  AND (CAST(:trigger_from AS timestamptz) IS NULL OR trigger_at >= :trigger_from)
+  AND (CAST(:trigger_to AS timestamptz) IS NULL OR trigger_at < :trigger_to)
+  AND (CAST(:error_like AS text) IS NULL OR last_error ILIKE :error_like)
+  -- keyset: strictly after the last row of the previous page (no OFFSET)
+  AND (CAST(:after_at AS timestamptz) IS NULL OR (trigger_at, id) > (:after_at, :after_id))
+ORDER BY trigger_at, id
+LIMIT :limit;
+
 -- name: count_filtered_events
 -- How many rows match the filter now (the dry-run count of a bulk reset), capped at :cap + 1.
 SELECT count(*) FROM (
