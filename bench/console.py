@@ -51,7 +51,7 @@ def _time(client: TestClient, path: str) -> float:
 
 def _query_times(service: SchedulerService, samples: int) -> dict[str, float]:
     """Median ms of each overview query on its own."""
-    queries = {
+    queries: dict[str, dict[str, Any]] = {
         "backlog_gauges": {"now": NOW}, "count_pending": {}, "count_failed": {}, "count_dispatched": {},
         "lateness_percentiles": {"since": NOW - timedelta(hours=1), "now": NOW},
         "failures_by_kind": {"since": NOW - timedelta(hours=24), "sample": 10_000},
