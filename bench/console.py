@@ -52,7 +52,8 @@ def _time(client: TestClient, path: str) -> float:
 def _query_times(service: SchedulerService, samples: int) -> dict[str, float]:
     """Median ms of each overview query on its own."""
     queries: dict[str, dict[str, Any]] = {
-        "backlog_gauges": {"now": NOW}, "count_pending": {}, "count_failed": {}, "count_dispatched": {},
+        "backlog_gauges": {"now": NOW}, "count_pending": {}, "count_failed": {}, "estimate_events": {},
+        "count_dispatched (not run past 200,000 rows)": {},
         "lateness_percentiles": {"since": NOW - timedelta(hours=1), "now": NOW},
         "failures_by_kind": {"since": NOW - timedelta(hours=24), "sample": 10_000},
         "count_failed_since": {"since": NOW - timedelta(hours=24)}, "list_replicas": {"now": NOW},
@@ -63,7 +64,7 @@ def _query_times(service: SchedulerService, samples: int) -> dict[str, float]:
             times = []
             for _ in range(samples):
                 started = time.perf_counter()
-                conn.execute(statement(name), params).all()
+                conn.execute(statement(name.split(" ")[0]), params).all()
                 times.append((time.perf_counter() - started) * 1000)
             conn.rollback()
             out[name] = statistics.median(times)

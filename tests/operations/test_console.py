@@ -294,3 +294,29 @@ def test_the_console_works_mounted_under_a_prefix_of_a_host_app(service: Schedul
         overview = client.get("/nudging/console")
         assert overview.status_code == 200 and 'href="/nudging/console/events"' in overview.text
         assert client.get("/nudging/console/static/console.css").status_code == 200
+
+
+@pytest.mark.clause("CON-3")
+def test_past_the_exact_limit_the_dispatched_count_is_the_estimate_marked_approximate(
+    client: TestClient, service: SchedulerService, engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CON-3: in a big table the dispatched count is the planner's estimate minus the exact pending
+    and failed counts, and the page says it is estimated; pending and failed stay exact."""
+    from scheduler import overview
+
+    for n in range(6):
+        post_event(client, user_id=f"user-{n}")
+    _failed(client, service, ["bad"])
+    post_event(client, user_id="later", trigger_at=T0 + timedelta(hours=1))
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        from sqlalchemy import text
+
+        conn.execute(text("ANALYZE scheduled_events"))
+    monkeypatch.setattr(overview, "EXACT_LIMIT", 5)
+    figures = overview.overview(service.sessions, service.clock.now())
+    assert figures["dispatched_approximate"] is True
+    assert figures["counts"] == {"pending": 1, "failed": 1, "dispatched": 6}  # 8 rows estimated, minus 2
+    sign_in(client)
+    assert "dispatched (≈, estimated)" in client.get("/console").text
+    monkeypatch.setattr(overview, "EXACT_LIMIT", 200_000)
+    assert overview.overview(service.sessions, service.clock.now())["dispatched_approximate"] is False

@@ -216,8 +216,12 @@ SELECT count(*) FROM scheduled_events WHERE status = 'failed';
 SELECT count(*) FROM scheduled_events WHERE status = 'pending';
 
 -- name: count_dispatched
--- How many rows are dispatched (the one count that reads the table itself).
+-- How many rows are dispatched (the one count that reads the table itself: small tables only).
 SELECT count(*) FROM scheduled_events WHERE status = 'dispatched';
+
+-- name: estimate_events
+-- The planner's row estimate of scheduled_events (kept by ANALYZE and autovacuum; -1 before the first).
+SELECT CAST(reltuples AS bigint) FROM pg_class WHERE oid = CAST('scheduled_events' AS regclass);
 
 -- name: lateness_percentiles
 -- p50 and p99 of dispatched_at - trigger_at over the dispatches since :since.
