@@ -188,6 +188,10 @@ class SchedulerService:
             self._stop.set()
             with contextlib.suppress(Exception):
                 await self._task
+            # A replica that stops cleanly leaves the replica list now, not stale (issue 9);
+            # with the database unreachable, shutdown does not wait more than two seconds for it.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(run_in_threadpool(self.operations.heartbeat.forget), timeout=2.0)
         await run_in_threadpool(self.listener.stop)
 
     @property

@@ -7,7 +7,7 @@ prompt mode polls can run back to back, so a heartbeat is written at most once p
 failure state (a poll failed, or the first good poll after failures) is written at once.
 A replica is *stale* when its last heartbeat is older than three of its poll intervals;
 rows of replicas silent for ``retention`` (a day) are deleted by the next heartbeat of
-any replica.
+any replica, and a replica that stops cleanly deletes its own row.
 """
 
 from __future__ import annotations
@@ -102,6 +102,16 @@ class Heartbeat:
                 },
             )
             session.execute(statement("delete_gone_replicas"), {"cutoff": now - self.retention})
+
+
+    def forget(self) -> None:
+        """Delete this replica's row (a clean stop): it leaves the list instead of going stale."""
+        try:
+            with self.sessions.begin() as session:
+                session.execute(statement("delete_replica"), {"replica_id": self.replica_id})
+        except DBAPIError as exc:
+            logger.warning("heartbeat row %s not removed on stop (%s); it will show as stale",
+                           self.replica_id, type(exc).__name__)
 
 
 def replica_state(row: dict[str, Any]) -> str:

@@ -20,6 +20,7 @@ from starlette.testclient import TestClient
 
 from scheduler.app import SchedulerService
 from scheduler.clock import ManualClock
+from scheduler.config import Settings
 from scheduler.db import make_sessionmaker
 from scheduler.heartbeat import Heartbeat
 from scheduler.loop import Scheduler
@@ -108,3 +109,18 @@ def test_a_replica_gone_for_a_day_is_removed_and_health_still_reports_this_proce
     assert [r["name"] for r in _replicas(engine)] == ["scheduler"]
     health = client.get("/health/scheduler").json()
     assert health["polls"] == 2
+
+
+@pytest.mark.clause("OBS-2")
+def test_a_replica_that_stops_cleanly_leaves_the_list_instead_of_going_stale(
+    settings: Settings, engine: Engine, clock: ManualClock
+) -> None:
+    """OBS-2: the service's loop polls once (a heartbeat), then the app stops: its row is gone."""
+    from scheduler.app import create_app
+
+    app = create_app(settings.with_(poll_seconds=3600.0), engine=engine, clock=clock)
+    service = app.state.service
+    with TestClient(app):
+        assert service.scheduler.wait_for(lambda: service.scheduler.health.polls >= 1, 30)
+        assert [r["name"] for r in _replicas(engine)] == ["scheduler"]
+    assert _replicas(engine) == []

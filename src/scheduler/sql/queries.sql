@@ -185,6 +185,10 @@ SET mode = EXCLUDED.mode, poll_seconds = EXCLUDED.poll_seconds,
     last_error = EXCLUDED.last_error, consecutive_failures = EXCLUDED.consecutive_failures,
     polls = EXCLUDED.polls, dispatched = EXCLUDED.dispatched, failed = EXCLUDED.failed;
 
+-- name: delete_replica
+-- Remove this replica's heartbeat when its loop stops cleanly.
+DELETE FROM scheduler_replicas WHERE replica_id = :replica_id;
+
 -- name: delete_gone_replicas
 -- Forget replicas whose last heartbeat is older than :cutoff (gone for a day).
 DELETE FROM scheduler_replicas WHERE seen_at < :cutoff;
