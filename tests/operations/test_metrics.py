@@ -99,17 +99,17 @@ def test_the_gauges_read_the_table_at_scrape_time_and_are_cached_a_few_seconds(
 def test_the_loop_running_gauge_follows_the_loop_task(
     settings: Settings, engine: Engine, clock: ManualClock, publisher: RecordingPublisher
 ) -> None:
-    """OBS-4: scheduler_loop_running is 1 while the service's loop task runs."""
+    """OBS-4: scheduler_loop_running is 0 before the lifespan starts the loop, 1 while it runs, 0 after."""
     service = SchedulerService(settings.with_(poll_seconds=3600.0), engine=engine, clock=clock,
                                publisher=publisher, run_scheduler=True)
+    assert service.operations.metrics.loop_alive() is False
     with TestClient(service.app) as client:
-        assert scrape(client)["scheduler_loop_running"] == 0  # a mounted app: the host runs the lifespan
-    from scheduler.app import create_app
-
-    app = create_app(settings.with_(poll_seconds=3600.0), engine=engine, clock=clock, publisher=publisher)
-    with TestClient(app) as client:
         assert scrape(client)["scheduler_loop_running"] == 1
-    assert app.state.service.loop_alive is False
+    assert service.loop_alive is False
+    assert service.operations.metrics.loop_alive() is False
+    idle = SchedulerService(settings, engine=engine, clock=clock, publisher=publisher, run_scheduler=False)
+    with TestClient(idle.app) as client:
+        assert scrape(client)["scheduler_loop_running"] == 0  # SCHEDULER_ENABLED=false: API only
 
 
 @pytest.mark.clause("OBS-5")
