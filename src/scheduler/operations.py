@@ -35,7 +35,8 @@ class Operations:
         self.settings = settings
         self.sessions = sessions
         self.clock = clock
-        self.heartbeat = Heartbeat(sessions, clock)
+        # On the loop's own pool: requests that hold every API connection never delay it.
+        self.heartbeat = Heartbeat(scheduler.sessions, clock)
         self.metrics = Metrics(sessions, clock, loop_alive)
         self.console = Console(sessions, clock, verifier, refresh_seconds=settings.console_refresh_seconds)
         scheduler.poll_hooks.extend([self.heartbeat, self.metrics])
