@@ -124,3 +124,33 @@ def test_metrics_are_open_by_default_and_need_admin_with_the_setting(
         assert locked.get("/metrics").status_code == 401
         assert locked.get("/metrics", headers=INGEST).status_code == 403
         assert locked.get("/metrics", headers=ADMIN).status_code == 200
+
+
+@pytest.mark.clause("OBS-4")
+def test_a_scrape_while_the_database_is_unreachable_says_so_and_still_answers(
+    clock: ManualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """OBS-4: with nothing listening where the database should be, /metrics-style exposition still
+    works: scheduler_database_up is 0 and the table gauges are absent; a heartbeat is skipped with one warning."""
+    from scheduler.db import make_engine, make_sessionmaker
+    from scheduler.heartbeat import Heartbeat
+    from scheduler.loop import Scheduler
+    from scheduler.metrics import Metrics, parse_exposition
+    from tests.operations.browser import free_port
+
+    nowhere = make_engine(f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/none", Settings(pool_timeout_seconds=1.0))
+    try:
+        sessions = make_sessionmaker(nowhere)
+        metrics = Metrics(sessions, clock, lambda: True)
+        samples = parse_exposition(metrics.exposition().decode())
+        assert (samples["scheduler_database_up"], samples["scheduler_loop_running"]) == (0, 1)
+        assert "scheduler_backlog_events" not in samples
+        beat = Heartbeat(sessions, clock)
+        loop = Scheduler(sessions, lambda *a: None, clock)  # type: ignore[arg-type]
+        beat(loop)
+        clock.advance(timedelta(seconds=2))
+        beat(loop)
+        assert [r.getMessage() for r in caplog.records if "heartbeat not recorded" in r.getMessage()] == [
+            "scheduler: heartbeat not recorded (OperationalError)"]
+    finally:
+        nowhere.dispose()
