@@ -257,6 +257,10 @@ def markdown(results: dict[str, Any]) -> str:
         lines += ["", *profile_table(sections["profile"])]
     if "burst" in sections:
         lines += ["", *burst_table(sections["burst"])]
+    if "console" in sections:
+        from bench.console import table as console_table
+
+        lines += ["", *console_table(sections["console"])]
     errors = results.get("errors") or {}
     for name, message in errors.items():
         lines += ["", f"**{name} failed**: {message}"]

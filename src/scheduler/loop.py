@@ -260,6 +260,7 @@ class Scheduler:
         # between polls, announced on a condition so that nobody has to sleep to see it.
         self.waiting = False
         self._state = threading.Condition()
+        self.last_poll_seconds: float | None = None  # how long the last poll of the loop took
 
     # -- phases -------------------------------------------------------------------------
 
@@ -476,6 +477,7 @@ class Scheduler:
         with self._wake_lock:
             self._announced = None  # this poll sees every row committed before its claim
         report: PollReport | None = None
+        started = time.perf_counter()
         try:
             report = self.poll_once(should_stop)
             if self.mode is SchedulerMode.PROMPT and not self._full(report):
@@ -494,6 +496,7 @@ class Scheduler:
             self.next_due = None
         else:
             self.health.consecutive_failures = 0
+        self.last_poll_seconds = time.perf_counter() - started  # wall time, for the metrics
         self._run_poll_hooks()
         self._changed()
         return report

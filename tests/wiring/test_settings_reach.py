@@ -228,6 +228,22 @@ def check_environment(env: Env) -> None:
         assert service.settings.environment == "development"
 
 
+def check_metrics_require_admin(env: Env) -> None:
+    for value, status in (("true", 401), ("false", 200)):
+        with service_from_env(env.base(SCHEDULER_METRICS_REQUIRE_ADMIN=value)) as service, \
+                TestClient(service.app) as client:
+            assert client.get("/metrics").status_code == status, value
+            assert client.get("/metrics", headers=auth(token("nudging.admin"))).status_code == 200
+
+
+def check_console_refresh_seconds(env: Env) -> None:
+    with service_from_env(env.base(SCHEDULER_CONSOLE_REFRESH_SECONDS="0.5")) as service, \
+            TestClient(service.app) as client:
+        assert service.operations.console.refresh_seconds == 0.5
+        client.cookies.set("scheduler_console", token("nudging.admin"), path="/console")
+        assert 'data-refresh-ms="500"' in client.get("/console").text
+
+
 CHECKS: dict[str, Callable[[Env], None]] = {
     "database_url": check_database_url,
     "data_dir": check_data_dir,
@@ -248,6 +264,8 @@ CHECKS: dict[str, Callable[[Env], None]] = {
     "pool_timeout_seconds": check_pool_timeout_seconds,
     "transaction_pooling": check_transaction_pooling,
     "environment": check_environment,
+    "metrics_require_admin": check_metrics_require_admin,
+    "console_refresh_seconds": check_console_refresh_seconds,
 }
 
 
