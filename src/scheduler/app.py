@@ -34,6 +34,7 @@ from scheduler.db import make_engine, make_sessionmaker, resolve_database_url
 from scheduler.dispatch import NudgingPlatform
 from scheduler.facts import ContractViolation, FactsMissing, check_facts_contract
 from scheduler.http import Refused, parse_body, read_json, unprocessable
+from scheduler.lifecycle import actor_of, lifecycle_routes
 from scheduler.loop import Scheduler
 from scheduler.openapi import openapi_document
 from scheduler.publishers import LoggingPublisher
@@ -135,6 +136,7 @@ class SchedulerService:
             Route("/admin/ingest-event", self.ingest_event, methods=["POST"]),
             Route("/admin/notifications", self.list_notifications, methods=["GET"]),
             Route("/admin/participants/{user_id}/preferences", self.set_preferences, methods=["PUT"]),
+            *lifecycle_routes(self),
         ]
 
     @contextlib.asynccontextmanager
@@ -200,6 +202,7 @@ class SchedulerService:
             trigger_at=body.trigger_at,
             facts=body.facts,
             now=self.clock.now(),
+            actor=actor_of(request),
         )
         return JSONResponse(row, status_code=201)
 
@@ -260,6 +263,7 @@ class SchedulerService:
             status=status,
             user_id=_text_param("user_id", request.query_params.get("user_id") or None),
             limit=limit,
+            external_key=_text_param("external_key", request.query_params.get("external_key") or None),
         )
         return JSONResponse(rows)
 
@@ -275,7 +279,7 @@ class SchedulerService:
     async def reset_scheduled_event(self, request: Request) -> Response:
         """The reset by hand: a failed (or dispatched) row goes back to pending."""
         event_id = _path_param(request, "event_id")
-        row = await run_in_threadpool(store.reset_event, self.sessions, event_id, self.clock.now())
+        row = await run_in_threadpool(store.reset_event, self.sessions, event_id, self.clock.now(), actor_of(request))
         if row is None:
             raise HTTPException(404, "no scheduled event with that id")
         return JSONResponse(row)
