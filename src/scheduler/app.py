@@ -38,6 +38,7 @@ from scheduler.lifecycle import actor_of, lifecycle_routes
 from scheduler.loop import Scheduler
 from scheduler.openapi import openapi_document
 from scheduler.publishers import LoggingPublisher
+from scheduler.retention import Retention
 from scheduler.rules import Catalogue, load_catalogue
 from scheduler.schemas import MAX_STRING, LiveEventIn, PreferencesIn, ScheduledEventIn, check_text
 from scheduler.types import EVENT_STATUSES, Clock, DigitalTwinEvent, Dispatcher, Publisher
@@ -83,6 +84,9 @@ class SchedulerService:
             batch_size=self.settings.batch_size,
             poll_seconds=self.settings.poll_seconds,
         )
+        # Deletes old dispatched and cancelled rows after a poll (one replica, hourly).
+        self.retention = Retention(engine, self.clock, days=self.settings.retention_days)
+        self.scheduler.poll_hooks.append(self.retention)
         self._task: asyncio.Task[None] | None = None
         self._stop: asyncio.Event | None = None
         self._check_security()
