@@ -68,8 +68,10 @@ DESCRIPTIONS = {
     "memory": "RSS of one replica process after 1,000 and after 100,000 dispatched events (full path)",
     "profile": "cProfile of one replica's drain and the statements it sends per event (explains the "
                "mechanics ratio)",
+    "history": "what the history trigger costs a drain: one replica, no-op and full dispatch path, "
+               "with the trigger enabled and disabled, alternated",
 }
-ORDER = ("claim", "mechanics", "fullpath", "http", "shutdown", "memory", "profile")
+ORDER = ("claim", "mechanics", "fullpath", "http", "shutdown", "memory", "profile", "history")
 
 
 def _claim(server: Any, s: Sizes, results: dict[str, Any]) -> dict[str, Any]:
@@ -144,9 +146,15 @@ def _profile(server: Any, s: Sizes, results: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _history(server: Any, s: Sizes, results: dict[str, Any]) -> dict[str, Any]:
+    from bench import lifecycle
+
+    return lifecycle.run(server, events=s.full_events, rounds=s.repeats + 1)
+
+
 RUNNERS: dict[str, Callable[[Any, Sizes, dict[str, Any]], dict[str, Any]]] = {
     "claim": _claim, "mechanics": _mechanics, "fullpath": _fullpath, "http": _http,
-    "shutdown": _shutdown, "memory": _memory, "profile": _profile,
+    "shutdown": _shutdown, "memory": _memory, "profile": _profile, "history": _history,
 }
 
 

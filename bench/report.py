@@ -57,6 +57,38 @@ def claim_table(claim: dict[str, Any]) -> list[str]:
     return lines
 
 
+def retention_lines(claim: dict[str, Any]) -> list[str]:
+    """The claim after an UPDATE-made history, with and without a retention run (issue 10)."""
+    rows = [(size, e) for size, e in claim["sizes"].items() if e.get("ours_retained")]
+    if not rows:
+        return []
+    lines = [
+        "| rows in table | after VACUUM: median ms | after retention (before VACUUM): median / p90 ms "
+        "| rows deleted | after retention and VACUUM: median ms |",
+        "| ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for size, e in rows:
+        kept, again = e["ours_retained"], e["ours_retained_vacuumed"]
+        lines.append(f"| {int(size):,} | {_f(e['ours_vacuumed']['median_ms'])} | {_f(kept['median_ms'])} / "
+                     f"{_f(kept['p90_ms'])} | {e['retention_deleted']:,} | {_f(again['median_ms'])} |")
+    return lines
+
+
+def history_table(history: dict[str, Any]) -> list[str]:
+    lines = [
+        f"### The history trigger on the dispatch path ({history['events']:,} events, one replica, "
+        f"batch {history['batch_size']}, best of {history['rounds']})",
+        "",
+        "| dispatcher | with history, events/s | without, events/s | cost per event | slowdown |",
+        "| --- | ---: | ---: | ---: | ---: |",
+    ]
+    for kind, entry in history["kinds"].items():
+        best = entry["best"]
+        lines.append(f"| {kind} | {_f(best['with_history'], 0)} | {_f(best['without_history'], 0)} | "
+                     f"{entry['cost_per_event_us']:.0f} us | {entry['slowdown']:.2f}x |")
+    return lines
+
+
 def mechanics_table(mech: dict[str, Any]) -> list[str]:
     runs = mech["runs"]
     batches = sorted({r["batch_size"] for r in runs if r["kind"] in ("ours", "raw")})
@@ -209,6 +241,10 @@ def markdown(results: dict[str, Any]) -> str:
     sections = results["benchmarks"]
     if "claim" in sections:
         lines += ["", *claim_table(sections["claim"])]
+        retained = retention_lines(sections["claim"])
+        if retained:
+            lines += ["", "Retention after the UPDATE-made history (everything but the 1,000 pending rows "
+                      "dispatched or failed 31 days before the run):", "", *retained]
     if "mechanics" in sections:
         lines += ["", *mechanics_table(sections["mechanics"])]
         if sections["mechanics"].get("formula"):
@@ -224,6 +260,8 @@ def markdown(results: dict[str, Any]) -> str:
         lines += ["", *memory_table(sections["memory"])]
     if "profile" in sections:
         lines += ["", *profile_table(sections["profile"])]
+    if "history" in sections:
+        lines += ["", *history_table(sections["history"])]
     errors = results.get("errors") or {}
     for name, message in errors.items():
         lines += ["", f"**{name} failed**: {message}"]
