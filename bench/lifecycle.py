@@ -5,13 +5,14 @@ Migration 0003 appends a history row, by trigger, to every INSERT and UPDATE of
 claim is a ``SELECT ... FOR UPDATE`` and fires no trigger. This drains the same backlog
 with the trigger enabled and disabled (``ALTER TABLE ... DISABLE TRIGGER``), in one
 process with production's ``Scheduler.poll_once`` back to back, alternating the two
-several times so that load from elsewhere on the machine falls on both alike; the best
-rate of each counts. Two dispatchers: a no-op (the queue's own cost, where the trigger
+poll by poll, so that load from elsewhere on the machine falls on both alike; the median
+per-event cost of the polls of each counts. Two dispatchers: a no-op (the queue's own cost, where the trigger
 weighs most) and the real ``NudgingPlatform`` (what a poll really costs).
 """
 
 from __future__ import annotations
 
+import statistics
 import time
 from typing import Any
 
@@ -29,55 +30,59 @@ from scheduler.types import Dispatcher
 TRIGGER = "tr_scheduled_events_history"
 
 
-def _drain_once(engine: Engine, dispatcher: Dispatcher, events: int, batch: int) -> float:
-    """Drain ``events`` due rows with one Scheduler; events per second."""
+def _toggle(engine: Engine, on: bool) -> None:
+    with engine.begin() as conn:
+        conn.execute(text(f"ALTER TABLE scheduled_events {'ENABLE' if on else 'DISABLE'} TRIGGER {TRIGGER}"))
+
+
+def _interleaved(engine: Engine, dispatcher: Dispatcher, events: int, batch: int) -> dict[str, list[float]]:
+    """Drain ``events`` due rows poll by poll, switching the trigger on and off between
+    polls: per-event milliseconds of each poll, by label. Drift on a shared machine (other
+    work, a growing table) then falls on both labels alike."""
     scheduler = Scheduler(make_sessionmaker(engine), dispatcher, ManualClock(NOW), batch_size=batch)
-    started = time.perf_counter()
+    samples: dict[str, list[float]] = {"with_history": [], "without_history": []}
+    on = True
     done = 0
     while True:
+        _toggle(engine, on)
+        started = time.perf_counter()
         report = scheduler.poll_once()
+        elapsed = time.perf_counter() - started
         if report.claimed == 0:
             break
         done += report.claimed
-    elapsed = time.perf_counter() - started
+        samples["with_history" if on else "without_history"].append(elapsed * 1000 / report.claimed)
+        on = not on
     if done != events:
         raise RuntimeError(f"drained {done} events, expected {events}")
-    return events / elapsed
-
-
-def _reload(engine: Engine, events: int, trigger_on: bool, round_: int) -> None:
-    with engine.begin() as conn:
-        conn.execute(text("TRUNCATE scheduled_events, scheduled_event_history, notifications, deliveries, dedup_keys"))
-        conn.execute(text(f"ALTER TABLE scheduled_events {'ENABLE' if trigger_on else 'DISABLE'} TRIGGER {TRIGGER}"))
-    load_events(engine, pending=events, prefix=f"r{round_}-user-")
+    _toggle(engine, True)
+    return samples
 
 
 def run(server: Server, *, events: int, rounds: int, batch: int = 20) -> dict[str, Any]:
-    """Events/s with and without the history trigger, no-op and full dispatch path."""
+    """Per-event cost of a poll with and without the history trigger, no-op and full path."""
     results: dict[str, Any] = {"events": events, "batch_size": batch, "rounds": rounds, "kinds": {}}
-    catalogue = load_catalogue(None)
-    dispatchers: dict[str, Dispatcher] = {"noop": noop_dispatcher, "full": NudgingPlatform(catalogue)}
+    dispatchers: dict[str, Dispatcher] = {"noop": noop_dispatcher, "full": NudgingPlatform(load_catalogue(None))}
     with server.fresh_database("history") as url:
         engine = bench_engine(url)
         try:
             for kind, dispatcher in dispatchers.items():
-                rates: dict[str, list[float]] = {"with_history": [], "without_history": []}
+                samples: dict[str, list[float]] = {"with_history": [], "without_history": []}
                 for round_ in range(rounds):
-                    for label, on in (("with_history", True), ("without_history", False)):
-                        _reload(engine, events, on, round_)
-                        rate = _drain_once(engine, dispatcher, events, batch)
-                        rates[label].append(rate)
-                        progress(f"history: {kind} {label.replace('_', ' ')}: {rate:,.0f} events/s")
-                best = {label: max(values) for label, values in rates.items()}
-                results["kinds"][kind] = {
-                    "events_per_second": rates,
-                    "best": best,
-                    "cost_per_event_us": (1 / best["with_history"] - 1 / best["without_history"]) * 1e6,
-                    "slowdown": best["without_history"] / best["with_history"],
+                    load_events(engine, pending=events, prefix=f"{kind}{round_}-user-")
+                    for label, values in _interleaved(engine, dispatcher, events, batch).items():
+                        samples[label].extend(values)
+                medians = {label: statistics.median(values) for label, values in samples.items()}
+                entry = {
+                    "polls": {label: len(values) for label, values in samples.items()},
+                    "median_ms_per_event": medians,
+                    "cost_per_event_us": (medians["with_history"] - medians["without_history"]) * 1000,
+                    "slowdown": medians["with_history"] / medians["without_history"],
                 }
-                progress(f"history: {kind}: best {best['with_history']:,.0f} events/s with the trigger, "
-                         f"{best['without_history']:,.0f} without "
-                         f"({results['kinds'][kind]['cost_per_event_us']:.0f} us per event)")
+                results["kinds"][kind] = entry
+                progress(f"history: {kind}: median {medians['with_history'] * 1000:.0f} us per event with the "
+                         f"trigger, {medians['without_history'] * 1000:.0f} us without "
+                         f"(+{entry['cost_per_event_us']:.0f} us, {entry['slowdown']:.2f}x)")
         finally:
             engine.dispose()
     return results

@@ -34,6 +34,7 @@ from scheduler.db import make_engine, make_sessionmaker, resolve_database_url
 from scheduler.dispatch import NudgingPlatform
 from scheduler.facts import ContractViolation, FactsMissing, check_facts_contract
 from scheduler.http import Refused, parse_body, read_json, unprocessable
+from scheduler.inbox import Inbox, StreamPublisher, inbox_routes
 from scheduler.lifecycle import actor_of, lifecycle_routes
 from scheduler.loop import Scheduler
 from scheduler.openapi import openapi_document
@@ -73,7 +74,9 @@ class SchedulerService:
         self.clock = clock or SystemClock()
         self.catalogue = catalogue or load_catalogue(self.settings.rules_dir)
         self.dispatcher: Dispatcher = dispatcher or NudgingPlatform(self.catalogue)
-        self.publisher = publisher or LoggingPublisher()
+        # After commit: number web notifications for the inbox stream and NOTIFY the
+        # replicas, then the configured publisher (see scheduler.inbox).
+        self.publisher = StreamPublisher(self.sessions, publisher or LoggingPublisher())
         self.verifier = TokenVerifier(self.settings)
         self.run_scheduler = self.settings.scheduler_enabled if run_scheduler is None else run_scheduler
         self.scheduler = Scheduler(
@@ -84,6 +87,8 @@ class SchedulerService:
             batch_size=self.settings.batch_size,
             poll_seconds=self.settings.poll_seconds,
         )
+        # The participants' live inbox: fan-out by the process's LISTEN connection.
+        self.inbox = Inbox(self.sessions, listener=getattr(self, "listener", None))
         # Deletes old dispatched and cancelled rows after a poll (one replica, hourly).
         self.retention = Retention(engine, self.clock, days=self.settings.retention_days)
         self.scheduler.poll_hooks.append(self.retention)
@@ -141,6 +146,7 @@ class SchedulerService:
             Route("/admin/notifications", self.list_notifications, methods=["GET"]),
             Route("/admin/participants/{user_id}/preferences", self.set_preferences, methods=["PUT"]),
             *lifecycle_routes(self),
+            *inbox_routes(self),
         ]
 
     @contextlib.asynccontextmanager

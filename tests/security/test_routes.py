@@ -14,6 +14,8 @@ from tests.security.support import PERMISSIONS, RouteEntry, app_table, spec_tabl
 
 TABLE = spec_table()
 PROTECTED = [e for e in TABLE if e.permission != "open"]
+SCOPED = [e for e in TABLE if e.permission in {"ingest", "admin"}]
+STREAMS = {"/me/notifications/stream"}  # never end: called here only where they must refuse
 ADMIN_ROUTES = [e for e in TABLE if e.path.startswith("/admin")]
 
 
@@ -80,7 +82,7 @@ def test_every_protected_route_without_a_token_is_401(client: TestClient, entry:
 def test_open_routes_answer_without_a_token(client: TestClient) -> None:
     """SEC-2: the open routes need no token (the scheduler health is 503 here: no loop runs)."""
     answers = {e.path: _call(client, e) for e in TABLE if e.permission == "open"}
-    assert answers == {"/health": 200, "/health/scheduler": 503, "/openapi.json": 200}
+    assert answers == {"/health": 200, "/health/scheduler": 503, "/openapi.json": 200, "/inbox": 200}
 
 
 @pytest.mark.clause("SEC-3")
@@ -94,7 +96,7 @@ def test_a_participant_token_on_every_admin_route_is_403(client: TestClient, ent
 
 
 @pytest.mark.clause("SEC-3")
-@pytest.mark.parametrize("entry", PROTECTED, ids=_id)
+@pytest.mark.parametrize("entry", SCOPED, ids=_id)
 def test_an_ingest_token_is_403_on_admin_only_routes_and_passes_on_ingest_routes(
     client: TestClient, entry: RouteEntry
 ) -> None:
@@ -103,3 +105,11 @@ def test_an_ingest_token_is_403_on_admin_only_routes_and_passes_on_ingest_routes
     status = _call(client, entry, INGEST)
     reached = 404 if entry.method == "DELETE" else 422
     assert status == (reached if entry.permission == "ingest" else 403)
+
+
+@pytest.mark.clause("SEC-3")
+@pytest.mark.parametrize("entry", [e for e in TABLE if e.permission == "participant" and e.path not in STREAMS], ids=_id)
+def test_a_participant_token_reaches_the_participant_routes(client: TestClient, entry: RouteEntry) -> None:
+    """SEC-3: any valid token reaches the routes under /me (its own inbox); the stream's
+    refusals are in tests/requirements/test_inbox.py."""
+    assert _call(client, entry, PARTICIPANT) == 200
