@@ -26,6 +26,7 @@ from sqlalchemy import Connection, Engine, text
 
 from bench.env import NOW, Server, bench_engine, bench_sql, checkpoint, load_events, progress
 from scheduler.clock import ManualClock
+from scheduler.loop import claim_params
 from scheduler.queries import sql, statement
 from scheduler.retention import Retention
 
@@ -41,7 +42,7 @@ def percentile(values: list[float], fraction: float) -> float:
 
 
 def _params() -> dict[str, Any]:
-    return {"now": NOW, "batch_size": BATCH}
+    return claim_params(NOW, BATCH)
 
 
 def _claim_once(conn: Connection) -> float:

@@ -130,7 +130,9 @@ VARIANTS: dict[str, Variant] = {
         Variant("read-then-write-upsert", "a re-post reads the key, then inserts or updates",
                 "SIM-2", read_then_write=True),
         Variant("cap-without-lock", "no participant advisory locks: the cap is counted unlocked",
-                "SIM-6", rewrites=(_replace(r"pg_advisory_xact_lock\(", "abs(", claim_only=False),)),
+                "SIM-6", rewrites=(_replace(r"pg_advisory_xact_lock\(", "abs(", claim_only=False),
+                                   _replace(r"pg_try_advisory_xact_lock\((t\.k)\)", r"(\1 IS NOT NULL)",
+                                            claim_only=False))),
         Variant("status-first", "status set before the engine runs and committed apart from it",
                 "SIM-5", scheduler_class=StatusFirstScheduler),
     )

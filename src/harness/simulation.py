@@ -399,8 +399,18 @@ class Simulation:
         if lock != "advisory":
             raise self.fail("SIM-1", f"{r.name}'s claim waits on a {lock} lock: a row another replica "
                                      "holds, which it must skip")
+        raise self.fail("SIM-1", f"{r.name}'s claim waits on a participant lock: a claim only "
+                                 "try-locks participants and skips busy ones (DEC-2)")
 
-    def _check_claim(self, r: Replica, actual: list[str], expected: list[str]) -> None:
+    def _check_claim(self, r: Replica, actual: list[str], expected: list[str],
+                     actual_skipped: list[str] | None = None, expected_skipped: list[str] | None = None) -> None:
+        self._check("SIM-6")
+        busy = self.model.busy_users(besides=r.index)
+        for event_id in actual:
+            row = self.model.rows.get(event_id)
+            if row is not None and row.content.user in busy:
+                raise self.fail("SIM-6", f"{r.name} claimed {event_id} of {row.content.user}, whose "
+                                         "participant lock another batch holds: the cap would be counted unlocked")
         self._check("SIM-1")
         if len(actual) > self.batch_size:
             raise self.fail("SIM-1", f"{r.name} claimed {len(actual)} rows, more than the batch size {self.batch_size}")
@@ -417,6 +427,9 @@ class Simulation:
         if actual != expected:
             raise self.fail("SIM-1", f"{r.name} claimed {self._show(actual)} but the due pending rows, "
                                      f"oldest first, were {self._show(expected)}")
+        if actual_skipped is not None and actual_skipped != expected_skipped:
+            raise self.fail("SIM-1", f"{r.name} skipped {self._show(actual_skipped)} as busy, but the rows "
+                                     f"of participants other batches hold were {self._show(expected_skipped or [])}")
 
     def _show(self, ids: list[str]) -> str:
         shown = []
@@ -433,9 +446,9 @@ class Simulation:
             return False
         self._step("claim", f"sim.claim({replica})")
         armed = r.faults.armed == "claim"
-        expected = [] if armed else self.model.expected_claim(replica, self.now(), self.batch_size)
+        expected, skipped = ([], []) if armed else self.model.expected_claim(replica, self.now(), self.batch_size)
         if not armed:
-            self.model.open_batch(replica, expected)
+            self.model.open_batch(replica, expected, skipped)
 
         def done(batch: Any, error: BaseException | None) -> None:
             if error is not None:
@@ -446,7 +459,7 @@ class Simulation:
                     self.model.discard(replica)
                 raise self.fail("SIM-4", f"{r.name}'s claim raised {error!r}")
             r.batch = batch
-            self._check_claim(r, [e.id for e in batch.events], expected)
+            self._check_claim(r, [e.id for e in batch.events], expected, list(batch.skipped), skipped)
 
         r.submit("claim", f"claim({replica})", r.scheduler.claim, done, lambda lock: self._claim_blocked(r, lock))
         self._after_step()
@@ -571,8 +584,8 @@ class Simulation:
         self._step("run", f"sim.run({replica}, stop_after={stop_after})")
         armed = r.faults.armed
         polls = 2 if armed == "claim" else 1
-        expected = self.model.expected_claim(replica, self.now(), self.batch_size)
-        self.model.open_batch(replica, expected)
+        expected, skipped = self.model.expected_claim(replica, self.now(), self.batch_size)
+        self.model.open_batch(replica, expected, skipped)
         limit = len(expected) if stop_after is None else min(stop_after, len(expected))
         stop = PollBudget(polls)
         counted = [0]
@@ -622,6 +635,11 @@ class Simulation:
                 self.stats.poll_errors += 1
                 self._check_loop_survived(r, "InjectedPollFault")
             dispatched = [c.event_id for c in calls]
+            report = r.scheduler.last_report
+            if report is not None and report.skipped != len(skipped):
+                self.model.discard(replica)
+                raise self.fail("SIM-1", f"{r.name}'s loop skipped {report.skipped} rows as busy, "
+                                         f"expected {self._show(skipped)}")
             if dispatched != expected[:limit]:
                 self.model.discard(replica)
                 raise self.fail("SIM-1", f"{r.name}'s loop dispatched {self._show(dispatched)}, "

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
+from datetime import datetime
 from typing import Any, TypeVar
 
 from sqlalchemy import Engine
@@ -36,13 +37,21 @@ from scheduler.facts import ContractViolation, FactsMissing, check_facts_contrac
 from scheduler.http import Refused, parse_body, read_json, unprocessable
 from scheduler.inbox import Inbox, StreamPublisher, inbox_routes
 from scheduler.lifecycle import actor_of, lifecycle_routes
-from scheduler.loop import Scheduler
+from scheduler.listener import Listener, conninfo_of
+from scheduler.loop import DUE_CHANNEL, Scheduler
 from scheduler.openapi import openapi_document
 from scheduler.publishers import LoggingPublisher
 from scheduler.retention import Retention
 from scheduler.rules import Catalogue, load_catalogue
 from scheduler.schemas import MAX_STRING, LiveEventIn, PreferencesIn, ScheduledEventIn, check_text
-from scheduler.types import EVENT_STATUSES, Clock, DigitalTwinEvent, Dispatcher, Publisher
+from scheduler.types import (
+    EVENT_STATUSES,
+    Clock,
+    DigitalTwinEvent,
+    Dispatcher,
+    Publisher,
+    SchedulerMode,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -86,9 +95,15 @@ class SchedulerService:
             publisher=self.publisher,
             batch_size=self.settings.batch_size,
             poll_seconds=self.settings.poll_seconds,
+            mode=self.settings.mode,
         )
+        # One LISTEN connection for the process, started with the loop when anything
+        # subscribed: prompt mode's wake-ups (below) and whatever else fans out by NOTIFY.
+        self.listener = Listener(conninfo_of(engine), name="scheduler", probe_engine=engine)
+        if self.settings.mode is SchedulerMode.PROMPT and self.settings.listen and self.run_scheduler:
+            self.listener.subscribe(DUE_CHANNEL, self._on_due)
         # The participants' live inbox: fan-out by the process's LISTEN connection.
-        self.inbox = Inbox(self.sessions, listener=getattr(self, "listener", None))
+        self.inbox = Inbox(self.sessions, listener=self.listener if self.settings.listen else None)
         # Deletes old dispatched and cancelled rows after a poll (one replica, hourly).
         self.retention = Retention(engine, self.clock, days=self.settings.retention_days)
         self.scheduler.poll_hooks.append(self.retention)
@@ -158,7 +173,17 @@ class SchedulerService:
         finally:
             await self.stop()
 
+    def _on_due(self, payload: str) -> None:
+        """A NOTIFY from any replica's store: a row is pending with this trigger time."""
+        try:
+            trigger_at: datetime | None = datetime.fromisoformat(payload) if payload else None
+        except ValueError:
+            trigger_at = None  # unreadable: look now, a poll costs little
+        self.scheduler.announce(trigger_at)
+
     async def start(self) -> None:
+        if self.listener.has_subscribers and not self.listener.running:
+            await run_in_threadpool(self.listener.start)
         if not self.run_scheduler or self._task is not None:
             return
         self._stop = asyncio.Event()
@@ -166,11 +191,11 @@ class SchedulerService:
         self._task.add_done_callback(_report_exit)
 
     async def stop(self) -> None:
-        if self._task is None or self._stop is None:
-            return
-        self._stop.set()
-        with contextlib.suppress(Exception):
-            await self._task
+        if self._task is not None and self._stop is not None:
+            self._stop.set()
+            with contextlib.suppress(Exception):
+                await self._task
+        await run_in_threadpool(self.listener.stop)
 
     @property
     def loop_alive(self) -> bool:
@@ -189,8 +214,21 @@ class SchedulerService:
         stale = self.scheduler.is_stale(self.clock.now())
         snapshot["stale"] = stale
         snapshot["poll_seconds"] = self.scheduler.poll_seconds
+        snapshot["mode"] = str(self.scheduler.mode)
+        snapshot["wakeups"] = self.wakeups()
         healthy = self.loop_alive and not stale and self.scheduler.health.consecutive_failures == 0
         return JSONResponse(snapshot, status_code=200 if healthy else 503)
+
+    def wakeups(self) -> dict[str, Any]:
+        """How this replica's loop is woken: on its interval only (literal), by LISTEN, or
+        by timed wake-ups where LISTEN is unavailable (with the reason)."""
+        if self.scheduler.mode is SchedulerMode.LITERAL:
+            return {"by": "interval"}
+        if not self.settings.listen:
+            return {"by": "timer", "reason": "SCHEDULER_LISTEN is false"}
+        if self.listener.available:
+            return {"by": "listen", "next_wake_at": _iso(self.scheduler.waiting_until)}
+        return {"by": "timer", "reason": self.listener.reason, "next_wake_at": _iso(self.scheduler.waiting_until)}
 
     async def openapi(self, request: Request) -> Response:
         return JSONResponse(openapi_document(self.app.routes))
@@ -321,6 +359,10 @@ class SchedulerService:
             now=self.clock.now(),
         )
         return JSONResponse(row)
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value else None
 
 
 def _limit(request: Request) -> int:

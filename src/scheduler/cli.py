@@ -39,7 +39,7 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
     engine = _engine(settings)
     app = create_app(settings, engine=engine)
     print(f"scheduler listening on http://{args.host}:{args.port} "
-          f"(poll every {settings.poll_seconds:g}s, batch {settings.batch_size})", file=sys.stderr)
+          f"({settings.mode} mode: poll every {settings.poll_seconds:g}s, batch {settings.batch_size})", file=sys.stderr)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=10)
     return 0
 

@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from scheduler.types import SchedulerMode
+
 
 class ConfigError(ValueError):
     """A setting is missing or malformed; the message names the variable."""
@@ -76,6 +78,8 @@ class Settings:
     pool_timeout_seconds: float = 10.0
     environment: str = "development"
     retention_days: int = 30  # dispatched and cancelled rows older than this are deleted; 0 keeps all
+    mode: SchedulerMode = SchedulerMode.LITERAL
+    listen: bool = True
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -88,6 +92,11 @@ class Settings:
         if public_key and not public_key.lstrip().startswith("-----") and Path(public_key).is_file():
             public_key = Path(public_key).read_text()
         rules_dir = _str(env, "SCHEDULER_RULES_DIR")
+        raw_mode = (env.get("SCHEDULER_MODE") or "literal").strip().lower()
+        try:
+            mode = SchedulerMode(raw_mode)
+        except ValueError:
+            raise ConfigError(f"SCHEDULER_MODE must be literal or prompt, got {raw_mode!r}") from None
         return cls(
             database_url=_str(env, "DATABASE_URL"),
             data_dir=Path(_str(env, "SCHEDULER_DATA_DIR") or ".scheduler"),
@@ -106,6 +115,8 @@ class Settings:
             pool_timeout_seconds=_float(env, "SCHEDULER_POOL_TIMEOUT_SECONDS", 10.0, 0.1),
             environment=environment,
             retention_days=_int(env, "SCHEDULER_RETENTION_DAYS", 30, 0),
+            mode=mode,
+            listen=_bool(env, "SCHEDULER_LISTEN", True),
         )
 
     def with_(self, **changes: object) -> Settings:
