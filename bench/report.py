@@ -86,6 +86,12 @@ def history_table(history: dict[str, Any]) -> list[str]:
         medians = entry["median_ms_per_event"]
         lines.append(f"| {kind} | {medians['with_history'] * 1000:.0f} | {medians['without_history'] * 1000:.0f} | "
                      f"{entry['cost_per_event_us']:+.0f} us | {entry['slowdown']:.2f}x |")
+    stream = history.get("stream")
+    if stream:
+        medians = stream["median_ms_per_event"]
+        lines += ["", f"The inbox's stream publisher on the full path: {medians['with_stream'] * 1000:.0f} us per "
+                  f"event with it, {medians['without_stream'] * 1000:.0f} us without "
+                  f"({stream['cost_per_event_us']:+.0f} us, {stream['ratio']:.2f}x)."]
     return lines
 
 

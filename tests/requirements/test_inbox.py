@@ -151,10 +151,11 @@ def test_a_notification_delivered_by_replica_a_reaches_a_stream_on_replica_b(
 
 
 @pytest.mark.clause("INBOX-3")
+@pytest.mark.clause("DEC-LIFE-3")
 def test_a_reconnect_with_last_event_id_replays_exactly_what_was_missed(
     client: TestClient, service: SchedulerService, replica_b: SchedulerService
 ) -> None:
-    """INBOX-3: one event seen, then a disconnect; three delivered meanwhile; the reconnect
+    """INBOX-3, DEC-LIFE-3: one event seen, then a disconnect; three delivered meanwhile; the reconnect
     with Last-Event-ID gets exactly those three, in order, then live ones."""
     with serve(replica_b) as base_b, httpx.Client() as http:
         stream = Stream(base_b, PARTICIPANT, http)

@@ -76,10 +76,11 @@ def test_the_whole_life_of_a_reminder_is_in_its_history_in_order(
 
 
 @pytest.mark.clause("HIST-2")
+@pytest.mark.clause("DEC-LIFE-1")
 def test_a_batch_that_rolls_back_leaves_no_history_and_any_sql_writer_leaves_some(
     client: TestClient, service: SchedulerService, clock: ManualClock, engine: Engine
 ) -> None:
-    """HIST-2: history shares the change's transaction: an aborted batch adds nothing; a raw
+    """HIST-2, DEC-LIFE-1: history shares the change's transaction: an aborted batch adds nothing; a raw
     UPDATE from outside the service is recorded all the same (the trigger cannot be skipped)."""
     stored = post_event(client)
     clock.advance(later())

@@ -75,10 +75,11 @@ def test_rows_finished_less_than_the_retention_ago_are_kept(
 
 
 @pytest.mark.clause("RET-3")
+@pytest.mark.clause("DEC-LIFE-2")
 def test_retention_days_zero_keeps_everything(
     client: TestClient, engine: Engine, clock: ManualClock, service: SchedulerService
 ) -> None:
-    """RET-3: SCHEDULER_RETENTION_DAYS=0 deletes nothing, ever; the default is 30."""
+    """RET-3, DEC-LIFE-2: SCHEDULER_RETENTION_DAYS=0 deletes nothing, ever; the default is 30."""
     assert Settings.from_env({}).retention_days == 30
     assert Settings.from_env({"SCHEDULER_RETENTION_DAYS": "0"}).retention_days == 0
     finished_rows(client, service, clock)
