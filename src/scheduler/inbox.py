@@ -68,23 +68,37 @@ class StreamPublisher:
         self.inner = inner
 
     def publish(self, message: OutboundMessage) -> None:
-        try:
-            if message.channel == "web":
-                self.number(message.notification_id)
-        finally:
-            if self.inner is not None:
-                self.inner.publish(message)
+        self.publish_many([message])
 
-    def number(self, notification_id: str) -> int | None:
-        """Give the notification its stream number (once) and announce it; None if it had one."""
+    def publish_many(self, messages: list[OutboundMessage]) -> None:
+        """A whole batch's messages: numbered in one transaction, then each to ``inner``."""
+        try:
+            self.number([m.notification_id for m in messages if m.channel == "web"])
+        except Exception:
+            # Committed and recorded already: the notifications stay readable in
+            # GET /me/notifications; only their live push is lost (logged, not retried).
+            logger.exception("inbox: numbering %d notifications for the stream failed", len(messages))
+        if self.inner is None:
+            return
+        for message in messages:
+            try:
+                self.inner.publish(message)
+            except Exception:
+                logger.exception("publishing notification %s failed", message.notification_id)
+
+    def number(self, notification_ids: list[str]) -> list[int]:
+        """Give each notification its stream number (once) and announce the newest."""
+        if not notification_ids:
+            return []
         with self.sessions.begin() as session:
             # held until commit: numbers are committed in the order they are given
             session.execute(statement("lock_stream_order"), {"key": STREAM_LOCK_KEY})
-            seq = session.execute(statement("number_for_stream"), {"id": notification_id}).scalar()
-            if seq is not None:
+            numbers = sorted(int(n) for n in session.execute(
+                statement("number_for_stream"), {"ids": notification_ids}).scalars())
+            if numbers:
                 # delivered with the commit; the payload is small, the rest is in the table
-                session.execute(statement("notify_inbox"), {"channel": CHANNEL, "payload": str(seq)})
-            return None if seq is None else int(seq)
+                session.execute(statement("notify_inbox"), {"channel": CHANNEL, "payload": str(numbers[-1])})
+            return numbers
 
 
 @dataclass(eq=False)

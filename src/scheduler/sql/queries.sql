@@ -242,10 +242,10 @@ RETURNING id;
 SELECT pg_advisory_xact_lock(:key);
 
 -- name: number_for_stream
--- Give a delivered notification its place in the inbox stream (once).
+-- Give delivered notifications (a batch's) their places in the inbox stream, once each.
 UPDATE notifications
 SET stream_seq = nextval('notification_stream_seq')
-WHERE id = :id AND stream_seq IS NULL
+WHERE id = ANY(CAST(:ids AS text[])) AND stream_seq IS NULL
 RETURNING stream_seq;
 
 -- name: notify_inbox
