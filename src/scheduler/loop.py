@@ -225,6 +225,10 @@ class Scheduler:
         self._interrupt: Callable[[], None] | None = None
         self.next_due: datetime | None = None  # the next pending trigger_at, as last read
         self.waiting_until: datetime | None = None  # prompt mode: the wait's clock deadline
+        # Observable state for tests, the simulation and health: whether the loop is
+        # between polls, announced on a condition so that nobody has to sleep to see it.
+        self.waiting = False
+        self._state = threading.Condition()
 
     # -- phases -------------------------------------------------------------------------
 
@@ -412,7 +416,20 @@ class Scheduler:
         else:
             self.health.consecutive_failures = 0
         self._run_poll_hooks()
+        self._changed()
         return report
+
+    def _changed(self, *, waiting: bool | None = None) -> None:
+        with self._state:
+            if waiting is not None:
+                self.waiting = waiting
+            self._state.notify_all()
+
+    def wait_for(self, predicate: Callable[[], bool], timeout: float) -> bool:
+        """Block until ``predicate()`` holds (checked after every poll and at the start and
+        end of every wait), or ``timeout`` seconds pass; return whether it holds."""
+        with self._state:
+            return self._state.wait_for(predicate, timeout)
 
     def _run_poll_hooks(self) -> None:
         for hook in self.poll_hooks:
@@ -442,6 +459,14 @@ class Scheduler:
         with self._wake_lock:
             if self._announced is None or when < self._announced:
                 self._announced = when
+            interrupt = self._interrupt
+        if interrupt is not None:
+            interrupt()
+
+    def recheck(self) -> None:
+        """Interrupt the current wait so that it re-reads the clock (e.g. after a manual
+        clock moved): it polls if a deadline has passed, else goes on waiting."""
+        with self._wake_lock:
             interrupt = self._interrupt
         if interrupt is not None:
             interrupt()
@@ -503,12 +528,15 @@ class Scheduler:
                     seconds = self._wait_seconds(report, real_deadline)
                     if seconds <= 0:
                         break
+                    self._changed(waiting=True)
                     await _first_of(stop, wake, seconds)
+                self._changed(waiting=False)
         finally:
             with self._wake_lock:
                 self._interrupt = None
             self.waiting_until = None
             self.health.running = False
+            self._changed(waiting=False)
 
     def run_blocking(self, stop: threading.Event) -> None:
         """The same loop for a thread of its own (benchmarks, worker processes).
@@ -527,7 +555,9 @@ class Scheduler:
                 if stop.is_set() or self._polls_again_at_once(report):
                     continue
                 if self.mode is SchedulerMode.LITERAL:
+                    self._changed(waiting=True)
                     stop.wait(self.poll_seconds)
+                    self._changed(waiting=False)
                     continue
                 real_deadline = time.monotonic() + self._interval_after(report)
                 while not stop.is_set():
@@ -535,12 +565,16 @@ class Scheduler:
                     seconds = self._wait_seconds(report, real_deadline)
                     if seconds <= 0:
                         break
+                    if not self.waiting:
+                        self._changed(waiting=True)
                     wake.wait(min(seconds, STOP_SLICE_SECONDS))
+                self._changed(waiting=False)
         finally:
             with self._wake_lock:
                 self._interrupt = None
             self.waiting_until = None
             self.health.running = False
+            self._changed(waiting=False)
 
     def is_stale(self, now: datetime) -> bool:
         """True when no poll completed within three poll intervals."""

@@ -17,6 +17,7 @@ from tests.helpers import post_event, reminder_facts, rows, statuses
 
 
 @pytest.mark.clause("DEC-2")
+@pytest.mark.clause("BUSY-1")
 def test_replicas_whose_batches_share_participants_in_opposite_order_never_deadlock(
     client: TestClient, service: SchedulerService, engine: Engine, clock: ManualClock
 ) -> None:
