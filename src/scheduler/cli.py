@@ -68,7 +68,8 @@ def cmd_events_list(args: argparse.Namespace, settings: Settings) -> int:
     from scheduler.db import make_sessionmaker
 
     engine = _engine(settings)
-    rows = store.list_events(make_sessionmaker(engine), status=args.status, user_id=args.user_id, limit=args.limit)
+    rows = store.list_events(make_sessionmaker(engine), status=args.status, user_id=args.user_id, limit=args.limit,
+                             external_key=args.external_key)
     engine.dispose()
     if args.json:
         print(json.dumps(rows, indent=2))
@@ -210,6 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev_list.add_argument("--status", choices=["pending", "dispatched", "failed", "cancelled"],
                          help="only rows in this status")
     ev_list.add_argument("--user-id", help="only this participant's rows")
+    ev_list.add_argument("--external-key", help="only the row of this external key")
     ev_list.add_argument("--limit", type=int, default=50, help="at most this many rows (default 50)")
     ev_list.add_argument("--json", action="store_true", help="print JSON")
     ev_list.set_defaults(func=cmd_events_list)

@@ -117,6 +117,8 @@ def test_the_cli_cancels_by_key_and_prints_the_history(
     sent = post_event(client, user_id="participant-2")
     clock.advance(later())
     monkeypatch.setenv("DATABASE_URL", database_url)
+    assert main(["events", "list", "--external-key", "k-cli", "--json"]) == 0
+    assert [r["id"] for r in json.loads(capsys.readouterr().out)] == [stored["id"]]
     assert main(["events", "cancel", "--key", "k-cli"]) == 0
     assert "is cancelled" in capsys.readouterr().out
     assert main(["events", "cancel", stored["id"]]) == 0
