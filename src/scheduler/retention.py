@@ -96,8 +96,20 @@ class Retention:
             try:
                 return self._run(conn, now)
             finally:
-                conn.execute(statement("release_retention_lock"), {"key": RETENTION_LOCK_KEY})
-                conn.commit()
+                self._release(conn)
+
+    @staticmethod
+    def _release(conn: Any) -> None:
+        """Give up the election. A session-level lock outlives transactions, so a connection
+        that cannot say so is closed for good (its backend's end releases the lock) rather
+        than returned to the pool still holding it."""
+        try:
+            conn.rollback()  # a failed batch leaves the transaction aborted
+            conn.execute(statement("release_retention_lock"), {"key": RETENTION_LOCK_KEY})
+            conn.commit()
+        except Exception:
+            logger.exception("retention: releasing the election lock failed; discarding the connection")
+            conn.invalidate()
 
     def _run(self, conn: Any, now: datetime) -> RetentionReport | None:
         cutoff = self._resume

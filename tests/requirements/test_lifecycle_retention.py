@@ -13,11 +13,13 @@ from datetime import timedelta
 
 import pytest
 from sqlalchemy import Engine, text
+from sqlalchemy.exc import DBAPIError
 from starlette.testclient import TestClient
 
 from scheduler.app import SchedulerService
 from scheduler.clock import ManualClock
 from scheduler.config import Settings
+from scheduler.db import make_engine
 from scheduler.retention import RETENTION_LOCK_KEY, Retention
 from tests.conftest import INGEST
 from tests.helpers import later, post_event, reminder_facts, rows, statuses
@@ -145,3 +147,31 @@ def test_a_backlog_is_deleted_in_small_batches_over_several_polls(
     assert second is not None and (second.deleted, second.done) == (1, True)
     assert statuses(engine) == {}
     assert retention.run_if_due() is None  # the run is complete: the next waits an hour
+
+
+@pytest.mark.clause("RET-5")
+def test_a_failing_run_gives_the_election_back(
+    client: TestClient, service: SchedulerService, clock: ManualClock, engine: Engine
+) -> None:
+    """RET-5: a run whose delete fails (it cannot take a lock within its lock_timeout) raises
+    to the loop, which logs it, and gives the election lock back, so the next run can go."""
+    finished_rows(client, service, clock)
+    clock.advance(timedelta(days=31))
+    failing = Retention(engine, clock, days=30)
+    with engine.connect() as blocker:
+        # an exclusive lock on the history table makes the delete wait; lock_timeout ends the wait
+        blocker.execute(text("LOCK TABLE scheduled_event_history IN ACCESS EXCLUSIVE MODE"))
+        impatient = make_engine(str(engine.url.render_as_string(hide_password=False)),
+                                Settings(lock_timeout_ms=50, statement_timeout_ms=5_000))
+        try:
+            with pytest.raises(DBAPIError):
+                Retention(impatient, clock, days=30).run_if_due()
+        finally:
+            impatient.dispose()
+        blocker.rollback()
+    with engine.connect() as other:
+        assert other.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": RETENTION_LOCK_KEY}).scalar()
+        other.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": RETENTION_LOCK_KEY})
+    clock.advance(timedelta(hours=2))
+    report = failing.run_if_due()
+    assert report is not None and report.deleted == 2
