@@ -197,7 +197,8 @@ class Inbox:
         """Register a stream; start the hub on this event loop if it is not running."""
         loop = asyncio.get_running_loop()
         if self._loop is not loop or self._wake is None:
-            self._loop, self._wake = loop, asyncio.Event()
+            # a new event loop (a restarted server in the same process): a new hub task
+            self._loop, self._wake, self._task = loop, asyncio.Event(), None
         if self.cursor is None:
             self.cursor = await run_in_threadpool(_stream_head, self.sessions)
         subscriber = Subscriber(user_id, asyncio.Queue(maxsize=self.queue_size))
