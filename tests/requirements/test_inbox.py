@@ -14,22 +14,25 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
 import httpx
 import pytest
+from sqlalchemy import make_url
 from starlette.testclient import TestClient
 
 from scheduler.app import SchedulerService
 from scheduler.clock import ManualClock
 from scheduler.config import Settings
-from scheduler.db import make_engine
-from scheduler.inbox import Inbox, sse_stream
+from scheduler.db import make_engine, make_sessionmaker
+from scheduler.inbox import STREAM_LOCK_KEY, Inbox, StreamPublisher, sse_stream
 from scheduler.publishers import RecordingPublisher
+from scheduler.queries import statement
 from tests.conftest import ADMIN, INGEST, PARTICIPANT, bearer
-from tests.helpers import event_body, post_event, reminder_facts, rows
+from tests.helpers import event_body, post_event, reminder_facts, rows, wait_until_blocked_on_a_lock
 from tests.servers import serve, wait_for
 
 ME = "/me/notifications"
@@ -251,3 +254,44 @@ def test_a_live_event_reaches_the_stream_too(
         finally:
             stream.close()
 
+
+
+@pytest.mark.clause("DEC-LIFE-3")
+def test_a_stream_number_waits_for_the_transaction_numbering_before_it_to_commit(
+    client: TestClient, service: SchedulerService
+) -> None:
+    """DEC-LIFE-3: while one publisher's numbering transaction is open, another waits on the
+    stream lock, and then takes a higher number: numbers become visible in commit order."""
+    service.scheduler.publisher = None  # number by hand below
+    deliver(client, service, n=2)
+    first_id, second_id = (r["id"] for r in rows(service.engine, "SELECT id FROM notifications ORDER BY created_at"))
+    publisher = StreamPublisher(service.sessions)
+    held = service.sessions()
+    held.execute(statement("lock_stream_order"), {"key": STREAM_LOCK_KEY})
+    first = held.execute(statement("number_for_stream"), {"ids": [first_id]}).scalar_one()
+    got: list[list[int]] = []
+    thread = threading.Thread(target=lambda: got.append(publisher.number([second_id])))
+    thread.start()
+    try:
+        wait_until_blocked_on_a_lock(service.engine)
+        assert got == []
+    finally:
+        held.commit()
+        held.close()
+        thread.join(timeout=30)
+    assert got == [[first + 1]]
+
+
+@pytest.mark.clause("INBOX-8")
+def test_a_failing_stream_numbering_loses_neither_the_push_nor_the_record(
+    client: TestClient, service: SchedulerService, publisher: RecordingPublisher, database_url: str
+) -> None:
+    """INBOX-8: numbering fails (the database is unreachable after the batch committed): it is
+    logged, the configured publisher still gets the message, the notification stays readable."""
+    gone = make_url(database_url).set(database="no_such_database").render_as_string(hide_password=False)
+    unreachable = make_sessionmaker(make_engine(gone))
+    service.scheduler.publisher = StreamPublisher(unreachable, publisher)
+    deliver(client, service)
+    assert [m.user_id for m in publisher.messages] == ["participant-1"]
+    page = client.get(ME, headers=PARTICIPANT).json()
+    assert [n["stream_seq"] for n in page["items"]] == [None]
