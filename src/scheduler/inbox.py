@@ -354,8 +354,11 @@ def inbox_routes(service: SchedulerService) -> list[BaseRoute]:
         after = _seq("Last-Event-ID", request.headers.get("last-event-id"))
         if after < 0:
             after = _seq("after", request.query_params.get("after"))
-        if after < 0:  # a first connection without a position: from now on
-            after = await run_in_threadpool(_stream_head, service.sessions)
+        head = await run_in_threadpool(_stream_head, service.sessions)
+        # no position: from now on; a position past the head (a restored database) would
+        # hide every new notification until the numbers caught up: start from the head
+        if after < 0 or after > head:
+            after = head
         headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
         return StreamingResponse(sse_stream(inbox, user_id, after), media_type="text/event-stream", headers=headers)
 
