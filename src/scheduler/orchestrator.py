@@ -12,7 +12,6 @@ key remains the arbiter all the same.
 
 from __future__ import annotations
 
-import hashlib
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -21,33 +20,12 @@ from typing import Any, Protocol
 
 from sqlalchemy.orm import Session
 
-from scheduler.engine import Candidate
+from scheduler.participant_locks import lock_participant
 from scheduler.queries import statement
+from scheduler.rule_engine import Candidate
 from scheduler.types import DigitalTwinEvent, OutboundMessage
 
 DEFAULT_MAX_PER_DAY = 3
-
-
-def participant_lock_key(user_id: str) -> int:
-    """A stable signed 64-bit advisory-lock key for one participant."""
-    digest = hashlib.blake2b(f"nudging-participant:{user_id}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big", signed=True)
-
-
-def try_lock_participants(session: Session, keys: Iterable[int]) -> set[int]:
-    """Take whichever of these participant locks are free, without waiting; return those.
-
-    A claim uses this: it never waits on a participant another transaction holds, so it
-    can neither stall behind a held lock nor take part in a deadlock (DEC-2).
-    """
-    wanted = sorted(set(keys))
-    if not wanted:
-        return set()
-    return {int(k) for k in session.execute(statement("try_lock_participants"), {"keys": wanted}).scalars()}
-
-
-def lock_participant(session: Session, user_id: str) -> None:
-    session.execute(statement("lock_participant"), {"key": participant_lock_key(user_id)})
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from scheduler.app import SchedulerService, create_app
 from scheduler.clock import ManualClock
 from scheduler.config import Settings
 from scheduler.db import make_engine
-from scheduler.orchestrator import participant_lock_key
+from scheduler.participant_locks import participant_lock_key
 from tests.conftest import INGEST, T0, TEST_SECRET
 from tests.reliability.support import (
     bounded,
