@@ -97,15 +97,18 @@ class SchedulerService:
         self.catalogue = catalogue or load_catalogue(self.settings.rules_dir)
         self.dispatcher: Dispatcher = dispatcher or NudgingPlatform(self.catalogue)
         # After commit: number web notifications for the inbox stream and NOTIFY the
-        # replicas, then the configured publisher (see scheduler.inbox).
-        self.publisher = StreamPublisher(self.sessions, publisher or LoggingPublisher())
+        # replicas, then the configured publisher (see scheduler.inbox). The live path
+        # numbers on the requests' pool, the loop on its own (below).
+        inner_publisher = publisher or LoggingPublisher()
+        self.publisher: Publisher = StreamPublisher(self.sessions, inner_publisher)
         self.verifier = TokenVerifier(self.settings)
         self.run_scheduler = self.settings.scheduler_enabled if run_scheduler is None else run_scheduler
+        loop_sessions = make_sessionmaker(self.loop_engine) if self.loop_engine is not engine else self.sessions
         self.scheduler = Scheduler(
-            make_sessionmaker(self.loop_engine) if self.loop_engine is not engine else self.sessions,
+            loop_sessions,
             self.dispatcher,
             self.clock,
-            publisher=self.publisher,
+            publisher=StreamPublisher(loop_sessions, inner_publisher),
             batch_size=self.settings.batch_size,
             poll_seconds=self.settings.poll_seconds,
             mode=self.settings.mode,
@@ -118,7 +121,7 @@ class SchedulerService:
         # The participants' live inbox: fan-out by the process's LISTEN connection.
         self.inbox = Inbox(self.sessions, listener=self.listener if self.settings.listen else None)
         # Deletes old dispatched and cancelled rows after a poll (one replica, hourly).
-        self.retention = Retention(engine, self.clock, days=self.settings.retention_days)
+        self.retention = Retention(self.loop_engine, self.clock, days=self.settings.retention_days)
         self.scheduler.poll_hooks.append(self.retention)
         self._task: asyncio.Task[None] | None = None
         self._stop: asyncio.Event | None = None

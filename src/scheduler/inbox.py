@@ -178,8 +178,29 @@ class Inbox:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
-        if listener is not None:
+        self._subscribed = False
+        self._starting: asyncio.Lock | None = None
+        if listener is not None and listener.has_subscribers:
+            # The service starts this listener anyway (prompt mode): be in it from the start.
+            self._listen_on(listener)
+        # Otherwise the first stream subscribes and starts it (see _ensure_listening), so a
+        # replica no browser connects to keeps no LISTEN connection open for the inbox.
+
+    def _listen_on(self, listener: Any) -> None:
+        if not self._subscribed:
             listener.subscribe(CHANNEL, self._on_notify)
+            self._subscribed = True
+
+    async def _ensure_listening(self) -> None:
+        listener = self.listener
+        if listener is None:
+            return
+        if self._starting is None:
+            self._starting = asyncio.Lock()
+        async with self._starting:
+            self._listen_on(listener)
+            if not listener.running:
+                await run_in_threadpool(listener.start)
 
     @property
     def listening(self) -> bool:
@@ -198,7 +219,8 @@ class Inbox:
         loop = asyncio.get_running_loop()
         if self._loop is not loop or self._wake is None:
             # a new event loop (a restarted server in the same process): a new hub task
-            self._loop, self._wake, self._task = loop, asyncio.Event(), None
+            self._loop, self._wake, self._task, self._starting = loop, asyncio.Event(), None, None
+        await self._ensure_listening()
         if self.cursor is None:
             self.cursor = await run_in_threadpool(_stream_head, self.sessions)
         subscriber = Subscriber(user_id, asyncio.Queue(maxsize=self.queue_size))

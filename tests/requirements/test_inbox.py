@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from datetime import timedelta
 from typing import Any
 
@@ -52,8 +52,8 @@ def deliver(client: TestClient, service: SchedulerService, user_id: str = "parti
 class Stream:
     """A live SSE connection read line by line (every read has a deadline)."""
 
-    def __init__(self, base: str, headers: dict[str, str], client: httpx.Client) -> None:
-        self._context = client.stream("GET", f"{base}{ME}/stream", headers=headers,
+    def __init__(self, base: str, headers: Mapping[str, str], client: httpx.Client) -> None:
+        self._context = client.stream("GET", f"{base}{ME}/stream", headers=dict(headers),
                                       timeout=httpx.Timeout(20.0))
         self.response = self._context.__enter__()
         self.lines: Iterator[str] = self.response.iter_lines()
