@@ -295,3 +295,27 @@ def test_a_failing_stream_numbering_loses_neither_the_push_nor_the_record(
     assert [m.user_id for m in publisher.messages] == ["participant-1"]
     page = client.get(ME, headers=PARTICIPANT).json()
     assert [n["stream_seq"] for n in page["items"]] == [None]
+
+
+@pytest.mark.clause("INBOX-2")
+def test_without_listen_the_hub_reads_on_its_timer_and_nothing_is_missed(
+    client: TestClient, service: SchedulerService, database_url: str, settings: Settings, clock: ManualClock
+) -> None:
+    """INBOX-2: SCHEDULER_LISTEN=false (as behind a transaction-pooling PgBouncer): no LISTEN
+    connection, the hub reads the table on its short timer, and the stream still gets it."""
+    engine_c = make_engine(database_url, Settings(lock_timeout_ms=0, statement_timeout_ms=60_000))
+    replica_c = SchedulerService(settings.with_(listen=False), engine=engine_c, clock=clock, run_scheduler=False)
+    try:
+        with serve(replica_c) as base_c, httpx.Client() as http:
+            stream = Stream(base_c, PARTICIPANT, http)
+            try:
+                stream.until_connected()
+                deliver(client, service)
+                _, note = stream.next_event()
+                assert note["user_id"] == "participant-1"
+            finally:
+                stream.close()
+        assert replica_c.inbox.listener is None and not replica_c.listener.running
+        assert replica_c.inbox.stats.notifies == 0 and replica_c.inbox.stats.reads >= 1
+    finally:
+        engine_c.dispose()
