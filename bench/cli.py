@@ -70,8 +70,10 @@ DESCRIPTIONS = {
                "mechanics ratio)",
     "history": "what the history trigger costs a drain: one replica, no-op and full dispatch path, "
                "with the trigger enabled and disabled, alternated",
+    "inbox": "latency from one replica's commit to a participant's SSE stream on another replica "
+             "(uvicorn), with LISTEN/NOTIFY and on the hub's timer",
 }
-ORDER = ("claim", "mechanics", "fullpath", "http", "shutdown", "memory", "profile", "history")
+ORDER = ("claim", "mechanics", "fullpath", "http", "shutdown", "memory", "profile", "history", "inbox")
 
 
 def _claim(server: Any, s: Sizes, results: dict[str, Any]) -> dict[str, Any]:
@@ -152,9 +154,15 @@ def _history(server: Any, s: Sizes, results: dict[str, Any]) -> dict[str, Any]:
     return lifecycle.run(server, events=s.full_events, rounds=s.repeats + 1)
 
 
+def _inbox(server: Any, s: Sizes, results: dict[str, Any]) -> dict[str, Any]:
+    from bench import inbox
+
+    return inbox.run(server, events=s.formula_events // 10)
+
+
 RUNNERS: dict[str, Callable[[Any, Sizes, dict[str, Any]], dict[str, Any]]] = {
     "claim": _claim, "mechanics": _mechanics, "fullpath": _fullpath, "http": _http,
-    "shutdown": _shutdown, "memory": _memory, "profile": _profile, "history": _history,
+    "shutdown": _shutdown, "memory": _memory, "profile": _profile, "history": _history, "inbox": _inbox,
 }
 
 

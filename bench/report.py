@@ -95,6 +95,14 @@ def history_table(history: dict[str, Any]) -> list[str]:
     return lines
 
 
+def inbox_table(inbox: dict[str, Any]) -> list[str]:
+    lines = [f"### From one replica's commit to a stream on another ({inbox['events']} notifications)", "",
+             "| wake-up | median ms | p90 ms | max ms |", "| --- | ---: | ---: | ---: |"]
+    for mode, entry in inbox["modes"].items():
+        lines.append(f"| {mode} | {_f(entry['median_ms'], 1)} | {_f(entry['p90_ms'], 1)} | {_f(entry['max_ms'], 1)} |")
+    return lines
+
+
 def mechanics_table(mech: dict[str, Any]) -> list[str]:
     runs = mech["runs"]
     batches = sorted({r["batch_size"] for r in runs if r["kind"] in ("ours", "raw")})
@@ -268,6 +276,8 @@ def markdown(results: dict[str, Any]) -> str:
         lines += ["", *profile_table(sections["profile"])]
     if "history" in sections:
         lines += ["", *history_table(sections["history"])]
+    if "inbox" in sections:
+        lines += ["", *inbox_table(sections["inbox"])]
     errors = results.get("errors") or {}
     for name, message in errors.items():
         lines += ["", f"**{name} failed**: {message}"]
