@@ -9,10 +9,11 @@ and notifications and deliveries are kept (they are the participant's record and
 the daily cap).
 
 Who and when. ``Retention`` is a ``Scheduler.poll_hook``: after a poll, every replica may
-try. One replica at a time is elected by a session-level advisory lock (``pg_try_advisory_lock``,
-never waited for); the elected replica starts a run only if no replica started one within
-the last hour by the injected clock (``scheduler_maintenance`` holds the time, shared by
-replicas and restarts). A run deletes in small batches, each its own short transaction
+try. One replica at a time is elected by an advisory lock (``pg_try_advisory_xact_lock``,
+never waited for, taken again in every batch's transaction, so it needs no session and
+works behind a transaction-pooling PgBouncer); the elected replica starts a run only if no
+replica started one within the last hour by the injected clock (``scheduler_maintenance``
+holds the time, shared by replicas and restarts). A run deletes in small batches, each its own short transaction
 (``FOR UPDATE SKIP LOCKED``, so a row a re-post is changing right now is left for the next
 run), at most ``max_batches`` per poll so the loop is never held up for long; a backlog is
 carried on over the next polls of the same replica.
@@ -87,55 +88,49 @@ class Retention:
         if self._resume is None and checked is not None and checked <= now < checked + self.interval:
             return None  # checked within the hour (a clock that went back checks again)
         with self.engine.connect() as conn:
-            elected = bool(conn.execute(statement("try_retention_lock"), {"key": RETENTION_LOCK_KEY}).scalar())
-            conn.commit()
-            if not elected:
-                # another replica is deleting right now; it will carry its run to the end
+            cutoff = self._resume
+            if cutoff is None:
+                if not self._elected(conn):
+                    # another replica is deleting right now; it carries its run to the end
+                    conn.rollback()
+                    self._checked_at = now
+                    return None
+                started = conn.execute(
+                    statement("claim_maintenance_run"),
+                    {"task": TASK, "now": now, "interval_seconds": self.interval.total_seconds()},
+                ).first()
+                conn.commit()
                 self._checked_at = now
-                return None
-            try:
-                return self._run(conn, now)
-            finally:
-                self._release(conn)
+                if started is None:
+                    return None  # a replica started a run within the interval
+                cutoff = now - timedelta(days=self.days)
+            return self._delete(conn, cutoff)
 
     @staticmethod
-    def _release(conn: Any) -> None:
-        """Give up the election. A session-level lock outlives transactions, so a connection
-        that cannot say so is closed for good (its backend's end releases the lock) rather
-        than returned to the pool still holding it."""
-        try:
-            conn.rollback()  # a failed batch leaves the transaction aborted
-            conn.execute(statement("release_retention_lock"), {"key": RETENTION_LOCK_KEY})
-            conn.commit()
-        except Exception:
-            logger.exception("retention: releasing the election lock failed; discarding the connection")
-            conn.invalidate()
+    def _elected(conn: Any) -> bool:
+        """The election, for the current transaction only: a lock nobody waits for, released
+        by the commit or the rollback (or the end of a dead connection's backend)."""
+        return bool(conn.execute(statement("try_retention_lock"), {"key": RETENTION_LOCK_KEY}).scalar())
 
-    def _run(self, conn: Any, now: datetime) -> RetentionReport | None:
-        cutoff = self._resume
-        if cutoff is None:
-            started = conn.execute(
-                statement("claim_maintenance_run"),
-                {"task": TASK, "now": now, "interval_seconds": self.interval.total_seconds()},
-            ).first()
-            conn.commit()
-            self._checked_at = now
-            if started is None:
-                return None  # a replica started a run within the interval
-            cutoff = now - timedelta(days=self.days)
+    def _delete(self, conn: Any, cutoff: datetime) -> RetentionReport:
         deleted = batches = 0
         done = False
-        while batches < self.max_batches:
-            ids = conn.execute(
-                statement("delete_expired_events"), {"cutoff": cutoff, "batch_size": self.batch_size}
-            ).scalars().all()
-            conn.commit()
-            deleted += len(ids)
-            batches += 1
-            if len(ids) < self.batch_size:
-                done = True
-                break
-        self._resume = None if done else cutoff
+        try:
+            while batches < self.max_batches:
+                if not self._elected(conn):
+                    break  # another replica took over meanwhile: carry on next poll
+                ids = conn.execute(
+                    statement("delete_expired_events"), {"cutoff": cutoff, "batch_size": self.batch_size}
+                ).scalars().all()
+                conn.commit()
+                deleted += len(ids)
+                batches += 1
+                if len(ids) < self.batch_size:
+                    done = True
+                    break
+        finally:
+            conn.rollback()  # nothing is left open (a failed batch leaves its transaction aborted)
+            self._resume = None if done else cutoff
         report = RetentionReport(deleted, batches, done, cutoff)
         self.last_report = report
         if deleted:

@@ -201,12 +201,9 @@ WHERE event_id = :id
 ORDER BY id;
 
 -- name: try_retention_lock
--- Elect the one replica that runs retention now (session-level; released by release_retention_lock).
-SELECT pg_try_advisory_lock(:key);
-
--- name: release_retention_lock
--- Give up the retention election.
-SELECT pg_advisory_unlock(:key);
+-- Elect the one replica that runs retention now, until this transaction ends (never waits).
+-- transaction-level, so it also holds behind a transaction-pooling PgBouncer
+SELECT pg_try_advisory_xact_lock(:key);
 
 -- name: claim_maintenance_run
 -- Start a periodic task's run unless one started less than :interval_seconds ago (by :now).
