@@ -133,3 +133,23 @@ def test_the_cli_cancels_by_key_and_prints_the_history(
     assert main(["events", "history", stored["id"], "--json"]) == 0
     assert [e["status"] for e in json.loads(capsys.readouterr().out)] == ["pending", "cancelled"]
     assert main(["events", "history", "no-such-id"]) == 1
+
+
+@pytest.mark.clause("HIST-3")
+def test_the_consoles_event_page_shows_the_rows_changes(
+    client: TestClient, service: SchedulerService, clock: ManualClock
+) -> None:
+    """HIST-3: the console's detail page lists each change with who made it and what changed."""
+    stored = post_event(client, external_key="k-console")
+    clock.advance(timedelta(minutes=5))
+    moved = client.post("/admin/scheduled-events", headers=bearer("nudging.ingest", subject="sender-app"),
+                        json={"event_type": "commitment_reminder", "user_id": "participant-1",
+                              "external_key": "k-console", "trigger_at": (T0 + later()).isoformat(),
+                              "facts": reminder_facts()})
+    assert moved.status_code == 201
+    client.cookies.set("scheduler_console", bearer("nudging.admin")["Authorization"].split()[1], path="/console")
+    page = client.get(f"/console/events/{stored['id']}")
+    assert page.status_code == 200, page.text
+    changes = page.text.split('<table id="changes">', 1)[1].split("</table>", 1)[0]
+    assert changes.count("<tr><td>") == 2
+    assert "rewritten" in changes and "sender-app" in changes and "trigger_at" in changes
