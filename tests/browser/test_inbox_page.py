@@ -8,7 +8,6 @@ disconnect shows the reminder it missed once it reconnects (Last-Event-ID).
 
 from __future__ import annotations
 
-import shutil
 import time
 from collections.abc import Iterator
 from datetime import timedelta
@@ -24,16 +23,10 @@ from scheduler.db import make_engine
 from scheduler.publishers import RecordingPublisher
 from tests.conftest import INGEST, T0, token
 from tests.helpers import event_body, reminder_facts, rows
+from tests.operations.browser import CHROMIUM_ARGS, chromium_or_skip
 from tests.servers import serve, wait_for
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
-
-pytestmark = [
-    pytest.mark.browser,
-    pytest.mark.skipif(shutil.which(CHROMIUM) is None, reason=f"{CHROMIUM} is not installed (scripts/system-packages)"),
-]
+pytestmark = pytest.mark.browser
 
 
 @pytest.fixture
@@ -67,10 +60,12 @@ def test_the_page_on_replica_b_shows_a_reminder_dispatched_by_replica_a_and_what
     replicas: tuple[str, str], engine: Engine, clock: ManualClock
 ) -> None:
     """INBOX-7: live from another replica, then replayed on reconnect, in real Chromium."""
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (the test extra)")
+    executable = chromium_or_skip()
+    from playwright import sync_api
+
     base_a, base_b = replicas
     with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        browser = p.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
         try:
             page = browser.new_page()
             page.goto(f"{base_b}/inbox")
