@@ -23,7 +23,7 @@ from sqlalchemy import RowMapping
 from sqlalchemy.orm import Session, sessionmaker
 
 from scheduler.queries import statement
-from scheduler.store import event_to_json
+from scheduler.store import event_to_json, set_change_context
 
 BULK_CAP = 10_000
 CHUNK = 500
@@ -117,6 +117,7 @@ def reset_one(sessions: sessionmaker[Session], event_id: str, now: datetime, *, 
               source: str, reason: str | None = None) -> dict[str, Any] | None:
     """The reset by hand of one row, recorded in the audit trail; ``None`` if no such row."""
     with sessions.begin() as session:
+        set_change_context(session, "reset", actor)  # the row's history names the change and who
         row = session.execute(statement("reset_event"), {"id": event_id, "now": now}).mappings().first()
         if row is None:
             return None
@@ -154,6 +155,7 @@ def bulk_reset(sessions: sessionmaker[Session], where: EventFilter, *, now: date
     params = {**where.params(), "as_of": as_of, "now": now}
     while done < limit:
         with sessions.begin() as session:
+            set_change_context(session, "reset", actor)
             ids = list(session.execute(statement("reset_filtered_chunk"), {
                 **params, "after_id": after, "chunk": min(chunk, limit - done),
             }).scalars())
