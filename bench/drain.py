@@ -142,7 +142,7 @@ def _raw_same_worker(url: str, kind: str, batch: int, barrier: Barrier, out: Any
     from psycopg with no SQLAlchemy and no dispatch."""
     import psycopg
 
-    from scheduler.orchestrator import participant_lock_key
+    from scheduler.participant_locks import participant_lock_key
 
     claim = psycopg_sql(sql("claim_due_events"))
     lock = psycopg_sql(sql("try_lock_participants"))

@@ -28,7 +28,7 @@ BUCKETS = {
     "Scheduler.claim": "scheduler/loop.py:claim",
     "Scheduler.dispatch_next": "scheduler/loop.py:dispatch_next",
     "Scheduler.finish": "scheduler/loop.py:finish",
-    "engine evaluate (rules, templates)": "scheduler/engine.py:evaluate",
+    "engine evaluate (rules, templates)": "scheduler/rule_engine.py:evaluate",
     "Orchestrator.decide": "scheduler/orchestrator.py:decide",
 }
 

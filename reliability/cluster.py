@@ -225,8 +225,7 @@ class Replica:
     def terminate(self, timeout: float = 60) -> tuple[int, float]:
         """SIGTERM and wait for the exit; returns (exit code, seconds to exit).
 
-        uvicorn shuts down gracefully (the lifespan stops the loop), then re-raises the
-        signal, so a clean exit shows as -SIGTERM (143 in a shell), not 0."""
+        `serve` shuts down gracefully (the lifespan stops the loop) and exits 0."""
         assert self.process is not None
         started = time.monotonic()
         self.process.send_signal(signal.SIGTERM)

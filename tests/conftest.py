@@ -1,15 +1,20 @@
 """Test fixtures: one PostgreSQL per session, a fresh database per test cloned from a template.
 
 The server is ``SCHEDULER_TEST_DATABASE_URL`` when set, else an embedded PostgreSQL
-(the ``pgserver`` wheel) started once per session. The template database is migrated
-with Alembic once; each test gets ``CREATE DATABASE ... TEMPLATE`` in milliseconds.
+(the ``pgserver`` wheel) started by the session fixture ``pg_server`` the first time a
+test needs a database (importing this module starts nothing). The template database is
+migrated with Alembic once; each test gets ``CREATE DATABASE ... TEMPLATE`` in milliseconds.
+
+Tokens (``ADMIN``, ``INGEST``, ``PARTICIPANT``) are minted when a request reads them, so
+a session longer than a token's lifetime never sends an expired one.
 """
 
 from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -31,38 +36,54 @@ TEST_SECRET = "test-secret-for-the-requirement-suite-0123456789"
 T0 = datetime(2026, 11, 30, 9, 0, tzinfo=UTC)
 
 
-def _server() -> dict[str, Any]:
+@dataclass(frozen=True)
+class PgServer:
+    """Where the session's PostgreSQL listens (what pytest-postgresql's ``depends_on`` reads)."""
+
+    host: str
+    port: int
+    user: str
+    password: str
+    options: str = ""
+    maintenance_dbname: str = "postgres"
+    template_dbname: str | None = None
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[PgServer]:
+    """The session's PostgreSQL: ``SCHEDULER_TEST_DATABASE_URL``, or an embedded server
+    started here and stopped when the session ends."""
     url = os.environ.get("SCHEDULER_TEST_DATABASE_URL")
     if url:
         parsed = make_url(url)
-        return {
-            "host": parsed.host or parsed.query.get("host"),
-            "port": parsed.port or 5432,
-            "user": parsed.username or "postgres",
-            "password": parsed.password or "",
-        }
+        host = parsed.host or parsed.query.get("host")
+        yield PgServer(host=str(host), port=parsed.port or 5432, user=parsed.username or "postgres",
+                       password=parsed.password or "")
+        return
     import pgserver
 
-    pgdata = Path(os.environ.get("SCHEDULER_TEST_PGDATA") or Path(tempfile.gettempdir()) / f"scheduler-tests-pg-{os.getuid()}")
+    pgdata = Path(os.environ.get("SCHEDULER_TEST_PGDATA")
+                  or Path(tempfile.gettempdir()) / f"scheduler-tests-pg-{os.getuid()}")
     server = pgserver.get_server(pgdata, cleanup_mode="stop")  # type: ignore[attr-defined]
-    _server.keep = server  # type: ignore[attr-defined]  # keep it alive for the session
-    return {"host": socket_dir_of(server.get_uri()), "port": 5432, "user": "postgres", "password": ""}
+    host = socket_dir_of(server.get_uri())
+    assert host is not None, server.get_uri()
+    try:
+        yield PgServer(host=host, port=5432, user="postgres", password="")
+    finally:
+        server.cleanup()  # stops it unless another process still uses it (cleanup_mode="stop")
 
 
-SERVER = _server()
-
-
-def libpq_url(dbname: str) -> str:
-    password = f":{SERVER['password']}" if SERVER["password"] else ""
-    host = SERVER["host"]
+def libpq_url(dbname: str, *, host: str, port: int, user: str, password: str | None = None) -> str:
+    """A SQLAlchemy (psycopg 3) URL to ``dbname``, over a Unix socket or TCP."""
+    secret = f":{password}" if password else ""
     if str(host).startswith("/"):
-        return f"postgresql+psycopg://{SERVER['user']}{password}@/{dbname}?host={host}&port={SERVER['port']}"
-    return f"postgresql+psycopg://{SERVER['user']}{password}@{host}:{SERVER['port']}/{dbname}"
+        return f"postgresql+psycopg://{user}{secret}@/{dbname}?host={host}&port={port}"
+    return f"postgresql+psycopg://{user}{secret}@{host}:{port}/{dbname}"
 
 
 def load_schema(host: str, port: int, user: str, dbname: str, password: str | None = None, **_: Any) -> None:
     """Migrate the template database once; every test database is cloned from it."""
-    engine = make_engine(libpq_url(dbname))
+    engine = make_engine(libpq_url(dbname, host=host, port=port, user=user, password=password))
     try:
         migrate(engine)
     finally:
@@ -70,7 +91,7 @@ def load_schema(host: str, port: int, user: str, dbname: str, password: str | No
 
 
 postgresql_noproc = factories.postgresql_noproc(
-    host=SERVER["host"], port=SERVER["port"], user=SERVER["user"], password=SERVER["password"],
+    depends_on="pg_server",
     # One template per pytest process, so that concurrent sessions on one server never collide.
     dbname=f"scheduler_test_{os.getpid()}", load=[load_schema],
 )
@@ -80,7 +101,8 @@ postgresql = factories.postgresql("postgresql_noproc")
 @pytest.fixture
 def database_url(postgresql: psycopg.Connection[Any]) -> str:
     """A SQLAlchemy URL to this test's own freshly cloned database."""
-    return libpq_url(postgresql.info.dbname)
+    info = postgresql.info
+    return libpq_url(info.dbname, host=info.host, port=info.port, user=info.user, password=info.password or None)
 
 
 @pytest.fixture
@@ -119,9 +141,31 @@ def bearer(scope: str | None, **kwargs: Any) -> dict[str, str]:
     return {"Authorization": f"Bearer {token(scope, **kwargs)}"}
 
 
-ADMIN = bearer("nudging.admin")
-INGEST = bearer("nudging.ingest")
-PARTICIPANT = bearer(None, subject="participant-1")
+class FreshBearer(Mapping[str, str]):
+    """Request headers with a bearer token minted at the moment a request reads them."""
+
+    def __init__(self, scope: str | None, **kwargs: Any) -> None:
+        self.scope = scope
+        self.kwargs = kwargs
+
+    def __getitem__(self, name: str) -> str:
+        if name != "Authorization":
+            raise KeyError(name)
+        return f"Bearer {token(self.scope, **self.kwargs)}"
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(("Authorization",))
+
+    def __len__(self) -> int:
+        return 1
+
+    def __repr__(self) -> str:
+        return f"FreshBearer({self.scope!r})"
+
+
+ADMIN = FreshBearer("nudging.admin")
+INGEST = FreshBearer("nudging.ingest")
+PARTICIPANT = FreshBearer(None, subject="participant-1")
 
 
 @pytest.fixture

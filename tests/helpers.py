@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -72,14 +73,32 @@ def statuses(engine: Engine) -> dict[str, str]:
     return {r["id"]: r["status"] for r in rows(engine, "SELECT id, status FROM scheduled_events")}
 
 
-def drain(service: SchedulerService) -> list[PollReport]:
-    """Poll until a poll claims nothing; return every report."""
+MAX_DRAIN_POLLS = 1000
+
+
+def drain(service: SchedulerService, max_polls: int = MAX_DRAIN_POLLS) -> list[PollReport]:
+    """Poll until a poll claims nothing; return every report. A loop that claims for ever
+    (rows that never leave ``pending``) fails after ``max_polls`` polls instead of hanging."""
     reports: list[PollReport] = []
-    while True:
+    for _ in range(max_polls):
         report = service.scheduler.poll_once()
         if report.claimed == 0:
             return reports
         reports.append(report)
+    raise AssertionError(f"still claiming rows after {max_polls} polls: do claimed rows never leave pending?")
+
+
+DEADLINE_SECONDS = 30.0
+
+
+async def eventually(condition: Callable[[], bool], what: str, timeout: float = DEADLINE_SECONDS) -> None:
+    """Yield to the event loop until ``condition()`` holds; fail naming ``what`` after
+    ``timeout`` seconds (the deadline only turns a hang into a failure, it times nothing)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+        await asyncio.sleep(0.001)
 
 
 def later(hours: float = 1) -> timedelta:

@@ -34,7 +34,7 @@ from scheduler.config import ConfigError, Settings
 from scheduler.db import make_engine, make_sessionmaker, resolve_database_url
 from scheduler.dispatch import NudgingPlatform
 from scheduler.facts import ContractViolation, FactsMissing, check_facts_contract
-from scheduler.http import Refused, parse_body, read_json, unprocessable
+from scheduler.http import HTTPRefusal, parse_body, read_json, unprocessable
 from scheduler.listener import Listener, conninfo_of
 from scheduler.loop import DUE_CHANNEL, Scheduler
 from scheduler.openapi import openapi_document
@@ -56,6 +56,7 @@ EventBodyT = TypeVar("EventBodyT", ScheduledEventIn, LiveEventIn)
 
 MISSING_FACTS_SCHEDULED = "Missing facts in scheduled event"
 MISSING_FACTS_LIVE = "Missing facts in event"
+LOOP_POOL_SIZE = 2
 
 
 class SchedulerService:
@@ -71,11 +72,23 @@ class SchedulerService:
         dispatcher: Dispatcher | None = None,
         publisher: Publisher | None = None,
         run_scheduler: bool | None = None,
+        loop_engine: Engine | None = None,
     ) -> None:
         self.settings = settings or Settings.from_env()
+        # Engines this service creates are its own to dispose when it stops; an engine the
+        # caller passes stays the caller's.
+        self._owned_engines: list[Engine] = []
         if engine is None:
-            engine = make_engine(resolve_database_url(self.settings), self.settings)
+            url = resolve_database_url(self.settings)
+            engine = make_engine(url, self.settings)
+            self._owned_engines.append(engine)
+            if loop_engine is None:
+                # The loop gets a pool of its own, so requests that take every pooled
+                # connection (a slow query, a held lock) cannot starve the polls.
+                loop_engine = make_engine(url, self.settings, pool_size=LOOP_POOL_SIZE, max_overflow=0)
+                self._owned_engines.append(loop_engine)
         self.engine = engine
+        self.loop_engine = loop_engine or engine
         self.sessions = make_sessionmaker(engine)
         self.clock = clock or SystemClock()
         self.catalogue = catalogue or load_catalogue(self.settings.rules_dir)
@@ -84,7 +97,7 @@ class SchedulerService:
         self.verifier = TokenVerifier(self.settings)
         self.run_scheduler = self.settings.scheduler_enabled if run_scheduler is None else run_scheduler
         self.scheduler = Scheduler(
-            self.sessions,
+            make_sessionmaker(self.loop_engine) if self.loop_engine is not engine else self.sessions,
             self.dispatcher,
             self.clock,
             publisher=self.publisher,
@@ -105,14 +118,17 @@ class SchedulerService:
             middleware=self.middleware(),
             exception_handlers={
                 HTTPException: _http_error,
-                Refused: _refused,
+                HTTPRefusal: _refused,
                 OperationalError: _database_unavailable,
                 InterfaceError: _database_unavailable,
                 PoolTimeout: _database_unavailable,
                 DataError: _value_not_storable,
                 DBAPIError: _database_error,
             },
+            # Mounting service.app alone runs the loop: its lifespan is the service's.
+            lifespan=self.lifespan,
         )
+        self.app.state.service = self
 
     def _check_security(self) -> None:
         settings = self.settings
@@ -154,12 +170,17 @@ class SchedulerService:
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app: ASGIApp | None = None) -> AsyncIterator[None]:
-        """Start the polling loop with the app; stop it (at once) when the app stops."""
+        """Start the polling loop with the app; stop it (at once) when the app stops.
+
+        Re-entrant: entered while the service already runs (started by an embedding app's
+        own lifespan, or a test), it neither starts a second loop nor stops the first."""
+        already_running = self._task is not None or self.listener.running
         await self.start()
         try:
             yield
         finally:
-            await self.stop()
+            if not already_running:
+                await self.stop()
 
     def _on_due(self, payload: str) -> None:
         """A NOTIFY from any replica's store: a row is pending with this trigger time."""
@@ -179,11 +200,16 @@ class SchedulerService:
         self._task.add_done_callback(_report_exit)
 
     async def stop(self) -> None:
+        """Set the loop's stop event and wait for the loop to return (it is never cancelled);
+        then stop the listener and dispose of the engines this service created."""
         if self._task is not None and self._stop is not None:
             self._stop.set()
             with contextlib.suppress(Exception):
                 await self._task
+            self._task = None
         await run_in_threadpool(self.listener.stop)
+        for engine in self._owned_engines:
+            engine.dispose()
 
     @property
     def loop_alive(self) -> bool:
@@ -264,9 +290,9 @@ class SchedulerService:
         try:
             check_facts_contract(body.facts)
         except FactsMissing:
-            raise Refused(422, missing_message) from None
+            raise HTTPRefusal(422, missing_message) from None
         except ContractViolation as exc:
-            raise Refused(422, {"error": "invalid_facts_contract", "errors": list(exc.errors)}) from None
+            raise HTTPRefusal(422, {"error": "invalid_facts_contract", "errors": list(exc.errors)}) from None
         return body
 
     def _dispatch_live(self, event: DigitalTwinEvent) -> Any:
@@ -367,7 +393,7 @@ def _jsonable(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 async def _refused(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, Refused)
+    assert isinstance(exc, HTTPRefusal)
     return JSONResponse({"detail": exc.detail}, status_code=exc.status_code)
 
 
@@ -432,16 +458,9 @@ def _report_exit(task: asyncio.Task[None]) -> None:
 
 
 def create_app(settings: Settings | None = None, **kwargs: Any) -> Starlette:
-    """The standalone service: the routes plus a lifespan that runs the scheduler loop."""
-    service = SchedulerService(settings, **kwargs)
-    app = Starlette(
-        routes=service.app.routes,
-        middleware=service.middleware(),
-        exception_handlers=service.app.exception_handlers,
-        lifespan=service.lifespan,
-    )
-    app.state.service = service
-    return app
+    """The standalone service: ``SchedulerService(...).app``, whose lifespan runs the loop
+    (the service is ``app.state.service``)."""
+    return SchedulerService(settings, **kwargs).app
 
 
 __all__ = ["SchedulerService", "create_app"]

@@ -12,6 +12,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+import anyio.to_thread
 import jwt
 from starlette.authentication import (
     AuthCredentials,
@@ -65,6 +66,11 @@ class TokenVerifier:
     def configured(self) -> bool:
         return bool(self._secret or self._public_key or self._jwks)
 
+    @property
+    def fetches_keys(self) -> bool:
+        """True when verifying may fetch keys over the network (a JWKS endpoint)."""
+        return self._jwks is not None
+
     def verify(self, token: str) -> dict[str, Any]:
         options = {"require": ["exp", "sub"]}
         common: dict[str, Any] = {"audience": self.audience, "options": options}
@@ -102,7 +108,17 @@ class JWTBackend(AuthenticationBackend):
         if scheme.lower() != "bearer" or not token.strip():
             raise AuthenticationError("malformed Authorization header: expected 'Bearer <token>'")
         try:
-            claims = self.verifier.verify(token.strip())
+            if self.verifier.fetches_keys:
+                # The JWKS fetch is blocking network I/O: keep it off the event loop.
+                claims = await anyio.to_thread.run_sync(self.verifier.verify, token.strip())
+            else:
+                claims = self.verifier.verify(token.strip())
+        except jwt.InvalidSignatureError as exc:  # a DecodeError too, but a well-formed token
+            raise AuthenticationError(f"invalid token: {exc}") from exc
+        except jwt.DecodeError as exc:
+            raise AuthenticationError(
+                "malformed token: not a JWT (expected header.payload.signature in base64url)"
+            ) from exc
         except jwt.PyJWTError as exc:
             raise AuthenticationError(f"invalid token: {exc}") from exc
         scopes = scopes_of(claims)

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import importlib
 import json
 import logging
 import secrets
+import signal
+import socket
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 from scheduler.config import ConfigError, Settings
 
@@ -27,6 +32,7 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
     import uvicorn
 
     from scheduler.app import create_app
+    from scheduler.db import stop_embedded_servers
 
     if settings.effective_jwt_secret() is None and not (settings.jwt_public_key or settings.jwks_url):
         if settings.environment == "production":
@@ -36,12 +42,82 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
         settings.secret_file.chmod(0o600)
         print(f"generated a development JWT secret in {settings.secret_file}; "
               "`scheduler token --scope nudging.admin` mints tokens for it", file=sys.stderr)
-    engine = _engine(settings)
-    app = create_app(settings, engine=engine)
-    print(f"scheduler listening on http://{args.host}:{args.port} "
-          f"({settings.mode} mode: poll every {settings.poll_seconds:g}s, batch {settings.batch_size})", file=sys.stderr)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=10)
+    # Bind first: a port that is taken is a clear message before anything else starts.
+    try:
+        listener = bind_listener(args.host, args.port)
+    except OSError as exc:
+        print(f"cannot listen on {args.host}:{args.port}: {_bind_problem(exc)}", file=sys.stderr)
+        return 1
+    announce = (f"scheduler listening on http://{args.host}:{args.port} "
+                f"({settings.mode} mode: poll every {settings.poll_seconds:g}s, batch {settings.batch_size})")
+    try:
+        _engine(settings).dispose()  # migrate; the service opens (and disposes) its own engines
+        app = create_app(settings)
+        server = _announcing_server(
+            uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=10), announce
+        )
+        with _graceful_signals():
+            server.run(sockets=[listener])
+    finally:
+        listener.close()
+        stop_embedded_servers()  # the embedded PostgreSQL this process started, if any
     return 0
+
+
+def bind_listener(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host:port`` (uvicorn listens on it)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
+
+
+def _bind_problem(exc: OSError) -> str:
+    if exc.errno == errno.EADDRINUSE:
+        return ("the port is already in use (another `scheduler serve`?); "
+                "stop it or choose another port with --port")
+    if exc.errno == errno.EACCES:
+        return "permission denied (ports below 1024 need privileges); choose another port with --port"
+    return str(exc)
+
+
+def _announcing_server(config: Any, announce: str) -> Any:
+    """uvicorn's server, saying ``announce`` only once the socket is served and the lifespan
+    (the polling loop) has started. (uvicorn is imported here: only ``serve`` needs it.)"""
+    import uvicorn
+
+    class AnnouncingServer(uvicorn.Server):
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets=sockets)
+            if not self.should_exit:
+                print(announce, file=sys.stderr, flush=True)
+
+    return AnnouncingServer(config)
+
+
+@contextlib.contextmanager
+def _graceful_signals() -> Iterator[list[int]]:
+    """SIGTERM (what systemd, Docker and Kubernetes send) and SIGINT both mean: stop
+    gracefully and exit 0. uvicorn handles the signal while serving, then raises it again
+    with the handlers it found; these are those handlers, so the process goes on to stop
+    its embedded PostgreSQL instead of dying of the signal."""
+    received: list[int] = []
+
+    def record(signum: int, frame: Any) -> None:
+        received.append(signum)
+
+    previous = {sig: signal.signal(sig, record) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield received
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
@@ -169,14 +245,11 @@ EXTENSIONS = (("harness.cli", "add_simulate_command"), ("bench.cli", "add_bench_
 
 
 def _add_extensions(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Commands that live in other packages (the simulation harness, the benchmarks),
-    added when those packages are installed."""
+    """Commands that live in the other packages of this distribution (the simulation
+    harness, the benchmarks). They ship together, so a failing import is a bug to report,
+    never a reason to drop the subcommand silently."""
     for module_name, hook in EXTENSIONS:
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError:
-            continue
-        getattr(module, hook)(sub)
+        getattr(importlib.import_module(module_name), hook)(sub)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -46,6 +46,15 @@ def embedded_server_uri(pgdata: Path) -> str:
     return str(server.get_uri())
 
 
+def stop_embedded_servers() -> None:
+    """Stop the embedded servers this process started (pgserver leaves one running while
+    another process still uses it), so a stopped ``serve`` leaves no postmaster behind."""
+    for pgdata in list(_embedded):
+        server = _embedded.pop(pgdata)
+        logger.info("stopping embedded PostgreSQL in %s", pgdata)
+        server.cleanup()
+
+
 def socket_dir_of(uri: str) -> str | None:
     """The Unix socket directory in a libpq URI such as ``postgresql://u@/db?host=/tmp/x``."""
     hosts = parse_qs(urlparse(uri).query).get("host")

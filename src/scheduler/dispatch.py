@@ -11,8 +11,8 @@ from datetime import datetime
 
 from sqlalchemy.orm import Session
 
-from scheduler.engine import Refusal, evaluate
 from scheduler.orchestrator import Orchestrator
+from scheduler.rule_engine import RuleRefusal, evaluate
 from scheduler.rules import Catalogue
 from scheduler.types import DigitalTwinEvent, DispatchResult
 
@@ -27,7 +27,7 @@ class NudgingPlatform:
     def __call__(self, session: Session, event: DigitalTwinEvent, now: datetime) -> DispatchResult:
         try:
             candidates = evaluate(self.catalogue, event)
-        except Refusal as refusal:
+        except RuleRefusal as refusal:
             return DispatchResult(
                 http_status=refusal.status,
                 outcome="refused",

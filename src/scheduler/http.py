@@ -13,7 +13,7 @@ from starlette.responses import JSONResponse
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
 
-class Refused(Exception):
+class HTTPRefusal(Exception):
     """The request is refused with ``detail`` (any JSON), e.g. the facts contract's 422s."""
 
     def __init__(self, status_code: int, detail: Any) -> None:

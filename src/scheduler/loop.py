@@ -41,7 +41,7 @@ import anyio.to_thread
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, SessionTransaction, sessionmaker
 
-from scheduler.orchestrator import participant_lock_key, try_lock_participants
+from scheduler.participant_locks import participant_lock_key, try_lock_participants
 from scheduler.queries import statement
 from scheduler.types import (
     Clock,
@@ -485,6 +485,9 @@ class Scheduler:
             self.health.last_error_at = self.clock.now()
             self.health.consecutive_failures += 1
             report = None
+            # What we knew of the next trigger may be stale; a failed poll waits the whole
+            # interval (no hot loop against a database that is down).
+            self.next_due = None
         else:
             self.health.consecutive_failures = 0
         self._run_poll_hooks()
@@ -580,6 +583,9 @@ class Scheduler:
         self._started()
         loop = asyncio.get_running_loop()
         wake = asyncio.Event()
+        # A thread limiter of its own: requests that fill the default threadpool (their
+        # limiter) cannot keep a poll waiting for a thread.
+        limiter = anyio.CapacityLimiter(1)
 
         def interrupt() -> None:
             loop.call_soon_threadsafe(wake.set)
@@ -588,7 +594,7 @@ class Scheduler:
             self._interrupt = interrupt
         try:
             while not stop.is_set():
-                report = await anyio.to_thread.run_sync(self._poll_guarded, stop.is_set)
+                report = await anyio.to_thread.run_sync(self._poll_guarded, stop.is_set, limiter=limiter)
                 if stop.is_set():
                     break
                 if self._polls_again_at_once(report):

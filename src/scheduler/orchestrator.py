@@ -12,7 +12,6 @@ key remains the arbiter all the same.
 
 from __future__ import annotations
 
-import hashlib
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -21,66 +20,12 @@ from typing import Any, Protocol
 
 from sqlalchemy.orm import Session
 
-from scheduler.engine import Candidate
+from scheduler.participant_locks import lock_participant
 from scheduler.queries import statement
+from scheduler.rule_engine import Candidate
 from scheduler.types import DigitalTwinEvent, OutboundMessage
 
 DEFAULT_MAX_PER_DAY = 3
-
-
-def participant_lock_key(user_id: str) -> int:
-    """A stable signed 64-bit advisory-lock key for one participant."""
-    digest = hashlib.blake2b(f"nudging-participant:{user_id}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big", signed=True)
-
-
-def try_lock_participants(session: Session, keys: Iterable[int]) -> set[int]:
-    """Take whichever of these participant locks are free, without waiting; return those.
-
-    A claim uses this: it never waits on a participant another transaction holds, so it
-    can neither stall behind a held lock nor take part in a deadlock (DEC-2).
-    """
-    wanted = sorted(set(keys))
-    if not wanted:
-        return set()
-    taken = {int(k) for k in session.execute(statement("try_lock_participants"), {"keys": wanted}).scalars()}
-    remember_participant_locks(session, taken)
-    return taken
-
-
-# Where a session remembers the participant locks its current transaction holds at its
-# top level (outside any savepoint), so that an event does not ask for them again.
-_HELD_LOCKS = "scheduler.participant_locks"
-
-
-def remember_participant_locks(session: Session, keys: Iterable[int]) -> None:
-    """Note that the current transaction holds the advisory locks ``keys`` to its end.
-
-    Only locks taken at the top level count: a lock taken inside a savepoint is released
-    if the savepoint rolls back, so it is not remembered.
-    """
-    if session.in_nested_transaction():
-        return
-    transaction = session.get_transaction()
-    held: tuple[object, set[int]] | None = session.info.get(_HELD_LOCKS)
-    if held is None or held[0] is not transaction:
-        held = (transaction, set())
-        session.info[_HELD_LOCKS] = held
-    held[1].update(keys)
-
-
-def holds_participant_lock(session: Session, key: int) -> bool:
-    """True when the current transaction took ``key`` at its top level (see above)."""
-    held = session.info.get(_HELD_LOCKS)
-    return held is not None and held[0] is session.get_transaction() and key in held[1]
-
-
-def lock_participant(session: Session, user_id: str) -> None:
-    """Lock one participant until the end of the transaction, unless this transaction
-    already holds that lock (a batch takes its participants' locks when it claims)."""
-    key = participant_lock_key(user_id)
-    if not holds_participant_lock(session, key):
-        session.execute(statement("lock_participant"), {"key": key})
 
 
 @dataclass(frozen=True)

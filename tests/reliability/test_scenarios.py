@@ -24,6 +24,7 @@ from scheduler.app import SchedulerService
 from scheduler.clock import SystemClock
 from scheduler.config import Settings
 from tests.conftest import TEST_SECRET
+from tests.helpers import drain
 
 
 def _drained(engine: Engine) -> Backlog:
@@ -31,8 +32,7 @@ def _drained(engine: Engine) -> Backlog:
     seed_backlog(engine, backlog)
     service = SchedulerService(Settings(jwt_secret=TEST_SECRET), engine=engine, clock=SystemClock(),
                                run_scheduler=False)
-    while service.scheduler.poll_once().claimed:
-        pass
+    drain(service)
     return backlog
 
 

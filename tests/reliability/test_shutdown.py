@@ -108,7 +108,7 @@ def test_sigterm_mid_batch_finishes_the_event_in_hand_commits_and_exits_cleanly(
     assert gated.replica.alive()  # it waits for the event in hand, not for ever: open the gate
     gated.open()
     code = gated.replica.process.wait(timeout=60)
-    assert code in (0, -signal.SIGTERM)  # uvicorn re-raises SIGTERM after its graceful shutdown
+    assert code == 0  # a graceful stop, not death by the signal
     assert "Application shutdown complete" in gated.log()
     assert gated.in_flight() == [first]
     assert statuses(engine) == {i: ("dispatched" if i == first else "pending") for i in gated.ids}

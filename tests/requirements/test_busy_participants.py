@@ -22,7 +22,7 @@ from starlette.testclient import TestClient
 
 from scheduler.app import SchedulerService
 from scheduler.clock import ManualClock
-from scheduler.orchestrator import participant_lock_key
+from scheduler.participant_locks import participant_lock_key
 from tests.conftest import T0
 from tests.helpers import post_event, reminder_facts, rows
 

@@ -45,7 +45,7 @@ def test_the_key_names_rule_participant_community_and_scope(client: TestClient, 
 @pytest.mark.clause("CTX-DEDUP.2")
 def test_racing_writers_of_one_key_yield_exactly_one_notification(client: TestClient, engine: Engine) -> None:
     """CTX-DEDUP.2: sixteen concurrent live events for one key: one 200, fifteen 409, one sent row."""
-    barrier = threading.Barrier(16)
+    barrier = threading.Barrier(16, timeout=30)
 
     def send(_: int) -> int:
         barrier.wait()

@@ -69,7 +69,7 @@ def test_the_cap_counts_the_current_utc_day_only(client: TestClient, clock: Manu
 @pytest.mark.clause("CTX-PREFS.4")
 def test_the_cap_holds_exactly_when_many_live_events_race_for_one_participant(client: TestClient, engine: Engine) -> None:
     """CTX-PREFS.4: twelve concurrent live events, distinct periods: exactly three sent."""
-    barrier = threading.Barrier(12)
+    barrier = threading.Barrier(12, timeout=30)
 
     def send(day: str) -> int:
         barrier.wait()
@@ -92,7 +92,7 @@ def test_the_cap_holds_exactly_when_two_replicas_deliver_to_one_participant_at_o
     for i, day in enumerate(days(10)):
         post_event(client, user_id="p1", facts=reminder_facts(day), trigger_at=T0 - timedelta(minutes=i))
     replicas = [Scheduler(service.sessions, service.dispatcher, clock, batch_size=5, name=f"r{i}") for i in range(2)]
-    barrier = threading.Barrier(2)
+    barrier = threading.Barrier(2, timeout=30)
 
     def run(replica: Scheduler) -> int:
         barrier.wait()

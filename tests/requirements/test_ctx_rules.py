@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from starlette.testclient import TestClient
 
-from scheduler.engine import Refusal, evaluate
+from scheduler.rule_engine import RuleRefusal, evaluate
 from scheduler.rules import CatalogueError, load_catalogue
 from scheduler.types import DigitalTwinEvent
 from tests.conftest import INGEST
@@ -71,7 +71,7 @@ def test_a_malformed_catalogue_is_refused_with_a_message_naming_the_problem(
 def test_a_template_variable_the_facts_lack_is_a_refusal_not_an_empty_string(tmp_path: Path) -> None:
     """CTX-RULES.2: StrictUndefined: a missing variable refuses the event (live 422)."""
     catalogue = load_catalogue(write_rules(tmp_path, rule()))
-    with pytest.raises(Refusal) as refused:
+    with pytest.raises(RuleRefusal) as refused:
         evaluate(catalogue, event())
     assert (refused.value.status, refused.value.reason) == (422, "template_variable_missing")
     [candidate] = evaluate(catalogue, event(name="Ada"))
@@ -102,7 +102,7 @@ def test_a_disabled_rule_claims_nothing_so_its_scenario_is_a_400(client: TestCli
 def test_facts_rendered_into_a_message_cannot_execute_anything(tmp_path: Path) -> None:
     """CTX-RULES.5: facts are data: template syntax in them is printed, and the sandbox blocks internals."""
     catalogue = load_catalogue(write_rules(tmp_path, rule(title="{{ name }}", body="{{ name.__class__.__mro__ }}")))
-    with pytest.raises(Refusal) as refused:
+    with pytest.raises(RuleRefusal) as refused:
         evaluate(catalogue, event(name="{{ 7 * 7 }}"))
     assert refused.value.status == 422
     safe = load_catalogue(write_rules(tmp_path, rule(title="{{ name }}", body="ok")))
@@ -115,6 +115,6 @@ def test_required_facts_missing_are_named_in_the_refusal() -> None:
     """CTX-RULES.1: a rule's required facts are checked before it runs; the refusal names them."""
     facts = reminder_facts()
     del facts["commitment"]
-    with pytest.raises(Refusal, match="commitment") as refused:
+    with pytest.raises(RuleRefusal, match="commitment") as refused:
         evaluate(load_catalogue(), DigitalTwinEvent("t", "p", None, facts))
     assert refused.value.reason == "missing_required_facts"

@@ -12,6 +12,7 @@ OpenAPI document are open.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 
 import jwt
 import pytest
@@ -37,7 +38,7 @@ ADMIN_ROUTES = [
 OPEN_ROUTES = [("GET", "/health"), ("GET", "/openapi.json")]
 
 
-def call(client: TestClient, method: str, path: str, headers: dict[str, str] | None = None) -> int:
+def call(client: TestClient, method: str, path: str, headers: Mapping[str, str] | None = None) -> int:
     body: dict[str, object] | None = None
     if path == "/admin/scheduled-events" and method == "POST":
         body = event_body()

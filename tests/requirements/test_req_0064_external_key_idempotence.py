@@ -114,7 +114,7 @@ def test_twenty_concurrent_posts_with_one_new_key_give_one_row_and_twenty_201s(
     client: TestClient, engine: Engine
 ) -> None:
     """REQ-0064.5: the rewrite is one atomic statement; concurrent first posts never collide."""
-    barrier = threading.Barrier(20)
+    barrier = threading.Barrier(20, timeout=30)
 
     def post(i: int) -> tuple[int, str]:
         barrier.wait()

@@ -23,7 +23,7 @@ from scheduler.clock import ManualClock, SystemClock
 from scheduler.config import Settings
 from scheduler.loop import Scheduler
 from tests.conftest import ADMIN, T0
-from tests.helpers import event_row, later, post_event, statuses
+from tests.helpers import event_row, eventually, later, post_event, statuses
 
 
 @pytest.mark.clause("REQ-0065.1")
@@ -148,8 +148,7 @@ def test_the_loop_polls_every_interval_and_stops_at_once_even_with_a_one_hour_in
     async def scenario() -> int:
         stop = asyncio.Event()
         task = asyncio.create_task(scheduler.run(stop))
-        while scheduler.health.polls < 1:  # the first poll happens at once
-            await asyncio.sleep(0)
+        await eventually(lambda: scheduler.health.polls >= 1, "the first poll")  # it happens at once
         assert not task.done()
         stop.set()
         # The loop must end well within one interval: give it a tiny fraction of the hour.
@@ -169,8 +168,7 @@ def test_a_zero_interval_loop_polls_again_and_again_until_stopped(service: Sched
     async def scenario() -> int:
         stop = asyncio.Event()
         task = asyncio.create_task(scheduler.run(stop))
-        while scheduler.health.polls < 3:
-            await asyncio.sleep(0)
+        await eventually(lambda: scheduler.health.polls >= 3, "three polls")
         stop.set()
         await task
         return scheduler.health.polls

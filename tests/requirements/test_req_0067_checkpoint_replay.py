@@ -25,7 +25,7 @@ from starlette.testclient import TestClient
 from scheduler.app import SchedulerService
 from scheduler.db import make_sessionmaker
 from scheduler.loop import Scheduler
-from scheduler.orchestrator import participant_lock_key
+from scheduler.participant_locks import participant_lock_key
 from scheduler.publishers import RecordingPublisher
 from scheduler.types import DigitalTwinEvent, DispatchResult
 from tests.conftest import T0

@@ -17,7 +17,6 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
-from starlette.applications import Starlette
 from starlette.testclient import TestClient
 
 from scheduler.app import SchedulerService
@@ -25,7 +24,7 @@ from scheduler.clock import ManualClock
 from scheduler.loop import Batch
 from scheduler.types import DigitalTwinEvent, DispatchResult
 from tests.conftest import ADMIN, T0
-from tests.helpers import FakeDispatcher, event_row, post_event, rows, statuses
+from tests.helpers import FakeDispatcher, event_row, eventually, post_event, rows, statuses
 
 
 def batch_of_five(client: TestClient, middle: str = "user-2") -> list[dict[str, Any]]:
@@ -190,9 +189,8 @@ def test_an_exception_escaping_a_poll_is_caught_and_the_loop_continues(
     async def scenario() -> None:
         stop = asyncio.Event()
         task = asyncio.create_task(scheduler.run(stop))
-        while scheduler.health.dispatched < 1:
-            assert not task.done()
-            await asyncio.sleep(0)
+        await eventually(lambda: scheduler.health.dispatched >= 1 or task.done(), "a dispatch after the failed poll")
+        assert not task.done()
         stop.set()
         await task
 
@@ -208,9 +206,7 @@ def test_the_health_route_reports_a_live_loop_and_its_counters(
     """REQ-0067.7: while the loop task runs and polls, /health/scheduler is 200 with its counters."""
     service.run_scheduler = True
     post_event(client)
-    # Run the service's real lifespan: the loop as the API process runs it.
-    app = Starlette(routes=service.app.routes, middleware=service.middleware(), lifespan=service.lifespan)
-    with TestClient(app) as running:
+    with TestClient(service.app) as running:  # service.app's own lifespan runs the loop
         answer = wait_for_health(running, lambda body: body["polls"] >= 1)
         assert answer.status_code == 200
         body = answer.json()
@@ -231,8 +227,7 @@ def test_a_loop_that_died_is_reported_as_503_not_silence(service: SchedulerServi
         raise RuntimeError("a bug outside the poll guard")
 
     service.scheduler.run = broken_loop  # type: ignore[method-assign]
-    app = Starlette(routes=service.app.routes, middleware=service.middleware(), lifespan=service.lifespan)
-    with TestClient(app) as running:
+    with TestClient(service.app) as running:
         answer = wait_for_health(running, lambda body: body["running"] is False)
         assert answer.status_code == 503
 

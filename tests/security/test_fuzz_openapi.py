@@ -13,6 +13,7 @@ printed so that a failure can be replayed with SCHEDULER_FUZZ_SEED).
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import Any
 
 import pytest
@@ -28,7 +29,7 @@ from tests.conftest import ADMIN, INGEST, PARTICIPANT
 
 EXAMPLES = int(os.environ.get("SCHEDULER_FUZZ_EXAMPLES", "25"))
 SEED = int(os.environ.get("SCHEDULER_FUZZ_SEED", "20261130"))
-CALLERS: dict[str, dict[str, str]] = {"admin": ADMIN, "ingest": INGEST, "participant": PARTICIPANT, "anonymous": {}}
+CALLERS: dict[str, Mapping[str, str]] = {"admin": ADMIN, "ingest": INGEST, "participant": PARTICIPANT, "anonymous": {}}
 # Mostly admin, so that most cases reach the handlers rather than the authentication.
 CALLER_WEIGHTS = ["admin"] * 6 + ["ingest"] * 2 + ["participant", "anonymous"]
 CONTRACT_ROUTES = {"POST /admin/scheduled-events", "POST /admin/ingest-event"}
@@ -90,7 +91,7 @@ def test_fuzzing_every_operation_gives_no_5xx_json_4xx_and_exactly_the_201_rows(
             @given(case=strategy, caller=st.sampled_from(CALLER_WEIGHTS), data=st.data())
             def fuzz(case: Any, caller: str, data: st.DataObject) -> None:
                 _honour_contract(case, data)
-                response = case.call(headers=CALLERS[caller])
+                response = case.call(headers=dict(CALLERS[caller]))
                 answered[response.status_code] = answered.get(response.status_code, 0) + 1
                 problems: list[str] = []
                 _check(response, case.operation.label, problems)

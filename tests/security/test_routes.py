@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import pytest
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -21,7 +23,7 @@ def _id(entry: RouteEntry) -> str:
     return f"{entry.method} {entry.path}"
 
 
-def _call(client: TestClient, entry: RouteEntry, headers: dict[str, str] | None = None) -> int:
+def _call(client: TestClient, entry: RouteEntry, headers: Mapping[str, str] | None = None) -> int:
     kwargs: dict[str, object] = {"headers": headers or {}}
     if entry.method in {"POST", "PUT"}:
         kwargs["json"] = {}

@@ -177,6 +177,7 @@ FOUND_BY_RANDOM_DRIVER = {
     "read-then-write-upsert": (4, 300),
     "cap-without-lock": (3, 300),
     "status-first": (1, 300),
+    "prompt-catch-up": (3, 300),
 }
 
 
@@ -187,7 +188,8 @@ FOUND_BY_RANDOM_DRIVER = {
 @pytest.mark.clause("SIM-6")
 @pytest.mark.parametrize("name", sorted(FOUND_BY_RANDOM_DRIVER))
 def test_the_random_driver_finds_every_broken_scheduler_by_itself(database_url: str, name: str) -> None:
-    """SIM-1, SIM-2, SIM-4, SIM-5, SIM-6: each broken variant is caught by its named invariant."""
+    """SIM-1, SIM-2, SIM-4, SIM-5, SIM-6: each broken variant is caught by its named invariant
+    (the prompt-mode variant runs its replicas in prompt mode)."""
     seed, steps = FOUND_BY_RANDOM_DRIVER[name]
     assert set(FOUND_BY_RANDOM_DRIVER) == set(VARIANTS) - {"correct"}
     with Simulation(database_url, seed=seed, replicas=3, batch_size=3, participants=2, scheduler=name) as sim:
@@ -195,3 +197,34 @@ def test_the_random_driver_finds_every_broken_scheduler_by_itself(database_url: 
             run_random(sim, steps, random.Random(seed), frozenset({"event-errors"}))
         program = "\n".join(sim.program)
     assert info.value.clause == VARIANTS[name].expected, f"{info.value}\n{program}"
+
+
+@pytest.mark.clause("SIM-1")
+def test_a_prompt_mode_poll_past_the_batch_bound_is_caught_by_the_run_step(database_url: str) -> None:
+    """SIM-1: a prompt-mode loop that "catches up" after a full batch by claiming two batches'
+    worth polls again at once, as it should, but its second poll exceeds the batch size."""
+    with Simulation(database_url, replicas=1, batch_size=2, scheduler="prompt-catch-up") as sim:
+        for trigger in range(-9, -4):
+            sim.post(user=trigger % 3, trigger=trigger)
+        def program(sim: Simulation) -> None:
+            sim.run(0)
+
+        violation = caught(sim, program)
+    assert violation.clause == "SIM-1"
+    assert "prompt-mode poll 2 claimed 3 rows, more than the batch size 2" in violation.message
+
+
+@pytest.mark.clause("SIM-1")
+def test_a_prompt_mode_replica_polls_again_after_each_full_batch_and_agrees_with_the_model(
+    database_url: str,
+) -> None:
+    """SIM-1: the production prompt-mode loop, run as one step, takes 2 + 2 + 1 rows in three
+    polls, each checked against the model, and stops at the short batch."""
+    with Simulation(database_url, replicas=2, batch_size=2, modes="mixed") as sim:
+        for trigger in range(-9, -4):
+            sim.post(user=trigger % 3, trigger=trigger)
+        before = sim.replicas[1].scheduler.health.polls
+        assert sim.run(1)
+        assert sim.replicas[1].scheduler.health.polls - before == 3
+        assert sim.summary()["events_dispatched"] == 5
+        sim.drain()

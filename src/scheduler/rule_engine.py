@@ -27,7 +27,7 @@ from scheduler.types import DigitalTwinEvent
 
 
 @dataclass(frozen=True)
-class Refusal(Exception):
+class RuleRefusal(Exception):
     """The event cannot be processed as sent: ``status`` is the live answer (400 or 422)."""
 
     status: int
@@ -57,15 +57,15 @@ def _render(rule: Rule, context: Mapping[str, Any]) -> tuple[str, str]:
     try:
         return rule.title.render(context), rule.body.render(context)
     except UndefinedError as exc:
-        raise Refusal(422, "template_variable_missing", f"rule {rule.id}: {exc.message}") from exc
+        raise RuleRefusal(422, "template_variable_missing", f"rule {rule.id}: {exc.message}") from exc
     except TemplateError as exc:  # includes the sandbox's SecurityError
-        raise Refusal(422, "template_error", f"rule {rule.id}: {exc}") from exc
+        raise RuleRefusal(422, "template_error", f"rule {rule.id}: {exc}") from exc
 
 
 def evaluate(catalogue: Catalogue, event: DigitalTwinEvent) -> list[Candidate]:
     """Run the rules that claim this event; return the notifications they want.
 
-    Raises ``Refusal`` for the sender's errors: a broken facts contract, an unusable
+    Raises ``RuleRefusal`` for the sender's errors: a broken facts contract, an unusable
     time scope, no enabled rule for the scenario at that frequency, missing facts a rule
     requires, or a template naming a variable the facts lack. An evaluator that raises
     is not the sender's fault: its exception propagates.
@@ -73,21 +73,21 @@ def evaluate(catalogue: Catalogue, event: DigitalTwinEvent) -> list[Candidate]:
     try:
         facts = check_facts_contract(event.facts)
     except FactsMissing as exc:
-        raise Refusal(422, "missing_facts", str(exc)) from exc
+        raise RuleRefusal(422, "missing_facts", str(exc)) from exc
     except ContractViolation as exc:
-        raise Refusal(422, "invalid_facts_contract", list(exc.errors)) from exc
+        raise RuleRefusal(422, "invalid_facts_contract", list(exc.errors)) from exc
     try:
         scope = parse_time_scope(facts)
     except TimeScopeError as exc:
-        raise Refusal(422, INVALID_TIME_SCOPE, exc.args[0] if exc.args else None) from exc
+        raise RuleRefusal(422, INVALID_TIME_SCOPE, exc.args[0] if exc.args else None) from exc
     scenario = str(facts["scenario"])
     rules = catalogue.matching(scenario, scope.frequency)
     if not rules:
-        raise Refusal(400, "no_rule_for_scenario", f"no enabled rule claims scenario {scenario!r} at {scope.frequency} frequency")
+        raise RuleRefusal(400, "no_rule_for_scenario", f"no enabled rule claims scenario {scenario!r} at {scope.frequency} frequency")
     for rule in rules:
         missing = [name for name in rule.required_facts if facts.get(name) in (None, "")]
         if missing:
-            raise Refusal(422, "missing_required_facts", f"rule {rule.id} needs {', '.join(missing)}")
+            raise RuleRefusal(422, "missing_required_facts", f"rule {rule.id} needs {', '.join(missing)}")
     candidates = []
     for rule in rules:
         extra: Mapping[str, Any] = {}

@@ -1,0 +1,269 @@
+"""WIRE-1: every setting read from the environment reaches the thing it configures.
+
+Each field of ``Settings`` has a check here that builds the service the way production
+does (``Settings.from_env`` of an environment, the service making its own engines) and
+proves the setting changed behaviour where it matters: the loop, the engines, the token
+verifier, the catalogue, the body limit. A new setting without a check fails
+``test_every_setting_has_a_wiring_check``: add its check to ``CHECKS``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, make_url, text
+from starlette.testclient import TestClient
+
+from scheduler import store
+from scheduler.config import ConfigError, Settings
+from scheduler.db import make_sessionmaker
+from tests.conftest import T0, TEST_SECRET, token
+from tests.helpers import reminder_facts
+from tests.security.support import auth, claims, hs256, other_rsa_private_key, public_pem, rs256
+from tests.wiring.support import jwks_endpoint, service_from_env
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+@dataclasses.dataclass
+class Env:
+    """What a check gets: the test's database and scratch directory, and the base environment."""
+
+    database_url: str
+    engine: Engine
+    tmp_path: Path
+
+    def base(self, **extra: str) -> dict[str, str]:
+        env = {"DATABASE_URL": self.database_url, "SCHEDULER_JWT_SECRET": TEST_SECRET,
+               "SCHEDULER_DATA_DIR": str(self.tmp_path / "data")}
+        env.update(extra)
+        return {k: v for k, v in env.items() if v != ""}
+
+
+def _admin_list(client: TestClient, headers: dict[str, str]) -> int:
+    status: int = client.get("/admin/scheduled-events", headers=headers).status_code
+    return status
+
+
+def _due(engine: Engine, count: int) -> None:
+    sessions = make_sessionmaker(engine)
+    for i in range(count):
+        store.store_event(sessions, event_type="reminder", user_id=f"user-{i}", community_id=None,
+                          external_key=None, trigger_at=T0 - timedelta(minutes=count - i),
+                          facts=reminder_facts(), now=T0)
+
+
+def check_database_url(env: Env) -> None:
+    with service_from_env(env.base()) as service, TestClient(service.app) as client:
+        assert make_url(str(service.engine.url)).database == make_url(env.database_url).database
+        assert service.loop_engine.url.database == service.engine.url.database
+        client.post("/admin/scheduled-events", headers=auth(token("nudging.ingest")), json={
+            "event_type": "reminder", "user_id": "wired", "trigger_at": T0.isoformat(), "facts": reminder_facts()})
+    with env.engine.connect() as conn:
+        assert conn.execute(text("SELECT user_id FROM scheduled_events")).scalars().all() == ["wired"]
+
+
+def check_data_dir(env: Env) -> None:
+    data = env.tmp_path / "elsewhere"
+    data.mkdir()
+    (data / "jwt-secret").write_text("a-secret-generated-by-serve-into-the-data-directory")
+    with service_from_env(env.base(SCHEDULER_JWT_SECRET="", SCHEDULER_DATA_DIR=str(data))) as service, \
+            TestClient(service.app) as client:
+        minted = token("nudging.admin", secret="a-secret-generated-by-serve-into-the-data-directory")
+        assert _admin_list(client, auth(minted)) == 200
+
+
+def check_poll_seconds(env: Env) -> None:
+    with service_from_env(env.base(SCHEDULER_POLL_SECONDS="7.5")) as service, TestClient(service.app) as client:
+        assert service.scheduler.poll_seconds == 7.5
+        assert client.get("/health/scheduler").json()["poll_seconds"] == 7.5
+
+
+def check_batch_size(env: Env) -> None:
+    _due(env.engine, 3)
+    with service_from_env(env.base(SCHEDULER_BATCH_SIZE="2")) as service:
+        assert service.scheduler.poll_once().claimed == 2
+
+
+def check_mode(env: Env) -> None:
+    for value in ("literal", "prompt"):
+        with service_from_env(env.base(SCHEDULER_MODE=value, SCHEDULER_POLL_SECONDS="3600")) as service, \
+                TestClient(service.app) as client:
+            assert str(service.scheduler.mode) == value
+            assert client.get("/health/scheduler").json()["mode"] == value
+            # prompt mode's wake-ups need the LISTEN connection; literal opens none
+            assert service.listener.running is (value == "prompt")
+
+
+def check_listen(env: Env) -> None:
+    with service_from_env(env.base(SCHEDULER_MODE="prompt", SCHEDULER_LISTEN="false",
+                                   SCHEDULER_POLL_SECONDS="3600")) as service, TestClient(service.app) as client:
+        assert not service.listener.running
+        assert client.get("/health/scheduler").json()["wakeups"]["by"] == "timer"
+
+
+def check_scheduler_enabled(env: Env) -> None:
+    for value, alive in (("false", False), ("true", True)):
+        with service_from_env(env.base(SCHEDULER_ENABLED=value, SCHEDULER_POLL_SECONDS="3600")) as service, \
+                TestClient(service.app):
+            assert service.loop_alive is alive, value
+
+
+def check_jwt_secret(env: Env) -> None:
+    secret = "another-secret-for-the-wiring-test-0123456789"
+    with service_from_env(env.base(SCHEDULER_JWT_SECRET=secret)) as service, TestClient(service.app) as client:
+        assert _admin_list(client, auth(token("nudging.admin", secret=secret))) == 200
+        assert _admin_list(client, auth(token("nudging.admin"))) == 401
+
+
+def check_jwt_public_key(env: Env) -> None:
+    with service_from_env(env.base(SCHEDULER_JWT_SECRET="", SCHEDULER_JWT_PUBLIC_KEY=public_pem())) as service, \
+            TestClient(service.app) as client:
+        assert _admin_list(client, auth(rs256(claims()))) == 200
+        assert _admin_list(client, auth(rs256(claims(), other_rsa_private_key()))) == 401
+
+
+def check_jwks_url(env: Env) -> None:
+    with jwks_endpoint(other_rsa_private_key()) as jwks, \
+            service_from_env(env.base(SCHEDULER_JWT_SECRET="", SCHEDULER_JWKS_URL=jwks.url)) as service, \
+            TestClient(service.app) as client:
+        assert _admin_list(client, auth(jwks.token(claims()))) == 200
+        assert jwks.fetches, "the JWKS endpoint was never asked"
+        assert _admin_list(client, auth(rs256(claims()))) == 401
+
+
+def check_jwt_audience(env: Env) -> None:
+    with service_from_env(env.base(SCHEDULER_JWT_AUDIENCE="svc-elsewhere")) as service, \
+            TestClient(service.app) as client:
+        assert _admin_list(client, auth(hs256(claims(aud="svc-elsewhere")))) == 200
+        assert _admin_list(client, auth(hs256(claims()))) == 401
+
+
+def check_jwt_issuer(env: Env) -> None:
+    with service_from_env(env.base(SCHEDULER_JWT_ISSUER="https://issuer.example")) as service, \
+            TestClient(service.app) as client:
+        assert _admin_list(client, auth(hs256(claims(iss="https://issuer.example")))) == 200
+        assert _admin_list(client, auth(hs256(claims()))) == 401
+
+
+def check_rules_dir(env: Env) -> None:
+    rules = env.tmp_path / "rules"
+    rules.mkdir()
+    (rules / "wired.json").write_text(json.dumps({
+        "id": "wired-rule", "scenarios": ["wired"], "frequency": "daily", "kind": "reminder",
+        "title": "wired {{ scope }}", "body": "from SCHEDULER_RULES_DIR"}))
+    with service_from_env(env.base(SCHEDULER_RULES_DIR=str(rules))) as service, TestClient(service.app) as client:
+        assert [r.id for r in service.catalogue.rules] == ["wired-rule"]
+        answer = client.post("/admin/ingest-event", headers=auth(token("nudging.ingest")), json={
+            "event_type": "wired", "user_id": "u1",
+            "facts": {"facts_version": "1", "scenario": "wired", "date": "2026-11-30"}})
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["notifications"][0]["rule_id"] == "wired-rule"
+
+
+def check_max_body_bytes(env: Env) -> None:
+    with service_from_env(env.base(SCHEDULER_MAX_BODY_BYTES="2048")) as service, TestClient(service.app) as client:
+        def post(padding: int) -> int:
+            facts = reminder_facts(padding="x" * padding)
+            status: int = client.post("/admin/scheduled-events", headers=auth(token("nudging.ingest")), json={
+                "event_type": "reminder", "user_id": "u1", "trigger_at": T0.isoformat(), "facts": facts}).status_code
+            return status
+
+        assert post(3000) == 413
+        assert post(1000) == 201
+
+
+def _shown(engine: Engine, name: str) -> str:
+    with engine.connect() as conn:
+        return str(conn.execute(text(f"SHOW {name}")).scalar_one())
+
+
+def check_statement_timeout_ms(env: Env) -> None:
+    with service_from_env(env.base(SCHEDULER_STATEMENT_TIMEOUT_MS="1234")) as service:
+        assert _shown(service.engine, "statement_timeout") == "1234ms"
+        assert _shown(service.loop_engine, "statement_timeout") == "1234ms"
+
+
+def check_lock_timeout_ms(env: Env) -> None:
+    with service_from_env(env.base(SCHEDULER_LOCK_TIMEOUT_MS="4321")) as service:
+        assert _shown(service.engine, "lock_timeout") == "4321ms"
+        assert _shown(service.loop_engine, "lock_timeout") == "4321ms"
+
+
+def check_pool_timeout_seconds(env: Env) -> None:
+    with service_from_env(env.base(SCHEDULER_POOL_TIMEOUT_SECONDS="2.5")) as service:
+        assert service.engine.pool.timeout() == 2.5  # type: ignore[attr-defined]
+        assert service.loop_engine.pool.timeout() == 2.5  # type: ignore[attr-defined]
+
+
+def check_environment(env: Env) -> None:
+    with pytest.raises(ConfigError, match="development-grade"), \
+            service_from_env(env.base(SCHEDULER_ENV="production")):
+        pass
+    with service_from_env(env.base(SCHEDULER_ENV="development")) as service:
+        assert service.settings.environment == "development"
+
+
+CHECKS: dict[str, Callable[[Env], None]] = {
+    "database_url": check_database_url,
+    "data_dir": check_data_dir,
+    "poll_seconds": check_poll_seconds,
+    "batch_size": check_batch_size,
+    "scheduler_enabled": check_scheduler_enabled,
+    "mode": check_mode,
+    "listen": check_listen,
+    "jwt_secret": check_jwt_secret,
+    "jwt_public_key": check_jwt_public_key,
+    "jwks_url": check_jwks_url,
+    "jwt_audience": check_jwt_audience,
+    "jwt_issuer": check_jwt_issuer,
+    "rules_dir": check_rules_dir,
+    "max_body_bytes": check_max_body_bytes,
+    "statement_timeout_ms": check_statement_timeout_ms,
+    "lock_timeout_ms": check_lock_timeout_ms,
+    "pool_timeout_seconds": check_pool_timeout_seconds,
+    "environment": check_environment,
+}
+
+
+@pytest.mark.clause("WIRE-1")
+def test_every_setting_has_a_wiring_check() -> None:
+    """WIRE-1: each field of Settings has a check below; a new setting must bring one."""
+    fields = {f.name for f in dataclasses.fields(Settings)}
+    assert sorted(fields - set(CHECKS)) == [], "add a check to tests/wiring/test_settings_reach.py::CHECKS"
+    assert sorted(set(CHECKS) - fields) == []
+
+
+@pytest.mark.clause("WIRE-1")
+@pytest.mark.parametrize("setting", sorted(CHECKS))
+def test_each_setting_from_the_environment_reaches_what_it_configures(
+    setting: str, database_url: str, engine: Engine, tmp_path: Path
+) -> None:
+    """WIRE-1: the setting, read from the environment, changes the behaviour it names."""
+    CHECKS[setting](Env(database_url, engine, tmp_path))
+
+
+def readme_variables() -> list[str]:
+    rows = re.findall(r"^\| `([A-Z_]+)` \|", README.read_text(), re.M)
+    assert rows, "README's configuration table not found"
+    return rows
+
+
+@pytest.mark.clause("WIRE-1")
+@pytest.mark.parametrize("variable", readme_variables())
+def test_every_variable_in_the_readme_is_read_from_the_environment(variable: str) -> None:
+    """WIRE-1: a variable the README documents changes the settings (or is refused as malformed)."""
+    default = Settings.from_env({})
+    changed: Any
+    try:
+        changed = Settings.from_env({variable: "7"})
+    except ConfigError:
+        return  # read, and refused as malformed: it is wired
+    assert changed != default, f"{variable} is documented but Settings.from_env ignores it"
