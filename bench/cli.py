@@ -234,7 +234,8 @@ def run_benchmarks(names: Sequence[str], *, quick: bool, out: Path, database_url
 
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true",
-                        help="a smaller run (about two minutes): 10k/100k claim sizes, 2,000 events, 1-2 replicas")
+                        help="a smaller run (about five minutes): 10k/100k claim sizes, 2,000 events, 1-2 replicas, "
+                             "a burst of 2,000")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
                         help=f"where the JSON and Markdown results go (default {DEFAULT_OUT})")
     parser.add_argument("--database-url", default=os.environ.get("DATABASE_URL"),
@@ -245,7 +246,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
 def configure(parser: argparse.ArgumentParser) -> None:
     """Add the benchmark subcommands to ``parser`` (``python -m bench`` or ``scheduler bench``)."""
     sub = parser.add_subparsers(dest="bench_command", required=True, metavar="BENCHMARK")
-    every = sub.add_parser("all", help="every benchmark, one table (about ten minutes; --quick: about two)",
+    every = sub.add_parser("all", help="every benchmark, one table (about twenty minutes; --quick: about five)",
                            description="Run every benchmark in one go: " + "; ".join(
                                f"{n}: {DESCRIPTIONS[n]}" for n in ORDER) + ".")
     _common(every)
