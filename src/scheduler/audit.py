@@ -24,10 +24,11 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from scheduler.queries import statement
 from scheduler.store import event_to_json, set_change_context
+from scheduler.types import EVENT_STATUSES
 
 BULK_CAP = 10_000
 CHUNK = 500
-FILTER_STATUSES = ("pending", "dispatched", "failed")
+FILTER_STATUSES = EVENT_STATUSES  # every status a row can have, cancelled included
 
 
 class FilterError(ValueError):
