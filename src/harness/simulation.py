@@ -711,7 +711,8 @@ class Simulation:
         polls_before = health.polls
 
         def on_call() -> None:
-            counted[0] += 1
+            # Events, not calls: a failing event makes the loop call the events before it again.
+            counted[0] = len({c["event_id"] for c in r.dispatcher.calls})
             if stop_after is not None and counted[0] >= stop_after:
                 stop.set()
 
@@ -742,7 +743,9 @@ class Simulation:
                 r.dispatcher.on_call = None
 
         def done(_: Any, error: BaseException | None) -> None:
-            calls = [self._call(r, c) for c in r.dispatcher.take_calls()]
+            # A row is called in one poll only (a dispatched or failed row is not claimed
+            # again), so each event's last call is its final one, replays included.
+            calls = self.model.last_calls([self._call(r, c) for c in r.dispatcher.take_calls()])
             if error is not None:
                 self._poll_failed(r)
                 raise self.fail("SIM-4", f"{r.name}: the loop itself died: {error!r}")
