@@ -45,6 +45,8 @@ class Sizes:
     burst_events: int
     burst_replicas: tuple[int, ...]
     burst_single_modes: tuple[str, ...]
+    console_rows: int = 1_000_000
+    console_samples: int = 30
 
 
 FULL = Sizes(claim_sizes=(10_000, 100_000, 1_000_000), claim_samples=300, claim_budget=10.0,
@@ -56,7 +58,8 @@ QUICK = Sizes(claim_sizes=(10_000, 100_000), claim_samples=100, claim_budget=3.0
               events=2_000, replicas=(1, 2), batches=(20, 100), full_events=1_000,
               formula_events=400, formula_poll=0.1, http_requests=600, http_concurrency=(8,),
               http_seconds=10.0, shutdown_repeats=3, memory_events=10_000, profile_events=1_000, repeats=1,
-              burst_events=2_000, burst_replicas=(1, 2), burst_single_modes=("prompt",))
+              burst_events=2_000, burst_replicas=(1, 2), burst_single_modes=("prompt",),
+              console_rows=100_000, console_samples=15)
 
 DESCRIPTIONS = {
     "claim": "claim latency (median, p90, EXPLAIN ANALYZE BUFFERS) with 1,000 due rows among 10k/100k/1M "
@@ -78,8 +81,15 @@ DESCRIPTIONS = {
              "reminders stored through the real store path fall due at one instant, 1/2/4 replicas on the full "
              "path in literal (short interval, checked against the drain formula) and prompt mode, beside "
              "pgqueuer and procrastinate draining the same burst as scheduled jobs; then one reminder alone",
+    "console": "response time of the console's overview and filtered events pages (whole ASGI app, "
+               "queries and templates) with 1,000,000 rows, mostly dispatched; and each overview query",
+    "history": "what the history trigger costs a drain: one replica, no-op and full dispatch path, "
+               "with the trigger enabled and disabled, alternated",
+    "inbox": "latency from one replica's commit to a participant's SSE stream on another replica "
+             "(uvicorn), with LISTEN/NOTIFY and on the hub's timer",
 }
-ORDER = ("claim", "mechanics", "fullpath", "http", "shutdown", "memory", "profile", "burst")
+ORDER = ("claim", "mechanics", "fullpath", "http", "shutdown", "memory", "profile", "burst", "console", "history",
+         "inbox")
 
 
 def _claim(server: Any, s: Sizes, results: dict[str, Any]) -> dict[str, Any]:
@@ -162,9 +172,26 @@ def _burst(server: Any, s: Sizes, results: dict[str, Any]) -> dict[str, Any]:
     return burst.run(server, events=s.burst_events, replicas=s.burst_replicas, single_modes=s.burst_single_modes)
 
 
+def _console(server: Any, s: Sizes, results: dict[str, Any]) -> dict[str, Any]:
+    from bench import console
+
+    return console.run(server, rows=s.console_rows, samples=s.console_samples)
+def _history(server: Any, s: Sizes, results: dict[str, Any]) -> dict[str, Any]:
+    from bench import lifecycle
+
+    return lifecycle.run(server, events=s.full_events, rounds=s.repeats + 1)
+
+
+def _inbox(server: Any, s: Sizes, results: dict[str, Any]) -> dict[str, Any]:
+    from bench import inbox
+
+    return inbox.run(server, events=s.formula_events // 10)
+
+
 RUNNERS: dict[str, Callable[[Any, Sizes, dict[str, Any]], dict[str, Any]]] = {
     "claim": _claim, "mechanics": _mechanics, "fullpath": _fullpath, "http": _http,
-    "shutdown": _shutdown, "memory": _memory, "profile": _profile, "burst": _burst,
+    "shutdown": _shutdown, "memory": _memory, "profile": _profile, "burst": _burst, "console": _console,
+    "history": _history, "inbox": _inbox,
 }
 
 

@@ -711,7 +711,7 @@ class Simulation:
         polls_before = health.polls
 
         def on_call() -> None:
-            # Events, not calls: a failing event makes the loop call the events before it again.
+            # events, not calls: a failure replays the batch's earlier events (DEC-1)
             counted[0] = len({c["event_id"] for c in r.dispatcher.calls})
             if stop_after is not None and counted[0] >= stop_after:
                 stop.set()
@@ -743,9 +743,7 @@ class Simulation:
                 r.dispatcher.on_call = None
 
         def done(_: Any, error: BaseException | None) -> None:
-            # A row is called in one poll only (a dispatched or failed row is not claimed
-            # again), so each event's last call is its final one, replays included.
-            calls = self.model.last_calls([self._call(r, c) for c in r.dispatcher.take_calls()])
+            calls = [self._call(r, c) for c in r.dispatcher.take_calls()]
             if error is not None:
                 self._poll_failed(r)
                 raise self.fail("SIM-4", f"{r.name}: the loop itself died: {error!r}")
@@ -794,8 +792,13 @@ class Simulation:
             batch = self.model.batches[replica]
             expected, skipped = batch.ids, batch.skipped
             take = len(expected) if budget is None else min(budget, len(expected))
-            mine = calls[position:position + take]
-            position += take
+            # this poll's calls: its events are its own (a row is terminal once committed),
+            # and replays after a failure repeat them; the final call of each one counts
+            end = position
+            while end < len(calls) and calls[end].event_id in expected:
+                end += 1
+            mine = self.model.last_calls(calls[position:end])
+            position = end
             if [c.event_id for c in mine] != expected[:take] or report.skipped != len(skipped):
                 self.model.discard(replica)
                 raise self.fail("SIM-1", f"{r.name}'s prompt-mode poll {number + 1} dispatched "

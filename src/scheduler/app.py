@@ -27,7 +27,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp
 
-from scheduler import store
+from scheduler import audit, store
 from scheduler.auth import JWTBackend, TokenVerifier, on_auth_error, require
 from scheduler.clock import SystemClock
 from scheduler.config import ConfigError, Settings
@@ -35,10 +35,14 @@ from scheduler.db import make_engine, make_sessionmaker, resolve_database_url
 from scheduler.dispatch import NudgingPlatform
 from scheduler.facts import ContractViolation, FactsMissing, check_facts_contract
 from scheduler.http import HTTPRefusal, parse_body, read_json, unprocessable
+from scheduler.inbox import Inbox, StreamPublisher, inbox_routes
+from scheduler.lifecycle import actor_of, lifecycle_routes
 from scheduler.listener import Listener, conninfo_of
 from scheduler.loop import DUE_CHANNEL, Scheduler
 from scheduler.openapi import openapi_document
+from scheduler.operations import Operations
 from scheduler.publishers import LoggingPublisher
+from scheduler.retention import Retention
 from scheduler.rules import Catalogue, load_catalogue
 from scheduler.schemas import MAX_STRING, LiveEventIn, PreferencesIn, ScheduledEventIn, check_text
 from scheduler.types import (
@@ -93,14 +97,19 @@ class SchedulerService:
         self.clock = clock or SystemClock()
         self.catalogue = catalogue or load_catalogue(self.settings.rules_dir)
         self.dispatcher: Dispatcher = dispatcher or NudgingPlatform(self.catalogue)
-        self.publisher = publisher or LoggingPublisher()
+        # After commit: number web notifications for the inbox stream and NOTIFY the
+        # replicas, then the configured publisher (see scheduler.inbox). The live path
+        # numbers on the requests' pool, the loop on its own (below).
+        inner_publisher = publisher or LoggingPublisher()
+        self.publisher: Publisher = StreamPublisher(self.sessions, inner_publisher)
         self.verifier = TokenVerifier(self.settings)
         self.run_scheduler = self.settings.scheduler_enabled if run_scheduler is None else run_scheduler
+        loop_sessions = make_sessionmaker(self.loop_engine) if self.loop_engine is not engine else self.sessions
         self.scheduler = Scheduler(
-            make_sessionmaker(self.loop_engine) if self.loop_engine is not engine else self.sessions,
+            loop_sessions,
             self.dispatcher,
             self.clock,
-            publisher=self.publisher,
+            publisher=StreamPublisher(loop_sessions, inner_publisher),
             batch_size=self.settings.batch_size,
             poll_seconds=self.settings.poll_seconds,
             mode=self.settings.mode,
@@ -110,8 +119,16 @@ class SchedulerService:
         self.listener = Listener(conninfo_of(engine), name="scheduler", probe_engine=engine)
         if self.settings.mode is SchedulerMode.PROMPT and self.settings.listen and self.run_scheduler:
             self.listener.subscribe(DUE_CHANNEL, self._on_due)
+        # The participants' live inbox: fan-out by the process's LISTEN connection.
+        self.inbox = Inbox(self.sessions, listener=self.listener if self.settings.listen else None)
+        # Deletes old dispatched and cancelled rows after a poll (one replica, hourly).
+        self.retention = Retention(self.loop_engine, self.clock, days=self.settings.retention_days)
+        self.scheduler.poll_hooks.append(self.retention)
         self._task: asyncio.Task[None] | None = None
         self._stop: asyncio.Event | None = None
+        # Heartbeats, metrics, the operator API and the console (issue 9).
+        self.operations = Operations(self.settings, self.sessions, self.clock, self.scheduler, self.verifier,
+                                     lambda: self.loop_alive)
         self._check_security()
         self.app = Starlette(
             routes=self.routes(),
@@ -166,6 +183,9 @@ class SchedulerService:
             Route("/admin/ingest-event", self.ingest_event, methods=["POST"]),
             Route("/admin/notifications", self.list_notifications, methods=["GET"]),
             Route("/admin/participants/{user_id}/preferences", self.set_preferences, methods=["PUT"]),
+            *lifecycle_routes(self),
+            *inbox_routes(self),
+            *self.operations.routes(),
         ]
 
     @contextlib.asynccontextmanager
@@ -206,6 +226,10 @@ class SchedulerService:
             self._stop.set()
             with contextlib.suppress(Exception):
                 await self._task
+            # A replica that stops cleanly leaves the replica list now, not stale (issue 9);
+            # with the database unreachable, shutdown does not wait more than two seconds for it.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(run_in_threadpool(self.operations.heartbeat.forget), timeout=2.0)
             self._task = None
         await run_in_threadpool(self.listener.stop)
         for engine in self._owned_engines:
@@ -264,6 +288,7 @@ class SchedulerService:
             trigger_at=body.trigger_at,
             facts=body.facts,
             now=self.clock.now(),
+            actor=actor_of(request),
         )
         return JSONResponse(row, status_code=201)
 
@@ -324,6 +349,7 @@ class SchedulerService:
             status=status,
             user_id=_text_param("user_id", request.query_params.get("user_id") or None),
             limit=limit,
+            external_key=_text_param("external_key", request.query_params.get("external_key") or None),
         )
         return JSONResponse(rows)
 
@@ -339,7 +365,9 @@ class SchedulerService:
     async def reset_scheduled_event(self, request: Request) -> Response:
         """The reset by hand: a failed (or dispatched) row goes back to pending."""
         event_id = _path_param(request, "event_id")
-        row = await run_in_threadpool(store.reset_event, self.sessions, event_id, self.clock.now())
+        row = await run_in_threadpool(
+            lambda: audit.reset_one(self.sessions, event_id, self.clock.now(), actor=request.user.display_name, source="api")
+        )
         if row is None:
             raise HTTPException(404, "no scheduled event with that id")
         return JSONResponse(row)

@@ -254,11 +254,13 @@ class Scheduler:
         self._announced: datetime | None = None
         self._interrupt: Callable[[], None] | None = None
         self.next_due: datetime | None = None  # the next pending trigger_at, as last read
+        self.last_claimed_at: datetime | None = None  # the clock time of the last claim
         self.waiting_until: datetime | None = None  # prompt mode: the wait's clock deadline
         # Observable state for tests, the simulation and health: whether the loop is
         # between polls, announced on a condition so that nobody has to sleep to see it.
         self.waiting = False
         self._state = threading.Condition()
+        self.last_poll_seconds: float | None = None  # how long the last poll of the loop took
 
     # -- phases -------------------------------------------------------------------------
 
@@ -272,6 +274,7 @@ class Scheduler:
         head of the queue does not empty the batch.
         """
         now = self.clock.now()
+        self.last_claimed_at = now
         session = self.sessions()
         try:
             events, skipped = self._claim_rounds(session, now)
@@ -448,7 +451,16 @@ class Scheduler:
             batch.session.close()
 
     def _publish(self, messages: list[OutboundMessage]) -> None:
-        if self.publisher is None:
+        if self.publisher is None or not messages:
+            return
+        publish_many = getattr(self.publisher, "publish_many", None)
+        if publish_many is not None:
+            # One call for the batch (the inbox numbers a whole batch in one transaction);
+            # it isolates its own per-message failures.
+            try:
+                publish_many(messages)
+            except Exception:
+                logger.exception("%s: publishing %d notifications failed", self.name, len(messages))
             return
         for message in messages:
             try:
@@ -474,10 +486,13 @@ class Scheduler:
         with self._wake_lock:
             self._announced = None  # this poll sees every row committed before its claim
         report: PollReport | None = None
+        started = time.perf_counter()
         try:
             report = self.poll_once(should_stop)
             if self.mode is SchedulerMode.PROMPT and not self._full(report):
-                self.next_due = self.read_next_due()
+                # After the claim's time, not the clock's now: a row that fell due while
+                # the poll ran is then the next due (at once), not missed for an interval.
+                self.next_due = self.read_next_due(after=self.last_claimed_at)
         except Exception as exc:
             # REQ-0067: an exception escaping the poll is caught here and the loop goes on.
             logger.exception("%s: poll failed; the loop continues", self.name)
@@ -490,6 +505,7 @@ class Scheduler:
             self.next_due = None
         else:
             self.health.consecutive_failures = 0
+        self.last_poll_seconds = time.perf_counter() - started  # wall time, for the metrics
         self._run_poll_hooks()
         self._changed()
         return report
@@ -516,10 +532,10 @@ class Scheduler:
     def _full(self, report: PollReport) -> bool:
         return report.claimed >= self.batch_size
 
-    def read_next_due(self) -> datetime | None:
-        """The earliest pending ``trigger_at`` after now, from the pending index."""
+    def read_next_due(self, after: datetime | None = None) -> datetime | None:
+        """The earliest pending ``trigger_at`` after ``after`` (default: now), from the pending index."""
         with self.sessions.begin() as session:
-            value = session.execute(statement("next_pending_trigger"), {"now": self.clock.now()}).scalar()
+            value = session.execute(statement("next_pending_trigger"), {"now": after or self.clock.now()}).scalar()
         return value if isinstance(value, datetime) else None
 
     # -- wake-ups (prompt mode) -----------------------------------------------------------

@@ -9,6 +9,7 @@ from sqlalchemy import (
     BigInteger,
     CheckConstraint,
     DateTime,
+    Float,
     ForeignKey,
     Identity,
     Index,
@@ -42,7 +43,7 @@ class ScheduledEvent(Base):
 
     __tablename__ = "scheduled_events"
     __table_args__ = (
-        CheckConstraint("status IN ('pending', 'dispatched', 'failed')", name="status"),
+        CheckConstraint("status IN ('pending', 'dispatched', 'failed', 'cancelled')", name="status"),
         # The claim reads only pending rows in (trigger_at, id) order; a partial index keeps
         # its cost independent of how many dispatched and failed rows pile up.
         Index(
@@ -51,12 +52,23 @@ class ScheduledEvent(Base):
             "id",
             postgresql_where=text("status = 'pending'"),
         ),
-        # Operators look for failed rows; they are few, so this index stays small.
+        # Operators look for failed rows; they are few, so this index stays small. The id
+        # makes it the console's keyset order (rows reset or failed together share a time).
         Index(
             "ix_scheduled_events_failed",
             "updated_at",
+            "id",
             postgresql_where=text("status = 'failed'"),
         ),
+        # Retention finds dispatched and cancelled rows older than the cutoff here.
+        Index(
+            "ix_scheduled_events_finished",
+            "updated_at",
+            postgresql_where=text("status IN ('dispatched', 'cancelled')"),
+        ),
+        # The console's events page, newest change first, and the last hour's dispatches
+        # for its lateness percentiles (a dispatched row's updated_at is its dispatched_at).
+        Index("ix_scheduled_events_updated_at", "updated_at", "id"),
     )
 
     id: Mapped[str] = mapped_column(String(ID_LENGTH), primary_key=True)
@@ -80,6 +92,16 @@ class Notification(Base):
     __table_args__ = (
         CheckConstraint("status IN ('sent', 'suppressed', 'failed')", name="status"),
         Index("ix_notifications_user_id_created_at", "user_id", "created_at"),
+        # The inbox: a participant's stream replay, and every replica's tail of the stream.
+        Index("ix_notifications_user_id_stream_seq", "user_id", "stream_seq",
+              postgresql_where=text("stream_seq IS NOT NULL")),
+        Index("ix_notifications_stream_seq", "stream_seq", postgresql_where=text("stream_seq IS NOT NULL")),
+        # An event's page in the console lists the notifications it produced (issue 9).
+        Index(
+            "ix_notifications_scheduled_event_id",
+            "scheduled_event_id",
+            postgresql_where=text("scheduled_event_id IS NOT NULL"),
+        ),
     )
 
     id: Mapped[str] = mapped_column(String(ID_LENGTH), primary_key=True)
@@ -97,6 +119,34 @@ class Notification(Base):
     source: Mapped[str] = mapped_column(String(16))
     scheduled_event_id: Mapped[str | None] = mapped_column(String(ID_LENGTH))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    # Given after commit, in commit order (sequence notification_stream_seq under one lock):
+    # the SSE event id, so that a Last-Event-ID replay misses nothing. NULL: never streamed.
+    stream_seq: Mapped[int | None] = mapped_column(BigInteger)
+
+
+class ScheduledEventHistory(Base):
+    """One change of a scheduled event, appended by a trigger in the changing transaction."""
+
+    __tablename__ = "scheduled_event_history"
+    __table_args__ = (Index("ix_scheduled_event_history_event_id", "event_id", "id"),)
+
+    id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
+    # No foreign key: retention deletes a row and its history in one statement.
+    event_id: Mapped[str] = mapped_column(String(ID_LENGTH))
+    at: Mapped[datetime] = mapped_column(DateTime(timezone=True))  # the row's updated_at
+    change: Mapped[str] = mapped_column(String(32))  # stored, rewritten, dispatched, failed, reset, cancelled
+    actor: Mapped[str | None] = mapped_column(String(NAME_LENGTH))  # the token's subject, if one did it
+    status: Mapped[str] = mapped_column(String(16))  # the status after the change
+    changes: Mapped[dict[str, Any]] = mapped_column(JSONB)  # column -> [before, after]
+
+
+class MaintenanceRun(Base):
+    """When a periodic task (retention) last started, shared by every replica."""
+
+    __tablename__ = "scheduler_maintenance"
+
+    task: Mapped[str] = mapped_column(String(64), primary_key=True)
+    last_run_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
 
 
 class DedupKey(Base):
@@ -147,3 +197,53 @@ class ParticipantPreference(Base):
     enabled_kinds: Mapped[list[str] | None] = mapped_column(ARRAY(Text))
     max_per_day: Mapped[int] = mapped_column(Integer, server_default=text("3"))
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class SchedulerReplica(Base):
+    """A heartbeat: one row per process that runs the loop, rewritten after its polls."""
+
+    __tablename__ = "scheduler_replicas"
+
+    replica_id: Mapped[str] = mapped_column(String(ID_LENGTH), primary_key=True)
+    name: Mapped[str] = mapped_column(String(NAME_LENGTH))
+    host: Mapped[str] = mapped_column(String(255))
+    pid: Mapped[int] = mapped_column(Integer)
+    mode: Mapped[str] = mapped_column(String(16))
+    poll_seconds: Mapped[float] = mapped_column(Float)
+    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    last_poll_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    seen_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    last_error: Mapped[str | None] = mapped_column(Text)
+    consecutive_failures: Mapped[int] = mapped_column(Integer)
+    polls: Mapped[int] = mapped_column(BigInteger)
+    dispatched: Mapped[int] = mapped_column(BigInteger)
+    failed: Mapped[int] = mapped_column(BigInteger)
+
+
+class OperatorAction(Base):
+    """The audit trail: every reset an operator made, by whom, why, and on what."""
+
+    __tablename__ = "operator_actions"
+    __table_args__ = (Index("ix_operator_actions_at", "at"),)
+
+    id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
+    at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    actor: Mapped[str] = mapped_column(String(NAME_LENGTH))
+    source: Mapped[str] = mapped_column(String(16))
+    action: Mapped[str] = mapped_column(String(32))
+    event_id: Mapped[str | None] = mapped_column(String(ID_LENGTH))
+    filter: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
+    count: Mapped[int] = mapped_column(Integer)
+    reason: Mapped[str | None] = mapped_column(Text)
+
+
+class OperatorActionEvent(Base):
+    """Which rows an action touched, so an event's page can show its history."""
+
+    __tablename__ = "operator_action_events"
+    __table_args__ = (Index("ix_operator_action_events_event_id", "event_id"),)
+
+    action_id: Mapped[int] = mapped_column(
+        BigInteger, ForeignKey("operator_actions.id", ondelete="CASCADE"), primary_key=True
+    )
+    event_id: Mapped[str] = mapped_column(String(ID_LENGTH), primary_key=True)

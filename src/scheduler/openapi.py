@@ -10,7 +10,11 @@ from pydantic.json_schema import models_json_schema
 from starlette.routing import BaseRoute, Route
 
 from scheduler.schemas import (
+    CancelConflictOut,
     ErrorOut,
+    HistoryEntryOut,
+    InboxNotificationOut,
+    InboxPageOut,
     IngestOut,
     LiveEventIn,
     NotificationOut,
@@ -24,6 +28,7 @@ from scheduler.schemas import (
 MODELS: tuple[type[BaseModel], ...] = (
     ScheduledEventIn, LiveEventIn, PreferencesIn, ScheduledEventOut, NotificationOut,
     IngestOut, PreferencesOut, SchedulerHealthOut, ErrorOut,
+    HistoryEntryOut, CancelConflictOut, InboxNotificationOut, InboxPageOut,
 )
 
 
@@ -63,7 +68,7 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
     },
     ("/admin/scheduled-events", "get"): {
         "summary": "List scheduled events (permission: admin)",
-        "parameters": ["status", "user_id", "limit"],
+        "parameters": ["status", "user_id", "external_key", "limit"],
         "responses": {"200": _json(ScheduledEventOut, "rows, newest change first", many=True), **ERRORS},
     },
     ("/admin/scheduled-events/{event_id}", "get"): {
@@ -97,7 +102,65 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
         "request": PreferencesIn,
         "responses": {"200": _json(PreferencesOut, "the stored preferences"), **ERRORS},
     },
+    # Issue 9: metrics and the operator API (the console's HTML pages are not API operations).
+    ("/metrics", "get"): {
+        "summary": "Prometheus metrics (open unless SCHEDULER_METRICS_REQUIRE_ADMIN)",
+        "responses": {"200": {"description": "the Prometheus text format",
+                              "content": {"text/plain": {"schema": {"type": "string"}}}}},
+    },
+    ("/admin/replicas", "get"): {
+        "summary": "Every replica's heartbeat, stale or not (permission: admin)",
+        "responses": {"200": {"description": "replicas, by name", "content": {"application/json": {
+            "schema": {"type": "array", "items": {"type": "object"}}}}}, **ERRORS},
+    },
+    ("/admin/audit", "get"): {
+        "summary": "The operators' audit trail, newest first (permission: admin)",
+        "parameters": ["limit", "before_id"],
+        "responses": {"200": {"description": "operator actions", "content": {"application/json": {
+            "schema": {"type": "array", "items": {"type": "object"}}}}}, **ERRORS},
+    },
 }
+
+_CANCEL = {
+    "200": _json(ScheduledEventOut, "the row, cancelled (or already cancelled: the same row)"),
+    "404": _json(ErrorOut, "no such row"),
+    "409": _json(CancelConflictOut, "the row was already dispatched; it stays dispatched"),
+    **ERRORS,
+}
+# Issue 10: cancel, history, the participant's inbox.
+OPERATIONS.update({
+    ("/admin/scheduled-events/{event_id}", "delete"): {
+        "summary": "Cancel a pending or failed row (permission: ingest)", "responses": _CANCEL,
+    },
+    ("/admin/scheduled-events/by-key/{external_key}", "delete"): {
+        "summary": "Cancel the row of an external key (permission: ingest)", "responses": _CANCEL,
+    },
+    ("/admin/scheduled-events/{event_id}/history", "get"): {
+        "summary": "Every change of a row, oldest first (permission: admin)",
+        "responses": {"200": _json(HistoryEntryOut, "the changes", many=True),
+                      "404": _json(ErrorOut, "no such row"), **ERRORS},
+    },
+    ("/me/notifications", "get"): {
+        "summary": "The caller's own delivered notifications, newest first (any valid token; admin may pass user_id)",
+        "parameters": ["user_id", "before", "limit"],
+        "responses": {"200": _json(InboxPageOut, "one page, newest first"), **ERRORS},
+    },
+    ("/me/notifications/stream", "get"): {
+        "summary": "Server-sent events: the caller's notifications as they are delivered by any replica",
+        "parameters": ["user_id", "after"],
+        "responses": {
+            "200": {"description": "text/event-stream: `id:` the stream number, `event: notification`, "
+                                   "`data:` an InboxNotificationOut; comment heartbeats. Send Last-Event-ID "
+                                   "(or ?after=) to replay what was missed.",
+                    "content": {"text/event-stream": {"schema": {"type": "string"}}}},
+            **ERRORS,
+        },
+    },
+    ("/inbox", "get"): {
+        "summary": "The participant's inbox page (signs in with a participant token, shows the stream)",
+        "responses": {"200": {"description": "an HTML page", "content": {"text/html": {"schema": {"type": "string"}}}}},
+    },
+})
 
 
 def openapi_document(routes: Sequence[BaseRoute]) -> dict[str, Any]:
@@ -132,7 +195,7 @@ def openapi_document(routes: Sequence[BaseRoute]) -> dict[str, Any]:
                     "required": True,
                     "content": {"application/json": {"schema": _ref(spec["request"])}},
                 }
-            if route.path.startswith("/admin"):
+            if route.path.startswith(("/admin", "/me")):
                 operation["security"] = [{"bearer": []}]
             paths.setdefault(route.path, {})[method.lower()] = operation
     return {

@@ -124,7 +124,7 @@ class ScheduledEventOut(BaseModel):
     external_key: str | None
     trigger_at: datetime
     facts: dict[str, Any]
-    status: Literal["pending", "dispatched", "failed"]
+    status: Literal["pending", "dispatched", "failed", "cancelled"]
     last_error: str | None
     created_at: datetime
     updated_at: datetime
@@ -179,4 +179,44 @@ class ErrorOut(BaseModel):
     detail: Any
 
 
-assert set(EVENT_STATUSES) == {"pending", "dispatched", "failed"}
+class HistoryEntryOut(BaseModel):
+    """One change of a scheduled event (``GET /admin/scheduled-events/{id}/history``)."""
+
+    id: int
+    event_id: str
+    at: datetime = Field(description="the row's updated_at after the change (the service's clock)")
+    change: Literal["stored", "rewritten", "dispatched", "failed", "reset", "cancelled", "pending", "updated"]
+    actor: str | None = Field(description="the token's subject; null for the polling loop")
+    status: Literal["pending", "dispatched", "failed", "cancelled"]
+    changes: dict[str, list[Any]] = Field(description="column -> [before, after], for each column that changed")
+
+
+class CancelConflictOut(BaseModel):
+    detail: str
+    event: ScheduledEventOut
+
+
+class InboxNotificationOut(BaseModel):
+    """A notification as its participant sees it."""
+
+    id: str
+    user_id: str
+    community_id: str | None
+    rule_id: str
+    kind: str
+    scenario: str
+    time_scope: str
+    title: str
+    body: str
+    source: Literal["live", "scheduled"]
+    scheduled_event_id: str | None
+    created_at: datetime
+    stream_seq: int | None = Field(description="its SSE event id once streamed (null: never streamed)")
+
+
+class InboxPageOut(BaseModel):
+    items: list[InboxNotificationOut]
+    next: str | None = Field(description="pass as ?before= for the next (older) page; null at the end")
+
+
+assert set(EVENT_STATUSES) == {"pending", "dispatched", "failed", "cancelled"}

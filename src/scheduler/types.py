@@ -16,8 +16,8 @@ from typing import Any, Literal, Protocol
 from sqlalchemy.orm import Session
 
 JSONObject = dict[str, Any]
-EventStatus = Literal["pending", "dispatched", "failed"]
-EVENT_STATUSES: tuple[EventStatus, ...] = ("pending", "dispatched", "failed")
+EventStatus = Literal["pending", "dispatched", "failed", "cancelled"]
+EVENT_STATUSES: tuple[EventStatus, ...] = ("pending", "dispatched", "failed", "cancelled")
 NotificationStatus = Literal["sent", "suppressed", "failed"]
 
 

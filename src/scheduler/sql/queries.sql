@@ -44,6 +44,11 @@ WHERE status = 'pending' AND trigger_at > :now;
 -- inside the storing transaction, so it is delivered only if that commits.
 SELECT pg_notify('scheduler_due', :trigger_at);
 
+-- name: set_local_timeouts
+-- Apply the service's timeouts to this transaction only (behind a transaction-pooling proxy,
+-- where the options startup parameter is refused and a session SET would leak to others).
+SELECT set_config('statement_timeout', :statement, true), set_config('lock_timeout', :lock, true);
+
 -- name: lock_participant
 -- Take one participant's advisory lock until the end of the transaction (re-entrant).
 SELECT pg_advisory_xact_lock(:key);
@@ -107,6 +112,7 @@ SELECT * FROM scheduled_events WHERE id = :id;
 SELECT * FROM scheduled_events
 WHERE (CAST(:status AS text) IS NULL OR status = :status)
   AND (CAST(:user_id AS text) IS NULL OR user_id = :user_id)
+  AND (CAST(:external_key AS text) IS NULL OR external_key = :external_key)
 ORDER BY updated_at DESC, id
 LIMIT :limit;
 
@@ -196,4 +202,349 @@ FROM notifications
 WHERE (CAST(:user_id AS text) IS NULL OR user_id = :user_id)
   AND (CAST(:status AS text) IS NULL OR status = :status)
 ORDER BY created_at DESC, id
+LIMIT :limit;
+
+-- ---------------------------------------------------------------------------------------
+-- Operations (issue 9): heartbeats, metrics gauges, the console, bulk reset, audit.
+-- ---------------------------------------------------------------------------------------
+
+-- name: upsert_heartbeat
+-- Record this replica's heartbeat after a poll (one row per process, rewritten in place).
+INSERT INTO scheduler_replicas (replica_id, name, host, pid, mode, poll_seconds, started_at,
+                                last_poll_at, seen_at, last_error, consecutive_failures,
+                                polls, dispatched, failed)
+VALUES (:replica_id, :name, :host, :pid, :mode, :poll_seconds, :started_at,
+        :last_poll_at, :now, :last_error, :consecutive_failures, :polls, :dispatched, :failed)
+ON CONFLICT (replica_id) DO UPDATE
+SET mode = EXCLUDED.mode, poll_seconds = EXCLUDED.poll_seconds,
+    last_poll_at = EXCLUDED.last_poll_at, seen_at = EXCLUDED.seen_at,
+    last_error = EXCLUDED.last_error, consecutive_failures = EXCLUDED.consecutive_failures,
+    polls = EXCLUDED.polls, dispatched = EXCLUDED.dispatched, failed = EXCLUDED.failed;
+
+-- name: delete_replica
+-- Remove this replica's heartbeat when its loop stops cleanly.
+DELETE FROM scheduler_replicas WHERE replica_id = :replica_id;
+
+-- name: delete_gone_replicas
+-- Forget replicas whose last heartbeat is older than :cutoff (gone for a day).
+DELETE FROM scheduler_replicas WHERE seen_at < :cutoff;
+
+-- name: list_replicas
+-- Every replica's heartbeat with whether it is stale (silent for three of its poll intervals).
+SELECT replica_id, name, host, pid, mode, poll_seconds, started_at, last_poll_at, seen_at,
+       last_error, consecutive_failures, polls, dispatched, failed,
+       -- stale by the reader's clock: no heartbeat for three intervals (at least 1 s each)
+       seen_at < CAST(:now AS timestamptz)
+                 - 3 * greatest(poll_seconds, 1.0) * interval '1 second' AS stale
+FROM scheduler_replicas
+ORDER BY name, host, pid, replica_id;
+
+-- name: backlog_gauges
+-- Due pending rows and the oldest one's trigger_at, read from the pending partial index only.
+SELECT count(*) AS backlog, min(trigger_at) AS oldest_trigger_at
+FROM scheduled_events
+-- the predicate of ix_scheduled_events_pending_due: an index-only scan, no terminal row read
+WHERE status = 'pending'
+  AND trigger_at <= :now;
+
+-- name: count_failed
+-- How many rows are failed, read from the failed partial index only.
+SELECT count(*) FROM scheduled_events WHERE status = 'failed';
+
+-- name: count_pending
+-- How many rows are pending (due or not), read from the pending partial index only.
+SELECT count(*) FROM scheduled_events WHERE status = 'pending';
+
+-- name: count_dispatched
+-- How many rows are dispatched (the one count that reads the table itself: small tables only).
+SELECT count(*) FROM scheduled_events WHERE status = 'dispatched';
+
+-- name: estimate_events
+-- The planner's row estimate of scheduled_events (kept by ANALYZE and autovacuum; -1 before the first).
+SELECT CAST(reltuples AS bigint) FROM pg_class WHERE oid = CAST('scheduled_events' AS regclass);
+
+-- name: lateness_percentiles
+-- p50 and p99 of dispatched_at - trigger_at over the dispatches since :since.
+SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY lateness) AS p50,
+       percentile_cont(0.99) WITHIN GROUP (ORDER BY lateness) AS p99,
+       count(*) AS dispatched
+FROM (
+    SELECT extract(epoch FROM dispatched_at - trigger_at) AS lateness
+    FROM scheduled_events
+    -- the window on ix_scheduled_events_updated_at: a row's updated_at is never before its
+    -- dispatched_at (it is the time of its last change), so this reads only the window's rows
+    WHERE updated_at >= :since
+      AND status = 'dispatched'
+      AND dispatched_at >= :since
+      AND dispatched_at <= :now
+) AS recent;
+
+-- name: failures_by_kind
+-- The latest :sample failures of the window grouped by the kind of last_error (the text before its first colon).
+SELECT split_part(coalesce(last_error, ''), ':', 1) AS kind, count(*) AS count, max(updated_at) AS latest
+FROM (
+    SELECT last_error, updated_at
+    FROM scheduled_events
+    -- ix_scheduled_events_failed on (updated_at, id): the window's failures, newest first
+    WHERE status = 'failed'
+      AND updated_at >= :since
+    ORDER BY updated_at DESC
+    -- a failure storm is summarised by its latest rows, so the overview's cost stays bounded
+    LIMIT :sample
+) AS recent
+GROUP BY 1
+ORDER BY count(*) DESC, kind
+LIMIT 20;
+
+-- name: count_failed_since
+-- How many rows failed in the window (an index-only count on the failed partial index).
+SELECT count(*) FROM scheduled_events WHERE status = 'failed' AND updated_at >= :since;
+
+-- name: filter_events_page
+-- One page of the console's events list: the filter, newest change first, keyset-paginated.
+SELECT id, event_type, user_id, community_id, external_key, trigger_at, status, last_error,
+       updated_at, dispatched_at
+FROM scheduled_events
+WHERE (CAST(:status AS text) IS NULL OR status = :status)
+  AND (CAST(:event_type AS text) IS NULL OR event_type = :event_type)
+  AND (CAST(:user_id AS text) IS NULL OR user_id = :user_id)
+  AND (CAST(:external_key AS text) IS NULL OR external_key = :external_key)
+  AND (CAST(:community_id AS text) IS NULL OR community_id = :community_id)
+  AND (CAST(:trigger_from AS timestamptz) IS NULL OR trigger_at >= :trigger_from)
+  AND (CAST(:trigger_to AS timestamptz) IS NULL OR trigger_at < :trigger_to)
+  -- :error_like is the text with LIKE's wildcards escaped, wrapped in %
+  AND (CAST(:error_like AS text) IS NULL OR last_error ILIKE :error_like)
+  -- keyset: strictly after the last row of the previous page (no OFFSET)
+  AND (CAST(:after_at AS timestamptz) IS NULL OR (updated_at, id) < (:after_at, :after_id))
+ORDER BY updated_at DESC, id DESC
+LIMIT :limit;
+
+-- name: filter_pending_page
+-- One page of pending rows for the console: the filter, next due first (the claim's order), keyset-paginated.
+SELECT id, event_type, user_id, community_id, external_key, trigger_at, status, last_error,
+       updated_at, dispatched_at
+FROM scheduled_events
+-- the pending partial index, walked in its own (trigger_at, id) order
+WHERE status = 'pending'
+  AND (CAST(:event_type AS text) IS NULL OR event_type = :event_type)
+  AND (CAST(:user_id AS text) IS NULL OR user_id = :user_id)
+  AND (CAST(:external_key AS text) IS NULL OR external_key = :external_key)
+  AND (CAST(:community_id AS text) IS NULL OR community_id = :community_id)
+  AND (CAST(:trigger_from AS timestamptz) IS NULL OR trigger_at >= :trigger_from)
+  AND (CAST(:trigger_to AS timestamptz) IS NULL OR trigger_at < :trigger_to)
+  AND (CAST(:error_like AS text) IS NULL OR last_error ILIKE :error_like)
+  -- keyset: strictly after the last row of the previous page (no OFFSET)
+  AND (CAST(:after_at AS timestamptz) IS NULL OR (trigger_at, id) > (:after_at, :after_id))
+ORDER BY trigger_at, id
+LIMIT :limit;
+
+-- name: count_filtered_events
+-- How many rows match the filter now (the dry-run count of a bulk reset), capped at :cap + 1.
+SELECT count(*) FROM (
+    SELECT 1 FROM scheduled_events
+    WHERE (CAST(:status AS text) IS NULL OR status = :status)
+      AND (CAST(:event_type AS text) IS NULL OR event_type = :event_type)
+      AND (CAST(:user_id AS text) IS NULL OR user_id = :user_id)
+      AND (CAST(:external_key AS text) IS NULL OR external_key = :external_key)
+      AND (CAST(:community_id AS text) IS NULL OR community_id = :community_id)
+      AND (CAST(:trigger_from AS timestamptz) IS NULL OR trigger_at >= :trigger_from)
+      AND (CAST(:trigger_to AS timestamptz) IS NULL OR trigger_at < :trigger_to)
+      AND (CAST(:error_like AS text) IS NULL OR last_error ILIKE :error_like)
+      -- a pending row has nothing to reset, so the count is of what the action would touch
+      AND status <> 'pending'
+    -- counting past the cap would only tell the operator to narrow the filter
+    LIMIT :cap + 1
+) AS matching;
+
+-- name: reset_filtered_chunk
+-- Reset the next chunk of rows that still match the filter, skipping rows a poll has locked.
+WITH chunk AS (
+    SELECT id FROM scheduled_events
+    -- the filter is evaluated again here: a row that stopped matching since the count is not touched
+    WHERE (CAST(:status AS text) IS NULL OR status = :status)
+      AND (CAST(:event_type AS text) IS NULL OR event_type = :event_type)
+      AND (CAST(:user_id AS text) IS NULL OR user_id = :user_id)
+      AND (CAST(:external_key AS text) IS NULL OR external_key = :external_key)
+      AND (CAST(:community_id AS text) IS NULL OR community_id = :community_id)
+      AND (CAST(:trigger_from AS timestamptz) IS NULL OR trigger_at >= :trigger_from)
+      AND (CAST(:trigger_to AS timestamptz) IS NULL OR trigger_at < :trigger_to)
+      AND (CAST(:error_like AS text) IS NULL OR last_error ILIKE :error_like)
+      -- a row already pending has nothing to reset (and keeps its place in the claim order)
+      AND status <> 'pending'
+      -- only rows as the dry run saw them: a row that changed since then was not in its count
+      AND updated_at <= :as_of
+      -- keyset over id, so each row is visited once even when a reset row still matches
+      AND id > :after_id
+    ORDER BY id
+    LIMIT :chunk
+    -- a row a replica is dispatching right now is skipped, never waited for: the loop
+    -- is not held up, and that row's new status decides for itself
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE scheduled_events AS e
+SET status = 'pending', dispatched_at = NULL, last_error = NULL, updated_at = :now
+FROM chunk
+WHERE e.id = chunk.id
+RETURNING e.id;
+
+-- name: insert_operator_action
+-- Record one operator action in the audit trail and return its id.
+INSERT INTO operator_actions (at, actor, source, action, event_id, filter, count, reason)
+VALUES (:now, :actor, :source, :action, :event_id, CAST(:filter AS jsonb), :count, :reason)
+RETURNING id;
+
+-- name: set_operator_action_count
+-- Set the number of rows an action touched, once its chunks are done.
+UPDATE operator_actions SET count = :count WHERE id = :id;
+
+-- name: link_action_events
+-- Remember which rows an action touched (for each event's history).
+INSERT INTO operator_action_events (action_id, event_id)
+SELECT :action_id, unnest(CAST(:event_ids AS text[]));
+
+-- name: list_operator_actions
+-- The audit trail, newest first, keyset-paginated by id.
+SELECT id, at, actor, source, action, event_id, filter, count, reason
+FROM operator_actions
+WHERE (CAST(:before_id AS bigint) IS NULL OR id < :before_id)
+ORDER BY id DESC
+LIMIT :limit;
+
+-- name: event_actions
+-- The operator actions that touched one event, newest first.
+SELECT a.id, a.at, a.actor, a.source, a.action, a.filter, a.count, a.reason
+FROM operator_action_events AS l
+JOIN operator_actions AS a ON a.id = l.action_id
+WHERE l.event_id = :event_id
+ORDER BY a.id DESC
+LIMIT 100;
+
+-- name: event_notifications
+-- The notifications one scheduled event produced, oldest first.
+SELECT id, rule_id, kind, title, body, status, reason, created_at
+FROM notifications
+WHERE scheduled_event_id = :event_id
+ORDER BY created_at, id
+LIMIT 100;
+
+-- name: count_replicas_by_state
+-- How many replicas are stale, failing or ok by their heartbeats (the table is one row per process).
+SELECT CASE WHEN seen_at < CAST(:now AS timestamptz) - 3 * greatest(poll_seconds, 1.0) * interval '1 second'
+            THEN 'stale' WHEN consecutive_failures > 0 THEN 'failing' ELSE 'ok' END AS state,
+       count(*) AS count
+FROM scheduler_replicas
+GROUP BY 1;
+-- The event lifecycle (issue 10): cancel, history, retention, the participant's inbox.
+-- ---------------------------------------------------------------------------------------
+
+-- name: set_change_context
+-- Name the change and its actor for the history trigger, until this transaction ends.
+SELECT set_config('scheduler.change', :change, true), set_config('scheduler.actor', :actor, true);
+
+-- name: lock_event_by_id
+-- Lock one row for a cancel; waits for a batch that is dispatching it, then reads its newest version.
+SELECT * FROM scheduled_events WHERE id = :id FOR UPDATE;
+
+-- name: lock_event_by_key
+-- Lock the row of an external key for a cancel, as lock_event_by_id does.
+SELECT * FROM scheduled_events WHERE external_key = :external_key FOR UPDATE;
+
+-- name: cancel_event
+-- Withdraw a pending or failed row: terminal `cancelled`, never claimed (the claim reads pending only).
+UPDATE scheduled_events
+SET status = 'cancelled', dispatched_at = NULL, updated_at = :now
+-- the caller holds the row lock; the status test keeps a dispatched row dispatched
+WHERE id = :id AND status IN ('pending', 'failed')
+RETURNING *;
+
+-- name: event_history
+-- Every change of one scheduled event, oldest first (the trigger appends them).
+SELECT id, event_id, at, change, actor, status, changes
+FROM scheduled_event_history
+WHERE event_id = :id
+ORDER BY id;
+
+-- name: try_retention_lock
+-- Elect the one replica that runs retention now, until this transaction ends (never waits).
+-- transaction-level, so it also holds behind a transaction-pooling PgBouncer
+SELECT pg_try_advisory_xact_lock(:key);
+
+-- name: claim_maintenance_run
+-- Start a periodic task's run unless one started less than :interval_seconds ago (by :now).
+INSERT INTO scheduler_maintenance (task, last_run_at)
+VALUES (:task, :now)
+ON CONFLICT (task) DO UPDATE SET last_run_at = EXCLUDED.last_run_at
+-- a run started within the interval (by the injected clock) keeps its time: no new run
+WHERE scheduler_maintenance.last_run_at <= CAST(:now AS timestamptz) - make_interval(secs => :interval_seconds)
+   -- a clock that went back (a frozen test clock, a corrected host) must not stall retention forever
+   OR scheduler_maintenance.last_run_at > :now
+RETURNING last_run_at;
+
+-- name: delete_expired_events
+-- Delete up to :batch_size rows dispatched or cancelled before :cutoff, with their history.
+WITH doomed AS (
+    SELECT id FROM scheduled_events
+    -- only terminal successes and withdrawals: failed and pending rows are never deleted;
+    -- ix_scheduled_events_finished holds exactly these rows, by updated_at
+    WHERE status IN ('dispatched', 'cancelled') AND updated_at < :cutoff
+    ORDER BY updated_at
+    -- a small batch: each runs in its own short transaction
+    LIMIT :batch_size
+    -- a row a re-post or a cancel is changing right now is left for the next run
+    FOR UPDATE SKIP LOCKED
+), history AS (
+    DELETE FROM scheduled_event_history WHERE event_id IN (SELECT id FROM doomed)
+)
+DELETE FROM scheduled_events WHERE id IN (SELECT id FROM doomed)
+RETURNING id;
+
+-- name: lock_stream_order
+-- Serialise stream numbering across replicas until commit, so stream order is commit order.
+SELECT pg_advisory_xact_lock(:key);
+
+-- name: number_for_stream
+-- Give delivered notifications (a batch's) their places in the inbox stream, once each.
+UPDATE notifications
+SET stream_seq = nextval('notification_stream_seq')
+WHERE id = ANY(CAST(:ids AS text[])) AND stream_seq IS NULL
+RETURNING stream_seq;
+
+-- name: notify_inbox
+-- Wake every replica's inbox (LISTEN scheduler_inbox); the payload is the stream number.
+SELECT pg_notify(:channel, :payload);
+
+-- name: stream_tail
+-- Streamed notifications after :after in stream order: every replica's live fan-out reads this.
+SELECT id, user_id, community_id, rule_id, kind, scenario, time_scope, title, body,
+       source, scheduled_event_id, created_at, stream_seq
+FROM notifications
+WHERE stream_seq > :after
+ORDER BY stream_seq
+LIMIT :limit;
+
+-- name: stream_head
+-- The newest stream number (0 when nothing was streamed yet).
+SELECT coalesce(max(stream_seq), 0) FROM notifications WHERE stream_seq IS NOT NULL;
+
+-- name: participant_stream_after
+-- One participant's streamed notifications after :after, in stream order (a Last-Event-ID replay).
+SELECT id, user_id, community_id, rule_id, kind, scenario, time_scope, title, body,
+       source, scheduled_event_id, created_at, stream_seq
+FROM notifications
+WHERE user_id = :user_id AND stream_seq > :after
+ORDER BY stream_seq
+LIMIT :limit;
+
+-- name: participant_notifications
+-- One participant's delivered notifications, newest first, after an optional keyset cursor.
+SELECT id, user_id, community_id, rule_id, kind, scenario, time_scope, title, body,
+       source, scheduled_event_id, created_at, stream_seq
+FROM notifications
+WHERE user_id = :user_id
+  -- only what reached the participant: suppressed and failed decisions are the operator's
+  AND status = 'sent'
+  -- keyset: strictly older than the last row of the previous page
+  AND (CAST(:before_at AS timestamptz) IS NULL
+       OR (created_at, id) < (CAST(:before_at AS timestamptz), CAST(:before_id AS text)))
+ORDER BY created_at DESC, id DESC
 LIMIT :limit;
