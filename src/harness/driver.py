@@ -45,6 +45,7 @@ def _choices(sim: Simulation, rng: random.Random, faults: frozenset[str]) -> lis
         add(14, "post", partial(sim.post, *content()))
         add(3, "begin_post", partial(sim.begin_post, rng.choice(sim.free_clients()), *content(retry=True)))
         add(1, "reset", partial(sim.reset, rng.randrange(1000)))
+        add(1, "cancel", partial(sim.cancel, rng.randrange(1000)))
     for c in sim.requesting_clients():
         add(4, "end_post", partial(sim.end_post, c))
     add(6, "advance", partial(sim.advance, rng.choice((1, 2, 5, 10, 30))))

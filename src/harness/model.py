@@ -141,6 +141,20 @@ class Model:
             self.by_key[key] = event_id
         return row
 
+    def apply_cancel(self, event_id: str, outcome: str) -> str | None:
+        """A cancel committed (or answered): None if ``outcome`` is what the committed status
+        allows, else why not. Pending and failed rows become cancelled (a failed row keeps
+        its error); a dispatched row stays dispatched (409); a cancelled one answers itself."""
+        row = self.rows[event_id]
+        expected = {"pending": "cancelled", "failed": "cancelled", "dispatched": "dispatched",
+                    "cancelled": "already_cancelled"}[row.status]
+        if outcome != expected:
+            return f"the cancel of {event_id} answered {outcome!r}, but the row was {row.status} (expected {expected!r})"
+        if outcome == "cancelled":
+            row.status = "cancelled"
+            row.has_dispatched_at = False
+        return None
+
     def apply_reset(self, event_id: str) -> None:
         """The operator's reset committed: pending again, nothing of the last run kept."""
         row = self.rows[event_id]

@@ -25,7 +25,7 @@ from harness.broken import read_then_write_begin, read_then_write_end, variant
 from harness.faults import FaultyDispatcher, InjectedPollFault, PollBudget, install_rewrites
 from harness.model import EVENT_FAULTS, Call, Content, Model
 from harness.observer import Observer
-from scheduler import store
+from scheduler import lifecycle, store
 from scheduler.clock import ManualClock
 from scheduler.config import Settings
 from scheduler.db import make_engine, make_sessionmaker
@@ -397,6 +397,38 @@ class Simulation:
             self.model.apply_reset(event_id)
 
         c.submit("reset", f"reset({row})", lambda: store.reset_event(c.sessions, event_id, self.now()),
+                 done, lambda lock: self._write_blocked(c, None, event_id, lock))
+        self._after_step()
+        return True
+
+    def cancel(self, row: int) -> bool:
+        """A sender cancels the ``row``-th stored row (modulo the count); it may race a dispatch."""
+        free = self.free_clients()
+        if not free or not self.model.order:
+            return False
+        event_id = self.model.order[row % len(self.model.order)]
+        if self._row_has_waiting_writer(None, event_id):
+            return False
+        c = self.clients[free[0]]
+        c.target = event_id
+        self._step("cancel", f"sim.cancel({row})")
+
+        def done(result: Any, error: BaseException | None) -> None:
+            if error is not None:
+                if c.killed:
+                    c.killed = False
+                    return
+                raise self.fail("SIM-2", f"cancel of {event_id} failed: {error!r}")
+            self._check("SIM-CANCEL")
+            holder = self.model.held().get(event_id)
+            if holder is not None:
+                raise self.fail("SIM-CANCEL", f"a cancel of {event_id} finished while replica {holder} holds it")
+            problem = self.model.apply_cancel(event_id, result.outcome)
+            if problem is not None:
+                raise self.fail("SIM-CANCEL", problem)
+
+        c.submit("cancel", f"cancel({row})",
+                 lambda: lifecycle.cancel_event(c.sessions, now=self.now(), event_id=event_id, actor="simulation"),
                  done, lambda lock: self._write_blocked(c, None, event_id, lock))
         self._after_step()
         return True

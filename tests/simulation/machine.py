@@ -95,6 +95,10 @@ class ReplicaMachine(RuleBasedStateMachine):
     def reset(self, row: int) -> None:
         self.sim.reset(row)
 
+    @rule(row=st.integers(0, 8))
+    def cancel(self, row: int) -> None:
+        self.sim.cancel(row)
+
     @rule(minutes=st.sampled_from([1, 5, 20, 60, -30, 24 * 60]))
     def advance(self, minutes: int) -> None:
         self.sim.advance(minutes)
