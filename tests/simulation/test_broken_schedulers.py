@@ -174,7 +174,7 @@ FOUND_BY_RANDOM_DRIVER = {
     "order-by-id": (1, 300),
     "batch-of-21": (1, 400),
     "one-transaction": (1, 400),
-    "read-then-write-upsert": (8, 300),
+    "read-then-write-upsert": (2, 300),
     "cap-without-lock": (3, 300),
     "status-first": (1, 300),
     "prompt-catch-up": (3, 300),
