@@ -74,6 +74,16 @@ def test_a_malformed_authorization_header_is_401(client: TestClient, header: str
     assert response.json()["detail"]
 
 
+@pytest.mark.clause("SEC-2")
+@pytest.mark.parametrize("garbage", ["not-a-jwt", "a.b.c", "_-8.x.y", "eyJhbGciOiJIUzI1NiJ9.%%%.x"])
+def test_a_garbage_token_is_called_malformed_without_decoder_internals(client: TestClient, garbage: str) -> None:
+    """SEC-2: a bearer value that is not a JWT at all is a 401 "malformed token", not a codec
+    error (``_-8`` decodes to bytes that are not UTF-8)."""
+    detail = _refused(client, garbage)
+    assert detail.startswith("malformed token"), detail
+    assert "codec" not in detail and "padding" not in detail
+
+
 @pytest.mark.clause("SEC-4")
 def test_a_valid_admin_token_gets_in(client: TestClient) -> None:
     """SEC-4: the control for every refusal below: the same claims, properly signed, pass."""
