@@ -12,14 +12,16 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 
 import jwt
 import pytest
-from sqlalchemy import Engine
+from sqlalchemy import Engine, create_engine, make_url, text
 from starlette.testclient import TestClient
 
 from scheduler.app import SchedulerService
 from scheduler.cli import build_parser, main
+from scheduler.db import drop_database, ensure_database
 from tests.conftest import TEST_SECRET
 from tests.helpers import event_row, post_event
 
@@ -143,3 +145,37 @@ def test_the_scheduled_events_table_is_vacuumed_early_so_the_claim_stays_cheap(e
     with engine.connect() as conn:
         options = conn.execute(text("SELECT reloptions FROM pg_class WHERE relname = 'scheduled_events'")).scalar_one()
     assert sorted(options) == ["autovacuum_vacuum_scale_factor=0.01", "autovacuum_vacuum_threshold=1000"]
+
+
+@pytest.mark.clause("OPS-8")
+@pytest.mark.parametrize("name", ['scratch "quoted" name', "scratch:colon%percent"])
+def test_a_scratch_database_created_by_several_processes_at_once_is_created_once_without_error(
+    database_url: str, name: str
+) -> None:
+    """OPS-8: DDL quotes the name whatever it holds, and eight concurrent creators of one
+    database all succeed (the losers of the race find it created)."""
+    admin = str(make_url(database_url).set(database="postgres").render_as_string(hide_password=False))
+    barrier = threading.Barrier(8, timeout=30)
+    errors: list[BaseException] = []
+
+    def create() -> None:
+        barrier.wait()
+        try:
+            ensure_database(admin, name)
+        except Exception as exc:  # noqa: BLE001 - reported by the assertion below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=create) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    try:
+        assert errors == []
+        with create_engine(admin).connect() as conn:
+            found = conn.execute(text("SELECT count(*) FROM pg_database WHERE datname = :n"), {"n": name}).scalar_one()
+        assert found == 1
+    finally:
+        drop_database(admin, name)
+    with create_engine(admin).connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM pg_database WHERE datname = :n"), {"n": name}).scalar_one() == 0
