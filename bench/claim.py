@@ -24,6 +24,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, text
 
 from bench.env import NOW, Server, bench_engine, bench_sql, checkpoint, load_events, progress
+from scheduler.loop import claim_params
 from scheduler.queries import sql, statement
 
 PENDING = 1_000
@@ -38,7 +39,7 @@ def percentile(values: list[float], fraction: float) -> float:
 
 
 def _params() -> dict[str, Any]:
-    return {"now": NOW, "batch_size": BATCH}
+    return claim_params(NOW, BATCH)
 
 
 def _claim_once(conn: Connection) -> float:

@@ -45,7 +45,7 @@ from bench.env import (
 )
 from scheduler.clock import ManualClock
 from scheduler.db import make_sessionmaker
-from scheduler.loop import PollReport, Scheduler
+from scheduler.loop import PollReport, Scheduler, claim_params
 from scheduler.queries import sql
 from scheduler.types import DigitalTwinEvent, DispatchResult, OutboundMessage
 
@@ -125,7 +125,7 @@ def _raw_worker(url: str, kind: str, batch: int, barrier: Barrier, out: Any) -> 
         done = 0
         while True:
             with conn.transaction():
-                rows = conn.execute(claim, {"now": NOW, "batch_size": batch}).fetchall()
+                rows = conn.execute(claim, claim_params(NOW, batch)).fetchall()
                 for row in rows:
                     conn.execute(mark, {"id": row[0], "now": NOW})
             done += len(rows)
@@ -142,7 +142,7 @@ def _raw_same_worker(url: str, kind: str, batch: int, barrier: Barrier, out: Any
     from scheduler.participant_locks import participant_lock_key
 
     claim = psycopg_sql(sql("claim_due_events"))
-    lock = psycopg_sql(sql("lock_participants"))
+    lock = psycopg_sql(sql("try_lock_participants"))
     mark = psycopg_sql(sql("mark_dispatched"))
     with psycopg.connect(libpq_uri(url)) as conn:
         conn.execute("SELECT 1")
@@ -152,7 +152,7 @@ def _raw_same_worker(url: str, kind: str, batch: int, barrier: Barrier, out: Any
         done = 0
         while True:
             with conn.transaction():
-                rows = conn.execute(claim, {"now": NOW, "batch_size": batch}).fetchall()
+                rows = conn.execute(claim, claim_params(NOW, batch)).fetchall()
                 keys = sorted({participant_lock_key(row[2]) for row in rows})
                 if keys:
                     conn.execute(lock, {"keys": keys}).fetchall()

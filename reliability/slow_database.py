@@ -5,8 +5,10 @@ with ``statement_timeout`` only (SCHEDULER_STATEMENT_TIMEOUT_MS=1500, lock timeo
 First the operator holds ``LOCK TABLE scheduled_events IN ACCESS EXCLUSIVE MODE``: every
 poll and every POST then fails within its timeout (health 503 naming the timeout, POST
 503), nothing hangs, and everything resumes once the lock is released. Then the operator
-holds one participant's advisory lock: only batches containing that participant fail; the
-others keep dispatching. At the end nothing is lost.
+holds one participant's advisory lock: claims skip that participant without waiting
+(DEC-2), so the others keep dispatching at no less than half the rate measured without a
+hold, the participant's rows stay untouched, and they are dispatched after the release.
+At the end nothing is lost.
 """
 
 from __future__ import annotations
@@ -75,22 +77,44 @@ def run(args: argparse.Namespace) -> int:
         _check_timeouts_shown(monitor, held_from, held_to, problems)
         posts_503_during_lock = clients.figures.statuses.get(503, 0)
 
-        # 2. one participant's advisory lock (the lock the orchestrator takes per participant)
+        # 2. one participant's advisory lock (the lock the orchestrator takes per participant).
+        # First the rate with no lock held, over a window as long as the hold (at most 1.5 s,
+        # so that the backlog lasts), then the rate while the operator holds the lock.
         left = _pending_users(c.engine)
         if not left:
             raise ScenarioError("the backlog drained before the advisory-lock phase: use more --events")
         victim = left[0]
+        window = min(args.hold, 1.5)
+        before, t0 = _backlog_done(c.engine), time.monotonic()
+        threading.Event().wait(window)
+        baseline_rate = (_backlog_done(c.engine) - before) / (time.monotonic() - t0)
         before = _backlog_done(c.engine)
         operator.execute(text("SELECT pg_advisory_lock(:k)"), {"k": participant_lock_key(victim)})
+        # After the lock is ours (a batch that held it has committed): from here on no
+        # claim may touch these rows until the release.
+        victim_before = _user_rows(c.engine, victim)
         log(f"operator: holds {victim}'s advisory lock for {args.hold:g}s ({pending_count(c.engine)} pending)")
+        t0 = time.monotonic()
         threading.Event().wait(args.hold)
         during = _backlog_done(c.engine) - before
+        during_rate = during / (time.monotonic() - t0)
+        others_left = _pending_besides(c.engine, victim)
+        known = {row[0] for row in victim_before}  # clients may add rows of their own meanwhile
+        victim_during = [row for row in _user_rows(c.engine, victim) if row[0] in known]
         operator.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": participant_lock_key(victim)})
         operator.commit()
         operator.close()
-        log(f"operator: released it; {during} events were dispatched or failed while it was held")
+        log(f"operator: released it; {during} events were dispatched or failed while it was held "
+            f"({during_rate:.0f}/s against {baseline_rate:.0f}/s without a hold)")
         if during <= 0:
             problems.append("no progress at all while one participant's advisory lock was held")
+        elif during_rate < 0.5 * baseline_rate and others_left > 0:
+            problems.append(f"progress while one participant's lock was held ({during_rate:.0f}/s) fell below "
+                            f"half the rate without a hold ({baseline_rate:.0f}/s)")
+        if victim_during != victim_before:
+            problems.append(f"{victim}'s rows changed while its lock was held elsewhere (a claim must leave them untouched)")
+        wait_for(lambda: _user_pending(c.engine, victim) == 0, args.timeout,
+                 f"{victim}'s rows to be dispatched after the release", interval=0.1)
 
         clients.stop()
         elapsed = drain_and_check(c.engine, args.timeout, problems, survivors=replicas) - started
@@ -106,7 +130,8 @@ def run(args: argparse.Namespace) -> int:
             lock_timeout_ms=LOCK_TIMEOUT_MS, statement_timeout_ms=STATEMENT_TIMEOUT_MS, hold_seconds=args.hold,
             posts_503_during_table_lock=posts_503_during_lock,
             health_recovery_after_table_lock_seconds=round(table_recovery, 2),
-            progress_during_advisory_lock=during, run_seconds=round(elapsed, 1),
+            progress_during_advisory_lock=during, rate_during_advisory_lock=round(during_rate, 1),
+            rate_without_a_hold=round(baseline_rate, 1), run_seconds=round(elapsed, 1),
         )
         figures["lost"] = audit.lost + len(clients.figures.acknowledged - set(client_rows(c.engine)))
         if problems:
@@ -120,6 +145,28 @@ def _backlog_done(engine: Any) -> int:
         return int(conn.execute(text(
             "SELECT count(*) FROM scheduled_events WHERE status <> 'pending' AND event_type = 'reliability'"
         )).scalar_one())
+
+
+def _user_rows(engine: Any, user_id: str) -> list[tuple[Any, ...]]:
+    """The participant's rows as they stand: a claim that skips them must not change them."""
+    with engine.connect() as conn:
+        return [tuple(r) for r in conn.execute(text(
+            "SELECT id, status, last_error, updated_at FROM scheduled_events WHERE user_id = :u ORDER BY id"
+        ), {"u": user_id})]
+
+
+def _user_pending(engine: Any, user_id: str) -> int:
+    with engine.connect() as conn:
+        return int(conn.execute(text(
+            "SELECT count(*) FROM scheduled_events WHERE user_id = :u AND status = 'pending'"), {"u": user_id}
+        ).scalar_one())
+
+
+def _pending_besides(engine: Any, user_id: str) -> int:
+    with engine.connect() as conn:
+        return int(conn.execute(text(
+            "SELECT count(*) FROM scheduled_events WHERE status = 'pending' AND event_type = 'reliability' "
+            "AND user_id <> :u"), {"u": user_id}).scalar_one())
 
 
 def _pending_users(engine: Any) -> list[str]:

@@ -20,6 +20,7 @@ from harness.faults import Rewrite, is_claim_statement
 from scheduler.loop import Batch, Scheduler
 from scheduler.queries import statement
 from scheduler.store import event_to_json
+from scheduler.types import SchedulerMode
 
 
 class VariantNoLongerApplies(RuntimeError):
@@ -53,6 +54,23 @@ def _no_savepoints(sql: str, params: Any) -> tuple[str, Any]:
     if _SAVEPOINT.match(sql):
         return "SELECT 1", params
     return sql, params
+
+
+class CatchUpScheduler(Scheduler):
+    """In prompt mode, after a full batch, "catches up" by claiming two batches' worth in
+    the next poll: the loop's pacing is right, but one poll now exceeds the batch bound."""
+
+    def claim(self) -> Batch:
+        report = self.last_report
+        catching_up = self.mode is SchedulerMode.PROMPT and report is not None and report.claimed >= self.batch_size
+        if not catching_up:
+            return super().claim()
+        bound = self.batch_size
+        self.batch_size = 2 * bound
+        try:
+            return super().claim()
+        finally:
+            self.batch_size = bound
 
 
 class StatusFirstScheduler(Scheduler):
@@ -113,6 +131,7 @@ class Variant:
     rewrites: tuple[Rewrite, ...] = ()
     scheduler_class: type[Scheduler] = Scheduler
     read_then_write: bool = False
+    modes: str | None = None  # forces the simulation's modes (a prompt-mode bug needs prompt)
 
 
 VARIANTS: dict[str, Variant] = {
@@ -130,7 +149,11 @@ VARIANTS: dict[str, Variant] = {
         Variant("read-then-write-upsert", "a re-post reads the key, then inserts or updates",
                 "SIM-2", read_then_write=True),
         Variant("cap-without-lock", "no participant advisory locks: the cap is counted unlocked",
-                "SIM-6", rewrites=(_replace(r"pg_advisory_xact_lock\(", "abs(", claim_only=False),)),
+                "SIM-6", rewrites=(_replace(r"pg_advisory_xact_lock\(", "abs(", claim_only=False),
+                                   _replace(r"pg_try_advisory_xact_lock\((t\.k)\)", r"(\1 IS NOT NULL)",
+                                            claim_only=False))),
+        Variant("prompt-catch-up", "in prompt mode a full claim takes the next batch too, in the same poll",
+                "SIM-1", scheduler_class=CatchUpScheduler, modes="prompt"),
         Variant("status-first", "status set before the engine runs and committed apart from it",
                 "SIM-5", scheduler_class=StatusFirstScheduler),
     )

@@ -17,11 +17,12 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from harness.broken import VARIANTS
 from harness.driver import FAULTS, Progress, regression_source, run_random, write_regression
-from harness.simulation import HarnessError, Simulation, Violation
+from harness.simulation import MODES, HarnessError, Simulation, Violation
 from scheduler.config import Settings
 from scheduler.db import drop_database
 
-DEFAULTS = {"replicas": 4, "clients": 2, "batch_size": 20, "participants": 4, "faults": "all", "scheduler": "correct"}
+DEFAULTS = {"replicas": 4, "clients": 2, "batch_size": 20, "participants": 4, "faults": "all", "scheduler": "correct",
+            "modes": "literal"}
 MAX_ACTORS = 40  # keeps a run well under PostgreSQL's default max_connections (100)
 
 
@@ -63,6 +64,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"comma-separated faults to inject: {', '.join(FAULTS)}; or all (default) or none")
     parser.add_argument("--scheduler", choices=sorted(VARIANTS), default=DEFAULTS["scheduler"],
                         help="correct (default), or a deliberately broken variant the invariants must catch")
+    parser.add_argument("--modes", choices=MODES, default=DEFAULTS["modes"],
+                        help="the replicas' loop mode: literal (default, REQ-0065's interval), prompt "
+                             "(polls again at once after a full batch), or mixed (odd replicas prompt)")
     parser.add_argument("--batch-size", type=_positive("--batch-size", 1, 1000), default=DEFAULTS["batch_size"],
                         help="rows per claim (default 20, as in production)")
     parser.add_argument("--clients", type=_positive("--clients", 1, 8), default=DEFAULTS["clients"],
@@ -104,7 +108,7 @@ def replay_command(args: argparse.Namespace, seed: int) -> str:
     faults = ",".join(sorted(args.faults)) if args.faults != frozenset(FAULTS) else "all"
     if faults != "all":
         parts.append(f"--faults {faults or 'none'}")
-    for name in ("scheduler", "batch_size", "clients", "participants"):
+    for name in ("scheduler", "modes", "batch_size", "clients", "participants"):
         value = getattr(args, name)
         if value != DEFAULTS[name]:
             parts.append(f"--{name.replace('_', '-')} {value}")
@@ -143,7 +147,8 @@ def cmd_simulate(args: argparse.Namespace, settings: Settings) -> int:
         print(f"--replicas plus --clients must stay under {MAX_ACTORS} connections", file=sys.stderr)
         return 2
     if not args.json:
-        print(f"{args.replicas} replicas ({args.scheduler}), {args.clients} clients, batch {args.batch_size}, "
+        modes = VARIANTS[args.scheduler].modes or args.modes
+        print(f"{args.replicas} replicas ({args.scheduler}, {modes}), {args.clients} clients, batch {args.batch_size}, "
               f"faults: {', '.join(sorted(args.faults)) or 'none'}", flush=True)
     for noisy in ("scheduler.loop", "alembic", "sqlalchemy.pool"):
         logging.getLogger(noisy).setLevel(logging.CRITICAL)
@@ -157,7 +162,7 @@ def cmd_simulate(args: argparse.Namespace, settings: Settings) -> int:
     try:
         with Simulation(url, seed=seed, replicas=args.replicas, clients=args.clients,
                         batch_size=args.batch_size, participants=args.participants,
-                        scheduler=args.scheduler) as sim:
+                        scheduler=args.scheduler, modes=args.modes) as sim:
             progress = None if args.no_progress else Progress(args.steps)
             try:
                 run_random(sim, args.steps, random.Random(seed), args.faults, progress)
@@ -196,7 +201,7 @@ def _report_failure(args: argparse.Namespace, settings: Settings, sim: Simulatio
     path = args.regression_file or settings.data_dir / "simulation" / f"seed-{seed}.py"
     source = regression_source(sim, violation, replay, name=f"seed_{seed}_{violation.clause.replace('-', '_').lower()}",
                                replicas=args.replicas, clients=args.clients, batch_size=args.batch_size,
-                               scheduler=args.scheduler)
+                               scheduler=args.scheduler, modes=args.modes)
     write_regression(path, source)
     print(f"the whole program, as a pytest test: {path}", file=out)
     print(f"replay: {replay}", file=out)

@@ -137,7 +137,8 @@ def run_random(sim: Simulation, steps: int, rng: random.Random, faults: frozense
 
 
 def regression_source(sim: Simulation, violation: Violation, replay: str, *, name: str,
-                      replicas: int, clients: int, batch_size: int, scheduler: str) -> str:
+                      replicas: int, clients: int, batch_size: int, scheduler: str,
+                      modes: str = "literal") -> str:
     """The failing program as an ordinary pytest test (for tests/simulation/regressions/)."""
     body = "\n".join(f"            {line}" for line in sim.program)
     return f'''"""Found by `{replay}`.
@@ -153,7 +154,7 @@ from harness import Simulation, Violation
 def test_{name}(database_url: str) -> None:
     """Replays the program that broke {violation.clause}; it must now run clean."""
     with Simulation(database_url, seed={sim.seed}, replicas={replicas}, clients={clients},
-                    batch_size={batch_size}, scheduler={scheduler!r}) as sim:
+                    batch_size={batch_size}, scheduler={scheduler!r}, modes={modes!r}) as sim:
         try:
 {body}
             sim.drain()

@@ -16,6 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import date, datetime
 
+from scheduler.loop import MAX_CLAIM_ROUNDS
+
 # Event faults carried in the facts (``sim_fault``): what the dispatch of that event does.
 EVENT_FAULTS = ("python", "database", "refused")
 
@@ -70,6 +72,10 @@ class OpenBatch:
     ids: list[str]
     generations: dict[str, int]
     versions: dict[str, int]
+    # rows the claim locked but left alone: their participant was busy in another batch
+    skipped: list[str] = field(default_factory=list)
+    # the participants whose advisory locks the batch holds (those of its events)
+    users: frozenset[str] = frozenset()
     position: int = 0
     outcomes: dict[str, str] = field(default_factory=dict)
     calls: list[Call] = field(default_factory=list)
@@ -101,9 +107,17 @@ class Model:
         for replica, batch in self.batches.items():
             if batch.dead or replica == besides:
                 continue
-            for event_id in batch.ids:
+            for event_id in (*batch.ids, *batch.skipped):
                 held[event_id] = replica
         return held
+
+    def busy_users(self, *, besides: int | None = None) -> set[str]:
+        """Participants whose advisory lock a live open batch of another replica holds."""
+        busy: set[str] = set()
+        for replica, batch in self.batches.items():
+            if not batch.dead and replica != besides:
+                busy |= batch.users
+        return busy
 
     def holder_of_key(self, key: str | None) -> int | None:
         if key is None or key not in self.by_key:
@@ -136,17 +150,45 @@ class Model:
 
     # -- batches ----------------------------------------------------------------------------
 
-    def expected_claim(self, replica: int, now: datetime, batch_size: int) -> list[str]:
-        """Due pending rows not held by another replica, oldest first, at most the batch size."""
+    def expected_claim(self, replica: int, now: datetime, batch_size: int) -> tuple[list[str], list[str]]:
+        """What a claim takes, and what it locks but skips (DEC-2), as the production claim
+        does it: due pending rows not held by another replica, oldest first, at most the
+        batch size; rows of a participant another batch holds are skipped, and the claim
+        takes up to ``MAX_CLAIM_ROUNDS`` rounds past them."""
         held = self.held(besides=replica)
+        locked_elsewhere = self.busy_users(besides=replica)
         due = [
             r for r in self.rows.values()
             if r.status == "pending" and r.content.trigger_at <= now and r.id not in held
         ]
         due.sort(key=lambda r: (r.content.trigger_at, r.id))
-        return [r.id for r in due[:batch_size]]
+        events: list[str] = []
+        skipped: list[str] = []
+        busy: set[str] = set()
+        position = 0
+        for _ in range(MAX_CLAIM_ROUNDS):
+            wanted = batch_size - len(events)
+            taken: list[Row] = []
+            while position < len(due) and len(taken) < wanted:
+                row = due[position]
+                position += 1
+                if row.content.user not in busy:
+                    taken.append(row)
+            if not taken:
+                break
+            round_skipped = 0
+            for row in taken:
+                if row.content.user in locked_elsewhere:
+                    busy.add(row.content.user)
+                    skipped.append(row.id)
+                    round_skipped += 1
+                else:
+                    events.append(row.id)
+            if len(taken) < wanted or round_skipped == 0:
+                break
+        return events, skipped
 
-    def open_batch(self, replica: int, ids: list[str]) -> OpenBatch:
+    def open_batch(self, replica: int, ids: list[str], skipped: list[str] | None = None) -> OpenBatch:
         if replica in self.batches:
             raise AssertionError(f"replica {replica} already holds a batch")
         self.serial += 1
@@ -154,6 +196,8 @@ class Model:
             self.serial, replica, list(ids),
             {i: self.rows[i].generation for i in ids},
             {i: self.rows[i].content.version for i in ids},
+            skipped=list(skipped or ()),
+            users=frozenset(self.rows[i].content.user for i in ids),
         )
         self.batches[replica] = batch
         return batch

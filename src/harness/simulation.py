@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import threading
 import time
 import uuid
 from concurrent.futures import FIRST_COMPLETED
@@ -29,12 +30,21 @@ from scheduler.clock import ManualClock
 from scheduler.config import Settings
 from scheduler.db import make_engine, make_sessionmaker
 from scheduler.dispatch import NudgingPlatform
-from scheduler.loop import Batch, Scheduler
+from scheduler.loop import Batch, PollReport, Scheduler
 from scheduler.publishers import RecordingPublisher
 from scheduler.rules import load_catalogue
+from scheduler.types import SchedulerMode
 
 T0 = datetime(2026, 11, 30, 9, 0, tzinfo=UTC)
 SETTLE_TIMEOUT = 60.0
+# How the replicas' loops pace their polls (DEC-9): every replica literal, every replica
+# prompt, or mixed (odd replicas prompt).
+MODES = ("literal", "prompt", "mixed")
+
+# A prompt-mode run step lets the loop poll again at once after a full batch, at most this
+# many polls; it ends with the first short batch (where the loop would start to wait).
+PROMPT_RUN_POLLS = 3
+
 # Replicas and clients wait as long as it takes: the harness, not a timeout, ends a wait.
 NO_TIMEOUTS = Settings(statement_timeout_ms=0, lock_timeout_ms=0)
 
@@ -73,13 +83,19 @@ class Simulation:
         clean: bool = True,
         check_every_step: bool = True,
         start: datetime = T0,
+        modes: str = "literal",
     ) -> None:
         if replicas < 1 or clients < 1 or participants < 1:
             raise ValueError("a simulation needs at least one replica, client and participant")
+        if modes not in MODES:
+            raise ValueError(f"modes is one of {', '.join(MODES)}, not {modes!r}")
+        self.modes = modes
         self.url = database_url
         self.seed = seed
         self.batch_size = batch_size
         self.variant = variant(scheduler)
+        if self.variant.modes is not None:
+            self.modes = self.variant.modes
         self.check_every_step = check_every_step
         self.start = start
         self.stats = Stats()
@@ -128,10 +144,16 @@ class Simulation:
             return self.variant.scheduler_class(
                 replica.sessions, replica.dispatcher, self.clock,
                 publisher=RecordingPublisher(), batch_size=self.batch_size,
-                poll_seconds=30.0, name=replica.name,
+                poll_seconds=30.0, name=replica.name, mode=self.mode_of(index),
             )
 
         return Replica(f"replica-{index}", index, engine, dispatcher, make_scheduler)
+
+    def mode_of(self, replica: int) -> SchedulerMode:
+        """The replica's loop mode: all literal, all prompt, or mixed (odd replicas prompt)."""
+        if self.modes == "mixed":
+            return SchedulerMode.PROMPT if replica % 2 else SchedulerMode.LITERAL
+        return SchedulerMode(self.modes)
 
     def __enter__(self) -> Simulation:
         return self
@@ -399,8 +421,18 @@ class Simulation:
         if lock != "advisory":
             raise self.fail("SIM-1", f"{r.name}'s claim waits on a {lock} lock: a row another replica "
                                      "holds, which it must skip")
+        raise self.fail("SIM-1", f"{r.name}'s claim waits on a participant lock: a claim only "
+                                 "try-locks participants and skips busy ones (DEC-2)")
 
-    def _check_claim(self, r: Replica, actual: list[str], expected: list[str]) -> None:
+    def _check_claim(self, r: Replica, actual: list[str], expected: list[str],
+                     actual_skipped: list[str] | None = None, expected_skipped: list[str] | None = None) -> None:
+        self._check("SIM-6")
+        busy = self.model.busy_users(besides=r.index)
+        for event_id in actual:
+            row = self.model.rows.get(event_id)
+            if row is not None and row.content.user in busy:
+                raise self.fail("SIM-6", f"{r.name} claimed {event_id} of {row.content.user}, whose "
+                                         "participant lock another batch holds: the cap would be counted unlocked")
         self._check("SIM-1")
         if len(actual) > self.batch_size:
             raise self.fail("SIM-1", f"{r.name} claimed {len(actual)} rows, more than the batch size {self.batch_size}")
@@ -417,6 +449,9 @@ class Simulation:
         if actual != expected:
             raise self.fail("SIM-1", f"{r.name} claimed {self._show(actual)} but the due pending rows, "
                                      f"oldest first, were {self._show(expected)}")
+        if actual_skipped is not None and actual_skipped != expected_skipped:
+            raise self.fail("SIM-1", f"{r.name} skipped {self._show(actual_skipped)} as busy, but the rows "
+                                     f"of participants other batches hold were {self._show(expected_skipped or [])}")
 
     def _show(self, ids: list[str]) -> str:
         shown = []
@@ -433,9 +468,9 @@ class Simulation:
             return False
         self._step("claim", f"sim.claim({replica})")
         armed = r.faults.armed == "claim"
-        expected = [] if armed else self.model.expected_claim(replica, self.now(), self.batch_size)
+        expected, skipped = ([], []) if armed else self.model.expected_claim(replica, self.now(), self.batch_size)
         if not armed:
-            self.model.open_batch(replica, expected)
+            self.model.open_batch(replica, expected, skipped)
 
         def done(batch: Any, error: BaseException | None) -> None:
             if error is not None:
@@ -446,7 +481,7 @@ class Simulation:
                     self.model.discard(replica)
                 raise self.fail("SIM-4", f"{r.name}'s claim raised {error!r}")
             r.batch = batch
-            self._check_claim(r, [e.id for e in batch.events], expected)
+            self._check_claim(r, [e.id for e in batch.events], expected, list(batch.skipped), skipped)
 
         r.submit("claim", f"claim({replica})", r.scheduler.claim, done, lambda lock: self._claim_blocked(r, lock))
         self._after_step()
@@ -568,11 +603,13 @@ class Simulation:
         r = self.replicas[replica]
         if r.op is not None or r.batch is not None or self._a_claim_waits():
             return False
+        if r.scheduler.mode is SchedulerMode.PROMPT:
+            return self._run_prompt(r, stop_after)
         self._step("run", f"sim.run({replica}, stop_after={stop_after})")
         armed = r.faults.armed
         polls = 2 if armed == "claim" else 1
-        expected = self.model.expected_claim(replica, self.now(), self.batch_size)
-        self.model.open_batch(replica, expected)
+        expected, skipped = self.model.expected_claim(replica, self.now(), self.batch_size)
+        self.model.open_batch(replica, expected, skipped)
         limit = len(expected) if stop_after is None else min(stop_after, len(expected))
         stop = PollBudget(polls)
         counted = [0]
@@ -622,6 +659,11 @@ class Simulation:
                 self.stats.poll_errors += 1
                 self._check_loop_survived(r, "InjectedPollFault")
             dispatched = [c.event_id for c in calls]
+            report = r.scheduler.last_report
+            if report is not None and report.skipped != len(skipped):
+                self.model.discard(replica)
+                raise self.fail("SIM-1", f"{r.name}'s loop skipped {report.skipped} rows as busy, "
+                                         f"expected {self._show(skipped)}")
             if dispatched != expected[:limit]:
                 self.model.discard(replica)
                 raise self.fail("SIM-1", f"{r.name}'s loop dispatched {self._show(dispatched)}, "
@@ -644,6 +686,129 @@ class Simulation:
         r.submit("run", f"run({replica})", loop, done, blocked)
         self._after_step()
         return True
+
+    def _run_prompt(self, r: Replica, stop_after: int | None) -> bool:
+        """A prompt-mode replica runs the production loop: it polls again at once after each
+        full batch (at most ``PROMPT_RUN_POLLS`` polls) and the step ends with the first short
+        one, where the loop would start to wait. A poll hook ends the loop there; an armed
+        claim fault fails the first poll and a wake-up makes the loop poll again at once."""
+        replica = r.index
+        self._step("run", f"sim.run({replica}, stop_after={stop_after})")
+        armed = r.faults.armed
+        first, first_skipped = ([], []) if armed == "claim" else \
+            self.model.expected_claim(replica, self.now(), self.batch_size)
+        self.model.open_batch(replica, first, first_skipped)
+        stop = threading.Event()
+        counted = [0]
+        failures = [0]
+        reports: list[PollReport] = []
+        health = r.scheduler.health
+        polls_before = health.polls
+
+        def on_call() -> None:
+            counted[0] += 1
+            if stop_after is not None and counted[0] >= stop_after:
+                stop.set()
+
+        def after_poll(scheduler: Scheduler) -> None:
+            if health.consecutive_failures:
+                failures[0] += 1
+                if armed == "claim" and not reports and failures[0] == 1:
+                    scheduler.announce(None)  # the loop would wait; look again at once instead
+                else:
+                    stop.set()
+                return
+            report = scheduler.last_report
+            assert report is not None
+            reports.append(report)
+            if report.claimed < self.batch_size or len(reports) >= PROMPT_RUN_POLLS:
+                stop.set()
+
+        if stop_after is not None:
+            self._fault("stop-mid-batch")
+
+        def loop() -> None:
+            r.dispatcher.on_call = on_call
+            r.scheduler.poll_hooks.append(after_poll)
+            try:
+                r.scheduler.run_blocking(stop)
+            finally:
+                r.scheduler.poll_hooks.remove(after_poll)
+                r.dispatcher.on_call = None
+
+        def done(_: Any, error: BaseException | None) -> None:
+            calls = [self._call(r, c) for c in r.dispatcher.take_calls()]
+            if error is not None:
+                self._poll_failed(r)
+                raise self.fail("SIM-4", f"{r.name}: the loop itself died: {error!r}")
+            if r.killed:
+                self._poll_failed(r)
+                self._check_loop_survived(r, "")
+                return
+            self._check("SIM-4")
+            if armed == "commit":
+                self.stats.poll_errors += 1
+                self.model.discard(replica)
+                if health.polls != polls_before:
+                    raise self.fail("SIM-5", f"{r.name} committed a poll whose commit failed")
+                self._check_loop_survived(r, "InjectedPollFault")
+                return
+            if armed == "claim":
+                self.stats.poll_errors += 1
+                self._check_loop_survived(r, "InjectedPollFault")
+                self.model.discard(replica)
+            self._replay_prompt_polls(r, calls, reports, stop_after, armed == "claim")
+            if stop_after is not None:
+                self._check_stopped(r)
+
+        r.submit("run", f"run({replica})", loop, done, lambda lock: self._claim_blocked(r, lock))
+        self._after_step()
+        return True
+
+    def _replay_prompt_polls(self, r: Replica, calls: list[Call], reports: list[PollReport],
+                             stop_after: int | None, reopen: bool) -> None:
+        """Check a prompt-mode run poll by poll against the model: each poll's claim, its
+        batch bound, its skipped rows and its calls; and that the loop polled again exactly
+        after each full batch."""
+        replica = r.index
+        self._check("SIM-1")
+        budget = stop_after
+        position = 0
+        for number, report in enumerate(reports):
+            if report.claimed > self.batch_size:
+                if replica in self.model.batches:
+                    self.model.discard(replica)
+                raise self.fail("SIM-1", f"{r.name}'s prompt-mode poll {number + 1} claimed {report.claimed} rows, "
+                                         f"more than the batch size {self.batch_size}")
+            if number > 0 or reopen:
+                expected, skipped = self.model.expected_claim(replica, self.now(), self.batch_size)
+                self.model.open_batch(replica, expected, skipped)
+            batch = self.model.batches[replica]
+            expected, skipped = batch.ids, batch.skipped
+            take = len(expected) if budget is None else min(budget, len(expected))
+            mine = calls[position:position + take]
+            position += take
+            if [c.event_id for c in mine] != expected[:take] or report.skipped != len(skipped):
+                self.model.discard(replica)
+                raise self.fail("SIM-1", f"{r.name}'s prompt-mode poll {number + 1} dispatched "
+                                         f"{self._show([c.event_id for c in mine])} (skipping {report.skipped}), "
+                                         f"expected {self._show(expected[:take])} (skipping {len(skipped)})")
+            for call in mine:
+                self.model.record_outcome(replica, call.event_id,
+                                          "dispatched" if call.result == "ok" else "failed", call)
+            self.model.commit(replica)
+            if budget is not None:
+                budget -= take
+            full = len(expected) >= self.batch_size
+            again = full and (budget is None or budget > 0) and number + 1 < PROMPT_RUN_POLLS
+            polled_again = number + 1 < len(reports)
+            if again != polled_again:
+                raise self.fail("SIM-1", f"{r.name} in prompt mode {'polled again' if polled_again else 'waited'} "
+                                         f"after a {'full' if full else 'short'} batch")
+        if not reports and replica in self.model.batches:
+            self.model.discard(replica)
+        if position != len(calls):
+            raise self.fail("SIM-1", f"{r.name} made {len(calls) - position} dispatcher calls no poll accounts for")
 
     def _check_loop_survived(self, r: Replica, needle: str) -> None:
         self._check("SIM-4")

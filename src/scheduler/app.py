@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
+from datetime import datetime
 from typing import Any, TypeVar
 
 from sqlalchemy import Engine
@@ -34,12 +35,20 @@ from scheduler.db import make_engine, make_sessionmaker, resolve_database_url
 from scheduler.dispatch import NudgingPlatform
 from scheduler.facts import ContractViolation, FactsMissing, check_facts_contract
 from scheduler.http import HTTPRefusal, parse_body, read_json, unprocessable
-from scheduler.loop import Scheduler
+from scheduler.listener import Listener, conninfo_of
+from scheduler.loop import DUE_CHANNEL, Scheduler
 from scheduler.openapi import openapi_document
 from scheduler.publishers import LoggingPublisher
 from scheduler.rules import Catalogue, load_catalogue
 from scheduler.schemas import MAX_STRING, LiveEventIn, PreferencesIn, ScheduledEventIn, check_text
-from scheduler.types import EVENT_STATUSES, Clock, DigitalTwinEvent, Dispatcher, Publisher
+from scheduler.types import (
+    EVENT_STATUSES,
+    Clock,
+    DigitalTwinEvent,
+    Dispatcher,
+    Publisher,
+    SchedulerMode,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -94,7 +103,13 @@ class SchedulerService:
             publisher=self.publisher,
             batch_size=self.settings.batch_size,
             poll_seconds=self.settings.poll_seconds,
+            mode=self.settings.mode,
         )
+        # One LISTEN connection for the process, started with the loop when anything
+        # subscribed: prompt mode's wake-ups (below) and whatever else fans out by NOTIFY.
+        self.listener = Listener(conninfo_of(engine), name="scheduler", probe_engine=engine)
+        if self.settings.mode is SchedulerMode.PROMPT and self.settings.listen and self.run_scheduler:
+            self.listener.subscribe(DUE_CHANNEL, self._on_due)
         self._task: asyncio.Task[None] | None = None
         self._stop: asyncio.Event | None = None
         self._check_security()
@@ -162,7 +177,17 @@ class SchedulerService:
         finally:
             await self.stop()
 
+    def _on_due(self, payload: str) -> None:
+        """A NOTIFY from any replica's store: a row is pending with this trigger time."""
+        try:
+            trigger_at: datetime | None = datetime.fromisoformat(payload) if payload else None
+        except ValueError:
+            trigger_at = None  # unreadable: look now, a poll costs little
+        self.scheduler.announce(trigger_at)
+
     async def start(self) -> None:
+        if self.listener.has_subscribers and not self.listener.running:
+            await run_in_threadpool(self.listener.start)
         if not self.run_scheduler or self._task is not None:
             return
         self._stop = asyncio.Event()
@@ -177,6 +202,7 @@ class SchedulerService:
             with contextlib.suppress(Exception):
                 await self._task
             self._task = None
+        await run_in_threadpool(self.listener.stop)
         for engine in self._owned_engines:
             engine.dispose()
 
@@ -197,8 +223,21 @@ class SchedulerService:
         stale = self.scheduler.is_stale(self.clock.now())
         snapshot["stale"] = stale
         snapshot["poll_seconds"] = self.scheduler.poll_seconds
+        snapshot["mode"] = str(self.scheduler.mode)
+        snapshot["wakeups"] = self.wakeups()
         healthy = self.loop_alive and not stale and self.scheduler.health.consecutive_failures == 0
         return JSONResponse(snapshot, status_code=200 if healthy else 503)
+
+    def wakeups(self) -> dict[str, Any]:
+        """How this replica's loop is woken: on its interval only (literal), by LISTEN, or
+        by timed wake-ups where LISTEN is unavailable (with the reason)."""
+        if self.scheduler.mode is SchedulerMode.LITERAL:
+            return {"by": "interval"}
+        if not self.settings.listen:
+            return {"by": "timer", "reason": "SCHEDULER_LISTEN is false"}
+        if self.listener.available:
+            return {"by": "listen", "next_wake_at": _iso(self.scheduler.waiting_until)}
+        return {"by": "timer", "reason": self.listener.reason, "next_wake_at": _iso(self.scheduler.waiting_until)}
 
     async def openapi(self, request: Request) -> Response:
         return JSONResponse(openapi_document(self.app.routes))
@@ -327,6 +366,10 @@ class SchedulerService:
             now=self.clock.now(),
         )
         return JSONResponse(row)
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value else None
 
 
 def _limit(request: Request) -> int:

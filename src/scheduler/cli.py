@@ -49,7 +49,7 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
         print(f"cannot listen on {args.host}:{args.port}: {_bind_problem(exc)}", file=sys.stderr)
         return 1
     announce = (f"scheduler listening on http://{args.host}:{args.port} "
-                f"(poll every {settings.poll_seconds:g}s, batch {settings.batch_size})")
+                f"({settings.mode} mode: poll every {settings.poll_seconds:g}s, batch {settings.batch_size})")
     try:
         _engine(settings).dispose()  # migrate; the service opens (and disposes) its own engines
         app = create_app(settings)

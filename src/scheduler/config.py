@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from scheduler.types import SchedulerMode
+
 
 class ConfigError(ValueError):
     """A setting is missing or malformed; the message names the variable."""
@@ -75,6 +77,8 @@ class Settings:
     lock_timeout_ms: int = 10_000
     pool_timeout_seconds: float = 10.0
     environment: str = "development"
+    mode: SchedulerMode = SchedulerMode.LITERAL
+    listen: bool = True
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -87,6 +91,11 @@ class Settings:
         if public_key and not public_key.lstrip().startswith("-----") and Path(public_key).is_file():
             public_key = Path(public_key).read_text()
         rules_dir = _str(env, "SCHEDULER_RULES_DIR")
+        raw_mode = (env.get("SCHEDULER_MODE") or "literal").strip().lower()
+        try:
+            mode = SchedulerMode(raw_mode)
+        except ValueError:
+            raise ConfigError(f"SCHEDULER_MODE must be literal or prompt, got {raw_mode!r}") from None
         return cls(
             database_url=_str(env, "DATABASE_URL"),
             data_dir=Path(_str(env, "SCHEDULER_DATA_DIR") or ".scheduler"),
@@ -104,6 +113,8 @@ class Settings:
             lock_timeout_ms=_int(env, "SCHEDULER_LOCK_TIMEOUT_MS", 10_000, 0),
             pool_timeout_seconds=_float(env, "SCHEDULER_POOL_TIMEOUT_SECONDS", 10.0, 0.1),
             environment=environment,
+            mode=mode,
+            listen=_bool(env, "SCHEDULER_LISTEN", True),
         )
 
     def with_(self, **changes: object) -> Settings:

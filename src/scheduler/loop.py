@@ -15,25 +15,55 @@ cannot poison the batch, because no event ever runs outside its own savepoint.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import anyio.to_thread
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
-from scheduler.participant_locks import lock_participants
+from scheduler.participant_locks import participant_lock_key, try_lock_participants
 from scheduler.queries import statement
-from scheduler.types import Clock, DigitalTwinEvent, Dispatcher, OutboundMessage, Publisher
+from scheduler.types import (
+    Clock,
+    DigitalTwinEvent,
+    Dispatcher,
+    OutboundMessage,
+    Publisher,
+    SchedulerMode,
+)
 
 logger = logging.getLogger(__name__)
 
 MAX_ERROR_LENGTH = 4000
+
+# The NOTIFY channel on which stores announce a pending row's trigger_at (queries.sql
+# notify_due sends on it; prompt-mode replicas listen).
+DUE_CHANNEL = "scheduler_due"
+
+# A claim that finds busy participants takes further rounds past them, at most this many,
+# so that one participant's held lock cannot empty the batch (DEC-2).
+MAX_CLAIM_ROUNDS = 4
+
+# Prompt mode: how soon to look again after a poll left rows of busy participants behind.
+BUSY_RETRY_SECONDS = 0.5
+
+# run_blocking in prompt mode checks its stop event at least this often.
+STOP_SLICE_SECONDS = 0.02
+
+# The start of the claim's keyset: before every row.
+_BEFORE_ALL = (datetime(1, 1, 2, tzinfo=UTC), "")
+
+
+def claim_params(now: datetime, batch_size: int) -> dict[str, Any]:
+    """The bind parameters of a claim's first round (benchmarks and plan tests use them too)."""
+    return {"now": now, "batch_size": batch_size, "after_trigger": _BEFORE_ALL[0],
+            "after_id": _BEFORE_ALL[1], "busy": []}
 
 
 def error_text(exc: BaseException) -> str:
@@ -90,6 +120,9 @@ class Batch:
     session: Session
     events: list[ClaimedEvent]
     claimed_at: datetime
+    # Rows the claim locked but left alone because their participant was busy elsewhere:
+    # untouched (still pending, no error); the commit releases them for a later poll.
+    skipped: list[str] = field(default_factory=list)
     position: int = 0
     outcomes: list[EventOutcome] = field(default_factory=list)
     outbound: list[OutboundMessage] = field(default_factory=list)
@@ -104,6 +137,7 @@ class Batch:
 class PollReport:
     claimed: int
     outcomes: tuple[EventOutcome, ...]
+    skipped: int = 0  # rows of busy participants, left pending
 
     @property
     def dispatched(self) -> int:
@@ -127,6 +161,7 @@ class SchedulerHealth:
     dispatched: int = 0
     failed: int = 0
     consecutive_failures: int = 0  # polls that failed since the last one that completed
+    skipped: int = 0  # rows left pending because their participant was busy
 
     def snapshot(self) -> dict[str, Any]:
         def iso(value: datetime | None) -> str | None:
@@ -142,6 +177,7 @@ class SchedulerHealth:
             "dispatched": self.dispatched,
             "failed": self.failed,
             "consecutive_failures": self.consecutive_failures,
+            "skipped_busy": self.skipped,
         }
 
 
@@ -162,9 +198,14 @@ class Scheduler:
         batch_size: int = 20,
         poll_seconds: float = 30.0,
         name: str = "scheduler",
+        mode: SchedulerMode | str = SchedulerMode.LITERAL,
     ) -> None:
         if batch_size < 1:
             raise ValueError("batch_size must be at least 1")
+        try:
+            self.mode = SchedulerMode(mode)
+        except ValueError:
+            raise ValueError(f"mode must be literal or prompt, got {mode!r}") from None
         self.sessions = sessions
         self.dispatcher = dispatcher
         self.clock = clock
@@ -177,36 +218,76 @@ class Scheduler:
         # a hook that raises is logged and never stops the loop.
         self.poll_hooks: list[Callable[[Scheduler], None]] = []
         self.last_report: PollReport | None = None  # the last poll that committed
+        # Prompt mode's wake-ups: the earliest trigger_at another replica announced, and
+        # how to interrupt the current wait (set while run or run_blocking waits).
+        self._wake_lock = threading.Lock()
+        self._announced: datetime | None = None
+        self._interrupt: Callable[[], None] | None = None
+        self.next_due: datetime | None = None  # the next pending trigger_at, as last read
+        self.waiting_until: datetime | None = None  # prompt mode: the wait's clock deadline
+        # Observable state for tests, the simulation and health: whether the loop is
+        # between polls, announced on a condition so that nobody has to sleep to see it.
+        self.waiting = False
+        self._state = threading.Condition()
 
     # -- phases -------------------------------------------------------------------------
 
     def claim(self) -> Batch:
-        """Open a transaction and lock up to ``batch_size`` due pending rows, oldest first."""
+        """Open a transaction and lock up to ``batch_size`` due pending rows, oldest first,
+        whose participants' locks are free; never wait for a lock (DEC-2).
+
+        A row whose participant's advisory lock is held elsewhere (another batch, a live
+        event, an operator) is left exactly as it is: still pending, no error, no effect.
+        The claim then takes a further round past such rows, so a busy participant at the
+        head of the queue does not empty the batch.
+        """
         now = self.clock.now()
         session = self.sessions()
         try:
-            rows = session.execute(
-                statement("claim_due_events"), {"now": now, "batch_size": self.batch_size}
-            ).mappings().all()
-            events = [
-                ClaimedEvent(
-                    id=r["id"],
-                    event_type=r["event_type"],
-                    user_id=r["user_id"],
-                    community_id=r["community_id"],
-                    trigger_at=r["trigger_at"],
-                    facts=dict(r["facts"]),
-                )
-                for r in rows
-            ]
-            # Take every participant lock the batch may need now, in one global order:
-            # two replicas whose batches share participants then never deadlock.
-            lock_participants(session, (e.user_id for e in events))
+            events, skipped = self._claim_rounds(session, now)
         except BaseException:
             session.rollback()
             session.close()
             raise
-        return Batch(session=session, events=events, claimed_at=now)
+        return Batch(session=session, events=events, claimed_at=now, skipped=skipped)
+
+    def _claim_rounds(self, session: Session, now: datetime) -> tuple[list[ClaimedEvent], list[str]]:
+        held: set[int] = set()
+        busy: set[str] = set()
+        events: list[ClaimedEvent] = []
+        skipped: list[str] = []
+        after = _BEFORE_ALL
+        for _ in range(MAX_CLAIM_ROUNDS):
+            wanted = self.batch_size - len(events)
+            params = {**claim_params(now, wanted), "after_trigger": after[0], "after_id": after[1],
+                      "busy": sorted(busy)}
+            rows = session.execute(statement("claim_due_events"), params).mappings().all()
+            if not rows:
+                break
+            after = (rows[-1]["trigger_at"], rows[-1]["id"])
+            keys = {participant_lock_key(r["user_id"]) for r in rows}
+            held |= try_lock_participants(session, keys - held)
+            round_skipped = 0
+            for r in rows:
+                if participant_lock_key(r["user_id"]) not in held:
+                    busy.add(r["user_id"])
+                    skipped.append(r["id"])
+                    round_skipped += 1
+                    continue
+                events.append(
+                    ClaimedEvent(
+                        id=r["id"],
+                        event_type=r["event_type"],
+                        user_id=r["user_id"],
+                        community_id=r["community_id"],
+                        trigger_at=r["trigger_at"],
+                        facts=dict(r["facts"]),
+                    )
+                )
+            # Fewer rows than asked: nothing more is due. None skipped: the batch is full.
+            if len(rows) < wanted or round_skipped == 0:
+                break
+        return events, skipped
 
     def dispatch_next(self, batch: Batch) -> EventOutcome | None:
         """Dispatch the next claimed event inside its own savepoint; ``None`` when none is left."""
@@ -265,8 +346,9 @@ class Scheduler:
             raise
         finally:
             batch.session.close()
-        report = PollReport(len(batch.events), tuple(batch.outcomes))
+        report = PollReport(len(batch.events), tuple(batch.outcomes), len(batch.skipped))
         self.health.polls += 1
+        self.health.skipped += report.skipped
         self.health.last_poll_at = self.clock.now()
         self.health.dispatched += report.dispatched
         self.health.failed += report.failed
@@ -306,18 +388,42 @@ class Scheduler:
         finally:
             self.abort(batch)
 
-    def _poll_guarded(self, should_stop: Callable[[], bool]) -> None:
+    def _poll_guarded(self, should_stop: Callable[[], bool]) -> PollReport | None:
+        """One poll that never raises an ``Exception``; ``None`` when it failed."""
+        with self._wake_lock:
+            self._announced = None  # this poll sees every row committed before its claim
+        report: PollReport | None = None
         try:
-            self.poll_once(should_stop)
+            report = self.poll_once(should_stop)
+            if self.mode is SchedulerMode.PROMPT and not self._full(report):
+                self.next_due = self.read_next_due()
         except Exception as exc:
             # REQ-0067: an exception escaping the poll is caught here and the loop goes on.
             logger.exception("%s: poll failed; the loop continues", self.name)
             self.health.last_error = error_text(exc)
             self.health.last_error_at = self.clock.now()
             self.health.consecutive_failures += 1
+            report = None
+            # What we knew of the next trigger may be stale; a failed poll waits the whole
+            # interval (no hot loop against a database that is down).
+            self.next_due = None
         else:
             self.health.consecutive_failures = 0
         self._run_poll_hooks()
+        self._changed()
+        return report
+
+    def _changed(self, *, waiting: bool | None = None) -> None:
+        with self._state:
+            if waiting is not None:
+                self.waiting = waiting
+            self._state.notify_all()
+
+    def wait_for(self, predicate: Callable[[], bool], timeout: float) -> bool:
+        """Block until ``predicate()`` holds (checked after every poll and at the start and
+        end of every wait), or ``timeout`` seconds pass; return whether it holds."""
+        with self._state:
+            return self._state.wait_for(predicate, timeout)
 
     def _run_poll_hooks(self) -> None:
         for hook in self.poll_hooks:
@@ -326,36 +432,146 @@ class Scheduler:
             except Exception:
                 logger.exception("%s: a poll hook failed", self.name)
 
+    def _full(self, report: PollReport) -> bool:
+        return report.claimed >= self.batch_size
+
+    def read_next_due(self) -> datetime | None:
+        """The earliest pending ``trigger_at`` after now, from the pending index."""
+        with self.sessions.begin() as session:
+            value = session.execute(statement("next_pending_trigger"), {"now": self.clock.now()}).scalar()
+        return value if isinstance(value, datetime) else None
+
+    # -- wake-ups (prompt mode) -----------------------------------------------------------
+
+    def announce(self, trigger_at: datetime | None) -> None:
+        """A row became pending with ``trigger_at`` (``None``: something may have changed,
+        look now). Thread-safe; the listener calls it for every replica's NOTIFY. Literal
+        mode ignores it: REQ-0065 polls on its interval only."""
+        if self.mode is not SchedulerMode.PROMPT:
+            return
+        when = trigger_at or datetime(1, 1, 2, tzinfo=UTC)
+        with self._wake_lock:
+            if self._announced is None or when < self._announced:
+                self._announced = when
+            interrupt = self._interrupt
+        if interrupt is not None:
+            interrupt()
+
+    def recheck(self) -> None:
+        """Interrupt the current wait so that it re-reads the clock (e.g. after a manual
+        clock moved): it polls if a deadline has passed, else goes on waiting."""
+        with self._wake_lock:
+            interrupt = self._interrupt
+        if interrupt is not None:
+            interrupt()
+
+    def _wait_seconds(self, report: PollReport | None, real_deadline: float) -> float:
+        """How long to wait now before the next poll; 0 means poll now."""
+        remaining = real_deadline - time.monotonic()
+        if self.mode is SchedulerMode.LITERAL or remaining <= 0:
+            self.waiting_until = None
+            return max(remaining, 0.0)
+        with self._wake_lock:
+            announced = self._announced
+        due = min((t for t in (self.next_due, announced) if t is not None), default=None)
+        self.waiting_until = due
+        if due is None:
+            return remaining
+        until_due = (due - self.clock.now()).total_seconds()
+        return max(min(remaining, until_due), 0.0)
+
+    def _interval_after(self, report: PollReport | None) -> float:
+        """The real-time bound of the wait after a poll: the interval, or in prompt mode a
+        short retry when busy participants left due rows behind."""
+        if self.mode is SchedulerMode.PROMPT and report is not None and report.skipped:
+            return min(self.poll_seconds, BUSY_RETRY_SECONDS)
+        return self.poll_seconds
+
+    def _polls_again_at_once(self, report: PollReport | None) -> bool:
+        return self.mode is SchedulerMode.PROMPT and report is not None and self._full(report)
+
     def _started(self) -> None:
         self.health.running = True
         self.health.started_at = self.clock.now()
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Poll every ``poll_seconds`` until ``stop`` is set; the wait is on ``stop`` itself,
-        so shutdown is immediate however long the interval (REQ-0065)."""
+        """Poll until ``stop`` is set. Literal mode waits ``poll_seconds`` after every poll
+        (REQ-0065); prompt mode polls again at once after a full batch and otherwise waits
+        for the earliest of the interval, the next pending trigger and a wake-up. Every wait
+        is on ``stop`` itself, so shutdown is immediate however long the wait."""
         self._started()
+        loop = asyncio.get_running_loop()
+        wake = asyncio.Event()
+
+        def interrupt() -> None:
+            loop.call_soon_threadsafe(wake.set)
+
+        with self._wake_lock:
+            self._interrupt = interrupt
         # A thread limiter of its own: requests that fill the default threadpool (their
         # limiter) cannot keep a poll waiting for a thread.
         limiter = anyio.CapacityLimiter(1)
         try:
             while not stop.is_set():
-                await anyio.to_thread.run_sync(self._poll_guarded, stop.is_set, limiter=limiter)
+                report = await anyio.to_thread.run_sync(self._poll_guarded, stop.is_set, limiter=limiter)
                 if stop.is_set():
                     break
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), timeout=self.poll_seconds)
+                if self._polls_again_at_once(report):
+                    await asyncio.sleep(0)  # let the event loop breathe between batches
+                    continue
+                real_deadline = time.monotonic() + self._interval_after(report)
+                while not stop.is_set():
+                    wake.clear()
+                    seconds = self._wait_seconds(report, real_deadline)
+                    if seconds <= 0:
+                        break
+                    self._changed(waiting=True)
+                    await _first_of(stop, wake, seconds)
+                self._changed(waiting=False)
         finally:
+            with self._wake_lock:
+                self._interrupt = None
+            self.waiting_until = None
             self.health.running = False
+            self._changed(waiting=False)
 
     def run_blocking(self, stop: threading.Event) -> None:
-        """The same loop for a thread of its own (benchmarks, worker processes)."""
+        """The same loop for a thread of its own (benchmarks, worker processes).
+
+        Literal mode waits on ``stop`` itself, once per poll. Prompt mode waits on its
+        wake-up event in slices of at most ``STOP_SLICE_SECONDS``, checking ``stop`` in
+        between (a thread cannot wait on two events at once).
+        """
         self._started()
+        wake = threading.Event()
+        with self._wake_lock:
+            self._interrupt = wake.set
         try:
             while not stop.is_set():
-                self._poll_guarded(stop.is_set)
-                stop.wait(self.poll_seconds)
+                report = self._poll_guarded(stop.is_set)
+                if stop.is_set() or self._polls_again_at_once(report):
+                    continue
+                if self.mode is SchedulerMode.LITERAL:
+                    self._changed(waiting=True)
+                    stop.wait(self.poll_seconds)
+                    self._changed(waiting=False)
+                    continue
+                real_deadline = time.monotonic() + self._interval_after(report)
+                while not stop.is_set():
+                    wake.clear()
+                    seconds = self._wait_seconds(report, real_deadline)
+                    if seconds <= 0:
+                        break
+                    if not self.waiting:
+                        self._changed(waiting=True)
+                    wake.wait(min(seconds, STOP_SLICE_SECONDS))
+                self._changed(waiting=False)
         finally:
+            with self._wake_lock:
+                self._interrupt = None
+            self.waiting_until = None
             self.health.running = False
+            self._changed(waiting=False)
 
     def is_stale(self, now: datetime) -> bool:
         """True when no poll completed within three poll intervals."""
@@ -363,3 +579,14 @@ class Scheduler:
         if reference is None:
             return False
         return now - reference > timedelta(seconds=3 * max(self.poll_seconds, 1.0))
+
+
+async def _first_of(stop: asyncio.Event, wake: asyncio.Event, seconds: float) -> None:
+    """Wait until ``stop`` or ``wake`` is set, or ``seconds`` pass."""
+    waiters = {asyncio.ensure_future(stop.wait()), asyncio.ensure_future(wake.wait())}
+    try:
+        await asyncio.wait(waiters, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()
+

@@ -1,9 +1,10 @@
 """Participant locks: transaction-level advisory locks, one per participant.
 
 Every decision about one participant (deduplication, preferences, the daily cap) happens
-under that participant's lock, so the cap is exact across replicas. The loop takes every
-lock a batch needs up front, in one global order; the orchestrator takes one at a time
-(a no-op when the batch already holds it). Both use the keys defined here.
+under that participant's lock, so the cap is exact across replicas. A claim only tries
+the locks its batch needs and leaves busy participants' rows for later (DEC-2); the
+orchestrator takes one at a time (a no-op when the batch already holds it). Both use the
+keys defined here.
 """
 
 from __future__ import annotations
@@ -22,12 +23,16 @@ def participant_lock_key(user_id: str) -> int:
     return int.from_bytes(digest, "big", signed=True)
 
 
-def lock_participants(session: Session, user_ids: Iterable[str]) -> None:
-    """Lock several participants in one global order (sorted keys), so that two batches
-    that share participants can never wait on each other in a cycle."""
-    keys = sorted({participant_lock_key(u) for u in user_ids})
-    if keys:
-        session.execute(statement("lock_participants"), {"keys": keys}).all()
+def try_lock_participants(session: Session, keys: Iterable[int]) -> set[int]:
+    """Take whichever of these participant locks are free, without waiting; return those.
+
+    A claim uses this: it never waits on a participant another transaction holds, so it
+    can neither stall behind a held lock nor take part in a deadlock (DEC-2).
+    """
+    wanted = sorted(set(keys))
+    if not wanted:
+        return set()
+    return {int(k) for k in session.execute(statement("try_lock_participants"), {"keys": wanted}).scalars()}
 
 
 def lock_participant(session: Session, user_id: str) -> None:

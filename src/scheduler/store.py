@@ -31,6 +31,15 @@ def event_to_json(row: Mapping[str, Any] | RowMapping) -> dict[str, Any]:
     return _jsonable({k: row[k] for k in EVENT_COLUMNS})
 
 
+def announce_due(session: Session, trigger_at: datetime) -> None:
+    """Wake every prompt-mode replica whose next poll is later than ``trigger_at``.
+
+    Sent inside the storing transaction (``pg_notify`` is delivered at commit, and not at
+    all on rollback), so no replica is woken for a row that was never stored.
+    """
+    session.execute(statement("notify_due"), {"trigger_at": trigger_at.isoformat()})
+
+
 def store_event(
     sessions: sessionmaker[Session],
     *,
@@ -61,6 +70,7 @@ def store_event(
     name = "insert_event" if external_key is None else "upsert_event_by_key"
     with sessions.begin() as session:
         row = session.execute(statement(name), params).mappings().one()
+        announce_due(session, row["trigger_at"])
         return event_to_json(row)
 
 
@@ -84,6 +94,8 @@ def reset_event(sessions: sessionmaker[Session], event_id: str, now: datetime) -
     """The operator's reset by hand (REQ-0065): pending again, nothing of the last run kept."""
     with sessions.begin() as session:
         row = session.execute(statement("reset_event"), {"id": event_id, "now": now}).mappings().first()
+        if row is not None:
+            announce_due(session, row["trigger_at"])
         return event_to_json(row) if row else None
 
 

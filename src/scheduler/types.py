@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from enum import StrEnum
 from typing import Any, Literal, Protocol
 
 from sqlalchemy.orm import Session
@@ -18,6 +19,19 @@ JSONObject = dict[str, Any]
 EventStatus = Literal["pending", "dispatched", "failed"]
 EVENT_STATUSES: tuple[EventStatus, ...] = ("pending", "dispatched", "failed")
 NotificationStatus = Literal["sent", "suppressed", "failed"]
+
+
+class SchedulerMode(StrEnum):
+    """How the loop paces its polls (DEC-9 in specs/decisions.md).
+
+    ``literal`` is REQ-0065 to the letter: one poll, then a full ``SCHEDULER_POLL_SECONDS``
+    wait, whatever the poll found. ``prompt`` polls again at once after a full batch and
+    otherwise waits until the earliest of the interval, the next pending ``trigger_at``
+    and a wake-up from any replica that stored an event due before then.
+    """
+
+    LITERAL = "literal"
+    PROMPT = "prompt"
 
 
 class Clock(Protocol):

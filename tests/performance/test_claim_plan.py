@@ -16,6 +16,7 @@ import pytest
 from bench.env import NOW, bench_sql, load_events
 from sqlalchemy import Connection, Engine, text
 
+from scheduler.loop import claim_params
 from scheduler.queries import sql
 
 TERMINAL = 30_000
@@ -30,16 +31,21 @@ def claim_plan(conn: Connection, mode: str) -> dict[str, Any]:
     psycopg prepares a statement after a few executions and PostgreSQL may then settle
     on a generic plan (``:now`` unknown at planning time): both must use the index.
     """
-    params = {"now": NOW, "batch_size": BATCH}
+    params = claim_params(NOW, BATCH)
     if mode == "custom":
         raw = conn.execute(text("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql("claim_due_events")), params).scalar_one()
     else:
-        generic = sql("claim_due_events").replace(":now", "$1").replace(":batch_size", "$2")
+        generic = (
+            sql("claim_due_events").replace(":now", "$1").replace(":batch_size", "$2")
+            .replace(":after_trigger", "$3").replace(":after_id", "$4").replace(":busy", "$5")
+        )
         conn.exec_driver_sql("SET plan_cache_mode = force_generic_plan")
-        conn.exec_driver_sql(f"PREPARE bench_claim (timestamptz, integer) AS {generic}")
+        conn.exec_driver_sql(f"PREPARE bench_claim (timestamptz, integer, timestamptz, text, text[]) AS {generic}")
         # EXECUTE takes no bound parameters: the values go in as literals, the plan stays generic.
+        after = params["after_trigger"].isoformat()
         raw = conn.exec_driver_sql(
-            f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE bench_claim('{NOW.isoformat()}', {BATCH})"
+            f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE bench_claim('{NOW.isoformat()}', {BATCH}, "
+            f"'{after}', '', '{{}}')"
         ).scalar_one()
     conn.rollback()  # the claim locked rows; nothing else changed
     document = raw if isinstance(raw, list) else json.loads(raw)

@@ -85,7 +85,10 @@ def test_the_cap_holds_exactly_when_many_live_events_race_for_one_participant(cl
 def test_the_cap_holds_exactly_when_two_replicas_deliver_to_one_participant_at_once(
     client: TestClient, service: SchedulerService, engine: Engine, clock: ManualClock
 ) -> None:
-    """CTX-PREFS.4: two schedulers' batches for the same participant, run at once: three sent in all."""
+    """CTX-PREFS.4: two schedulers' batches for the same participant, run at once: three sent in all.
+
+    Whichever claim comes second finds the participant busy and leaves its rows pending
+    (DEC-2: a claim never waits); the next polls take them. Either way, ten dispatched."""
     for i, day in enumerate(days(10)):
         post_event(client, user_id="p1", facts=reminder_facts(day), trigger_at=T0 - timedelta(minutes=i))
     replicas = [Scheduler(service.sessions, service.dispatcher, clock, batch_size=5, name=f"r{i}") for i in range(2)]
@@ -96,7 +99,10 @@ def test_the_cap_holds_exactly_when_two_replicas_deliver_to_one_participant_at_o
         return replica.poll_once().dispatched
 
     with ThreadPoolExecutor(max_workers=2) as pool:
-        assert sorted(pool.map(run, replicas)) == [5, 5]
+        first = sum(pool.map(run, replicas))
+    assert first in (5, 10)
+    later = sum(replicas[0].poll_once().dispatched for _ in range(2))
+    assert first + later == 10
     assert sent(engine) == 3
     reasons = sorted(str(r["reason"]) for r in rows(engine, "SELECT reason FROM notifications"))
     assert reasons == ["None"] * 3 + ["rate_limited"] * 7

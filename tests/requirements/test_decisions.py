@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
 import pytest
@@ -14,16 +13,17 @@ from scheduler.app import SchedulerService
 from scheduler.clock import ManualClock
 from scheduler.loop import Scheduler
 from tests.conftest import ADMIN, INGEST, T0
-from tests.helpers import post_event, reminder_facts, rows, statuses, wait_until_blocked_on_a_lock
+from tests.helpers import post_event, reminder_facts, rows, statuses
 
 
 @pytest.mark.clause("DEC-2")
+@pytest.mark.clause("BUSY-1")
 def test_replicas_whose_batches_share_participants_in_opposite_order_never_deadlock(
     client: TestClient, service: SchedulerService, engine: Engine, clock: ManualClock
 ) -> None:
-    """DEC-2: each batch takes its participants' locks at claim time in one global order, so two
-    batches that share participants in opposite order serialise instead of deadlocking."""
-    # Replica A's batch: u1 then u2; replica B's batch: u2 then u1 (later triggers).
+    """DEC-2: a claim only try-locks participants, so a batch whose participants another batch
+    holds neither waits nor deadlocks: it leaves their rows pending, and a later poll takes them."""
+    # Replica A's batch: u1 then u2; replica B would take u2 then u1 (later triggers).
     for minute, user in enumerate(["u1", "u2", "u2", "u1"]):
         post_event(client, user_id=user, trigger_at=T0 - timedelta(minutes=10 - minute),
                    facts=reminder_facts(f"2026-11-{20 + minute}"))
@@ -31,13 +31,13 @@ def test_replicas_whose_batches_share_participants_in_opposite_order_never_deadl
     b = Scheduler(service.sessions, service.dispatcher, clock, batch_size=2, name="B")
     batch_a = a.claim()
     assert [e.user_id for e in batch_a.events] == ["u1", "u2"]
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        claimed_b = pool.submit(b.poll_once)  # claims u2, u1: waits for A's participant locks
-        wait_until_blocked_on_a_lock(engine)
-        while a.dispatch_next(batch_a):
-            pass
-        a.finish(batch_a)
-        report_b = claimed_b.result(timeout=60)
+    report_b = b.poll_once()  # returns at once: both participants are busy in A's batch
+    assert (report_b.claimed, report_b.skipped) == (0, 2)
+    assert sorted(statuses(engine).values()) == ["pending"] * 4
+    while a.dispatch_next(batch_a):
+        pass
+    a.finish(batch_a)
+    report_b = b.poll_once()
     assert [o.status for o in report_b.outcomes] == ["dispatched", "dispatched"]
     assert set(statuses(engine).values()) == {"dispatched"}
     assert len(rows(engine, "SELECT id FROM notifications WHERE status = 'sent'")) == 4

@@ -56,15 +56,20 @@ faults = st.sampled_from([None, None, None, None, "python", "database", "refused
 
 
 class ReplicaMachine(RuleBasedStateMachine):
-    """Three production replicas, two API clients, three participants, batches of three."""
+    """Three production replicas, two API clients, three participants, batches of three.
+
+    The replicas run mixed modes (DEC-9): replica 1 is a prompt-mode loop, so a ``run`` of
+    it polls again at once after each full batch; the others are literal."""
 
     database_url: ClassVar[str] = ""
     scheduler: ClassVar[str] = "correct"
+    modes: ClassVar[str] = "mixed"
 
     def __init__(self) -> None:
         super().__init__()
         self.sim = Simulation(self.database_url, replicas=REPLICAS, clients=CLIENTS, batch_size=BATCH_SIZE,
-                              participants=PARTICIPANTS, scheduler=self.scheduler, check_every_step=False)
+                              participants=PARTICIPANTS, scheduler=self.scheduler, check_every_step=False,
+                              modes=self.modes)
 
     # -- the API side --------------------------------------------------------------------
 

@@ -109,7 +109,8 @@ def test_a_read_then_write_upsert_is_caught_when_two_posts_of_one_key_race(datab
 
 @pytest.mark.clause("SIM-6")
 def test_a_cap_counted_without_a_lock_is_caught_when_two_replicas_send_to_one_participant(database_url: str) -> None:
-    """SIM-6: without the participant lock two batches both see room under a cap of one."""
+    """SIM-6: without the participant lock two batches would both see room under a cap of one;
+    the simulation catches the second batch taking the participant before it can deliver."""
     program_steps: list[Callable[[Simulation], object]] = [
         lambda sim: sim.post(user=0, trigger=-5, day=0),  # participant p0 has a cap of 1
         lambda sim: sim.post(user=0, trigger=-4, day=1),  # another period: another dedup key
@@ -128,20 +129,27 @@ def test_a_cap_counted_without_a_lock_is_caught_when_two_replicas_send_to_one_pa
     with Simulation(database_url, replicas=2, batch_size=1, scheduler="cap-without-lock") as sim:
         violation = caught(sim, program)
     assert violation.clause == "SIM-6"
-    assert "p0 got 2 notifications" in violation.message
+    assert "of p0, whose participant lock another batch holds" in violation.message
 
 
 @pytest.mark.clause("SIM-6")
-def test_the_same_interleaving_keeps_the_cap_in_production_because_the_claim_waits(database_url: str) -> None:
-    """SIM-6: the production scheduler runs the program above clean; its second claim waits."""
+def test_the_same_interleaving_keeps_the_cap_in_production_because_the_claim_skips_a_busy_participant(
+    database_url: str,
+) -> None:
+    """SIM-6: the production scheduler runs the program above clean: its second claim neither
+    waits nor takes p0's row, which stays pending until a later poll (DEC-2)."""
     with Simulation(database_url, replicas=2, batch_size=1) as sim:
         sim.post(user=0, trigger=-5, day=0)
         sim.post(user=0, trigger=-4, day=1)
         sim.claim(0)
         sim.claim(1)
-        assert sim.stats.blocked == {"claim": 1}
+        assert sim.stats.blocked == {}
+        batch = sim.replicas[1].batch
+        assert batch is not None and (len(batch.events), len(batch.skipped)) == (0, 1)
         sim.dispatch(0)
-        sim.finish(0)  # replica 1's claim goes on now
+        sim.finish(0)
+        sim.finish(1)  # nothing dispatched; p0's second row is still pending
+        sim.claim(1)
         sim.dispatch(1)
         sim.finish(1)
         sim.drain()
@@ -169,6 +177,7 @@ FOUND_BY_RANDOM_DRIVER = {
     "read-then-write-upsert": (4, 300),
     "cap-without-lock": (3, 300),
     "status-first": (1, 300),
+    "prompt-catch-up": (3, 300),
 }
 
 
@@ -179,7 +188,8 @@ FOUND_BY_RANDOM_DRIVER = {
 @pytest.mark.clause("SIM-6")
 @pytest.mark.parametrize("name", sorted(FOUND_BY_RANDOM_DRIVER))
 def test_the_random_driver_finds_every_broken_scheduler_by_itself(database_url: str, name: str) -> None:
-    """SIM-1, SIM-2, SIM-4, SIM-5, SIM-6: each broken variant is caught by its named invariant."""
+    """SIM-1, SIM-2, SIM-4, SIM-5, SIM-6: each broken variant is caught by its named invariant
+    (the prompt-mode variant runs its replicas in prompt mode)."""
     seed, steps = FOUND_BY_RANDOM_DRIVER[name]
     assert set(FOUND_BY_RANDOM_DRIVER) == set(VARIANTS) - {"correct"}
     with Simulation(database_url, seed=seed, replicas=3, batch_size=3, participants=2, scheduler=name) as sim:
@@ -187,3 +197,34 @@ def test_the_random_driver_finds_every_broken_scheduler_by_itself(database_url: 
             run_random(sim, steps, random.Random(seed), frozenset({"event-errors"}))
         program = "\n".join(sim.program)
     assert info.value.clause == VARIANTS[name].expected, f"{info.value}\n{program}"
+
+
+@pytest.mark.clause("SIM-1")
+def test_a_prompt_mode_poll_past_the_batch_bound_is_caught_by_the_run_step(database_url: str) -> None:
+    """SIM-1: a prompt-mode loop that "catches up" after a full batch by claiming two batches'
+    worth polls again at once, as it should, but its second poll exceeds the batch size."""
+    with Simulation(database_url, replicas=1, batch_size=2, scheduler="prompt-catch-up") as sim:
+        for trigger in range(-9, -4):
+            sim.post(user=trigger % 3, trigger=trigger)
+        def program(sim: Simulation) -> None:
+            sim.run(0)
+
+        violation = caught(sim, program)
+    assert violation.clause == "SIM-1"
+    assert "prompt-mode poll 2 claimed 3 rows, more than the batch size 2" in violation.message
+
+
+@pytest.mark.clause("SIM-1")
+def test_a_prompt_mode_replica_polls_again_after_each_full_batch_and_agrees_with_the_model(
+    database_url: str,
+) -> None:
+    """SIM-1: the production prompt-mode loop, run as one step, takes 2 + 2 + 1 rows in three
+    polls, each checked against the model, and stops at the short batch."""
+    with Simulation(database_url, replicas=2, batch_size=2, modes="mixed") as sim:
+        for trigger in range(-9, -4):
+            sim.post(user=trigger % 3, trigger=trigger)
+        before = sim.replicas[1].scheduler.health.polls
+        assert sim.run(1)
+        assert sim.replicas[1].scheduler.health.polls - before == 3
+        assert sim.summary()["events_dispatched"] == 5
+        sim.drain()

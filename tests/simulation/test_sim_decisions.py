@@ -9,21 +9,26 @@ from harness import Simulation
 
 
 @pytest.mark.clause("DEC-SIM-1")
-def test_replicas_whose_batches_share_participants_in_opposite_order_wait_instead_of_deadlocking(
+def test_replicas_whose_batches_share_participants_in_opposite_order_skip_instead_of_deadlocking(
     database_url: str,
 ) -> None:
-    """DEC-SIM-1: the later claim waits for the earlier batch; nobody deadlocks; all is dispatched."""
+    """DEC-SIM-1: the later claim neither waits nor deadlocks: it skips the busy participants'
+    rows, which stay pending, and a later poll dispatches them; all four are dispatched once."""
     with Simulation(database_url, replicas=2, batch_size=2) as sim:
         sim.post(user=0, trigger=-9, day=0)  # replica 0's batch: p0 then p1
         sim.post(user=1, trigger=-8, day=0)
         sim.claim(0)
-        sim.post(user=1, trigger=-7, day=1)  # replica 1's batch: p1 then p0
+        sim.post(user=1, trigger=-7, day=1)  # replica 1 would take p1 then p0
         sim.post(user=0, trigger=-6, day=1)
         sim.claim(1)
-        assert sim.stats.blocked == {"claim": 1}  # waiting on a participant lock, not deadlocked
+        assert sim.stats.blocked == {}  # a claim never waits on a participant lock
+        batch = sim.replicas[1].batch
+        assert batch is not None and (len(batch.events), len(batch.skipped)) == (0, 2)
         sim.dispatch(0)
         sim.dispatch(0)
         sim.finish(0)
+        sim.finish(1)
+        sim.claim(1)
         sim.dispatch(1)
         sim.dispatch(1)
         sim.finish(1)

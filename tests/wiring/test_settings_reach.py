@@ -24,6 +24,7 @@ from starlette.testclient import TestClient
 from scheduler import store
 from scheduler.config import ConfigError, Settings
 from scheduler.db import make_sessionmaker
+from scheduler.types import SchedulerMode
 from tests.conftest import T0, TEST_SECRET, token
 from tests.helpers import reminder_facts
 from tests.security.support import auth, claims, hs256, other_rsa_private_key, public_pem, rs256
@@ -194,6 +195,18 @@ def check_environment(env: Env) -> None:
         assert service.settings.environment == "development"
 
 
+def check_mode(env: Env) -> None:
+    with service_from_env(env.base(SCHEDULER_MODE="prompt")) as service, TestClient(service.app) as client:
+        assert service.scheduler.mode is SchedulerMode.PROMPT
+        assert client.get("/health/scheduler").json()["mode"] == "prompt"
+
+
+def check_listen(env: Env) -> None:
+    for value, subscribed in (("false", False), ("true", True)):
+        with service_from_env(env.base(SCHEDULER_MODE="prompt", SCHEDULER_LISTEN=value)) as service:
+            assert service.listener.has_subscribers is subscribed, value
+
+
 CHECKS: dict[str, Callable[[Env], None]] = {
     "database_url": check_database_url,
     "data_dir": check_data_dir,
@@ -211,6 +224,8 @@ CHECKS: dict[str, Callable[[Env], None]] = {
     "lock_timeout_ms": check_lock_timeout_ms,
     "pool_timeout_seconds": check_pool_timeout_seconds,
     "environment": check_environment,
+    "mode": check_mode,
+    "listen": check_listen,
 }
 
 

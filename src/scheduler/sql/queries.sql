@@ -12,20 +12,37 @@ FROM scheduled_events
 WHERE status = 'pending'
   -- due by the injected clock, never the database's
   AND trigger_at <= :now
+  -- a later round of the same claim continues after the rows the earlier rounds saw
+  -- (a keyset on the index order; the first round starts at -infinity)
+  AND (trigger_at, id) > (:after_trigger, :after_id)
+  -- participants whose lock an earlier round found busy: their rows stay untouched
+  AND user_id <> ALL(CAST(:busy AS text[]))
 -- oldest first; id breaks ties so that the order is total and replayable
 ORDER BY trigger_at, id
--- bounded batch (SCHEDULER_BATCH_SIZE, 20 by default)
+-- bounded batch (SCHEDULER_BATCH_SIZE, 20 by default, less what earlier rounds took)
 LIMIT :batch_size
 -- the lock is held until the batch commits; rows another replica holds are skipped,
 -- so two replicas never take the same row
 FOR UPDATE SKIP LOCKED;
 
--- name: lock_participants
--- Take the per-participant advisory locks of a batch, in the order given (sorted by the caller).
--- a volatile function in the select list runs after the sort, so locks are taken in order n
-SELECT pg_advisory_xact_lock(t.k)
-FROM unnest(CAST(:keys AS bigint[])) WITH ORDINALITY AS t(k, n)
-ORDER BY t.n;
+-- name: try_lock_participants
+-- Try the advisory locks of the given participants without waiting; return those obtained.
+-- pg_try_advisory_xact_lock never blocks, so a claim can never wait on a busy participant
+-- and no order among locks is needed to rule out deadlocks (DEC-2)
+SELECT t.k AS key
+FROM unnest(CAST(:keys AS bigint[])) AS t(k)
+WHERE pg_try_advisory_xact_lock(t.k);
+
+-- name: next_pending_trigger
+-- The earliest trigger_at of a pending row still in the future (prompt mode's next wake-up);
+-- one step into the partial index ix_scheduled_events_pending_due.
+SELECT min(trigger_at) FROM scheduled_events
+WHERE status = 'pending' AND trigger_at > :now;
+
+-- name: notify_due
+-- Tell every replica's listener that a row became pending with this trigger time; sent
+-- inside the storing transaction, so it is delivered only if that commits.
+SELECT pg_notify('scheduler_due', :trigger_at);
 
 -- name: lock_participant
 -- Take one participant's advisory lock until the end of the transaction (re-entrant).

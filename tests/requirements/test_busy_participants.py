@@ -1,0 +1,138 @@
+"""BUSY — a claim never waits on a busy participant (DEC-2).
+
+In our words: the daily cap and deduplication serialise each participant on an advisory
+lock. A claim only *tries* those locks: the rows of a participant whose lock is held
+elsewhere (another batch, a live event, an operator's session) stay exactly as they were —
+pending, no ``last_error``, no notification — while the rest of the batch goes ahead, and
+a later poll takes them once the lock is free. So a held lock can neither stall a replica
+nor starve the participant.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import Engine, text
+from starlette.testclient import TestClient
+
+from scheduler.app import SchedulerService
+from scheduler.clock import ManualClock
+from scheduler.participant_locks import participant_lock_key
+from tests.conftest import T0
+from tests.helpers import post_event, reminder_facts, rows
+
+DEADLINE = 20.0
+
+
+@contextmanager
+def held(engine: Engine, user_id: str) -> Iterator[None]:
+    """Hold ``user_id``'s participant lock from another session, as a long transaction would."""
+    with engine.connect() as conn:
+        conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": participant_lock_key(user_id)})
+        try:
+            yield
+        finally:
+            conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": participant_lock_key(user_id)})
+            conn.commit()
+
+
+def snapshot(engine: Engine, user_id: str) -> list[dict[str, object]]:
+    return rows(engine, "SELECT id, status, last_error, updated_at, dispatched_at FROM scheduled_events "
+                        "WHERE user_id = :u ORDER BY id", u=user_id)
+
+
+def post_for(client: TestClient, user_id: str, n: int, *, oldest: int) -> None:
+    for i in range(n):
+        post_event(client, user_id=user_id, trigger_at=T0 - timedelta(minutes=oldest - i),
+                   facts=reminder_facts(f"2026-11-{10 + i:02d}"))
+
+
+@pytest.mark.clause("BUSY-1")
+def test_a_poll_does_not_wait_for_a_held_participant_and_leaves_its_rows_untouched(
+    client: TestClient, service: SchedulerService, engine: Engine
+) -> None:
+    """BUSY-1: with busy's lock held elsewhere, a poll returns without waiting, dispatches the
+    others, and leaves busy's rows exactly as they were (no status, no error, no effect)."""
+    post_for(client, "busy", 2, oldest=30)
+    post_for(client, "free", 2, oldest=20)
+    before = snapshot(engine, "busy")
+    with held(engine, "busy"), ThreadPoolExecutor(max_workers=1) as pool:
+        report = pool.submit(service.scheduler.poll_once).result(timeout=DEADLINE)
+        assert (report.claimed, report.skipped, report.dispatched) == (2, 2, 2)
+        assert snapshot(engine, "busy") == before
+        assert rows(engine, "SELECT count(*) AS n FROM notifications WHERE user_id = 'busy'") == [{"n": 0}]
+    after = service.scheduler.poll_once()
+    assert (after.dispatched, after.skipped) == (2, 0)
+    assert {r["status"] for r in snapshot(engine, "busy")} == {"dispatched"}
+
+
+@pytest.mark.clause("BUSY-1")
+def test_a_busy_participant_at_the_head_of_the_queue_does_not_empty_the_batch(
+    client: TestClient, service: SchedulerService, engine: Engine
+) -> None:
+    """BUSY-1: busy's 25 oldest rows fill more than a batch of 20; the claim's first round
+    finds only them, so it takes a further round past busy, and the other participants'
+    rows still go ahead in the same poll."""
+    post_for(client, "busy", 25, oldest=100)
+    for i in range(5):
+        post_event(client, user_id=f"other-{i}", trigger_at=T0 - timedelta(minutes=1))
+    with held(engine, "busy"):
+        report = service.scheduler.poll_once()
+    assert report.dispatched == 5
+    assert report.skipped == 20  # the first round's rows; the second round excluded busy
+    assert {r["status"] for r in snapshot(engine, "busy")} == {"pending"}
+
+
+@pytest.mark.clause("BUSY-2")
+def test_a_participant_whose_lock_is_taken_briefly_and_repeatedly_still_gets_its_rows(
+    client: TestClient, service: SchedulerService, engine: Engine
+) -> None:
+    """BUSY-2: no starvation: each poll that finds the lock free takes the participant's rows,
+    so however often the lock is taken in between, all of them are dispatched."""
+    post_for(client, "flaky", 5, oldest=10)
+    service.scheduler.batch_size = 2
+    dispatched = 0
+    for poll in range(10):
+        if poll % 2 == 0:
+            with held(engine, "flaky"):
+                assert service.scheduler.poll_once().dispatched == 0
+        else:
+            dispatched += service.scheduler.poll_once().dispatched
+    assert dispatched == 5
+    assert {r["status"] for r in snapshot(engine, "flaky")} == {"dispatched"}
+
+
+@pytest.mark.clause("BUSY-2")
+def test_the_prompt_loop_dispatches_a_participant_whose_lock_flickers(
+    engine: Engine, clock: ManualClock, client: TestClient
+) -> None:
+    """BUSY-2: a real prompt-mode loop (one-hour interval) against a session that takes and
+    releases the participant's lock over and over: every row is dispatched, none failed."""
+    from tests.requirements.test_prompt_mode import LoopThread, make_service
+
+    post_for(client, "flicker", 6, oldest=10)
+    service = make_service(engine, clock)
+    stop = threading.Event()
+
+    def flicker() -> None:
+        while not stop.is_set():
+            with held(engine, "flicker"):
+                stop.wait(0.05)
+            stop.wait(0.05)
+
+    holder = threading.Thread(target=flicker, daemon=True)
+    holder.start()
+    loop = LoopThread(service).start()
+    try:
+        assert service.scheduler.wait_for(lambda: service.scheduler.health.dispatched == 6, DEADLINE)
+    finally:
+        stop.set()
+        holder.join(DEADLINE)
+        assert loop.stop()
+    assert {r["status"] for r in snapshot(engine, "flicker")} == {"dispatched"}
+    assert service.scheduler.health.failed == 0
