@@ -15,6 +15,7 @@ under test, never because an interval passed. Nothing sleeps; every wait has a d
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 from collections.abc import Iterator
@@ -90,6 +91,16 @@ def running(engine: Engine, clock: ManualClock) -> Iterator[list[LoopThread]]:
             assert loop.stop(), "a loop did not stop"
 
 
+@contextlib.contextmanager
+def requests_only(service: SchedulerService) -> Iterator[TestClient]:
+    """A client of service.app that does not enter its lifespan, so no loop starts yet."""
+    client = TestClient(service.app)
+    try:
+        yield client
+    finally:
+        client.close()
+
+
 def start(running: list[LoopThread], service: SchedulerService) -> Scheduler:
     running.append(LoopThread(service).start())
     return service.scheduler
@@ -127,7 +138,7 @@ def test_the_health_route_shows_the_mode_and_how_the_loop_is_woken(
     literal = make_service(engine, clock, mode=SchedulerMode.LITERAL)
     prompt = make_service(engine, clock)
     start(running, prompt)
-    with TestClient(literal.app) as a, TestClient(prompt.app) as b:
+    with requests_only(literal) as a, requests_only(prompt) as b:
         assert a.get("/health/scheduler").json()["mode"] == "literal"
         body = b.get("/health/scheduler").json()
     assert body["mode"] == "prompt"
@@ -144,7 +155,7 @@ def test_in_prompt_mode_a_full_batch_is_followed_by_an_immediate_poll(
 ) -> None:
     """PROMPT-2: five due rows, batch 2, one-hour interval: three polls drain them at once."""
     service = make_service(engine, clock)
-    with TestClient(service.app) as client:
+    with requests_only(service) as client:
         ids = post_due(client, 5)
     scheduler = start(running, service)
     assert waits(scheduler)
@@ -159,7 +170,7 @@ def test_in_literal_mode_a_full_batch_still_waits_the_whole_interval(
 ) -> None:
     """PROMPT-2: the literal default keeps REQ-0065's wait after every poll, full or not."""
     service = make_service(engine, clock, mode=SchedulerMode.LITERAL)
-    with TestClient(service.app) as client:
+    with requests_only(service) as client:
         post_due(client, 5)
     scheduler = start(running, service)
     assert waits(scheduler)
@@ -174,7 +185,7 @@ def test_in_prompt_mode_a_short_batch_waits(
     """PROMPT-3: one due row with batch 2 is a short batch: the loop dispatches it and waits,
     with nothing pending to wake it before the interval."""
     service = make_service(engine, clock)
-    with TestClient(service.app) as client:
+    with requests_only(service) as client:
         post_due(client, 1)
     scheduler = start(running, service)
     assert waits(scheduler)
@@ -196,7 +207,7 @@ def test_a_row_due_before_the_next_poll_wakes_the_loop_at_its_trigger_time(
     """PROMPT-4: a pending row due in five minutes (read from the pending index) sets the
     wait's deadline; the loop polls when the clock reaches it, not an interval later."""
     service = make_service(engine, clock)
-    with TestClient(service.app) as client:
+    with requests_only(service) as client:
         row = post_event(client, user_id="later", trigger_at=T0 + timedelta(minutes=5))
     scheduler = start(running, service)
     assert scheduler.wait_for(lambda: scheduler.waiting_until == T0 + timedelta(minutes=5), DEADLINE)
@@ -222,7 +233,7 @@ def test_a_post_on_another_replica_wakes_this_one(
     scheduler = start(running, a)
     assert waits(scheduler)
     assert scheduler.health.polls == 1
-    with TestClient(b.app) as client:  # B does not run a loop here: only its API
+    with requests_only(b) as client:  # B does not run a loop here: only its API
         row = post_event(client, user_id="now", trigger_at=T0)
     assert scheduler.wait_for(lambda: scheduler.health.dispatched == 1, DEADLINE)
     assert statuses(engine)[row["id"]] == "dispatched"
@@ -237,7 +248,7 @@ def test_a_post_due_later_moves_the_wait_to_its_trigger_time_without_a_poll(
     a = make_service(engine, clock)
     scheduler = start(running, a)
     assert waits(scheduler)
-    with TestClient(make_service(engine, clock, mode=SchedulerMode.LITERAL).app) as client:
+    with requests_only(make_service(engine, clock, mode=SchedulerMode.LITERAL)) as client:
         post_event(client, user_id="soon", trigger_at=T0 + timedelta(minutes=10))
     assert scheduler.wait_for(lambda: scheduler.waiting_until == T0 + timedelta(minutes=10), DEADLINE)
     assert scheduler.health.polls == 1
@@ -274,7 +285,7 @@ def test_a_stop_ends_every_kind_of_wait_at_once(
     service = make_service(engine, clock)
     loop = LoopThread(service).start()
     try:
-        with TestClient(make_service(engine, clock, mode=SchedulerMode.LITERAL).app) as client:
+        with requests_only(make_service(engine, clock, mode=SchedulerMode.LITERAL)) as client:
             into(client, service.scheduler, clock)
     finally:
         assert loop.stop(), "the loop did not stop"
@@ -314,7 +325,7 @@ def test_where_notifications_do_not_arrive_the_listener_says_so_once_and_the_loo
         service.listener = Listener(conninfo_of(engine), name="scheduler", probe_engine=other_engine,
                                     probe_seconds=0.5)
         service.listener.subscribe("scheduler_due", service._on_due)
-        with caplog.at_level(logging.WARNING, logger="scheduler.listener"), TestClient(service.app) as client:
+        with caplog.at_level(logging.WARNING, logger="scheduler.listener"), requests_only(service) as client:
             row = post_event(client, user_id="later", trigger_at=T0 + timedelta(minutes=1))
             scheduler = start(running, service)
             body = client.get("/health/scheduler").json()
@@ -341,7 +352,7 @@ def test_with_listen_switched_off_the_loop_uses_timed_wakeups(engine: Engine, cl
     assert Settings.from_env({"SCHEDULER_LISTEN": "false"}).listen is False
     service = make_service(engine, clock, listen=False)
     assert not service.listener.has_subscribers
-    with TestClient(service.app) as client:
+    with requests_only(service) as client:
         assert client.get("/health/scheduler").json()["wakeups"] == {"by": "timer", "reason": "SCHEDULER_LISTEN is false"}
 
 
