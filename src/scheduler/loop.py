@@ -33,6 +33,7 @@ from scheduler.types import (
     Clock,
     DigitalTwinEvent,
     Dispatcher,
+    EventStatus,
     OutboundMessage,
     Publisher,
     SchedulerMode,
@@ -99,7 +100,7 @@ class EventOutcome:
     """What one claimed event became, with what metrics need (its type and lateness)."""
 
     id: str
-    status: str  # "dispatched" or "failed"
+    status: EventStatus  # dispatched or failed
     error: str | None = None
     event_type: str = ""
     trigger_at: datetime | None = None
@@ -108,7 +109,7 @@ class EventOutcome:
     @property
     def lateness(self) -> timedelta | None:
         """``dispatched_at - trigger_at`` for a dispatched event (the user's measure)."""
-        if self.status != "dispatched" or self.trigger_at is None or self.finished_at is None:
+        if self.status != EventStatus.DISPATCHED or self.trigger_at is None or self.finished_at is None:
             return None
         return self.finished_at - self.trigger_at
 
@@ -141,11 +142,11 @@ class PollReport:
 
     @property
     def dispatched(self) -> int:
-        return sum(o.status == "dispatched" for o in self.outcomes)
+        return sum(o.status == EventStatus.DISPATCHED for o in self.outcomes)
 
     @property
     def failed(self) -> int:
-        return sum(o.status == "failed" for o in self.outcomes)
+        return sum(o.status == EventStatus.FAILED for o in self.outcomes)
 
 
 @dataclass
@@ -312,7 +313,7 @@ class Scheduler:
                 session.execute(statement("mark_dispatched"), {"id": event.id, "now": now})
                 savepoint.commit()
                 batch.outbound.extend(result.outbound)
-                outcome = EventOutcome(event.id, "dispatched", None, event.event_type, event.trigger_at, now)
+                outcome = EventOutcome(event.id, EventStatus.DISPATCHED, None, event.event_type, event.trigger_at, now)
         except Exception as exc:
             if isinstance(exc, DBAPIError) and exc.connection_invalidated:
                 # The connection is gone (a database restart, a terminated backend): this is
@@ -328,7 +329,7 @@ class Scheduler:
 
     def _mark_failed(self, session: Session, event: ClaimedEvent, error: str, now: datetime) -> EventOutcome:
         session.execute(statement("mark_failed"), {"id": event.id, "error": error, "now": now})
-        return EventOutcome(event.id, "failed", error, event.event_type, event.trigger_at, now)
+        return EventOutcome(event.id, EventStatus.FAILED, error, event.event_type, event.trigger_at, now)
 
     def finish(self, batch: Batch) -> PollReport:
         """Commit the batch (releasing its locks), then publish what it delivered.
