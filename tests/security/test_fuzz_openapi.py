@@ -80,6 +80,7 @@ def _check(response: Any, operation: str, problems: list[str]) -> None:
 
 
 @pytest.mark.clause("SEC-17")
+@pytest.mark.clause("CONTRACT-1")
 def test_fuzzing_every_operation_gives_no_5xx_json_4xx_and_exactly_the_201_rows(
     service: SchedulerService, engine: Engine
 ) -> None:
