@@ -200,12 +200,17 @@ class SchedulerService:
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app: ASGIApp | None = None) -> AsyncIterator[None]:
-        """Start the polling loop with the app; stop it (at once) when the app stops."""
+        """Start the polling loop with the app; stop it (at once) when the app stops.
+
+        Re-entrant: entered while the service already runs (started by an embedding app's
+        own lifespan, or a test), it neither starts a second loop nor stops the first."""
+        already_running = self._task is not None or self.listener.running
         await self.start()
         try:
             yield
         finally:
-            await self.stop()
+            if not already_running:
+                await self.stop()
 
     def _on_due(self, payload: str) -> None:
         """A NOTIFY from any replica's store: a row is pending with this trigger time."""
@@ -226,7 +231,7 @@ class SchedulerService:
 
     async def stop(self) -> None:
         """Set the loop's stop event and wait for the loop to return (it is never cancelled);
-        then dispose of the engines this service created."""
+        then stop the listener and dispose of the engines this service created."""
         if self._task is not None and self._stop is not None:
             self._stop.set()
             with contextlib.suppress(Exception):

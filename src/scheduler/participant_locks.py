@@ -1,10 +1,10 @@
 """Participant locks: transaction-level advisory locks, one per participant.
 
 Every decision about one participant (deduplication, preferences, the daily cap) happens
-under that participant's lock, so the cap is exact across replicas. A claim only tries
-the locks its batch needs and leaves busy participants' rows for later (DEC-2); the
-orchestrator takes one at a time (a no-op when the batch already holds it). Both use the
-keys defined here.
+under that participant's lock, so the cap is exact across replicas. A claim only *tries*
+the locks of the participants it claims and leaves a busy participant's rows alone (DEC-2);
+the orchestrator takes one at a time, waiting (live ingest), which is re-entrant when the
+batch already holds it. Both use the keys defined here.
 """
 
 from __future__ import annotations
@@ -36,5 +36,5 @@ def try_lock_participants(session: Session, keys: Iterable[int]) -> set[int]:
 
 
 def lock_participant(session: Session, user_id: str) -> None:
-    """Lock one participant until the transaction ends."""
+    """Lock one participant until the transaction ends (waits while another holds it)."""
     session.execute(statement("lock_participant"), {"key": participant_lock_key(user_id)})

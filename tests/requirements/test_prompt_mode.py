@@ -15,9 +15,9 @@ under test, never because an interval passed. Nothing sleeps; every wait has a d
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import threading
+import uuid
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
@@ -74,11 +74,17 @@ class LoopThread:
         return not self.thread.is_alive()
 
 
-def make_service(engine: Engine, clock: ManualClock, **changes: Any) -> SchedulerService:
+def make_service(engine: Engine, clock: ManualClock, *, run_scheduler: bool = True, **changes: Any) -> SchedulerService:
     settings = Settings(jwt_secret=TEST_SECRET).with_(
         **{"poll_seconds": HOUR, "batch_size": 2, "mode": SchedulerMode.PROMPT, **changes}
     )
-    return SchedulerService(settings, engine=engine, clock=clock, publisher=RecordingPublisher(), run_scheduler=True)
+    return SchedulerService(settings, engine=engine, clock=clock, publisher=RecordingPublisher(),
+                            run_scheduler=run_scheduler)
+
+
+def api(engine: Engine, clock: ManualClock) -> TestClient:
+    """Another replica's API only (its loop switched off): a sender posting through it."""
+    return TestClient(make_service(engine, clock, run_scheduler=False).app)
 
 
 @pytest.fixture
@@ -89,16 +95,6 @@ def running(engine: Engine, clock: ManualClock) -> Iterator[list[LoopThread]]:
     for loop in started:
         if loop.thread.is_alive():
             assert loop.stop(), "a loop did not stop"
-
-
-@contextlib.contextmanager
-def requests_only(service: SchedulerService) -> Iterator[TestClient]:
-    """A client of service.app that does not enter its lifespan, so no loop starts yet."""
-    client = TestClient(service.app)
-    try:
-        yield client
-    finally:
-        client.close()
 
 
 def start(running: list[LoopThread], service: SchedulerService) -> Scheduler:
@@ -138,7 +134,7 @@ def test_the_health_route_shows_the_mode_and_how_the_loop_is_woken(
     literal = make_service(engine, clock, mode=SchedulerMode.LITERAL)
     prompt = make_service(engine, clock)
     start(running, prompt)
-    with requests_only(literal) as a, requests_only(prompt) as b:
+    with TestClient(literal.app) as a, TestClient(prompt.app) as b:
         assert a.get("/health/scheduler").json()["mode"] == "literal"
         body = b.get("/health/scheduler").json()
     assert body["mode"] == "prompt"
@@ -155,7 +151,7 @@ def test_in_prompt_mode_a_full_batch_is_followed_by_an_immediate_poll(
 ) -> None:
     """PROMPT-2: five due rows, batch 2, one-hour interval: three polls drain them at once."""
     service = make_service(engine, clock)
-    with requests_only(service) as client:
+    with api(engine, clock) as client:
         ids = post_due(client, 5)
     scheduler = start(running, service)
     assert waits(scheduler)
@@ -170,7 +166,7 @@ def test_in_literal_mode_a_full_batch_still_waits_the_whole_interval(
 ) -> None:
     """PROMPT-2: the literal default keeps REQ-0065's wait after every poll, full or not."""
     service = make_service(engine, clock, mode=SchedulerMode.LITERAL)
-    with requests_only(service) as client:
+    with api(engine, clock) as client:
         post_due(client, 5)
     scheduler = start(running, service)
     assert waits(scheduler)
@@ -185,7 +181,7 @@ def test_in_prompt_mode_a_short_batch_waits(
     """PROMPT-3: one due row with batch 2 is a short batch: the loop dispatches it and waits,
     with nothing pending to wake it before the interval."""
     service = make_service(engine, clock)
-    with requests_only(service) as client:
+    with api(engine, clock) as client:
         post_due(client, 1)
     scheduler = start(running, service)
     assert waits(scheduler)
@@ -207,7 +203,7 @@ def test_a_row_due_before_the_next_poll_wakes_the_loop_at_its_trigger_time(
     """PROMPT-4: a pending row due in five minutes (read from the pending index) sets the
     wait's deadline; the loop polls when the clock reaches it, not an interval later."""
     service = make_service(engine, clock)
-    with requests_only(service) as client:
+    with api(engine, clock) as client:
         row = post_event(client, user_id="later", trigger_at=T0 + timedelta(minutes=5))
     scheduler = start(running, service)
     assert scheduler.wait_for(lambda: scheduler.waiting_until == T0 + timedelta(minutes=5), DEADLINE)
@@ -229,11 +225,11 @@ def test_a_post_on_another_replica_wakes_this_one(
     """PROMPT-5: replica A waits out a one-hour interval; a row due now stored through
     replica B's API reaches A by NOTIFY, and A dispatches it at once."""
     a = make_service(engine, clock)
-    b = make_service(engine, clock, mode=SchedulerMode.LITERAL)
+    b = make_service(engine, clock, mode=SchedulerMode.LITERAL, run_scheduler=False)
     scheduler = start(running, a)
     assert waits(scheduler)
     assert scheduler.health.polls == 1
-    with requests_only(b) as client:  # B does not run a loop here: only its API
+    with TestClient(b.app) as client:  # B does not run a loop here: only its API
         row = post_event(client, user_id="now", trigger_at=T0)
     assert scheduler.wait_for(lambda: scheduler.health.dispatched == 1, DEADLINE)
     assert statuses(engine)[row["id"]] == "dispatched"
@@ -248,7 +244,7 @@ def test_a_post_due_later_moves_the_wait_to_its_trigger_time_without_a_poll(
     a = make_service(engine, clock)
     scheduler = start(running, a)
     assert waits(scheduler)
-    with requests_only(make_service(engine, clock, mode=SchedulerMode.LITERAL)) as client:
+    with api(engine, clock) as client:
         post_event(client, user_id="soon", trigger_at=T0 + timedelta(minutes=10))
     assert scheduler.wait_for(lambda: scheduler.waiting_until == T0 + timedelta(minutes=10), DEADLINE)
     assert scheduler.health.polls == 1
@@ -285,7 +281,7 @@ def test_a_stop_ends_every_kind_of_wait_at_once(
     service = make_service(engine, clock)
     loop = LoopThread(service).start()
     try:
-        with requests_only(make_service(engine, clock, mode=SchedulerMode.LITERAL)) as client:
+        with api(engine, clock) as client:
             into(client, service.scheduler, clock)
     finally:
         assert loop.stop(), "the loop did not stop"
@@ -317,18 +313,21 @@ def test_where_notifications_do_not_arrive_the_listener_says_so_once_and_the_loo
     database, as a transaction-pooling proxy would lose it) reports LISTEN unavailable, logs
     it once, and /health/scheduler shows timed wake-ups with the reason; the loop still
     dispatches by its next-due deadline."""
+    elsewhere = f"elsewhere_{uuid.uuid4().hex[:12]}"
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-        conn.execute(text('CREATE DATABASE "elsewhere_prompt7"'))
-    other_engine = create_engine(engine.url.set(database="elsewhere_prompt7"))
+        conn.execute(text(f'CREATE DATABASE "{elsewhere}"'))
+    other_engine = create_engine(engine.url.set(database=elsewhere))
     try:
         service = make_service(engine, clock)
         service.listener = Listener(conninfo_of(engine), name="scheduler", probe_engine=other_engine,
                                     probe_seconds=0.5)
         service.listener.subscribe("scheduler_due", service._on_due)
-        with caplog.at_level(logging.WARNING, logger="scheduler.listener"), requests_only(service) as client:
-            row = post_event(client, user_id="later", trigger_at=T0 + timedelta(minutes=1))
+        with api(engine, clock) as sender:
+            row = post_event(sender, user_id="later", trigger_at=T0 + timedelta(minutes=1))
+        with caplog.at_level(logging.WARNING, logger="scheduler.listener"):
             scheduler = start(running, service)
-            body = client.get("/health/scheduler").json()
+            with TestClient(service.app) as client:  # the loop runs already: only its API here
+                body = client.get("/health/scheduler").json()
             assert body["wakeups"]["by"] == "timer"
             assert "did not come back" in body["wakeups"]["reason"]
             assert scheduler.wait_for(lambda: scheduler.waiting_until == T0 + timedelta(minutes=1), DEADLINE)
@@ -343,7 +342,7 @@ def test_where_notifications_do_not_arrive_the_listener_says_so_once_and_the_loo
             loop.stop()
         other_engine.dispose()
         with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-            conn.execute(text('DROP DATABASE IF EXISTS "elsewhere_prompt7" WITH (FORCE)'))
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{elsewhere}" WITH (FORCE)'))
 
 
 @pytest.mark.clause("PROMPT-7")
@@ -352,7 +351,7 @@ def test_with_listen_switched_off_the_loop_uses_timed_wakeups(engine: Engine, cl
     assert Settings.from_env({"SCHEDULER_LISTEN": "false"}).listen is False
     service = make_service(engine, clock, listen=False)
     assert not service.listener.has_subscribers
-    with requests_only(service) as client:
+    with TestClient(service.app) as client:
         assert client.get("/health/scheduler").json()["wakeups"] == {"by": "timer", "reason": "SCHEDULER_LISTEN is false"}
 
 

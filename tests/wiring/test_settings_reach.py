@@ -24,7 +24,6 @@ from starlette.testclient import TestClient
 from scheduler import store
 from scheduler.config import ConfigError, Settings
 from scheduler.db import make_sessionmaker
-from scheduler.types import SchedulerMode
 from tests.conftest import T0, TEST_SECRET, token
 from tests.helpers import reminder_facts
 from tests.security.support import auth, claims, hs256, other_rsa_private_key, public_pem, rs256
@@ -91,6 +90,23 @@ def check_batch_size(env: Env) -> None:
     _due(env.engine, 3)
     with service_from_env(env.base(SCHEDULER_BATCH_SIZE="2")) as service:
         assert service.scheduler.poll_once().claimed == 2
+
+
+def check_mode(env: Env) -> None:
+    for value in ("literal", "prompt"):
+        with service_from_env(env.base(SCHEDULER_MODE=value, SCHEDULER_POLL_SECONDS="3600")) as service, \
+                TestClient(service.app) as client:
+            assert str(service.scheduler.mode) == value
+            assert client.get("/health/scheduler").json()["mode"] == value
+            # prompt mode's wake-ups need the LISTEN connection; literal opens none
+            assert service.listener.running is (value == "prompt")
+
+
+def check_listen(env: Env) -> None:
+    with service_from_env(env.base(SCHEDULER_MODE="prompt", SCHEDULER_LISTEN="false",
+                                   SCHEDULER_POLL_SECONDS="3600")) as service, TestClient(service.app) as client:
+        assert not service.listener.running
+        assert client.get("/health/scheduler").json()["wakeups"]["by"] == "timer"
 
 
 def check_scheduler_enabled(env: Env) -> None:
@@ -195,24 +211,14 @@ def check_environment(env: Env) -> None:
         assert service.settings.environment == "development"
 
 
-def check_mode(env: Env) -> None:
-    with service_from_env(env.base(SCHEDULER_MODE="prompt")) as service, TestClient(service.app) as client:
-        assert service.scheduler.mode is SchedulerMode.PROMPT
-        assert client.get("/health/scheduler").json()["mode"] == "prompt"
-
-
-def check_listen(env: Env) -> None:
-    for value, subscribed in (("false", False), ("true", True)):
-        with service_from_env(env.base(SCHEDULER_MODE="prompt", SCHEDULER_LISTEN=value)) as service:
-            assert service.listener.has_subscribers is subscribed, value
-
-
 CHECKS: dict[str, Callable[[Env], None]] = {
     "database_url": check_database_url,
     "data_dir": check_data_dir,
     "poll_seconds": check_poll_seconds,
     "batch_size": check_batch_size,
     "scheduler_enabled": check_scheduler_enabled,
+    "mode": check_mode,
+    "listen": check_listen,
     "jwt_secret": check_jwt_secret,
     "jwt_public_key": check_jwt_public_key,
     "jwks_url": check_jwks_url,
@@ -224,8 +230,6 @@ CHECKS: dict[str, Callable[[Env], None]] = {
     "lock_timeout_ms": check_lock_timeout_ms,
     "pool_timeout_seconds": check_pool_timeout_seconds,
     "environment": check_environment,
-    "mode": check_mode,
-    "listen": check_listen,
 }
 
 
