@@ -7,6 +7,7 @@ including the EXPLAIN plans, and the table) to ``--out`` (default ``bench/result
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import sys
@@ -41,16 +42,24 @@ class Sizes:
     memory_events: int
     profile_events: int
     repeats: int
+    burst_events: int
+    burst_replicas: tuple[int, ...]
+    burst_single_modes: tuple[str, ...]
+    console_rows: int = 1_000_000
+    console_samples: int = 30
 
 
 FULL = Sizes(claim_sizes=(10_000, 100_000, 1_000_000), claim_samples=300, claim_budget=10.0,
              events=6_000, replicas=(1, 2, 4), batches=(20, 100), full_events=4_000,
              formula_events=1_000, formula_poll=0.1, http_requests=1_500, http_concurrency=(1, 8, 16),
-             http_seconds=6.0, shutdown_repeats=10, memory_events=100_000, profile_events=4_000, repeats=2)
+             http_seconds=6.0, shutdown_repeats=10, memory_events=100_000, profile_events=4_000, repeats=2,
+             burst_events=10_000, burst_replicas=(1, 2, 4), burst_single_modes=("prompt", "literal"))
 QUICK = Sizes(claim_sizes=(10_000, 100_000), claim_samples=100, claim_budget=3.0,
               events=2_000, replicas=(1, 2), batches=(20, 100), full_events=1_000,
               formula_events=400, formula_poll=0.1, http_requests=600, http_concurrency=(8,),
-              http_seconds=10.0, shutdown_repeats=3, memory_events=10_000, profile_events=1_000, repeats=1)
+              http_seconds=10.0, shutdown_repeats=3, memory_events=10_000, profile_events=1_000, repeats=1,
+              burst_events=2_000, burst_replicas=(1, 2), burst_single_modes=("prompt",),
+              console_rows=100_000, console_samples=15)
 
 DESCRIPTIONS = {
     "claim": "claim latency (median, p90, EXPLAIN ANALYZE BUFFERS) with 1,000 due rows among 10k/100k/1M "
@@ -68,8 +77,14 @@ DESCRIPTIONS = {
     "memory": "RSS of one replica process after 1,000 and after 100,000 dispatched events (full path)",
     "profile": "cProfile of one replica's drain and the statements it sends per event (explains the "
                "mechanics ratio)",
+    "burst": "lateness (dispatched_at - trigger_at: p50, p99, max) and time to the last dispatch when N "
+             "reminders stored through the real store path fall due at one instant, 1/2/4 replicas on the full "
+             "path in literal (short interval, checked against the drain formula) and prompt mode, beside "
+             "pgqueuer and procrastinate draining the same burst as scheduled jobs; then one reminder alone",
+    "console": "response time of the console's overview and filtered events pages (whole ASGI app, "
+               "queries and templates) with 1,000,000 rows, mostly dispatched; and each overview query",
 }
-ORDER = ("claim", "mechanics", "fullpath", "http", "shutdown", "memory", "profile")
+ORDER = ("claim", "mechanics", "fullpath", "http", "shutdown", "memory", "profile", "burst", "console")
 
 
 def _claim(server: Any, s: Sizes, results: dict[str, Any]) -> dict[str, Any]:
@@ -97,6 +112,8 @@ def _mechanics(server: Any, s: Sizes, results: dict[str, Any]) -> dict[str, Any]
                 runs.append(best)
         for peer in peers.PEERS:
             runs.append(peers.drain(server, peer, events=s.events, replicas=replicas, batch=20))
+        # pgqueuer's own default batch is 10: ours is compared with it at 10 and at 20.
+        runs.append(peers.drain(server, "pgqueuer", events=s.events, replicas=replicas, batch=10))
     one = next(r for r in runs if r["kind"] == "ours" and r["replicas"] == 1 and r["batch_size"] == 20)
     poll_cost = one["seconds"] / -(-s.events // 20)
     formula = [
@@ -144,13 +161,26 @@ def _profile(server: Any, s: Sizes, results: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _burst(server: Any, s: Sizes, results: dict[str, Any]) -> dict[str, Any]:
+    from bench import burst
+
+    return burst.run(server, events=s.burst_events, replicas=s.burst_replicas, single_modes=s.burst_single_modes)
+
+
+def _console(server: Any, s: Sizes, results: dict[str, Any]) -> dict[str, Any]:
+    from bench import console
+
+    return console.run(server, rows=s.console_rows, samples=s.console_samples)
+
+
 RUNNERS: dict[str, Callable[[Any, Sizes, dict[str, Any]], dict[str, Any]]] = {
     "claim": _claim, "mechanics": _mechanics, "fullpath": _fullpath, "http": _http,
-    "shutdown": _shutdown, "memory": _memory, "profile": _profile,
+    "shutdown": _shutdown, "memory": _memory, "profile": _profile, "burst": _burst, "console": _console,
 }
 
 
-def run_benchmarks(names: Sequence[str], *, quick: bool, out: Path, database_url: str | None) -> int:
+def run_benchmarks(names: Sequence[str], *, quick: bool, out: Path, database_url: str | None,
+                   burst_events: int | None = None) -> int:
     """Run ``names`` in order; one failing benchmark is reported and the others still run."""
     from bench import report
     from bench.env import Server, machine_facts, progress
@@ -158,6 +188,10 @@ def run_benchmarks(names: Sequence[str], *, quick: bool, out: Path, database_url
     # Every fresh database is migrated: keep Alembic's per-migration INFO lines out of the progress.
     logging.getLogger("alembic").setLevel(logging.WARNING)
     sizes = QUICK if quick else FULL
+    if burst_events is not None:
+        if burst_events < 1:
+            raise SystemExit("--events must be at least 1")
+        sizes = dataclasses.replace(sizes, burst_events=burst_events)
     started = time.perf_counter()
     results: dict[str, Any] = {
         "started": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
@@ -204,10 +238,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
         one = sub.add_parser(name, help=DESCRIPTIONS[name], description=DESCRIPTIONS[name] + ".")
         _common(one)
         one.set_defaults(bench_names=(name,))
+        if name == "burst":
+            one.add_argument("--events", type=int, default=None, metavar="N",
+                             help=f"reminders due at once (default {FULL.burst_events:,}; "
+                                  f"--quick: {QUICK.burst_events:,})")
 
 
 def _run(args: argparse.Namespace, settings: Any = None) -> int:
-    return run_benchmarks(args.bench_names, quick=args.quick, out=args.out, database_url=args.database_url)
+    return run_benchmarks(args.bench_names, quick=args.quick, out=args.out, database_url=args.database_url,
+                          burst_events=getattr(args, "events", None))
 
 
 EPILOG = ("Figures are ratios measured side by side in one run; absolute times on a shared machine "

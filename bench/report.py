@@ -63,8 +63,8 @@ def mechanics_table(mech: dict[str, Any]) -> list[str]:
     replicas = sorted({r["replicas"] for r in runs})
     head = "| replicas | " + " | ".join(f"ours b{b}" for b in batches) + " | " + \
         " | ".join(f"raw ceiling b{b}" for b in batches) + \
-        " | raw, ours' statements b20 | procrastinate | pgqueuer b20 | ours / ceiling (b20) " \
-        "| ours / raw with ours' statements | ours / procrastinate | ours / pgqueuer |"
+        " | raw, ours' statements b20 | procrastinate | pgqueuer b10 | pgqueuer b20 | ours / ceiling (b20) " \
+        "| ours / raw with ours' statements | ours / procrastinate | ours / pgqueuer b10 | ours / pgqueuer b20 |"
     lines = [
         f"### Queue mechanics: {mech['events']:,} due events, no-op dispatcher, poll interval 0 (events/s)",
         "",
@@ -80,9 +80,10 @@ def mechanics_table(mech: dict[str, Any]) -> list[str]:
 
         ours20 = rate("ours", 20)
         cells = [_f(rate("ours", b), 0) for b in batches] + [_f(rate("raw", b), 0) for b in batches]
-        cells += [_f(rate("raw_same", 20), 0), _f(peer("procrastinate"), 0), _f(peer("pgqueuer"), 0),
-                  _ratio(ours20, rate("raw", 20)), _ratio(ours20, rate("raw_same", 20)),
-                  _ratio(ours20, peer("procrastinate")), _ratio(ours20, peer("pgqueuer"))]
+        cells += [_f(rate("raw_same", 20), 0), _f(peer("procrastinate"), 0), _f(rate("pgqueuer", 10), 0),
+                  _f(rate("pgqueuer", 20), 0), _ratio(ours20, rate("raw", 20)), _ratio(ours20, rate("raw_same", 20)),
+                  _ratio(ours20, peer("procrastinate")), _ratio(ours20, rate("pgqueuer", 10)),
+                  _ratio(ours20, rate("pgqueuer", 20))]
         lines.append(f"| {n} | " + " | ".join(cells) + " |")
     attempts = [f"{r['kind']} x{r['replicas']}: " + "/".join(f"{a:,.0f}" for a in r["attempts_events_per_second"])
                 for r in runs if len(r.get("attempts_events_per_second", [])) > 1]
@@ -195,6 +196,36 @@ def profile_table(profiles: dict[str, Any]) -> list[str]:
     return lines
 
 
+def burst_table(burst: dict[str, Any]) -> list[str]:
+    lines = [
+        f"### Lateness: {burst['events']:,} reminders due at one instant, full dispatch path "
+        "(dispatched_at - trigger_at, seconds)",
+        "",
+        "| system | mode | replicas | all out after (s) | lateness p50 | p99 | max | literal: drain / formula |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in burst["runs"]:
+        if "skipped" in r:
+            lines.append(f"| {r['system']} | n/a | {r['replicas']} | skipped: {r['skipped']} | | | | |")
+            continue
+        late = r["lateness"]
+        mode = r["mode"] if r["system"] != "ours" else f"{r['mode']}, interval {r['poll_seconds']:g} s"
+        formula = r.get("formula")
+        check = "" if not formula else (f"{r['drain_seconds']:.1f} / {formula['predicted_low_seconds']:.1f}"
+                                        f"-{formula['predicted_high_seconds']:.1f}")
+        lines.append(f"| {r['system']} | {mode} | {r['replicas']} | {r['drain_seconds']:.2f} | {late['p50_s']:.2f} | "
+                     f"{late['p99_s']:.2f} | {late['max_s']:.2f} | {check} |")
+    for mode, reason in burst.get("skipped_modes", {}).items():
+        lines.append(f"\n{mode} mode skipped: {reason}.")
+    if burst.get("single"):
+        lines += ["", "One reminder alone, stored while the loops wait, due 2 s later (2 replicas): "
+                  + "; ".join(f"{s['mode']} mode, interval {s['poll_seconds']:g} s: dispatched "
+                              f"**{s['lateness_seconds']:.2f} s** after its trigger" for s in burst["single"]) + "."]
+    lines += ["", f"Stored through `store_event` at about {burst['store_rate']:.0f} reminders/s before the trigger; "
+              "peers poll every second (a NOTIFY at enqueue time cannot wake them at the trigger)."]
+    return lines
+
+
 def markdown(results: dict[str, Any]) -> str:
     machine, server = results["machine"], results.get("server", {})
     lines = [
@@ -224,6 +255,12 @@ def markdown(results: dict[str, Any]) -> str:
         lines += ["", *memory_table(sections["memory"])]
     if "profile" in sections:
         lines += ["", *profile_table(sections["profile"])]
+    if "burst" in sections:
+        lines += ["", *burst_table(sections["burst"])]
+    if "console" in sections:
+        from bench.console import table as console_table
+
+        lines += ["", *console_table(sections["console"])]
     errors = results.get("errors") or {}
     for name, message in errors.items():
         lines += ["", f"**{name} failed**: {message}"]

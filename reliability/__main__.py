@@ -18,6 +18,7 @@ SCENARIOS = [
     ("database-restart", "database_restart", "stop/start PostgreSQL and terminate backends under polls and POSTs"),
     ("slow-database", "slow_database", "an operator holds locks: lock/statement timeouts bound the damage"),
     ("shutdown", "shutdown", "SIGTERM replicas while batches are in flight"),
+    ("pgbouncer", "pgbouncer", "two prompt-mode replicas behind a real PgBouncer in transaction mode"),
     ("fuzz", "fuzz", "the nightly-style schemathesis run (a few thousand cases)"),
 ]
 

@@ -144,7 +144,11 @@ def backends_of(engine: Engine, application_name: str) -> list[dict[str, Any]]:
 
 def advisory_locks(engine: Engine) -> int:
     with engine.connect() as conn:
-        return int(conn.execute(text("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'")).scalar_one())
+        # This database's only: another scenario may share the server.
+        return int(conn.execute(text(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
+            "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+        )).scalar_one())
 
 
 def drain_and_check(engine: Engine, timeout: float, problems: list[str],
@@ -261,6 +265,8 @@ class Cluster:
         self.engine = make_engine(self.url, Settings(statement_timeout_ms=120_000, lock_timeout_ms=0),
                                   pool_size=4, max_overflow=2)
         self.replicas: list[Replica] = []
+        # Set by a scenario that found a problem: keep the database and logs to look at.
+        self.keep = False
 
     def token(self, scope: str | None) -> str:
         return mint_token(self.secret, scope=scope, ttl_seconds=24 * 3600)
@@ -301,4 +307,4 @@ def cluster(pgdata: Path, database: str, workdir: Path, keep: bool = False) -> I
     try:
         yield running
     finally:
-        running.close(keep=keep)
+        running.close(keep=keep or running.keep)

@@ -77,3 +77,27 @@ VACUUM scheduled_events;
 -- name: checkpoint
 -- Write out a bulk load's dirty pages before measuring.
 CHECKPOINT;
+
+-- name: console_recent_dispatches
+-- Make :count dispatched rows recent (dispatched in the last hour, 0-10 minutes late) for the lateness figures.
+UPDATE scheduled_events
+SET dispatched_at = CAST(:now AS timestamptz) - (id_n % 3600) * interval '1 second',
+    trigger_at = CAST(:now AS timestamptz) - (id_n % 3600) * interval '1 second' - (id_n % 600) * interval '1 second',
+    updated_at = CAST(:now AS timestamptz) - (id_n % 3600) * interval '1 second'
+FROM (SELECT id, row_number() OVER () AS id_n FROM scheduled_events
+      WHERE status = 'dispatched' LIMIT :count) AS pick
+WHERE scheduled_events.id = pick.id;
+
+-- name: console_recent_failures
+-- Make :count failed rows recent (within 24 hours) with a few kinds of last_error.
+UPDATE scheduled_events
+SET updated_at = CAST(:now AS timestamptz) - (id_n % 86000) * interval '1 second',
+    last_error = (ARRAY['missing_or_invalid_time_scope: date', 'RuntimeError: smtp down',
+                        'OperationalError: connection reset'])[1 + id_n % 3]
+FROM (SELECT id, row_number() OVER () AS id_n FROM scheduled_events
+      WHERE status = 'failed' LIMIT :count) AS pick
+WHERE scheduled_events.id = pick.id;
+
+-- name: vacuum_analyze_events
+-- VACUUM (for the visibility map: index-only scans) and ANALYZE after a bulk load.
+VACUUM (ANALYZE) scheduled_events;

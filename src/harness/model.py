@@ -217,6 +217,31 @@ class Model:
         if call is not None:
             batch.calls.append(call)
 
+    def record_replay(self, replica: int, call: Call, *, current: str) -> None:
+        """A call made inside the dispatch of ``current`` other than its last: the first, rolled
+        back attempt of ``current``, or a replay of an earlier event of the batch, whose new
+        call replaces the one rolled back (DEC-1: a failure rolls back to the checkpoint)."""
+        batch = self.batches[replica]
+        if call.event_id != current:
+            if call.event_id not in batch.outcomes:
+                raise AssertionError(f"replica {replica} replayed {call.event_id}, which it had not dispatched")
+            rolled_back = [c for c in batch.calls if c.event_id == call.event_id]
+            batch.calls = [c for c in batch.calls if c.event_id != call.event_id]
+            self.discarded_calls.extend(rolled_back)
+            batch.calls.append(call)
+        else:
+            self.discarded_calls.append(call)
+
+    def last_calls(self, calls: list[Call]) -> list[Call]:
+        """A whole poll's calls as the events' final ones, in the order the events first ran;
+        the calls a failure rolled back go to ``discarded_calls``."""
+        final: dict[str, Call] = {}
+        for call in calls:
+            if call.event_id in final:
+                self.discarded_calls.append(final[call.event_id])
+            final[call.event_id] = call
+        return list(final.values())  # a dict keeps each key where it was first inserted
+
     def commit(self, replica: int) -> OpenBatch:
         """The batch committed: its outcomes and their effects become the committed state."""
         batch = self.batches.pop(replica)

@@ -541,6 +541,10 @@ class Simulation:
             self._check("SIM-2")
             if call is None or call.event_id != event_id or call.version != self.model.batches[replica].versions[event_id]:
                 raise self.fail("SIM-2", f"{r.name} dispatched other content than the row it locked: {call}")
+            # A failing event rolls its batch back to the checkpoint: the events since it were
+            # called again (their new calls replace the rolled-back ones) and so was this one.
+            for earlier in calls[:-1]:
+                self.model.record_replay(replica, earlier, current=event_id)
             self.model.record_outcome(replica, event_id, outcome.status, call)
 
         r.submit("dispatch", f"dispatch({replica})", lambda: r.scheduler.dispatch_next(batch), done)
@@ -615,7 +619,8 @@ class Simulation:
         counted = [0]
 
         def on_call() -> None:
-            counted[0] += 1
+            # Events, not calls: a failing event makes the loop call the events before it again.
+            counted[0] = len({c["event_id"] for c in r.dispatcher.calls})
             if stop_after is not None and counted[0] >= stop_after:
                 stop.set()
 
@@ -632,7 +637,7 @@ class Simulation:
                 r.dispatcher.on_call = None
 
         def done(_: Any, error: BaseException | None) -> None:
-            calls = [self._call(r, c) for c in r.dispatcher.take_calls()]
+            calls = self.model.last_calls([self._call(r, c) for c in r.dispatcher.take_calls()])
             if error is not None:
                 self._poll_failed(r)
                 raise self.fail("SIM-4", f"{r.name}: the loop itself died: {error!r}")
@@ -706,7 +711,8 @@ class Simulation:
         polls_before = health.polls
 
         def on_call() -> None:
-            counted[0] += 1
+            # events, not calls: a failure replays the batch's earlier events (DEC-1)
+            counted[0] = len({c["event_id"] for c in r.dispatcher.calls})
             if stop_after is not None and counted[0] >= stop_after:
                 stop.set()
 
@@ -786,8 +792,13 @@ class Simulation:
             batch = self.model.batches[replica]
             expected, skipped = batch.ids, batch.skipped
             take = len(expected) if budget is None else min(budget, len(expected))
-            mine = calls[position:position + take]
-            position += take
+            # this poll's calls: its events are its own (a row is terminal once committed),
+            # and replays after a failure repeat them; the final call of each one counts
+            end = position
+            while end < len(calls) and calls[end].event_id in expected:
+                end += 1
+            mine = self.model.last_calls(calls[position:end])
+            position = end
             if [c.event_id for c in mine] != expected[:take] or report.skipped != len(skipped):
                 self.model.discard(replica)
                 raise self.fail("SIM-1", f"{r.name}'s prompt-mode poll {number + 1} dispatched "
@@ -990,22 +1001,29 @@ class Simulation:
         """Exactly the notifications of committed successful dispatches exist (SIM-4, SIM-5)."""
         self._check("SIM-5")
         seen: set[str] = set()
+        stray_duplicates: list[str | None] = []
         for notification_id, event_id, _status, reason in self.observer.notifications():
             if reason == "suppressed_dedup":
                 if event_id not in self.model.duplicate_events:
-                    raise self.fail("SIM-5", f"a duplicate record for {event_id}, whose duplicate dispatch "
-                                             "never committed")
+                    stray_duplicates.append(event_id)
                 continue
             seen.add(notification_id)
         expected = self.model.expected_notifications
-        if seen == expected:
+        if seen == expected and not stray_duplicates:
             return
         calls = self._calls_by_notification()
+        # A failed event's effects first: they explain a stray duplicate record too (its
+        # replay found its own first attempt's key).
         for notification_id in sorted(seen - expected):
             call = calls.get(notification_id)
             if call is not None and call.result != "ok":
                 raise self.fail("SIM-4", f"notification {notification_id} of failed event {call.event_id} "
                                          "is visible: the failing event's effects were not rolled back")
+        if stray_duplicates:
+            raise self.fail("SIM-5", f"a duplicate record for {stray_duplicates[0]}, whose duplicate dispatch "
+                                     "never committed")
+        for notification_id in sorted(seen - expected):
+            call = calls.get(notification_id)
             raise self.fail("SIM-5", f"notification {notification_id} (event {call.event_id if call else '?'}) "
                                      "is visible though its batch never committed")
         missing = sorted(expected - seen)

@@ -27,7 +27,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp
 
-from scheduler import store
+from scheduler import audit, store
 from scheduler.auth import JWTBackend, TokenVerifier, on_auth_error, require
 from scheduler.clock import SystemClock
 from scheduler.config import ConfigError, Settings
@@ -38,6 +38,7 @@ from scheduler.http import HTTPRefusal, Unprocessable, parse_body, read_json, re
 from scheduler.listener import Listener, conninfo_of
 from scheduler.loop import DUE_CHANNEL, Scheduler
 from scheduler.openapi import openapi_document
+from scheduler.operations import Operations
 from scheduler.publishers import LoggingPublisher
 from scheduler.rules import Catalogue, load_catalogue
 from scheduler.schemas import (
@@ -140,6 +141,9 @@ class SchedulerService:
             self.listener.subscribe(DUE_CHANNEL, self._on_due)
         self._task: asyncio.Task[None] | None = None
         self._stop: asyncio.Event | None = None
+        # Heartbeats, metrics, the operator API and the console (issue 9).
+        self.operations = Operations(self.settings, self.sessions, self.clock, self.scheduler, self.verifier,
+                                     lambda: self.loop_alive)
         self._check_security()
         self.app = Starlette(
             routes=self.routes(),
@@ -196,6 +200,7 @@ class SchedulerService:
             Route("/admin/ingest-event", self.ingest_event, methods=["POST"]),
             Route("/admin/notifications", self.list_notifications, methods=["GET"]),
             Route("/admin/participants/{user_id}/preferences", self.set_preferences, methods=["PUT"]),
+            *self.operations.routes(),
         ]
 
     @contextlib.asynccontextmanager
@@ -236,6 +241,10 @@ class SchedulerService:
             self._stop.set()
             with contextlib.suppress(Exception):
                 await self._task
+            # A replica that stops cleanly leaves the replica list now, not stale (issue 9);
+            # with the database unreachable, shutdown does not wait more than two seconds for it.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(run_in_threadpool(self.operations.heartbeat.forget), timeout=2.0)
             self._task = None
         await run_in_threadpool(self.listener.stop)
         for engine in self._owned_engines:
@@ -372,7 +381,9 @@ class SchedulerService:
     async def reset_scheduled_event(self, request: Request) -> Response:
         """The reset by hand: a failed (or dispatched) row goes back to pending."""
         event_id = _path_param(request, "event_id")
-        row = await run_in_threadpool(store.reset_event, self.sessions, event_id, self.clock.now())
+        row = await run_in_threadpool(
+            lambda: audit.reset_one(self.sessions, event_id, self.clock.now(), actor=request.user.display_name, source="api")
+        )
         if row is None:
             raise HTTPException(404, "no scheduled event with that id")
         return respond(ScheduledEventOut.model_validate(row))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
+import getpass
 import importlib
 import json
 import logging
@@ -21,10 +22,22 @@ Command = Callable[[argparse.Namespace, Settings], int]
 
 
 def _engine(settings: Settings):  # type: ignore[no-untyped-def]
+    from sqlalchemy.exc import OperationalError
+
     from scheduler.db import make_engine, migrate, resolve_database_url
 
     engine = make_engine(resolve_database_url(settings), settings)
-    migrate(engine)
+    try:
+        migrate(engine)
+    except OperationalError as exc:
+        if "unsupported startup parameter" not in str(exc):
+            raise
+        engine.dispose()
+        # PgBouncer refuses the `options` we send the timeouts in: say what to set.
+        raise ConfigError(
+            "the server refused a startup parameter (" + str(exc.orig).strip().splitlines()[-1] + "): behind a "
+            "transaction-pooling proxy such as PgBouncer, set SCHEDULER_TRANSACTION_POOLING=true"
+        ) from None
     return engine
 
 
@@ -157,19 +170,98 @@ def cmd_events_list(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def cmd_events_reset(args: argparse.Namespace, settings: Settings) -> int:
-    from scheduler import store
-    from scheduler.clock import SystemClock
+def _cli_actor(args: argparse.Namespace) -> str:
+    if args.actor:
+        return str(args.actor)
+    try:
+        return "cli:" + getpass.getuser()
+    except (KeyError, OSError):
+        return "cli"
+
+
+def cmd_events_show(args: argparse.Namespace, settings: Settings) -> int:
+    from scheduler import audit, store
     from scheduler.db import make_sessionmaker
 
     engine = _engine(settings)
-    row = store.reset_event(make_sessionmaker(engine), args.id, SystemClock().now())
+    sessions = make_sessionmaker(engine)
+    row = store.get_event(sessions, args.id)
+    notifications = audit.event_notifications(sessions, args.id) if row else []
+    actions = audit.event_actions(sessions, args.id) if row else []
     engine.dispose()
     if row is None:
         print(f"no scheduled event with id {args.id}", file=sys.stderr)
         return 1
-    print(f"{row['id']} is pending again (trigger_at={row['trigger_at']})")
+    if args.json:
+        print(json.dumps({**row, "notifications": notifications, "actions": actions}, indent=2))
+        return 0
+    facts = row.pop("facts")
+    width = max(len(k) for k in row)
+    for key, value in row.items():
+        print(f"{key:<{width}}  {'-' if value is None else value}")
+    print("facts:")
+    print("  " + json.dumps(facts, indent=2, sort_keys=True, ensure_ascii=False).replace("\n", "\n  "))
+    print(f"notifications ({len(notifications)}):")
+    for n in notifications:
+        reason = f" ({n['reason']})" if n["reason"] else ""
+        print(f"  {n['created_at']}  {n['status']}{reason}  {n['rule_id']}  {n['title']}")
+    print(f"operator actions ({len(actions)}):")
+    for a in actions:
+        reason = f"  reason: {a['reason']}" if a["reason"] else ""
+        print(f"  {a['at']}  {a['action']} by {a['actor']} ({a['source']}){reason}")
     return 0
+
+
+def cmd_events_reset(args: argparse.Namespace, settings: Settings) -> int:
+    from scheduler import audit
+    from scheduler.clock import SystemClock
+    from scheduler.db import make_sessionmaker
+
+    filters = {"status": args.status, "event_type": args.event_type, "error_contains": args.error_contains}
+    if args.id is not None and any(filters.values()):
+        print("give either an ID or a filter (--status, --event-type, --error-contains), not both", file=sys.stderr)
+        return 2
+    if args.id is None and not any(filters.values()):
+        print("give an ID, or a filter (--status, --event-type, --error-contains) to reset every matching row",
+              file=sys.stderr)
+        return 2
+    clock = SystemClock()
+    engine = _engine(settings)
+    sessions = make_sessionmaker(engine)
+    try:
+        if args.id is not None:
+            if args.dry_run:
+                print(f"dry run: would reset {args.id}")
+                return 0
+            row = audit.reset_one(sessions, args.id, clock.now(), actor=_cli_actor(args), source="cli",
+                                  reason=args.reason)
+            if row is None:
+                print(f"no scheduled event with id {args.id}", file=sys.stderr)
+                return 1
+            print(f"{row['id']} is pending again (trigger_at={row['trigger_at']})")
+            return 0
+        try:
+            where = audit.EventFilter.from_mapping({k: v for k, v in filters.items() if v})
+        except audit.FilterError as exc:
+            print(str(exc), file=sys.stderr)
+            return 2
+        as_of = clock.now()
+        count = audit.count_matching(sessions, where, cap=args.cap)
+        shown = f"more than {args.cap}" if count > args.cap else str(count)
+        if args.dry_run:
+            print(f"dry run: {shown} rows match and are not pending; they would be reset")
+            return 0
+        if not (args.reason or "").strip():
+            print(f"{shown} rows match: a bulk reset needs --reason (recorded in the audit trail); "
+                  "--dry-run only counts", file=sys.stderr)
+            return 2
+        print(f"resetting {min(count, args.cap)} rows in chunks of {audit.CHUNK} ...", file=sys.stderr)
+        result = audit.bulk_reset(sessions, where, now=clock.now(), as_of=as_of, expected=count,
+                                  actor=_cli_actor(args), source="cli", reason=args.reason, cap=args.cap)
+        print(f"reset {result.reset} rows (audit #{result.action_id})")
+        return 0
+    finally:
+        engine.dispose()
 
 
 def cmd_rules_list(args: argparse.Namespace, settings: Settings) -> int:
@@ -206,7 +298,8 @@ def build_parser() -> argparse.ArgumentParser:
         "Without DATABASE_URL every command uses an embedded PostgreSQL in SCHEDULER_DATA_DIR "
         "(default ./.scheduler).",
     )
-    parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="log at DEBUG level (otherwise commands print only their answer; serve logs at INFO)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     serve = sub.add_parser("serve", help="migrate, then run the API and its polling loop under uvicorn",
@@ -239,9 +332,25 @@ def build_parser() -> argparse.ArgumentParser:
     ev_list.add_argument("--limit", type=int, default=50, help="at most this many rows (default 50)")
     ev_list.add_argument("--json", action="store_true", help="print JSON")
     ev_list.set_defaults(func=cmd_events_list)
-    ev_reset = events_sub.add_parser("reset", help="reset a row by hand to pending",
-                                     description="Back to pending, dispatched_at and last_error cleared.")
-    ev_reset.add_argument("id", help="the scheduled event's id")
+    ev_show = events_sub.add_parser("show", help="one row: every column, its facts, notifications and actions",
+                                    description="Show one scheduled event with its notifications and operator actions.")
+    ev_show.add_argument("id", help="the scheduled event's id")
+    ev_show.add_argument("--json", action="store_true", help="print JSON")
+    ev_show.set_defaults(func=cmd_events_show)
+    ev_reset = events_sub.add_parser(
+        "reset", help="reset one row, or every row matching a filter, to pending",
+        description="Back to pending, dispatched_at and last_error cleared. Give an ID, or a filter to reset "
+        "every matching row that is not pending (count it first with --dry-run; a bulk reset needs --reason). "
+        "Every reset is recorded in the audit trail (GET /admin/audit, the console's audit page).",
+        epilog="example: scheduler events reset --status failed --error-contains time_scope --dry-run")
+    ev_reset.add_argument("id", nargs="?", help="the scheduled event's id (omit to reset by filter)")
+    ev_reset.add_argument("--status", choices=["dispatched", "failed"], help="only rows in this status")
+    ev_reset.add_argument("--event-type", help="only rows of this event type")
+    ev_reset.add_argument("--error-contains", help="only rows whose last_error contains this text (any case)")
+    ev_reset.add_argument("--dry-run", action="store_true", help="only count (or name) what would be reset")
+    ev_reset.add_argument("--reason", help="why: recorded in the audit trail (required for a reset by filter)")
+    ev_reset.add_argument("--actor", help="who, for the audit trail (default cli:$USER)")
+    ev_reset.add_argument("--cap", type=int, default=10_000, help="reset at most this many rows (default 10000)")
     ev_reset.set_defaults(func=cmd_events_reset)
 
     rules = sub.add_parser("rules", help="the rule catalogue", description="Inspect the loaded rule catalogue.")
@@ -269,7 +378,10 @@ def _add_extensions(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+    # A read prints only its answer: the embedded server's and Alembic's INFO lines appear
+    # with --verbose; serve keeps INFO, since its log is what an operator watches.
+    quiet = logging.INFO if args.command == "serve" else logging.WARNING
+    logging.basicConfig(level=logging.DEBUG if args.verbose else quiet,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # pgserver narrates every pg_ctl call at INFO; keep its warnings only.
     logging.getLogger("pgserver").setLevel(logging.DEBUG if args.verbose else logging.WARNING)

@@ -79,6 +79,9 @@ class Settings:
     environment: str = "development"
     mode: SchedulerMode = SchedulerMode.LITERAL
     listen: bool = True
+    transaction_pooling: bool = False
+    metrics_require_admin: bool = False  # GET /metrics needs the admin permission (issue 9)
+    console_refresh_seconds: float = 2.0  # how often the console's overview stream sends
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -115,6 +118,9 @@ class Settings:
             environment=environment,
             mode=mode,
             listen=_bool(env, "SCHEDULER_LISTEN", True),
+            transaction_pooling=_bool(env, "SCHEDULER_TRANSACTION_POOLING", False),
+            metrics_require_admin=_bool(env, "SCHEDULER_METRICS_REQUIRE_ADMIN", False),
+            console_refresh_seconds=_float(env, "SCHEDULER_CONSOLE_REFRESH_SECONDS", 2.0, 0.1),
         )
 
     def with_(self, **changes: object) -> Settings:

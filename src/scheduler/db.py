@@ -15,10 +15,11 @@ from urllib.parse import parse_qs, urlparse
 import psycopg
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Connection, Engine, create_engine, make_url, text
+from sqlalchemy import Connection, Engine, create_engine, event, make_url, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from scheduler.config import Settings
+from scheduler.queries import statement
 
 logger = logging.getLogger(__name__)
 
@@ -152,17 +153,37 @@ def make_engine(url: str, settings: Settings | None = None, **kwargs: Any) -> En
     ``statement_timeout`` and ``lock_timeout`` bound how long one stuck statement (an
     operator holding a lock, say) can hold up a request or a poll; ``pool_pre_ping``
     lets the pool heal after a database restart without restarting the process.
+
+    With ``settings.transaction_pooling`` (``SCHEDULER_TRANSACTION_POOLING``, for a
+    transaction-pooling proxy such as PgBouncer in ``pool_mode = transaction``) each
+    transaction may run on another server session, so nothing may live in a session:
+    psycopg prepares no statements (a statement prepared on one server is unknown on the
+    next), and the timeouts travel with every transaction (``set_config(..., true)``, i.e.
+    ``SET LOCAL``, at its start) instead of in the ``options`` startup parameter, which
+    PgBouncer refuses ("unsupported startup parameter: options").
     """
     settings = settings or Settings()
-    options = (
-        f"-c statement_timeout={settings.statement_timeout_ms} "
-        f"-c lock_timeout={settings.lock_timeout_ms}"
-    )
-    connect_args: dict[str, Any] = {"options": options, "connect_timeout": 10}
+    connect_args: dict[str, Any] = {"connect_timeout": 10}
+    if settings.transaction_pooling:
+        connect_args["prepare_threshold"] = None
+    else:
+        connect_args["options"] = (
+            f"-c statement_timeout={settings.statement_timeout_ms} "
+            f"-c lock_timeout={settings.lock_timeout_ms}"
+        )
     connect_args.update(kwargs.pop("connect_args", {}))
     kwargs.setdefault("pool_pre_ping", True)
     kwargs.setdefault("pool_timeout", settings.pool_timeout_seconds)
-    return create_engine(url, connect_args=connect_args, **kwargs)
+    engine = create_engine(url, connect_args=connect_args, **kwargs)
+    if settings.transaction_pooling:
+        timeouts = {"statement": str(settings.statement_timeout_ms), "lock": str(settings.lock_timeout_ms)}
+
+        @event.listens_for(engine, "begin")
+        def _timeouts_per_transaction(conn: Connection) -> None:
+            # One round trip per transaction: the price of running behind the pooler.
+            conn.execute(statement("set_local_timeouts"), timeouts)
+
+    return engine
 
 
 def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:

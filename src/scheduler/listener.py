@@ -123,7 +123,8 @@ class Listener:
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                with psycopg.connect(self.conninfo, autocommit=True, connect_timeout=10) as conn:
+                # No prepared statements: harmless here, and safe behind a transaction pooler.
+                with psycopg.connect(self.conninfo, autocommit=True, connect_timeout=10, prepare_threshold=None) as conn:
                     self._listen(conn)
                     self.connects += 1
                     if self.connects > 1:

@@ -5,11 +5,25 @@ Production runs them back to back; the simulation interleaves them across replic
 
 Isolation. The claim's row locks (``FOR UPDATE SKIP LOCKED``) must be held until each
 row's new status commits, and that status must commit together with the event's effects
-(notifications, deliveries, deduplication keys). So a batch is one transaction and every
-event runs inside its own SAVEPOINT: whatever an event raises, a Python error or a
-database error that aborts the statement, only its savepoint is rolled back, the row is
-marked ``failed`` by id, and the next event starts on a healthy transaction. One event
-cannot poison the batch, because no event ever runs outside its own savepoint.
+(notifications, deliveries, deduplication keys). So a batch is one transaction, and the
+outcome of every event is exactly what it would be if every event ran inside its own
+SAVEPOINT: whatever an event raises, a Python error or a database error that aborts the
+statement, only its own work is rolled back, its row ends ``failed`` with the error, and
+the next event starts on a healthy transaction.
+
+Cost. A savepoint per event is two extra round trips per event, paid for the rare event
+that fails. So the batch runs optimistically: one savepoint (the *checkpoint*) is taken
+before the first event, and events run under it without savepoints of their own. When an
+event fails (or is refused), the transaction rolls back to the checkpoint, which undoes
+the work of every event since it (the claim's row and participant locks were taken before
+the checkpoint, so they stay held), and those events are replayed, each in its own
+savepoint, with the time they first ran; then the failing event runs once more in its own
+savepoint, where it fails alone exactly as it would have the first time. The next event
+takes a fresh checkpoint. The dispatcher must therefore be safe to call again for an
+event whose first call was rolled back: everything it writes goes through the session it
+is handed, and nothing leaves the process before the batch commits (``Dispatcher``).
+The outcomes are kept in memory and written with one statement when the batch finishes,
+just before its commit (DEC-1 in ``specs/decisions.md``).
 """
 
 from __future__ import annotations
@@ -25,7 +39,7 @@ from typing import Any
 
 import anyio.to_thread
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session, SessionTransaction, sessionmaker
 
 from scheduler.participant_locks import participant_lock_key, try_lock_participants
 from scheduler.queries import statement
@@ -114,6 +128,16 @@ class EventOutcome:
         return self.finished_at - self.trigger_at
 
 
+def outcome_parameters(outcomes: list[EventOutcome]) -> dict[str, list[Any]]:
+    """The ``record_outcomes`` arrays: one element per event, in the batch's order."""
+    return {
+        "ids": [o.id for o in outcomes],
+        "statuses": [o.status for o in outcomes],
+        "errors": [o.error for o in outcomes],
+        "times": [o.finished_at for o in outcomes],
+    }
+
+
 @dataclass
 class Batch:
     """An open poll: a transaction holding the claimed rows' locks."""
@@ -128,6 +152,12 @@ class Batch:
     outcomes: list[EventOutcome] = field(default_factory=list)
     outbound: list[OutboundMessage] = field(default_factory=list)
     closed: bool = False
+    # The optimistic run: the savepoint the events since ``checkpoint_position`` ran under
+    # without savepoints of their own, and how much outbound they had produced.
+    checkpoint: SessionTransaction | None = None
+    checkpoint_position: int = 0
+    checkpoint_outbound: int = 0
+    replayed: int = 0  # dispatcher calls repeated after a failure rolled back to the checkpoint
 
     @property
     def remaining(self) -> int:
@@ -225,11 +255,13 @@ class Scheduler:
         self._announced: datetime | None = None
         self._interrupt: Callable[[], None] | None = None
         self.next_due: datetime | None = None  # the next pending trigger_at, as last read
+        self.last_claimed_at: datetime | None = None  # the clock time of the last claim
         self.waiting_until: datetime | None = None  # prompt mode: the wait's clock deadline
         # Observable state for tests, the simulation and health: whether the loop is
         # between polls, announced on a condition so that nobody has to sleep to see it.
         self.waiting = False
         self._state = threading.Condition()
+        self.last_poll_seconds: float | None = None  # how long the last poll of the loop took
 
     # -- phases -------------------------------------------------------------------------
 
@@ -243,6 +275,7 @@ class Scheduler:
         head of the queue does not empty the batch.
         """
         now = self.clock.now()
+        self.last_claimed_at = now
         session = self.sessions()
         try:
             events, skipped = self._claim_rounds(session, now)
@@ -291,7 +324,12 @@ class Scheduler:
         return events, skipped
 
     def dispatch_next(self, batch: Batch) -> EventOutcome | None:
-        """Dispatch the next claimed event inside its own savepoint; ``None`` when none is left."""
+        """Dispatch the next claimed event, isolated from the others; ``None`` when none is left.
+
+        The event runs under the batch's checkpoint; if it fails, the events since the
+        checkpoint are replayed one savepoint each and it runs again in its own (see the
+        module docstring), so its outcome is the one a savepoint of its own would give.
+        """
         if batch.closed:
             raise RuntimeError("batch already finished")
         if batch.remaining == 0:
@@ -299,6 +337,56 @@ class Scheduler:
         event = batch.events[batch.position]
         batch.position += 1
         now = self.clock.now()
+        if batch.checkpoint is None or not batch.checkpoint.is_active:
+            batch.checkpoint = batch.session.begin_nested()
+            batch.checkpoint_position = batch.position - 1
+            batch.checkpoint_outbound = len(batch.outbound)
+        checkpoint = batch.checkpoint
+        try:
+            result = self.dispatcher(batch.session, event.as_event(), now)
+            if not checkpoint.is_active:
+                raise RuntimeError("the dispatcher ended the transaction it was handed")
+        except Exception as exc:
+            if isinstance(exc, DBAPIError) and exc.connection_invalidated:
+                # The connection is gone (a database restart, a terminated backend): this is
+                # no fault of the event, and nothing can be recorded on this transaction. Let
+                # the poll fail whole with the real cause; the rows are pending again.
+                raise
+            first_error = error_text(exc)
+        else:
+            if result.refusal is None:
+                batch.outbound.extend(result.outbound)
+                outcome = EventOutcome(event.id, EventStatus.DISPATCHED, None, event.event_type, event.trigger_at, now)
+                batch.outcomes.append(outcome)
+                return outcome
+            first_error = result.refusal
+        outcome = self._replay(batch, event, now, first_error)
+        batch.outcomes.append(outcome)
+        return outcome
+
+    def _replay(self, batch: Batch, event: ClaimedEvent, now: datetime, first_error: str) -> EventOutcome:
+        """``event`` failed under the checkpoint: roll back to it, replay the events since it
+        one savepoint each, then run ``event`` again in a savepoint of its own."""
+        checkpoint, batch.checkpoint = batch.checkpoint, None
+        if checkpoint is None or not checkpoint.is_active:
+            # The dispatcher committed or rolled back the batch's transaction itself: there is
+            # nothing left to roll back to, so the event is recorded failed as it stands.
+            logger.error("%s: dispatch of scheduled event %s failed: %s", self.name, event.id, first_error)
+            return self._mark_failed(event, first_error, now)
+        checkpoint.rollback()  # ROLLBACK TO SAVEPOINT: the claim's locks predate it and stay held
+        start = batch.checkpoint_position
+        earlier = batch.outcomes[start:]
+        logger.info("%s: scheduled event %s failed (%s); replaying the %d event(s) before it in the batch, "
+                    "one savepoint each", self.name, event.id, first_error, len(earlier))
+        del batch.outcomes[start:]
+        del batch.outbound[batch.checkpoint_outbound:]
+        for previous, outcome in zip(batch.events[start:batch.position - 1], earlier, strict=True):
+            batch.outcomes.append(self._dispatch_isolated(batch, previous, outcome.finished_at or now))
+        batch.replayed += len(earlier) + 1
+        return self._dispatch_isolated(batch, event, now)
+
+    def _dispatch_isolated(self, batch: Batch, event: ClaimedEvent, now: datetime) -> EventOutcome:
+        """Run one event inside its own SAVEPOINT: whatever it raises, only its work is undone."""
         session = batch.session
         savepoint = session.begin_nested()
         try:
@@ -308,31 +396,25 @@ class Scheduler:
             if result.refusal is not None:
                 # The sender's error: a live request would get 400/422. Nothing it wrote stays.
                 savepoint.rollback()
-                outcome = self._mark_failed(session, event, result.refusal, now)
-            else:
-                session.execute(statement("mark_dispatched"), {"id": event.id, "now": now})
-                savepoint.commit()
-                batch.outbound.extend(result.outbound)
-                outcome = EventOutcome(event.id, EventStatus.DISPATCHED, None, event.event_type, event.trigger_at, now)
+                return self._mark_failed(event, result.refusal, now)
+            savepoint.commit()
         except Exception as exc:
             if isinstance(exc, DBAPIError) and exc.connection_invalidated:
-                # The connection is gone (a database restart, a terminated backend): this is
-                # no fault of the event, and nothing can be recorded on this transaction. Let
-                # the poll fail whole with the real cause; the rows are pending again.
                 raise
             logger.exception("%s: dispatch of scheduled event %s failed", self.name, event.id)
             if savepoint.is_active:
                 savepoint.rollback()
-            outcome = self._mark_failed(session, event, error_text(exc), now)
-        batch.outcomes.append(outcome)
-        return outcome
+            return self._mark_failed(event, error_text(exc), now)
+        batch.outbound.extend(result.outbound)
+        return EventOutcome(event.id, EventStatus.DISPATCHED, None, event.event_type, event.trigger_at, now)
 
-    def _mark_failed(self, session: Session, event: ClaimedEvent, error: str, now: datetime) -> EventOutcome:
-        session.execute(statement("mark_failed"), {"id": event.id, "error": error, "now": now})
+    def _mark_failed(self, event: ClaimedEvent, error: str, now: datetime) -> EventOutcome:
+        """A failed outcome; its row is written with the others when the batch finishes."""
         return EventOutcome(event.id, EventStatus.FAILED, error, event.event_type, event.trigger_at, now)
 
     def finish(self, batch: Batch) -> PollReport:
-        """Commit the batch (releasing its locks), then publish what it delivered.
+        """Record the batch's outcomes in one statement, commit (releasing its locks), then
+        publish what it delivered.
 
         Events not yet dispatched (a stop arrived mid-batch) were never touched, so
         committing releases them still ``pending`` for the next poll.
@@ -341,6 +423,8 @@ class Scheduler:
             raise RuntimeError("batch already finished")
         batch.closed = True
         try:
+            if batch.outcomes:
+                batch.session.execute(statement("record_outcomes"), outcome_parameters(batch.outcomes))
             batch.session.commit()
         except BaseException:
             batch.session.rollback()
@@ -394,10 +478,13 @@ class Scheduler:
         with self._wake_lock:
             self._announced = None  # this poll sees every row committed before its claim
         report: PollReport | None = None
+        started = time.perf_counter()
         try:
             report = self.poll_once(should_stop)
             if self.mode is SchedulerMode.PROMPT and not self._full(report):
-                self.next_due = self.read_next_due()
+                # After the claim's time, not the clock's now: a row that fell due while
+                # the poll ran is then the next due (at once), not missed for an interval.
+                self.next_due = self.read_next_due(after=self.last_claimed_at)
         except Exception as exc:
             # REQ-0067: an exception escaping the poll is caught here and the loop goes on.
             logger.exception("%s: poll failed; the loop continues", self.name)
@@ -410,6 +497,7 @@ class Scheduler:
             self.next_due = None
         else:
             self.health.consecutive_failures = 0
+        self.last_poll_seconds = time.perf_counter() - started  # wall time, for the metrics
         self._run_poll_hooks()
         self._changed()
         return report
@@ -436,10 +524,10 @@ class Scheduler:
     def _full(self, report: PollReport) -> bool:
         return report.claimed >= self.batch_size
 
-    def read_next_due(self) -> datetime | None:
-        """The earliest pending ``trigger_at`` after now, from the pending index."""
+    def read_next_due(self, after: datetime | None = None) -> datetime | None:
+        """The earliest pending ``trigger_at`` after ``after`` (default: now), from the pending index."""
         with self.sessions.begin() as session:
-            value = session.execute(statement("next_pending_trigger"), {"now": self.clock.now()}).scalar()
+            value = session.execute(statement("next_pending_trigger"), {"now": after or self.clock.now()}).scalar()
         return value if isinstance(value, datetime) else None
 
     # -- wake-ups (prompt mode) -----------------------------------------------------------

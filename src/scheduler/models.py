@@ -9,6 +9,7 @@ from sqlalchemy import (
     BigInteger,
     CheckConstraint,
     DateTime,
+    Float,
     ForeignKey,
     Identity,
     Index,
@@ -51,12 +52,17 @@ class ScheduledEvent(Base):
             "id",
             postgresql_where=text("status = 'pending'"),
         ),
-        # Operators look for failed rows; they are few, so this index stays small.
+        # Operators look for failed rows; they are few, so this index stays small. The id
+        # makes it the console's keyset order (rows reset or failed together share a time).
         Index(
             "ix_scheduled_events_failed",
             "updated_at",
+            "id",
             postgresql_where=text("status = 'failed'"),
         ),
+        # The console's events page, newest change first, and the last hour's dispatches
+        # for its lateness percentiles (a dispatched row's updated_at is its dispatched_at).
+        Index("ix_scheduled_events_updated_at", "updated_at", "id"),
     )
 
     id: Mapped[str] = mapped_column(String(ID_LENGTH), primary_key=True)
@@ -80,6 +86,12 @@ class Notification(Base):
     __table_args__ = (
         CheckConstraint("status IN ('sent', 'suppressed', 'failed')", name="status"),
         Index("ix_notifications_user_id_created_at", "user_id", "created_at"),
+        # An event's page in the console lists the notifications it produced (issue 9).
+        Index(
+            "ix_notifications_scheduled_event_id",
+            "scheduled_event_id",
+            postgresql_where=text("scheduled_event_id IS NOT NULL"),
+        ),
     )
 
     id: Mapped[str] = mapped_column(String(ID_LENGTH), primary_key=True)
@@ -147,3 +159,53 @@ class ParticipantPreference(Base):
     enabled_kinds: Mapped[list[str] | None] = mapped_column(ARRAY(Text))
     max_per_day: Mapped[int] = mapped_column(Integer, server_default=text("3"))
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class SchedulerReplica(Base):
+    """A heartbeat: one row per process that runs the loop, rewritten after its polls."""
+
+    __tablename__ = "scheduler_replicas"
+
+    replica_id: Mapped[str] = mapped_column(String(ID_LENGTH), primary_key=True)
+    name: Mapped[str] = mapped_column(String(NAME_LENGTH))
+    host: Mapped[str] = mapped_column(String(255))
+    pid: Mapped[int] = mapped_column(Integer)
+    mode: Mapped[str] = mapped_column(String(16))
+    poll_seconds: Mapped[float] = mapped_column(Float)
+    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    last_poll_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    seen_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    last_error: Mapped[str | None] = mapped_column(Text)
+    consecutive_failures: Mapped[int] = mapped_column(Integer)
+    polls: Mapped[int] = mapped_column(BigInteger)
+    dispatched: Mapped[int] = mapped_column(BigInteger)
+    failed: Mapped[int] = mapped_column(BigInteger)
+
+
+class OperatorAction(Base):
+    """The audit trail: every reset an operator made, by whom, why, and on what."""
+
+    __tablename__ = "operator_actions"
+    __table_args__ = (Index("ix_operator_actions_at", "at"),)
+
+    id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
+    at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    actor: Mapped[str] = mapped_column(String(NAME_LENGTH))
+    source: Mapped[str] = mapped_column(String(16))
+    action: Mapped[str] = mapped_column(String(32))
+    event_id: Mapped[str | None] = mapped_column(String(ID_LENGTH))
+    filter: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
+    count: Mapped[int] = mapped_column(Integer)
+    reason: Mapped[str | None] = mapped_column(Text)
+
+
+class OperatorActionEvent(Base):
+    """Which rows an action touched, so an event's page can show its history."""
+
+    __tablename__ = "operator_action_events"
+    __table_args__ = (Index("ix_operator_action_events_event_id", "event_id"),)
+
+    action_id: Mapped[int] = mapped_column(
+        BigInteger, ForeignKey("operator_actions.id", ondelete="CASCADE"), primary_key=True
+    )
+    event_id: Mapped[str] = mapped_column(String(ID_LENGTH), primary_key=True)

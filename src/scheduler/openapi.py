@@ -128,6 +128,23 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
         "request": PreferencesIn,
         "responses": {"200": _json(PreferencesOut, "the stored preferences"), **TOO_LARGE, **ERRORS},
     },
+    # Issue 9: metrics and the operator API (the console's HTML pages are not API operations).
+    ("/metrics", "get"): {
+        "summary": "Prometheus metrics (open unless SCHEDULER_METRICS_REQUIRE_ADMIN)",
+        "responses": {"200": {"description": "the Prometheus text format",
+                              "content": {"text/plain": {"schema": {"type": "string"}}}}},
+    },
+    ("/admin/replicas", "get"): {
+        "summary": "Every replica's heartbeat, stale or not (permission: admin)",
+        "responses": {"200": {"description": "replicas, by name", "content": {"application/json": {
+            "schema": {"type": "array", "items": {"type": "object"}}}}}, **ERRORS},
+    },
+    ("/admin/audit", "get"): {
+        "summary": "The operators' audit trail, newest first (permission: admin)",
+        "parameters": ["limit", "before_id"],
+        "responses": {"200": {"description": "operator actions", "content": {"application/json": {
+            "schema": {"type": "array", "items": {"type": "object"}}}}}, **ERRORS},
+    },
 }
 
 

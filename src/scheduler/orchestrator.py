@@ -37,27 +37,36 @@ class Preferences:
         return self.enabled_kinds is None or kind in self.enabled_kinds
 
 
-def load_preferences(session: Session, user_id: str) -> Preferences:
-    row = session.execute(statement("get_preferences"), {"user_id": user_id}).first()
-    if row is None:
-        return Preferences(None, DEFAULT_MAX_PER_DAY)
-    kinds = row.enabled_kinds
-    return Preferences(None if kinds is None else frozenset(kinds), int(row.max_per_day))
-
-
 def utc_day(now: datetime) -> tuple[datetime, datetime]:
     """The UTC day containing ``now``: the window the daily cap counts."""
     start = datetime.combine(now.date(), time(0), tzinfo=now.tzinfo)
     return start, start + timedelta(days=1)
 
 
-def sent_today(session: Session, user_id: str, now: datetime) -> int:
+@dataclass(frozen=True)
+class KeyClaim:
+    """A deduplication key claimed (or found taken), with what the cap and preferences need."""
+
+    claimed: bool
+    preferences: Preferences
+    sent_today: int
+
+
+def claim_key_with_limits(session: Session, key: str, notification_id: str, user_id: str, now: datetime) -> KeyClaim:
+    """Claim ``key`` for ``notification_id`` and read the participant's preferences and
+    today's sent deliveries, in one round trip (the caller holds the participant's lock)."""
     day_start, day_end = utc_day(now)
-    count = session.execute(
-        statement("count_sent_today"),
-        {"user_id": user_id, "day_start": day_start, "day_end": day_end},
-    ).scalar_one()
-    return int(count)
+    row = session.execute(
+        statement("claim_dedup_key_with_limits"),
+        {"key": key, "notification_id": notification_id, "now": now, "user_id": user_id,
+         "day_start": day_start, "day_end": day_end},
+    ).one()
+    if row.has_preferences:
+        kinds = row.enabled_kinds
+        preferences = Preferences(None if kinds is None else frozenset(kinds), int(row.max_per_day))
+    else:
+        preferences = Preferences(None, DEFAULT_MAX_PER_DAY)
+    return KeyClaim(bool(row.claimed), preferences, int(row.sent_today))
 
 
 class Channel(Protocol):
@@ -85,6 +94,10 @@ class WebChannel:
                 "now": now,
             },
         )
+        return self.message(notification)
+
+    def message(self, notification: dict[str, Any]) -> OutboundMessage:
+        """The push for a notification whose delivery row is already written."""
         return OutboundMessage(
             notification_id=notification["id"],
             user_id=notification["user_id"],
@@ -111,6 +124,9 @@ class Orchestrator:
 
     def __init__(self, channels: Iterable[Channel] | None = None) -> None:
         self.channels: tuple[Channel, ...] = tuple(channels) if channels is not None else (WebChannel(),)
+        # The in-app channel's delivery row is written by the statement that records its
+        # notification (one round trip instead of two); other channels deliver themselves.
+        self.web = next((c for c in self.channels if type(c) is WebChannel), None)
 
     def _record(
         self,
@@ -122,6 +138,7 @@ class Orchestrator:
         status: str,
         reason: str | None,
         notification_id: str | None = None,
+        web: WebChannel | None = None,
     ) -> dict[str, Any]:
         row = {
             "id": notification_id or str(uuid.uuid4()),
@@ -140,7 +157,10 @@ class Orchestrator:
             "scheduled_event_id": event.scheduled_event_id,
             "now": now,
         }
-        session.execute(statement("insert_notification"), row)
+        if web is None:
+            session.execute(statement("insert_notification"), row)
+        else:
+            session.execute(statement("insert_notification_with_delivery"), {**row, "channel": web.name})
         return row
 
     def decide(self, session: Session, event: DigitalTwinEvent, candidate: Candidate, now: datetime) -> Decision:
@@ -148,10 +168,8 @@ class Orchestrator:
         lock_participant(session, event.user_id)
         key = candidate.dedup_key(event)
         notification_id = str(uuid.uuid4())
-        claimed = session.execute(
-            statement("claim_dedup_key"), {"key": key, "notification_id": notification_id, "now": now}
-        ).first()
-        if claimed is None:
+        claim = claim_key_with_limits(session, key, notification_id, event.user_id, now)
+        if not claim.claimed:
             repeat = session.execute(statement("record_duplicate"), {"key": key, "now": now}).one()
             # A duplicate is recorded once per key; later repeats only bump the counter.
             if repeat.duplicate_notification_id is None:
@@ -161,18 +179,20 @@ class Orchestrator:
                 )
             return Decision(None, True, [])
 
-        prefs = load_preferences(session, event.user_id)
-        if not prefs.allows(candidate.rule.kind):
+        if not claim.preferences.allows(candidate.rule.kind):
             row = self._record(session, event, candidate, key, now, "suppressed", "kind_disabled", notification_id)
             return Decision(row, False, [])
-        if sent_today(session, event.user_id, now) >= prefs.max_per_day:
+        if claim.sent_today >= claim.preferences.max_per_day:
             row = self._record(session, event, candidate, key, now, "suppressed", "rate_limited", notification_id)
             return Decision(row, False, [])
 
-        row = self._record(session, event, candidate, key, now, "sent", None, notification_id)
+        row = self._record(session, event, candidate, key, now, "sent", None, notification_id, self.web)
         outbound = []
         for channel in self.channels:
-            message = channel.deliver(session, row, now)
+            if channel is self.web:
+                message: OutboundMessage | None = self.web.message(row)
+            else:
+                message = channel.deliver(session, row, now)
             if message is not None:
                 outbound.append(message)
         return Decision(row, False, outbound)

@@ -32,9 +32,42 @@ def try_lock_participants(session: Session, keys: Iterable[int]) -> set[int]:
     wanted = sorted(set(keys))
     if not wanted:
         return set()
-    return {int(k) for k in session.execute(statement("try_lock_participants"), {"keys": wanted}).scalars()}
+    taken = {int(k) for k in session.execute(statement("try_lock_participants"), {"keys": wanted}).scalars()}
+    remember_participant_locks(session, taken)
+    return taken
+
+
+# Where a session remembers the participant locks its current transaction holds at its
+# top level (outside any savepoint), so that an event does not ask for them again.
+_HELD_LOCKS = "scheduler.participant_locks"
+
+
+def remember_participant_locks(session: Session, keys: Iterable[int]) -> None:
+    """Note that the current transaction holds the advisory locks ``keys`` to its end.
+
+    Only locks taken at the top level count: a lock taken inside a savepoint is released
+    if the savepoint rolls back, so it is not remembered.
+    """
+    if session.in_nested_transaction():
+        return
+    transaction = session.get_transaction()
+    held: tuple[object, set[int]] | None = session.info.get(_HELD_LOCKS)
+    if held is None or held[0] is not transaction:
+        held = (transaction, set())
+        session.info[_HELD_LOCKS] = held
+    held[1].update(keys)
+
+
+def holds_participant_lock(session: Session, key: int) -> bool:
+    """True when the current transaction took ``key`` at its top level (see above)."""
+    held = session.info.get(_HELD_LOCKS)
+    return held is not None and held[0] is session.get_transaction() and key in held[1]
 
 
 def lock_participant(session: Session, user_id: str) -> None:
-    """Lock one participant until the transaction ends (waits while another holds it)."""
-    session.execute(statement("lock_participant"), {"key": participant_lock_key(user_id)})
+    """Lock one participant until the end of the transaction (waiting while another holds
+    it), unless this transaction already holds that lock (a batch takes its participants'
+    locks when it claims)."""
+    key = participant_lock_key(user_id)
+    if not holds_participant_lock(session, key):
+        session.execute(statement("lock_participant"), {"key": key})

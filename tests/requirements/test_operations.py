@@ -4,7 +4,10 @@ In our words: ``scheduler`` (or ``python -m scheduler``) explains every command 
 ``--help``; ``token`` prints only a token minted with the configured secret (no scope: a
 participant's) and refuses clearly without one; ``events list`` finds failed rows with
 their ``last_error`` and ``events reset`` puts one back to pending; ``rules list`` shows the
-loaded catalogue; ``migrate`` brings the schema up to date.
+loaded catalogue; ``migrate`` brings the schema up to date. ``events show`` prints one row
+with its facts, notifications and operator actions; ``events reset`` also resets every row
+matching a filter (``--dry-run`` counts, ``--reason`` is required) and records each reset in
+the audit trail; reads print only their answer unless ``--verbose``.
 """
 
 from __future__ import annotations
@@ -15,24 +18,27 @@ import socket
 import subprocess
 import sys
 import threading
+from datetime import timedelta
 from pathlib import Path
 
 import jwt
 import pytest
-from sqlalchemy import Engine, create_engine, make_url, text
+from freezegun import freeze_time
+from sqlalchemy import Engine, create_engine, make_url
+from sqlalchemy import text as sql_text
 from starlette.testclient import TestClient
 
 from scheduler.app import SchedulerService
 from scheduler.cli import build_parser, main
 from scheduler.db import drop_database, ensure_database
-from tests.conftest import TEST_SECRET
+from tests.conftest import T0, TEST_SECRET
 from tests.helpers import event_row, post_event
 
 
 @pytest.mark.clause("OPS-1")
 def test_every_command_explains_itself_with_help(capsys: pytest.CaptureFixture[str]) -> None:
     """OPS-1: --help works on the program and on every command and action."""
-    commands = [[], ["serve"], ["migrate"], ["token"], ["events"], ["events", "list"], ["events", "reset"],
+    commands = [[], ["serve"], ["migrate"], ["token"], ["events"], ["events", "list"], ["events", "reset"], ["events", "show"],
                 ["rules"], ["rules", "list"]]
     for words in commands:
         with pytest.raises(SystemExit) as done:
@@ -150,6 +156,77 @@ def test_the_scheduled_events_table_is_vacuumed_early_so_the_claim_stays_cheap(e
     assert sorted(options) == ["autovacuum_vacuum_scale_factor=0.01", "autovacuum_vacuum_threshold=1000"]
 
 
+@pytest.mark.clause("OPS-20")
+def test_events_show_prints_the_row_its_facts_notifications_and_actions(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], client: TestClient,
+    service: SchedulerService, database_url: str,
+) -> None:
+    """OPS-20: every column, the facts, the notification it produced and the reset by hand, as text and JSON."""
+    row = post_event(client, user_id="anna", external_key="anna-1")
+    service.scheduler.poll_once()
+    monkeypatch.setenv("DATABASE_URL", database_url)
+    assert main(["events", "reset", row["id"], "--reason", "resend", "--actor", "ops-kim"]) == 0
+    capsys.readouterr()
+    assert main(["events", "show", row["id"]]) == 0
+    out = capsys.readouterr().out
+    for text in ("external_key", "anna-1", '"commitment": "run the dishwasher at noon"',
+                 "Reminder: run the dishwasher at noon", "reset by ops-kim (cli)  reason: resend"):
+        assert text in out, text
+    assert main(["events", "show", row["id"], "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["status"] == "pending" and len(shown["notifications"]) == 1 and shown["actions"][0]["actor"] == "ops-kim"
+    assert main(["events", "show", "no-such-id"]) == 1
+
+
+@pytest.mark.clause("OPS-21")
+def test_events_reset_by_filter_counts_first_needs_a_reason_and_is_audited(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], client: TestClient,
+    service: SchedulerService, engine: Engine, database_url: str, request: pytest.FixtureRequest,
+) -> None:
+    """OPS-21: --dry-run counts the matching failed rows and changes nothing; without --reason exit 2;
+    with it they are pending again and the audit trail says who, why, the filter and the count."""
+    bad = {"facts_version": "1", "scenario": "commitment_reminder", "date": "someday"}
+    ids = [post_event(client, user_id=u, facts=bad)["id"] for u in ("a", "b")]
+    post_event(client, user_id="fine")
+    service.scheduler.poll_once()
+    monkeypatch.setenv("DATABASE_URL", database_url)
+    # The CLI reads the wall clock; put it after the rows' (frozen-clock) updates.
+    frozen = freeze_time(T0 + timedelta(minutes=5))
+    frozen.start()
+    request.addfinalizer(frozen.stop)
+    assert main(["events", "reset", "--status", "failed", "--error-contains", "TIME_SCOPE", "--dry-run"]) == 0
+    assert "2 rows match" in capsys.readouterr().out
+    assert main(["events", "reset", "--status", "failed"]) == 2
+    assert "--reason" in capsys.readouterr().err
+    assert [event_row(engine, i)["status"] for i in ids] == ["failed", "failed"]
+    assert main(["events", "reset", "--status", "failed", "--reason", "rule fixed", "--actor", "ops-kim"]) == 0
+    assert "reset 2 rows" in capsys.readouterr().out
+    assert [event_row(engine, i)["status"] for i in ids] == ["pending", "pending"]
+    with engine.connect() as conn:
+        from sqlalchemy import text
+
+        [audit] = conn.execute(text("SELECT * FROM operator_actions")).mappings().all()
+    assert (audit["actor"], audit["source"], audit["action"], audit["count"], audit["reason"]) == (
+        "ops-kim", "cli", "bulk_reset", 2, "rule fixed")
+    assert audit["filter"] == {"status": "failed"}
+    assert main(["events", "reset"]) == 2
+    assert main(["events", "reset", ids[0], "--status", "failed"]) == 2
+
+
+@pytest.mark.clause("OPS-22")
+def test_cli_reads_print_only_their_answer_unless_verbose(database_url: str) -> None:
+    """OPS-22: `events list` on stdout, nothing on stderr (no Alembic or server INFO); --verbose shows them."""
+    import os
+
+    env = {**os.environ, "DATABASE_URL": database_url}
+    quiet = subprocess.run([sys.executable, "-m", "scheduler", "events", "list"], capture_output=True, text=True,
+                           env=env, timeout=120, check=True)
+    assert (quiet.stdout, quiet.stderr) == ("no scheduled events\n", "")
+    loud = subprocess.run([sys.executable, "-m", "scheduler", "--verbose", "events", "list"], capture_output=True,
+                          text=True, env=env, timeout=120, check=True)
+    assert "alembic" in loud.stderr and loud.stdout == "no scheduled events\n"
+
+
 @pytest.mark.clause("OPS-8")
 @pytest.mark.parametrize("name", ['scratch "quoted" name', "scratch:colon%percent"])
 def test_a_scratch_database_created_by_several_processes_at_once_is_created_once_without_error(
@@ -176,12 +253,12 @@ def test_a_scratch_database_created_by_several_processes_at_once_is_created_once
     try:
         assert errors == []
         with create_engine(admin).connect() as conn:
-            found = conn.execute(text("SELECT count(*) FROM pg_database WHERE datname = :n"), {"n": name}).scalar_one()
+            found = conn.execute(sql_text("SELECT count(*) FROM pg_database WHERE datname = :n"), {"n": name}).scalar_one()
         assert found == 1
     finally:
         drop_database(admin, name)
     with create_engine(admin).connect() as conn:
-        assert conn.execute(text("SELECT count(*) FROM pg_database WHERE datname = :n"), {"n": name}).scalar_one() == 0
+        assert conn.execute(sql_text("SELECT count(*) FROM pg_database WHERE datname = :n"), {"n": name}).scalar_one() == 0
 
 
 @pytest.mark.clause("OPS-9")

@@ -87,7 +87,7 @@ def test_fuzzing_every_operation_gives_no_5xx_json_4xx_and_exactly_the_201_rows(
     """SEC-17: schemathesis over /openapi.json, positive and negative data, four kinds of caller."""
     schema = schemathesis.openapi.from_asgi("/openapi.json", service.app)
     operations = [result.ok() for result in schema.get_all_operations()]  # type: ignore[union-attr]
-    assert len(operations) == 9
+    assert len(operations) == 12  # the API routes of specs/routes.md (console pages are not API operations)
     created: set[str] = set()
     answered: dict[int, int] = {}
 

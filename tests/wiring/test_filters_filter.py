@@ -37,6 +37,9 @@ FILTERS: dict[tuple[str, str], Case] = {
     ("/admin/notifications", "status"): Case("suppressed", lambda r: r["status"] == "suppressed"),
     ("/admin/notifications", "user_id"): Case("ben", lambda r: r["user_id"] == "ben"),
     ("/admin/notifications", "limit"): Case("1", None),
+    # the varied rows' two operator actions have ids 1 and 2 (a fresh database)
+    ("/admin/audit", "limit"): Case("1", None),
+    ("/admin/audit", "before_id"): Case("2", lambda r: r["id"] < 2),
 }
 
 
@@ -55,12 +58,14 @@ def documented_filters(service: SchedulerService) -> set[tuple[str, str]]:
 @pytest.fixture
 def varied(client: TestClient, service: SchedulerService) -> None:
     """Rows that differ in every filtered dimension: two users, every event status,
-    sent and suppressed notifications."""
+    sent and suppressed notifications, two operator actions."""
     post_event(client, user_id="anna")  # dispatched, sent
     post_event(client, user_id="anna", facts=reminder_facts("not-a-date"))  # failed
     post_event(client, user_id="ben")  # dispatched, then a suppressed live repeat
-    post_event(client, user_id="ben", trigger_at=T0 + timedelta(days=1))  # stays pending
+    later = post_event(client, user_id="ben", trigger_at=T0 + timedelta(days=1))  # stays pending
     drain(service)
+    for _ in range(2):  # two operator actions for the audit trail's filters (the row stays pending)
+        assert client.post(f"/admin/scheduled-events/{later['id']}/reset", headers=ADMIN).status_code == 200
     client.put("/admin/participants/ben/preferences", headers=ADMIN, json={"enabled_kinds": [], "max_per_day": 3})
     live = {"event_type": "reminder", "user_id": "ben", "facts": reminder_facts("2026-12-01")}
     assert client.post("/admin/ingest-event", headers=INGEST, json=live).status_code == 202

@@ -15,10 +15,11 @@ import re
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
+import psycopg
 import pytest
-from sqlalchemy import Engine, make_url, text
+from sqlalchemy import Connection, Engine, make_url, text
 from starlette.testclient import TestClient
 
 from scheduler import store
@@ -203,12 +204,44 @@ def check_pool_timeout_seconds(env: Env) -> None:
         assert service.loop_engine.pool.timeout() == 2.5  # type: ignore[attr-defined]
 
 
+def _raw(conn: Connection) -> psycopg.Connection[Any]:
+    return cast("psycopg.Connection[Any]", conn.connection.dbapi_connection)
+
+
+def check_transaction_pooling(env: Env) -> None:
+    pooled = env.base(SCHEDULER_TRANSACTION_POOLING="true", SCHEDULER_LOCK_TIMEOUT_MS="4321")
+    with service_from_env(pooled) as service:
+        for engine in (service.engine, service.loop_engine):
+            with engine.connect() as conn:
+                assert _raw(conn).prepare_threshold is None  # nothing prepared on a server session
+                assert "options" not in _raw(conn).info.get_parameters()  # nothing PgBouncer refuses
+                assert conn.execute(text("SHOW lock_timeout")).scalar_one() == "4321ms"  # set per transaction
+    with service_from_env(env.base()) as service, service.engine.connect() as conn:
+        assert _raw(conn).prepare_threshold is not None and "options" in _raw(conn).info.get_parameters()
+
+
 def check_environment(env: Env) -> None:
     with pytest.raises(ConfigError, match="development-grade"), \
             service_from_env(env.base(SCHEDULER_ENV="production")):
         pass
     with service_from_env(env.base(SCHEDULER_ENV="development")) as service:
         assert service.settings.environment == "development"
+
+
+def check_metrics_require_admin(env: Env) -> None:
+    for value, status in (("true", 401), ("false", 200)):
+        with service_from_env(env.base(SCHEDULER_METRICS_REQUIRE_ADMIN=value)) as service, \
+                TestClient(service.app) as client:
+            assert client.get("/metrics").status_code == status, value
+            assert client.get("/metrics", headers=auth(token("nudging.admin"))).status_code == 200
+
+
+def check_console_refresh_seconds(env: Env) -> None:
+    with service_from_env(env.base(SCHEDULER_CONSOLE_REFRESH_SECONDS="0.5")) as service, \
+            TestClient(service.app) as client:
+        assert service.operations.console.refresh_seconds == 0.5
+        client.cookies.set("scheduler_console", token("nudging.admin"), path="/console")
+        assert 'data-refresh-ms="500"' in client.get("/console").text
 
 
 CHECKS: dict[str, Callable[[Env], None]] = {
@@ -229,7 +262,10 @@ CHECKS: dict[str, Callable[[Env], None]] = {
     "statement_timeout_ms": check_statement_timeout_ms,
     "lock_timeout_ms": check_lock_timeout_ms,
     "pool_timeout_seconds": check_pool_timeout_seconds,
+    "transaction_pooling": check_transaction_pooling,
     "environment": check_environment,
+    "metrics_require_admin": check_metrics_require_admin,
+    "console_refresh_seconds": check_console_refresh_seconds,
 }
 
 

@@ -44,20 +44,34 @@ WHERE status = 'pending' AND trigger_at > :now;
 -- inside the storing transaction, so it is delivered only if that commits.
 SELECT pg_notify('scheduler_due', :trigger_at);
 
+-- name: set_local_timeouts
+-- Apply the service's timeouts to this transaction only (behind a transaction-pooling proxy,
+-- where the options startup parameter is refused and a session SET would leak to others).
+SELECT set_config('statement_timeout', :statement, true), set_config('lock_timeout', :lock, true);
+
 -- name: lock_participant
 -- Take one participant's advisory lock until the end of the transaction (re-entrant).
 SELECT pg_advisory_xact_lock(:key);
 
+-- name: record_outcomes
+-- Record a batch's outcomes at its end, one array element per event (REQ-0067).
+UPDATE scheduled_events AS e
+-- dispatched: the engine ran, dispatched_at is the event's own time, any earlier error is
+-- cleared; failed: the reason, and no dispatched_at
+SET status = o.status,
+    dispatched_at = CASE WHEN o.status = 'dispatched' THEN o.at END,
+    last_error = o.error,
+    updated_at = o.at
+-- one row per claimed event, each with its own time (lateness is measured from it)
+FROM unnest(CAST(:ids AS text[]), CAST(:statuses AS text[]), CAST(:errors AS text[]),
+            CAST(:times AS timestamptz[])) AS o(id, status, error, at)
+-- by primary key: only rows this batch claimed and still holds locked
+WHERE e.id = o.id;
+
 -- name: mark_dispatched
--- Record a successful dispatch: the engine ran; any earlier error is cleared (REQ-0067).
+-- One row dispatched (the benchmarks' raw-SQL ceiling and the status-first broken variant).
 UPDATE scheduled_events
 SET status = 'dispatched', dispatched_at = :now, last_error = NULL, updated_at = :now
-WHERE id = :id;
-
--- name: mark_failed
--- Record a failed dispatch with its reason; dispatched_at stays unset (REQ-0067).
-UPDATE scheduled_events
-SET status = 'failed', dispatched_at = NULL, last_error = :error, updated_at = :now
 WHERE id = :id;
 
 -- name: insert_event
@@ -108,12 +122,26 @@ SET status = 'pending', dispatched_at = NULL, last_error = NULL, updated_at = :n
 WHERE id = :id
 RETURNING *;
 
--- name: claim_dedup_key
--- Claim a deduplication key; the primary key decides between racing writers.
-INSERT INTO dedup_keys (key, notification_id, created_at)
-VALUES (:key, :notification_id, :now)
-ON CONFLICT (key) DO NOTHING
-RETURNING key;
+-- name: claim_dedup_key_with_limits
+-- Claim a deduplication key and read the participant's preferences and today's sent count, in one round trip.
+WITH claimed AS (
+    -- the key's primary key decides between racing writers
+    INSERT INTO dedup_keys (key, notification_id, created_at)
+    VALUES (:key, :notification_id, :now)
+    ON CONFLICT (key) DO NOTHING
+    RETURNING key
+)
+SELECT EXISTS (SELECT 1 FROM claimed) AS claimed,
+       -- no preferences row: every kind enabled and the default cap (the caller knows it)
+       p.user_id IS NOT NULL AS has_preferences, p.enabled_kinds, p.max_per_day,
+       -- sent deliveries in the current UTC day; exact because the caller holds the
+       -- participant's lock, so no other transaction adds one until this one ends
+       (SELECT count(*) FROM deliveries AS d
+        WHERE d.user_id = :user_id AND d.status = 'sent'
+          AND d.created_at >= :day_start AND d.created_at < :day_end) AS sent_today
+-- exactly one row, whether or not the participant has preferences
+FROM (VALUES (1)) AS one (n)
+LEFT JOIN participant_preferences AS p ON p.user_id = :user_id;
 
 -- name: record_duplicate
 -- Count one more duplicate of a key and return how many there have been.
@@ -125,15 +153,6 @@ RETURNING duplicate_count, duplicate_notification_id;
 -- name: link_duplicate_notification
 -- Remember the one suppressed_dedup notification recorded for a key.
 UPDATE dedup_keys SET duplicate_notification_id = :notification_id WHERE key = :key;
-
--- name: count_sent_today
--- A participant's sent deliveries since the start of the current UTC day.
-SELECT count(*) FROM deliveries
-WHERE user_id = :user_id AND status = 'sent' AND created_at >= :day_start AND created_at < :day_end;
-
--- name: get_preferences
--- A participant's enabled kinds (NULL: all) and daily cap.
-SELECT enabled_kinds, max_per_day FROM participant_preferences WHERE user_id = :user_id;
 
 -- name: upsert_preferences
 -- Set a participant's enabled kinds and daily cap.
@@ -153,6 +172,22 @@ VALUES (:id, :user_id, :community_id, :rule_id, :kind, :scenario, :time_scope,
         :dedup_key, :title, :body, :status, :reason, :source,
         :scheduled_event_id, :now);
 
+-- name: insert_notification_with_delivery
+-- Record a sent notification and its in-app (web) delivery in one statement.
+WITH notification AS (
+    INSERT INTO notifications (id, user_id, community_id, rule_id, kind, scenario, time_scope,
+                               dedup_key, title, body, status, reason, source,
+                               scheduled_event_id, created_at)
+    VALUES (:id, :user_id, :community_id, :rule_id, :kind, :scenario, :time_scope,
+            :dedup_key, :title, :body, :status, :reason, :source,
+            :scheduled_event_id, :now)
+    RETURNING id, user_id
+)
+-- the delivery references the notification inserted above; its foreign key is checked at
+-- the end of the statement, when both rows exist
+INSERT INTO deliveries (notification_id, user_id, channel, status, detail, created_at)
+SELECT id, user_id, :channel, 'sent', NULL, :now FROM notification;
+
 -- name: insert_delivery
 -- Log one channel's delivery of a notification.
 INSERT INTO deliveries (notification_id, user_id, channel, status, detail, created_at)
@@ -167,3 +202,234 @@ WHERE (CAST(:user_id AS text) IS NULL OR user_id = :user_id)
   AND (CAST(:status AS text) IS NULL OR status = :status)
 ORDER BY created_at DESC, id
 LIMIT :limit;
+
+-- ---------------------------------------------------------------------------------------
+-- Operations (issue 9): heartbeats, metrics gauges, the console, bulk reset, audit.
+-- ---------------------------------------------------------------------------------------
+
+-- name: upsert_heartbeat
+-- Record this replica's heartbeat after a poll (one row per process, rewritten in place).
+INSERT INTO scheduler_replicas (replica_id, name, host, pid, mode, poll_seconds, started_at,
+                                last_poll_at, seen_at, last_error, consecutive_failures,
+                                polls, dispatched, failed)
+VALUES (:replica_id, :name, :host, :pid, :mode, :poll_seconds, :started_at,
+        :last_poll_at, :now, :last_error, :consecutive_failures, :polls, :dispatched, :failed)
+ON CONFLICT (replica_id) DO UPDATE
+SET mode = EXCLUDED.mode, poll_seconds = EXCLUDED.poll_seconds,
+    last_poll_at = EXCLUDED.last_poll_at, seen_at = EXCLUDED.seen_at,
+    last_error = EXCLUDED.last_error, consecutive_failures = EXCLUDED.consecutive_failures,
+    polls = EXCLUDED.polls, dispatched = EXCLUDED.dispatched, failed = EXCLUDED.failed;
+
+-- name: delete_replica
+-- Remove this replica's heartbeat when its loop stops cleanly.
+DELETE FROM scheduler_replicas WHERE replica_id = :replica_id;
+
+-- name: delete_gone_replicas
+-- Forget replicas whose last heartbeat is older than :cutoff (gone for a day).
+DELETE FROM scheduler_replicas WHERE seen_at < :cutoff;
+
+-- name: list_replicas
+-- Every replica's heartbeat with whether it is stale (silent for three of its poll intervals).
+SELECT replica_id, name, host, pid, mode, poll_seconds, started_at, last_poll_at, seen_at,
+       last_error, consecutive_failures, polls, dispatched, failed,
+       -- stale by the reader's clock: no heartbeat for three intervals (at least 1 s each)
+       seen_at < CAST(:now AS timestamptz)
+                 - 3 * greatest(poll_seconds, 1.0) * interval '1 second' AS stale
+FROM scheduler_replicas
+ORDER BY name, host, pid, replica_id;
+
+-- name: backlog_gauges
+-- Due pending rows and the oldest one's trigger_at, read from the pending partial index only.
+SELECT count(*) AS backlog, min(trigger_at) AS oldest_trigger_at
+FROM scheduled_events
+-- the predicate of ix_scheduled_events_pending_due: an index-only scan, no terminal row read
+WHERE status = 'pending'
+  AND trigger_at <= :now;
+
+-- name: count_failed
+-- How many rows are failed, read from the failed partial index only.
+SELECT count(*) FROM scheduled_events WHERE status = 'failed';
+
+-- name: count_pending
+-- How many rows are pending (due or not), read from the pending partial index only.
+SELECT count(*) FROM scheduled_events WHERE status = 'pending';
+
+-- name: count_dispatched
+-- How many rows are dispatched (the one count that reads the table itself: small tables only).
+SELECT count(*) FROM scheduled_events WHERE status = 'dispatched';
+
+-- name: estimate_events
+-- The planner's row estimate of scheduled_events (kept by ANALYZE and autovacuum; -1 before the first).
+SELECT CAST(reltuples AS bigint) FROM pg_class WHERE oid = CAST('scheduled_events' AS regclass);
+
+-- name: lateness_percentiles
+-- p50 and p99 of dispatched_at - trigger_at over the dispatches since :since.
+SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY lateness) AS p50,
+       percentile_cont(0.99) WITHIN GROUP (ORDER BY lateness) AS p99,
+       count(*) AS dispatched
+FROM (
+    SELECT extract(epoch FROM dispatched_at - trigger_at) AS lateness
+    FROM scheduled_events
+    -- the window on ix_scheduled_events_updated_at: a row's updated_at is never before its
+    -- dispatched_at (it is the time of its last change), so this reads only the window's rows
+    WHERE updated_at >= :since
+      AND status = 'dispatched'
+      AND dispatched_at >= :since
+      AND dispatched_at <= :now
+) AS recent;
+
+-- name: failures_by_kind
+-- The latest :sample failures of the window grouped by the kind of last_error (the text before its first colon).
+SELECT split_part(coalesce(last_error, ''), ':', 1) AS kind, count(*) AS count, max(updated_at) AS latest
+FROM (
+    SELECT last_error, updated_at
+    FROM scheduled_events
+    -- ix_scheduled_events_failed on (updated_at, id): the window's failures, newest first
+    WHERE status = 'failed'
+      AND updated_at >= :since
+    ORDER BY updated_at DESC
+    -- a failure storm is summarised by its latest rows, so the overview's cost stays bounded
+    LIMIT :sample
+) AS recent
+GROUP BY 1
+ORDER BY count(*) DESC, kind
+LIMIT 20;
+
+-- name: count_failed_since
+-- How many rows failed in the window (an index-only count on the failed partial index).
+SELECT count(*) FROM scheduled_events WHERE status = 'failed' AND updated_at >= :since;
+
+-- name: filter_events_page
+-- One page of the console's events list: the filter, newest change first, keyset-paginated.
+SELECT id, event_type, user_id, community_id, external_key, trigger_at, status, last_error,
+       updated_at, dispatched_at
+FROM scheduled_events
+WHERE (CAST(:status AS text) IS NULL OR status = :status)
+  AND (CAST(:event_type AS text) IS NULL OR event_type = :event_type)
+  AND (CAST(:user_id AS text) IS NULL OR user_id = :user_id)
+  AND (CAST(:external_key AS text) IS NULL OR external_key = :external_key)
+  AND (CAST(:community_id AS text) IS NULL OR community_id = :community_id)
+  AND (CAST(:trigger_from AS timestamptz) IS NULL OR trigger_at >= :trigger_from)
+  AND (CAST(:trigger_to AS timestamptz) IS NULL OR trigger_at < :trigger_to)
+  -- :error_like is the text with LIKE's wildcards escaped, wrapped in %
+  AND (CAST(:error_like AS text) IS NULL OR last_error ILIKE :error_like)
+  -- keyset: strictly after the last row of the previous page (no OFFSET)
+  AND (CAST(:after_at AS timestamptz) IS NULL OR (updated_at, id) < (:after_at, :after_id))
+ORDER BY updated_at DESC, id DESC
+LIMIT :limit;
+
+-- name: filter_pending_page
+-- One page of pending rows for the console: the filter, next due first (the claim's order), keyset-paginated.
+SELECT id, event_type, user_id, community_id, external_key, trigger_at, status, last_error,
+       updated_at, dispatched_at
+FROM scheduled_events
+-- the pending partial index, walked in its own (trigger_at, id) order
+WHERE status = 'pending'
+  AND (CAST(:event_type AS text) IS NULL OR event_type = :event_type)
+  AND (CAST(:user_id AS text) IS NULL OR user_id = :user_id)
+  AND (CAST(:external_key AS text) IS NULL OR external_key = :external_key)
+  AND (CAST(:community_id AS text) IS NULL OR community_id = :community_id)
+  AND (CAST(:trigger_from AS timestamptz) IS NULL OR trigger_at >= :trigger_from)
+  AND (CAST(:trigger_to AS timestamptz) IS NULL OR trigger_at < :trigger_to)
+  AND (CAST(:error_like AS text) IS NULL OR last_error ILIKE :error_like)
+  -- keyset: strictly after the last row of the previous page (no OFFSET)
+  AND (CAST(:after_at AS timestamptz) IS NULL OR (trigger_at, id) > (:after_at, :after_id))
+ORDER BY trigger_at, id
+LIMIT :limit;
+
+-- name: count_filtered_events
+-- How many rows match the filter now (the dry-run count of a bulk reset), capped at :cap + 1.
+SELECT count(*) FROM (
+    SELECT 1 FROM scheduled_events
+    WHERE (CAST(:status AS text) IS NULL OR status = :status)
+      AND (CAST(:event_type AS text) IS NULL OR event_type = :event_type)
+      AND (CAST(:user_id AS text) IS NULL OR user_id = :user_id)
+      AND (CAST(:external_key AS text) IS NULL OR external_key = :external_key)
+      AND (CAST(:community_id AS text) IS NULL OR community_id = :community_id)
+      AND (CAST(:trigger_from AS timestamptz) IS NULL OR trigger_at >= :trigger_from)
+      AND (CAST(:trigger_to AS timestamptz) IS NULL OR trigger_at < :trigger_to)
+      AND (CAST(:error_like AS text) IS NULL OR last_error ILIKE :error_like)
+      -- a pending row has nothing to reset, so the count is of what the action would touch
+      AND status <> 'pending'
+    -- counting past the cap would only tell the operator to narrow the filter
+    LIMIT :cap + 1
+) AS matching;
+
+-- name: reset_filtered_chunk
+-- Reset the next chunk of rows that still match the filter, skipping rows a poll has locked.
+WITH chunk AS (
+    SELECT id FROM scheduled_events
+    -- the filter is evaluated again here: a row that stopped matching since the count is not touched
+    WHERE (CAST(:status AS text) IS NULL OR status = :status)
+      AND (CAST(:event_type AS text) IS NULL OR event_type = :event_type)
+      AND (CAST(:user_id AS text) IS NULL OR user_id = :user_id)
+      AND (CAST(:external_key AS text) IS NULL OR external_key = :external_key)
+      AND (CAST(:community_id AS text) IS NULL OR community_id = :community_id)
+      AND (CAST(:trigger_from AS timestamptz) IS NULL OR trigger_at >= :trigger_from)
+      AND (CAST(:trigger_to AS timestamptz) IS NULL OR trigger_at < :trigger_to)
+      AND (CAST(:error_like AS text) IS NULL OR last_error ILIKE :error_like)
+      -- a row already pending has nothing to reset (and keeps its place in the claim order)
+      AND status <> 'pending'
+      -- only rows as the dry run saw them: a row that changed since then was not in its count
+      AND updated_at <= :as_of
+      -- keyset over id, so each row is visited once even when a reset row still matches
+      AND id > :after_id
+    ORDER BY id
+    LIMIT :chunk
+    -- a row a replica is dispatching right now is skipped, never waited for: the loop
+    -- is not held up, and that row's new status decides for itself
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE scheduled_events AS e
+SET status = 'pending', dispatched_at = NULL, last_error = NULL, updated_at = :now
+FROM chunk
+WHERE e.id = chunk.id
+RETURNING e.id;
+
+-- name: insert_operator_action
+-- Record one operator action in the audit trail and return its id.
+INSERT INTO operator_actions (at, actor, source, action, event_id, filter, count, reason)
+VALUES (:now, :actor, :source, :action, :event_id, CAST(:filter AS jsonb), :count, :reason)
+RETURNING id;
+
+-- name: set_operator_action_count
+-- Set the number of rows an action touched, once its chunks are done.
+UPDATE operator_actions SET count = :count WHERE id = :id;
+
+-- name: link_action_events
+-- Remember which rows an action touched (for each event's history).
+INSERT INTO operator_action_events (action_id, event_id)
+SELECT :action_id, unnest(CAST(:event_ids AS text[]));
+
+-- name: list_operator_actions
+-- The audit trail, newest first, keyset-paginated by id.
+SELECT id, at, actor, source, action, event_id, filter, count, reason
+FROM operator_actions
+WHERE (CAST(:before_id AS bigint) IS NULL OR id < :before_id)
+ORDER BY id DESC
+LIMIT :limit;
+
+-- name: event_actions
+-- The operator actions that touched one event, newest first.
+SELECT a.id, a.at, a.actor, a.source, a.action, a.filter, a.count, a.reason
+FROM operator_action_events AS l
+JOIN operator_actions AS a ON a.id = l.action_id
+WHERE l.event_id = :event_id
+ORDER BY a.id DESC
+LIMIT 100;
+
+-- name: event_notifications
+-- The notifications one scheduled event produced, oldest first.
+SELECT id, rule_id, kind, title, body, status, reason, created_at
+FROM notifications
+WHERE scheduled_event_id = :event_id
+ORDER BY created_at, id
+LIMIT 100;
+
+-- name: count_replicas_by_state
+-- How many replicas are stale, failing or ok by their heartbeats (the table is one row per process).
+SELECT CASE WHEN seen_at < CAST(:now AS timestamptz) - 3 * greatest(poll_seconds, 1.0) * interval '1 second'
+            THEN 'stale' WHEN consecutive_failures > 0 THEN 'failing' ELSE 'ok' END AS state,
+       count(*) AS count
+FROM scheduler_replicas
+GROUP BY 1;

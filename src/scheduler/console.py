@@ -1,0 +1,308 @@
+"""The operator console at ``/console``: server-rendered pages (Jinja2) for admins.
+
+Overview (live over server-sent events), events with filters and keyset pagination, an
+event's detail with its notifications and action history, reset and bulk reset (dry-run
+count first, a required reason), and the audit trail. Sign-in and CSRF: ``console_auth``.
+Pages are sent with a Content-Security-Policy that allows only the package's own script
+and style, so even a bug in escaping could not run injected script.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+from datetime import datetime
+from importlib.resources import files
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+import jwt
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+from sqlalchemy.orm import Session, sessionmaker
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from scheduler import audit
+from scheduler.auth import TokenVerifier
+from scheduler.console_auth import (
+    CSRF_FIELD,
+    NotAdmin,
+    base_path,
+    clear_session_cookie,
+    console_admin,
+    console_session,
+    csrf_ok,
+    session_from_token,
+    set_session_cookie,
+    set_signin_nonce,
+    signin_nonce_ok,
+)
+from scheduler.overview import duration, overview
+from scheduler.queries import statement
+from scheduler.store import get_event
+from scheduler.types import Clock
+
+PACKAGE = Path(str(files("scheduler")))
+STATIC = PACKAGE / "static"
+STATIC_TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8"}
+PAGE_SIZE = 50
+HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
+                               "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+}
+
+
+class Console:
+    """The console's routes, bound to the service's database, clock and token verifier."""
+
+    def __init__(self, sessions: sessionmaker[Session], clock: Clock, verifier: TokenVerifier,
+                 *, refresh_seconds: float = 2.0, stream_seconds: float = 300.0) -> None:
+        self.sessions = sessions
+        self.clock = clock
+        self.verifier = verifier
+        self.refresh_seconds = refresh_seconds
+        self.stream_seconds = stream_seconds
+        self.env = Environment(loader=FileSystemLoader(PACKAGE / "templates" / "console"),
+                               autoescape=select_autoescape(default=True), auto_reload=False)
+        self.env.filters["duration"] = duration
+        self.env.filters["when"] = _when
+        guard = console_admin(lambda: self.verifier, lambda r, m: self.page(r, "error.html", {"message": m}, 403))
+        self.routes = [
+            Route("/console", guard(self.overview_page), methods=["GET"]),
+            Route("/console/stream", guard(self.stream), methods=["GET"]),
+            Route("/console/events", guard(self.events_page), methods=["GET"]),
+            Route("/console/events/{event_id}", guard(self.event_page), methods=["GET"]),
+            Route("/console/events/{event_id}/reset", guard(self.reset), methods=["POST"]),
+            Route("/console/bulk-reset", guard(self.bulk_page), methods=["GET"]),
+            Route("/console/bulk-reset", guard(self.bulk_reset), methods=["POST"]),
+            Route("/console/audit", guard(self.audit_page), methods=["GET"]),
+            Route("/console/sign-out", guard(self.sign_out), methods=["POST"]),
+            Route("/console/sign-in", self.sign_in_page, methods=["GET"]),
+            Route("/console/sign-in", self.sign_in, methods=["POST"]),
+            Route("/console/static/{name}", self.static, methods=["GET"]),
+        ]
+
+    # -- rendering ---------------------------------------------------------------------
+
+    def page(self, request: Request, template: str, context: dict[str, Any], status: int = 200) -> HTMLResponse:
+        session = request.scope.get("console_session")
+        html = self.env.get_template(template).render(
+            base=base_path(request), session=session, csrf=session.csrf if session else None,
+            csrf_field=CSRF_FIELD, **context,
+        )
+        return HTMLResponse(html, status_code=status, headers=HEADERS)
+
+    async def static(self, request: Request) -> Response:
+        name = request.path_params["name"]
+        path = STATIC / name
+        if "/" in name or path.suffix not in STATIC_TYPES or not path.is_file():
+            return Response("not found", status_code=404, media_type="text/plain")
+        return Response(path.read_bytes(), media_type=STATIC_TYPES[path.suffix],
+                        headers={"Cache-Control": "max-age=300", "X-Content-Type-Options": "nosniff"})
+
+    # -- sign in and out ---------------------------------------------------------------
+
+    async def sign_in_page(self, request: Request) -> Response:
+        return self._sign_in_form(request, request.query_params.get("next", ""), None, 200)
+
+    def _sign_in_form(self, request: Request, next_path: str, error: str | None, status: int) -> Response:
+        nonce = secrets.token_urlsafe(24)
+        page = self.page(request, "sign_in.html", {"next": next_path, "error": error, "nonce": nonce}, status)
+        set_signin_nonce(request, page, nonce)
+        return page
+
+    async def sign_in(self, request: Request) -> Response:
+        form = await request.form()
+        if not signin_nonce_ok(request, _field(form, "nonce")):
+            return self.page(request, "error.html", {"message": "the sign-in form expired: load it again"}, 403)
+        token = (_field(form, "token") or "").strip()
+        error, status = None, 200
+        try:
+            session = session_from_token(self.verifier, token)
+        except jwt.PyJWTError as exc:
+            error, status = f"this token is not valid here: {exc}", 401
+        except NotAdmin:
+            error, status = "this token lacks the admin permission (nudging.admin)", 403
+        if error is not None:
+            return self._sign_in_form(request, _field(form, "next") or "", error, status)
+        target = _safe_next(request, _field(form, "next"))
+        response = RedirectResponse(target, status_code=303)
+        set_session_cookie(request, response, session)
+        return response
+
+    async def sign_out(self, request: Request) -> Response:
+        form = await request.form()
+        if not csrf_ok(console_session(request), _field(form, CSRF_FIELD)):
+            return self._csrf_refused(request)
+        response = RedirectResponse(base_path(request) + "/console/sign-in", status_code=303)
+        clear_session_cookie(request, response)
+        return response
+
+    def _csrf_refused(self, request: Request) -> Response:
+        return self.page(request, "error.html", {"message": "missing or wrong CSRF token: reload the page and try again"}, 403)
+
+    # -- overview ----------------------------------------------------------------------
+
+    async def overview_page(self, request: Request) -> Response:
+        data = await run_in_threadpool(overview, self.sessions, self.clock.now())
+        return self.page(request, "overview.html", {"o": data, "refresh_ms": int(self.refresh_seconds * 1000)})
+
+    async def stream(self, request: Request) -> Response:
+        """Server-sent events: the overview every ``refresh_seconds``; ``?once=1`` sends one.
+        A stream ends after ``stream_seconds`` (the browser's EventSource reconnects)."""
+        once = request.query_params.get("once") == "1"
+
+        async def events() -> Any:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + self.stream_seconds
+            while True:
+                data = await run_in_threadpool(overview, self.sessions, self.clock.now())
+                yield f"event: overview\ndata: {json.dumps(data, default=str)}\n\n"
+                if once or loop.time() >= deadline:
+                    return
+                await asyncio.sleep(self.refresh_seconds)
+                if await request.is_disconnected():
+                    return
+
+        return StreamingResponse(events(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
+
+    # -- events ------------------------------------------------------------------------
+
+    async def events_page(self, request: Request) -> Response:
+        try:
+            where = audit.EventFilter.from_mapping(request.query_params)
+            after_at = audit.parse_time("after_at", request.query_params.get("after_at"))
+        except audit.FilterError as exc:
+            return self.page(request, "error.html", {"message": str(exc)}, 422)
+        after_id = request.query_params.get("after_id") or ""
+        rows = await run_in_threadpool(self._events, where, after_at, after_id)
+        more = len(rows) > PAGE_SIZE
+        rows = rows[:PAGE_SIZE]
+        query = where.as_json()
+        next_link = None
+        if more:
+            last = rows[-1]
+            key = "trigger_at" if where.status == "pending" else "updated_at"
+            next_link = urlencode({**query, "after_at": last[key].isoformat(), "after_id": last["id"]})
+        return self.page(request, "events.html", {
+            "rows": rows, "f": query, "statuses": audit.FILTER_STATUSES, "next_link": next_link,
+            "filter_query": urlencode(query), "first_page": after_at is None, "pending": where.status == "pending",
+        })
+
+    def _events(self, where: audit.EventFilter, after_at: datetime | None, after_id: str) -> list[dict[str, Any]]:
+        with self.sessions.begin() as session:
+            # Pending rows come next due first, on the pending index (the claim's order);
+            # the others newest change first, on the (updated_at, id) indexes.
+            name = "filter_pending_page" if where.status == "pending" else "filter_events_page"
+            return [dict(r) for r in session.execute(statement(name), {
+                **where.params(), "after_at": after_at, "after_id": after_id, "limit": PAGE_SIZE + 1,
+            }).mappings()]
+
+    async def event_page(self, request: Request) -> Response:
+        event_id = request.path_params["event_id"]
+        row, notifications, actions = await run_in_threadpool(self._detail, event_id)
+        if row is None:
+            return self.page(request, "error.html", {"message": "no scheduled event with that id"}, 404)
+        facts = json.dumps(row.pop("facts"), indent=2, sort_keys=True, ensure_ascii=False)
+        return self.page(request, "event.html", {"row": row, "facts": facts, "notifications": notifications,
+                                                 "actions": actions, "done": request.query_params.get("done")})
+
+    def _detail(self, event_id: str) -> tuple[dict[str, Any] | None, list[dict[str, Any]], list[dict[str, Any]]]:
+        row = get_event(self.sessions, event_id)
+        if row is None:
+            return None, [], []
+        return row, audit.event_notifications(self.sessions, event_id), audit.event_actions(self.sessions, event_id)
+
+    async def reset(self, request: Request) -> Response:
+        form = await request.form()
+        session = console_session(request)
+        if not csrf_ok(session, _field(form, CSRF_FIELD)):
+            return self._csrf_refused(request)
+        event_id = request.path_params["event_id"]
+        reason = (_field(form, "reason") or "").strip()[:2000] or None
+        row = await run_in_threadpool(audit.reset_one, self.sessions, event_id, self.clock.now(),
+                                      actor=session.subject, source="console", reason=reason)
+        if row is None:
+            return self.page(request, "error.html", {"message": "no scheduled event with that id"}, 404)
+        return RedirectResponse(f"{base_path(request)}/console/events/{event_id}?done=reset", status_code=303)
+
+    # -- bulk reset --------------------------------------------------------------------
+
+    async def bulk_page(self, request: Request) -> Response:
+        try:
+            where = audit.EventFilter.from_mapping(request.query_params)
+        except audit.FilterError as exc:
+            return self.page(request, "error.html", {"message": str(exc)}, 422)
+        as_of = self.clock.now()
+        count = await run_in_threadpool(audit.count_matching, self.sessions, where)
+        return self.page(request, "bulk_reset.html", {
+            "f": where.as_json(), "count": count, "cap": audit.BULK_CAP, "as_of": as_of.isoformat(),
+            "filter_query": urlencode(where.as_json()), "error": None, "reason": "",
+        })
+
+    async def bulk_reset(self, request: Request) -> Response:
+        form = await request.form()
+        session = console_session(request)
+        if not csrf_ok(session, _field(form, CSRF_FIELD)):
+            return self._csrf_refused(request)
+        fields = {k: str(v) for k, v in form.items()}
+        try:
+            where = audit.EventFilter.from_mapping(fields)
+            as_of = audit.parse_time("as_of", fields.get("as_of"))
+            expected = int(fields.get("expected", ""))
+        except (audit.FilterError, ValueError) as exc:
+            return self.page(request, "error.html", {"message": f"bad bulk reset form: {exc}"}, 422)
+        reason = fields.get("reason", "").strip()[:2000]
+        if as_of is None or not reason:
+            return self.page(request, "bulk_reset.html", {
+                "f": where.as_json(), "count": expected, "cap": audit.BULK_CAP,
+                "as_of": fields.get("as_of", ""), "filter_query": urlencode(where.as_json()),
+                "error": "a bulk reset needs a reason", "reason": reason,
+            }, 422)
+        result = await run_in_threadpool(
+            lambda: audit.bulk_reset(self.sessions, where, now=self.clock.now(), as_of=as_of, expected=expected,
+                                     actor=session.subject, source="console", reason=reason))
+        return self.page(request, "bulk_done.html", {"result": result, "expected": expected,
+                                                     "filter_query": urlencode(where.as_json())})
+
+    # -- audit -------------------------------------------------------------------------
+
+    async def audit_page(self, request: Request) -> Response:
+        raw = request.query_params.get("before_id")
+        before_id = int(raw) if raw and raw.isdigit() else None
+        rows = await run_in_threadpool(lambda: audit.list_actions(self.sessions, limit=PAGE_SIZE + 1, before_id=before_id))
+        more = len(rows) > PAGE_SIZE
+        rows = rows[:PAGE_SIZE]
+        return self.page(request, "audit.html", {"rows": rows, "next_before": rows[-1]["id"] if more else None})
+
+
+def _field(form: Any, name: str) -> str | None:
+    value = form.get(name)
+    return value if isinstance(value, str) else None
+
+
+def _safe_next(request: Request, raw: str | None) -> str:
+    """Only a path inside the console (never another host) is followed after sign-in."""
+    console = base_path(request) + "/console"
+    if raw and raw.startswith(console) and not raw.startswith("//") and "\\" not in raw:
+        return raw
+    return console
+
+
+def _when(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value)
+    if isinstance(value, datetime):
+        return value.strftime("%Y-%m-%d %H:%M:%S %Z").strip()
+    return str(value)

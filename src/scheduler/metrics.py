@@ -1,0 +1,177 @@
+"""``GET /metrics``: Prometheus metrics of this process and of the table, with prometheus_client.
+
+Counters and histograms are fed by a ``Scheduler.poll_hooks`` hook from the poll's report
+(``EventOutcome.event_type`` and ``.lateness``), so they count this process's work only.
+Gauges that need the database are computed at scrape time from the partial indexes
+(backlog, oldest overdue, failed rows) and cached for ``cache_seconds`` of the injected
+clock, so a scraper polling every second costs one set of index-only reads per window.
+Labels never carry participant ids; ``event_type`` is capped at ``MAX_EVENT_TYPES`` values
+(then ``other``), since senders choose it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from datetime import datetime, timedelta
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.orm import Session, sessionmaker
+
+from scheduler.loop import PollReport, Scheduler
+from scheduler.queries import statement
+from scheduler.types import Clock
+
+MAX_EVENT_TYPES = 100
+POLL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+# Lateness is measured against poll intervals of seconds to minutes and backlogs of hours.
+LATENESS_BUCKETS = (1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0, 21600.0, 86400.0)
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+REPLICA_STATES = ("ok", "failing", "stale")
+
+
+def database_gauges(sessions: sessionmaker[Session], now: datetime) -> dict[str, float]:
+    """Backlog (due pending rows), the oldest overdue row's age in seconds, failed rows,
+    and replicas by state (from the heartbeats)."""
+    with sessions.begin() as session:
+        backlog = session.execute(statement("backlog_gauges"), {"now": now}).mappings().one()
+        failed = session.execute(statement("count_failed")).scalar_one()
+        replicas = {str(r["state"]): float(r["count"])
+                    for r in session.execute(statement("count_replicas_by_state"), {"now": now}).mappings()}
+    oldest = backlog["oldest_trigger_at"]
+    return {
+        **{f"replicas_{state}": replicas.get(state, 0.0) for state in REPLICA_STATES},
+        "backlog": float(backlog["backlog"]),
+        "oldest_overdue_seconds": max((now - oldest).total_seconds(), 0.0) if oldest else 0.0,
+        "failed": float(failed),
+    }
+
+
+class _DatabaseGauges(Collector):
+    """Gauges computed at scrape time, cached for a few seconds of the injected clock."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+        self._cached: tuple[datetime, dict[str, float]] | None = None
+        self._lock = threading.Lock()
+
+    def _values(self) -> dict[str, float] | None:
+        now = self.metrics.clock.now()
+        with self._lock:
+            if self._cached and now - self._cached[0] < self.metrics.cache_for and now >= self._cached[0]:
+                return self._cached[1]
+            try:
+                values = database_gauges(self.metrics.sessions, now)
+            except DBAPIError:
+                return None
+            self._cached = (now, values)
+            return values
+
+    def collect(self) -> Iterator[Metric]:
+        running = GaugeMetricFamily("scheduler_loop_running", "1 while this process's polling loop task runs")
+        running.add_metric([], 1.0 if self.metrics.loop_alive() else 0.0)
+        yield running
+        values = self._values()
+        up = GaugeMetricFamily("scheduler_database_up", "1 when the scrape-time queries succeeded")
+        up.add_metric([], 0.0 if values is None else 1.0)
+        yield up
+        if values is None:
+            return
+        for name, key, doc in (
+            ("scheduler_backlog_events", "backlog", "pending rows whose trigger_at has passed"),
+            ("scheduler_oldest_overdue_seconds", "oldest_overdue_seconds",
+             "age of the oldest due pending row (0 when none)"),
+            ("scheduler_failed_events", "failed", "rows in status failed"),
+        ):
+            gauge = GaugeMetricFamily(name, doc)
+            gauge.add_metric([], values[key])
+            yield gauge
+        replicas = GaugeMetricFamily("scheduler_replicas", "replicas by the state of their heartbeats "
+                                     "(stale: silent for three poll intervals)", labels=["state"])
+        for state in REPLICA_STATES:
+            replicas.add_metric([state], values[f"replicas_{state}"])
+        yield replicas
+
+
+class Metrics:
+    """This process's metrics registry, a poll hook that feeds it, and the scrape."""
+
+    def __init__(
+        self,
+        sessions: sessionmaker[Session],
+        clock: Clock,
+        loop_alive: Callable[[], bool],
+        *,
+        cache_seconds: float = 5.0,
+    ) -> None:
+        self.sessions = sessions
+        self.clock = clock
+        self.loop_alive = loop_alive
+        self.cache_for = timedelta(seconds=cache_seconds)
+        self.registry = CollectorRegistry()
+        self.dispatched = Counter("scheduler_events_dispatched", "events this process dispatched",
+                                  ["event_type"], registry=self.registry)
+        self.failed = Counter("scheduler_events_failed", "events this process marked failed",
+                              ["event_type"], registry=self.registry)
+        self.polls = Counter("scheduler_polls", "polls this process ran, completed or failed",
+                             registry=self.registry)
+        self.poll_errors = Counter("scheduler_poll_errors", "polls that failed as a whole (REQ-0067)",
+                                   registry=self.registry)
+        self.poll_duration = Histogram("scheduler_poll_duration_seconds", "wall time of one poll",
+                                       buckets=POLL_BUCKETS, registry=self.registry)
+        self.lateness = Histogram("scheduler_event_lateness_seconds",
+                                  "dispatched_at - trigger_at of each dispatched event",
+                                  buckets=LATENESS_BUCKETS, registry=self.registry)
+        self.registry.register(_DatabaseGauges(self))
+        self._seen_report: PollReport | None = None
+        self._event_types: set[str] = set()
+
+    def _label(self, event_type: str) -> str:
+        if event_type in self._event_types:
+            return event_type
+        if len(self._event_types) >= MAX_EVENT_TYPES:
+            return "other"
+        self._event_types.add(event_type)
+        return event_type
+
+    def __call__(self, scheduler: Scheduler) -> None:
+        """The poll hook: one poll more; its outcomes if it committed, else one error."""
+        self.polls.inc()
+        seconds = getattr(scheduler, "last_poll_seconds", None)
+        if seconds is not None:
+            self.poll_duration.observe(seconds)
+        report = scheduler.last_report
+        if report is None or report is self._seen_report:
+            self.poll_errors.inc()
+            return
+        self._seen_report = report
+        for outcome in report.outcomes:
+            label = self._label(outcome.event_type or "unknown")
+            if outcome.status == "dispatched":
+                self.dispatched.labels(label).inc()
+                lateness = outcome.lateness
+                if lateness is not None:
+                    self.lateness.observe(max(lateness.total_seconds(), 0.0))
+            else:
+                self.failed.labels(label).inc()
+
+    def exposition(self) -> bytes:
+        """The Prometheus text format (runs the scrape-time queries: call off the event loop)."""
+        return generate_latest(self.registry)
+
+
+def parse_exposition(text: str) -> dict[str, Any]:
+    """Samples of an exposition by name and labels (for tests and the console)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    samples: dict[str, Any] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            key = sample.name + ("{" + ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items())) + "}"
+                                 if sample.labels else "")
+            samples[key] = sample.value
+    return samples

@@ -1,0 +1,87 @@
+"""Issue 9's part of the service: heartbeats, metrics, the operator API and the console.
+
+``SchedulerService`` creates one ``Operations`` and mounts ``operations.routes()``; it
+attaches the heartbeat and the metrics to the loop's ``poll_hooks``, so an embedding app
+gets all of it by mounting ``service.app``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from sqlalchemy.orm import Session, sessionmaker
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import BaseRoute, Route
+
+from scheduler import audit
+from scheduler.auth import TokenVerifier, require
+from scheduler.config import Settings
+from scheduler.console import Console
+from scheduler.heartbeat import Heartbeat, list_replicas, replicas_json
+from scheduler.http import Unprocessable
+from scheduler.loop import Scheduler
+from scheduler.metrics import CONTENT_TYPE, Metrics
+from scheduler.types import Clock
+
+
+class Operations:
+    """What an operator watches and does: wired to one service's database, clock and loop."""
+
+    def __init__(self, settings: Settings, sessions: sessionmaker[Session], clock: Clock,
+                 scheduler: Scheduler, verifier: TokenVerifier, loop_alive: Callable[[], bool]) -> None:
+        self.settings = settings
+        self.sessions = sessions
+        self.clock = clock
+        # On the loop's own pool: requests that hold every API connection never delay it.
+        self.heartbeat = Heartbeat(scheduler.sessions, clock)
+        self.metrics = Metrics(sessions, clock, loop_alive)
+        self.console = Console(sessions, clock, verifier, refresh_seconds=settings.console_refresh_seconds)
+        scheduler.poll_hooks.extend([self.heartbeat, self.metrics])
+
+    def routes(self) -> list[BaseRoute]:
+        metrics = require("admin")(self.metrics_endpoint) if self.settings.metrics_require_admin else self.metrics_endpoint
+        return [
+            Route("/metrics", metrics, methods=["GET"]),
+            Route("/admin/replicas", self.replicas, methods=["GET"]),
+            Route("/admin/audit", self.audit_trail, methods=["GET"]),
+            *[_hidden(r) for r in self.console.routes],
+        ]
+
+    async def metrics_endpoint(self, request: Request) -> Response:
+        """Prometheus text format; gauges that need a query are computed here (cached)."""
+        body = await run_in_threadpool(self.metrics.exposition)
+        return Response(body, media_type=CONTENT_TYPE)
+
+    @require("admin")
+    async def replicas(self, request: Request) -> Response:
+        """Every replica's heartbeat, with ``stale`` (silent three poll intervals) and ``state``."""
+        rows = await run_in_threadpool(list_replicas, self.sessions, self.clock.now())
+        return JSONResponse(replicas_json(rows))
+
+    @require("admin")
+    async def audit_trail(self, request: Request) -> Response:
+        """Operator actions, newest first (``limit``, and ``before_id`` for the next page)."""
+        limit = _int_param(request, "limit", 100, 1, 1000)
+        before = request.query_params.get("before_id")
+        before_id = _int_param(request, "before_id", 0, 1, 2**62) if before else None
+        rows: list[dict[str, Any]] = await run_in_threadpool(
+            lambda: audit.list_actions(self.sessions, limit=limit, before_id=before_id))
+        return JSONResponse(rows)
+
+
+def _hidden(route: Route) -> Route:
+    """Console pages are HTML for people, not API operations: left out of /openapi.json."""
+    route.include_in_schema = False
+    return route
+
+
+def _int_param(request: Request, name: str, default: int, low: int, high: int) -> int:
+    raw = request.query_params.get(name)
+    if raw is None:
+        return default
+    if not raw.isdigit() or not low <= int(raw) <= high:
+        raise Unprocessable.field(name, f"must be a whole number from {low} to {high}")
+    return int(raw)

@@ -1,0 +1,322 @@
+"""The console at /console, over HTTP (the browser tests drive the same pages in Chromium).
+
+In our words: only an admin signs in, by pasting a token that becomes an HttpOnly,
+SameSite=Strict cookie expiring with the token; without it every page redirects to the
+sign-in page; every state-changing form needs its CSRF token; events are filtered and
+paginated by keyset; reset and bulk reset (dry run first, a reason, rows that changed
+since the count untouched) are recorded in the audit trail, listed on a page and by API.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from datetime import timedelta
+
+import jwt
+import pytest
+from sqlalchemy import Engine
+from starlette.testclient import TestClient
+
+from scheduler import audit
+from scheduler.app import SchedulerService
+from scheduler.clock import ManualClock
+from tests.conftest import ADMIN, T0, token
+from tests.helpers import drain, event_row, post_event, rows
+from tests.operations.support import loop_step, sign_in
+
+BAD_FACTS = {"facts_version": "1", "scenario": "commitment_reminder", "date": "someday"}
+
+
+def _failed(client: TestClient, service: SchedulerService, users: list[str], **kwargs: object) -> list[str]:
+    ids = [post_event(client, user_id=u, facts=BAD_FACTS, **kwargs)["id"] for u in users]
+    drain(service)
+    loop_step(service)  # and one poll as the loop runs it: heartbeat and metrics
+    return ids
+
+
+@pytest.mark.clause("CON-1")
+def test_without_a_session_every_console_page_redirects_to_sign_in(client: TestClient) -> None:
+    """CON-1: no cookie: 303 to the sign-in page, remembering where the operator was going."""
+    for path in ("/console", "/console/events?status=failed", "/console/events/x", "/console/audit", "/console/bulk-reset"):
+        response = client.get(path, follow_redirects=False)
+        assert response.status_code == 303, path
+        assert response.headers["location"].startswith("/console/sign-in?next=%2Fconsole")
+    assert client.post("/console/events/x/reset", data={"csrf": "x"}, follow_redirects=False).status_code == 303
+    assert client.get("/console", headers=ADMIN, follow_redirects=False).status_code == 303  # a bearer header is not a session
+
+
+@pytest.mark.clause("CON-1")
+def test_an_admin_token_signs_in_with_a_strict_httponly_cookie_that_expires_with_it(client: TestClient) -> None:
+    """CON-1: the cookie is HttpOnly, SameSite=Strict, scoped to /console, Max-Age = the token's remaining life."""
+    page = client.get("/console/sign-in?next=%2Fconsole%2Faudit")
+    nonce = re.search(r'name="nonce" value="([^"]+)"', page.text)
+    assert nonce
+    admin = token("nudging.admin", subject="operator-ann", ttl_seconds=1200)
+    response = client.post("/console/sign-in", data={"nonce": nonce[1], "token": admin, "next": "/console/audit"},
+                           follow_redirects=False)
+    assert (response.status_code, response.headers["location"]) == (303, "/console/audit")
+    cookie = response.headers["set-cookie"]
+    assert cookie.startswith("scheduler_console=")
+    assert "HttpOnly" in cookie and "SameSite=strict" in cookie and "Path=/console" in cookie
+    max_age = int(re.search(r"Max-Age=(\d+)", cookie)[1])  # type: ignore[index]
+    assert 1190 <= max_age <= 1200
+    assert "Secure" not in cookie  # plain http here; https sets Secure
+    overview = client.get("/console")
+    assert overview.status_code == 200 and "operator-ann" in overview.text
+    assert overview.headers["content-security-policy"].startswith("default-src 'none'; script-src 'self'")
+
+
+@pytest.mark.clause("CON-1")
+@pytest.mark.parametrize("scope", ["nudging.ingest", None], ids=["ingest", "participant"])
+def test_an_ingest_or_participant_token_is_refused_at_sign_in(client: TestClient, scope: str | None) -> None:
+    """CON-1: a valid token without nudging.admin gets 403 and no cookie; a forged one 401."""
+    nonce = re.search(r'name="nonce" value="([^"]+)"', client.get("/console/sign-in").text)[1]  # type: ignore[index]
+    response = client.post("/console/sign-in", data={"nonce": nonce, "token": token(scope)}, follow_redirects=False)
+    assert response.status_code == 403
+    assert "lacks the admin permission" in response.text
+    assert "scheduler_console=" not in response.headers.get("set-cookie", "")
+    forged = jwt.encode({"sub": "x", "aud": "svc-nudging", "exp": int(time.time()) + 60, "scope": "nudging.admin"},
+                        "another-secret-entirely-0123456789abcdef", algorithm="HS256")
+    nonce = re.search(r'name="nonce" value="([^"]+)"', response.text)[1]  # type: ignore[index]
+    assert client.post("/console/sign-in", data={"nonce": nonce, "token": forged}).status_code == 401
+    client.cookies.set("scheduler_console", token(scope), path="/console")
+    assert client.get("/console", follow_redirects=False).status_code == 403
+
+
+@pytest.mark.clause("CON-2")
+def test_a_form_without_its_csrf_token_is_403_and_changes_nothing(
+    client: TestClient, service: SchedulerService, engine: Engine
+) -> None:
+    """CON-2: reset, bulk reset and sign-out without (or with a wrong) CSRF token are 403."""
+    [bad] = _failed(client, service, ["anna"])
+    csrf = sign_in(client)
+    assert client.post(f"/console/events/{bad}/reset", data={}).status_code == 403
+    assert client.post(f"/console/events/{bad}/reset", data={"csrf": "0" * 64}).status_code == 403
+    assert client.post("/console/bulk-reset", data={"status": "failed", "reason": "x", "expected": "1",
+                                                    "as_of": T0.isoformat()}).status_code == 403
+    assert client.post("/console/sign-out", data={}).status_code == 403
+    assert event_row(engine, bad)["status"] == "failed"
+    assert rows(engine, "SELECT * FROM operator_actions") == []
+    signin_without_nonce = client.post("/console/sign-in", data={"token": token("nudging.admin")})
+    assert signin_without_nonce.status_code == 403
+    assert client.post("/console/sign-out", data={"csrf": csrf}, follow_redirects=False).status_code == 303
+    assert client.get("/console", follow_redirects=False).status_code == 303
+
+
+@pytest.mark.clause("CON-4")
+def test_the_events_page_filters_and_pages_by_keyset(
+    client: TestClient, service: SchedulerService, clock: ManualClock
+) -> None:
+    """CON-4: the filter narrows by status, type, participant, key, community, window and error text;
+    60 rows come as 50 and then 10, with no row twice."""
+    _failed(client, service, ["odd-one"], community_id="other-community")
+    later = T0 + timedelta(hours=1)
+    for n in range(60):
+        post_event(client, user_id=f"user-{n:02d}", external_key=f"key-{n:02d}", trigger_at=later)
+        clock.advance(timedelta(seconds=1))
+    sign_in(client)
+
+    def listed(query: str) -> list[str]:
+        page = client.get("/console/events?" + query)
+        assert page.status_code == 200, page.text
+        return re.findall(r'<tr class="status-\w+" data-id="([^"]+)"', page.text)
+
+    assert len(listed("status=failed")) == 1
+    assert len(listed("status=failed&error_contains=TIME_SCOPE")) == 1  # case-insensitive
+    assert listed("status=failed&error_contains=50%25") == []  # % is literal text, not a wildcard
+    assert len(listed("community_id=other-community")) == 1
+    assert len(listed("user_id=user-07")) == 1 and len(listed("external_key=key-08")) == 1
+    assert len(listed("event_type=commitment_reminder&status=pending")) == 50  # one page
+    window = f"trigger_from={later.isoformat()}&trigger_to={(later + timedelta(minutes=1)).isoformat()}"
+    assert len(listed(window.replace("+", "%2B") + "&status=pending&user_id=user-01")) == 1
+    assert len(listed(f"trigger_to={later.isoformat()}".replace("+", "%2B"))) == 1
+    first = client.get("/console/events?status=pending")
+    more = re.search(r'href="/console/events\?([^"]+)" id="next-page"', first.text)
+    assert more
+    second = listed(more[1].replace("&amp;", "&"))
+    page_one = re.findall(r'data-id="([^"]+)"', first.text)
+    assert (len(page_one), len(second)) == (50, 10)
+    assert not set(page_one) & set(second)
+    assert client.get("/console/events?status=bogus").status_code == 422
+
+
+@pytest.mark.clause("CON-4")
+def test_the_event_page_shows_every_column_the_facts_its_notifications_and_history(
+    client: TestClient, service: SchedulerService, engine: Engine
+) -> None:
+    """CON-4: the detail page shows the row, its pretty-printed facts, notifications and action history."""
+    ok = post_event(client, user_id="anna", external_key="anna-1")
+    loop_step(service)
+    csrf = sign_in(client)
+    page = client.get(f"/console/events/{ok['id']}").text
+    for text in ("dispatched", "anna-1", "community-1", "&#34;commitment&#34;: &#34;run the dishwasher at noon&#34;",
+                 "Reminder: run the dishwasher at noon", "no operator action"):
+        assert text in page, text
+    response = client.post(f"/console/events/{ok['id']}/reset", data={"csrf": csrf, "reason": "send again"},
+                           follow_redirects=False)
+    assert response.status_code == 303
+    page = client.get(response.headers["location"]).text
+    assert "the row is pending again" in page and "operator-ann" in page and "send again" in page
+    assert event_row(engine, ok["id"])["status"] == "pending"
+    assert client.get("/console/events/no-such-row").status_code == 404
+
+
+@pytest.mark.clause("CON-5")
+@pytest.mark.clause("CON-6")
+def test_bulk_reset_counts_first_needs_a_reason_and_resets_what_was_counted(
+    client: TestClient, service: SchedulerService, engine: Engine, clock: ManualClock
+) -> None:
+    """CON-5: the dry run counts the failed rows; without a reason nothing happens; with one they are
+    pending again, and a row that changed after the count is left alone."""
+    failed = _failed(client, service, ["a", "b", "c"])
+    csrf = sign_in(client)
+    dry = client.get("/console/bulk-reset?status=failed&error_contains=time_scope")
+    assert re.search(r'id="dry-run-count">3<', dry.text)
+    as_of = re.search(r'name="as_of" value="([^"]+)"', dry.text)[1]  # type: ignore[index]
+    form = {"csrf": csrf, "status": "failed", "error_contains": "time_scope", "as_of": as_of, "expected": "3"}
+    assert client.post("/console/bulk-reset", data={**form, "reason": "  "}).status_code == 422
+    assert sorted(r["status"] for r in rows(engine, "SELECT status FROM scheduled_events")) == ["failed"] * 3
+    # Between the count and the action: one row is fixed by its sender (rewritten, pending),
+    # then fails again later, so it no longer is the row that was counted.
+    clock.advance(timedelta(seconds=5))
+    with engine.begin() as conn:
+        from sqlalchemy import text
+
+        conn.execute(text("UPDATE scheduled_events SET updated_at = :now, last_error = 'Other: x' WHERE id = :id"),
+                     {"now": clock.now(), "id": failed[2]})
+    done = client.post("/console/bulk-reset", data={**form, "reason": "fixed the time scope rule"})
+    assert done.status_code == 200
+    assert re.search(r'id="bulk-count">2<', done.text)
+    assert [event_row(engine, i)["status"] for i in failed] == ["pending", "pending", "failed"]
+    [action] = client.get("/admin/audit", headers=ADMIN).json()
+    assert (action["actor"], action["source"], action["action"], action["count"]) == ("operator-ann", "console", "bulk_reset", 2)
+    assert action["filter"] == {"status": "failed", "error_contains": "time_scope"}
+    assert action["reason"] == "fixed the time scope rule"
+    assert "fixed the time scope rule" in client.get(f"/console/events/{failed[0]}").text
+
+
+@pytest.mark.clause("CON-5")
+def test_bulk_reset_works_in_chunks_up_to_the_cap_and_skips_rows_a_poll_holds(
+    client: TestClient, service: SchedulerService, engine: Engine, clock: ManualClock
+) -> None:
+    """CON-5: 25 failed rows in chunks of 10, capped at 20; a row locked by a running poll is skipped, not waited for."""
+    failed = _failed(client, service, [f"user-{n:02d}" for n in range(25)])
+    where = audit.EventFilter(status="failed")
+    assert audit.count_matching(service.sessions, where, cap=20) == 21  # "more than the cap"
+    locked = sorted(failed)[0]
+    with engine.connect() as holder:
+        from sqlalchemy import text
+
+        holder.execute(text("SELECT 1 FROM scheduled_events WHERE id = :id FOR UPDATE"), {"id": locked})
+        result = audit.bulk_reset(service.sessions, where, now=clock.now(), as_of=clock.now(), expected=25,
+                                  actor="ops", source="cli", reason="retry", cap=20, chunk=10)
+        holder.rollback()
+    assert (result.reset, result.chunks) == (20, 2)
+    assert event_row(engine, locked)["status"] == "failed"
+    linked = rows(engine, "SELECT event_id FROM operator_action_events WHERE action_id = :a", a=result.action_id)
+    assert len(linked) == 20 and locked not in {r["event_id"] for r in linked}
+
+
+@pytest.mark.clause("CON-6")
+def test_every_reset_is_in_the_audit_trail_from_the_api_and_the_console(
+    client: TestClient, service: SchedulerService
+) -> None:
+    """CON-6: a reset over the API (who: the token's sub) and one in the console both appear, newest first,
+    on /admin/audit and the audit page."""
+    one, two = _failed(client, service, ["anna", "bob"])
+    assert client.post(f"/admin/scheduled-events/{one}/reset", headers={
+        "Authorization": f"Bearer {token('nudging.admin', subject='api-operator')}"}).status_code == 200
+    csrf = sign_in(client)
+    client.post(f"/console/events/{two}/reset", data={"csrf": csrf})
+    trail = client.get("/admin/audit", headers=ADMIN).json()
+    assert [(a["actor"], a["source"], a["action"], a["event_id"], a["count"]) for a in trail] == [
+        ("operator-ann", "console", "reset", two, 1), ("api-operator", "api", "reset", one, 1)]
+    assert [a["id"] for a in client.get(f"/admin/audit?limit=1&before_id={trail[0]['id']}", headers=ADMIN).json()] == [trail[1]["id"]]
+    page = client.get("/console/audit").text
+    assert page.index("operator-ann") < page.index("api-operator")
+    assert client.get("/admin/audit?limit=0", headers=ADMIN).status_code == 422
+
+
+@pytest.mark.clause("CON-3")
+def test_the_overview_shows_counts_backlog_lateness_replicas_and_failures_and_streams_them(
+    client: TestClient, service: SchedulerService, clock: ManualClock
+) -> None:
+    """CON-3: the overview's figures, and the same figures as a server-sent event."""
+    post_event(client, user_id="anna", trigger_at=T0 - timedelta(minutes=2))
+    _failed(client, service, ["bob"])
+    post_event(client, user_id="carl", trigger_at=T0 - timedelta(minutes=5))
+    sign_in(client)
+    page = client.get("/console").text
+    assert re.search(r'data-field="counts.failed" id="failed-count">1<', page)
+    assert re.search(r'data-field="counts.dispatched">1<', page)
+    assert re.search(r'data-field="backlog">1<', page)
+    assert re.search(r'data-field="oldest_overdue_seconds" data-format="duration">5 min 0 s<', page)
+    assert re.search(r'data-field="lateness.p50" data-format="duration">2 min 0 s<', page)
+    assert "missing_or_invalid_time_scope" in page and "state-ok" in page
+    with client.stream("GET", "/console/stream?once=1") as stream:
+        assert stream.headers["content-type"].startswith("text/event-stream")
+        body = "".join(stream.iter_text())
+    assert body.startswith("event: overview\ndata: {")
+    assert '"failed": 1' in body and '"backlog": 1' in body
+
+
+@pytest.mark.clause("CON-8")
+def test_the_console_serves_its_own_script_and_style_and_nothing_from_elsewhere(client: TestClient) -> None:
+    """CON-8: the script and style come from the package; pages reference no other host."""
+    js = client.get("/console/static/console.js")
+    assert js.status_code == 200 and js.headers["content-type"].startswith("text/javascript")
+    assert client.get("/console/static/console.css").status_code == 200
+    assert client.get("/console/static/..%2Fconsole.py").status_code == 404
+    sign_in(client)
+    for path in ("/console", "/console/events", "/console/audit", "/console/sign-in"):
+        html = client.get(path).text
+        assert re.findall(r'(?:src|href)="(https?:)?//', html) == [], path
+
+
+@pytest.mark.clause("CON-1")
+def test_the_console_works_mounted_under_a_prefix_of_a_host_app(service: SchedulerService) -> None:
+    """CON-1: embedded at /nudging, sign-in redirects, links, assets and the cookie's path carry the prefix."""
+    from starlette.applications import Starlette
+    from starlette.routing import Mount
+
+    host = Starlette(routes=[Mount("/nudging", app=service.app)])
+    with TestClient(host) as client:
+        first = client.get("/nudging/console", follow_redirects=False)
+        assert first.headers["location"] == "/nudging/console/sign-in?next=%2Fnudging%2Fconsole"
+        page = client.get(first.headers["location"])
+        assert 'action="/nudging/console/sign-in"' in page.text and 'src="/nudging/console/static/console.js"' in page.text
+        nonce = re.search(r'name="nonce" value="([^"]+)"', page.text)[1]  # type: ignore[index]
+        response = client.post("/nudging/console/sign-in", follow_redirects=False, data={
+            "nonce": nonce, "token": token("nudging.admin"), "next": "/nudging/console"})
+        assert response.headers["location"] == "/nudging/console"
+        assert "Path=/nudging/console" in response.headers["set-cookie"]
+        overview = client.get("/nudging/console")
+        assert overview.status_code == 200 and 'href="/nudging/console/events"' in overview.text
+        assert client.get("/nudging/console/static/console.css").status_code == 200
+
+
+@pytest.mark.clause("CON-3")
+def test_past_the_exact_limit_the_dispatched_count_is_the_estimate_marked_approximate(
+    client: TestClient, service: SchedulerService, engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CON-3: in a big table the dispatched count is the planner's estimate minus the exact pending
+    and failed counts, and the page says it is estimated; pending and failed stay exact."""
+    from scheduler import overview
+
+    for n in range(6):
+        post_event(client, user_id=f"user-{n}")
+    _failed(client, service, ["bad"])
+    post_event(client, user_id="later", trigger_at=T0 + timedelta(hours=1))
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        from sqlalchemy import text
+
+        conn.execute(text("ANALYZE scheduled_events"))
+    monkeypatch.setattr(overview, "EXACT_LIMIT", 5)
+    figures = overview.overview(service.sessions, service.clock.now())
+    assert figures["dispatched_approximate"] is True
+    assert figures["counts"] == {"pending": 1, "failed": 1, "dispatched": 6}  # 8 rows estimated, minus 2
+    sign_in(client)
+    assert "dispatched (≈, estimated)" in client.get("/console").text
+    monkeypatch.setattr(overview, "EXACT_LIMIT", 200_000)
+    assert overview.overview(service.sessions, service.clock.now())["dispatched_approximate"] is False

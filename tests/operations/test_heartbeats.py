@@ -1,0 +1,126 @@
+"""Every replica visible from any replica: heartbeats in PostgreSQL and GET /admin/replicas.
+
+In our words: each process that runs the loop records a heartbeat row after its polls
+(name, host, pid, mode, started_at, last_poll_at, last_error, consecutive failures and its
+counters) with the injected clock's time, at most once a second unless its failure state
+changes; a replica silent for three poll intervals is stale; rows of replicas gone for a
+day are deleted; ``GET /admin/replicas`` (admin) lists them, and ``/health/scheduler``
+still reports this process alone.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import Engine
+from starlette.testclient import TestClient
+
+from scheduler.app import SchedulerService
+from scheduler.clock import ManualClock
+from scheduler.config import Settings
+from scheduler.db import make_sessionmaker
+from scheduler.heartbeat import Heartbeat
+from scheduler.loop import Scheduler
+from tests.conftest import ADMIN, INGEST, T0
+from tests.helpers import FakeDispatcher, post_event, rows
+from tests.operations.support import loop_step
+
+
+def _replicas(engine: Engine) -> list[dict[str, object]]:
+    return rows(engine, "SELECT * FROM scheduler_replicas ORDER BY name")
+
+
+@pytest.mark.clause("OBS-1")
+def test_a_poll_of_the_loop_records_this_replicas_heartbeat_with_the_injected_clock(
+    service: SchedulerService, client: TestClient, engine: Engine, clock: ManualClock
+) -> None:
+    """OBS-1: after a poll the row holds name, host, pid, mode, times from the frozen clock and counters."""
+    post_event(client, user_id="anna")
+    post_event(client, user_id="bob", facts={"facts_version": "1", "scenario": "commitment_reminder", "date": "x"})
+    service.scheduler._started()
+    loop_step(service)
+    [row] = _replicas(engine)
+    assert (row["name"], row["host"], row["pid"], row["mode"]) == ("scheduler", socket.gethostname(), os.getpid(), "literal")
+    assert row["started_at"] == row["last_poll_at"] == row["seen_at"] == T0
+    assert (row["polls"], row["dispatched"], row["failed"], row["consecutive_failures"]) == (1, 1, 1, 0)
+    assert row["last_error"] is None
+    assert row["poll_seconds"] == 30.0
+
+
+@pytest.mark.clause("OBS-1")
+def test_back_to_back_polls_write_at_most_one_heartbeat_a_second_but_a_failure_at_once(
+    service: SchedulerService, engine: Engine, clock: ManualClock
+) -> None:
+    """OBS-1: within one second of the clock a second poll is not written; a failed poll is, at once."""
+    loop_step(service)
+    loop_step(service)
+    assert _replicas(engine)[0]["polls"] == 1  # the second poll came within the same second
+    clock.advance(timedelta(seconds=1))
+    loop_step(service)
+    assert _replicas(engine)[0]["polls"] == 3
+
+    def broken_claim() -> None:
+        raise RuntimeError("database said no")
+
+    service.scheduler.claim = broken_claim  # type: ignore[assignment,method-assign]
+    loop_step(service)  # same clock second, but the failure state changed: written now
+    [row] = _replicas(engine)
+    assert row["consecutive_failures"] == 1
+    assert row["last_error"] == "RuntimeError: database said no"
+
+
+@pytest.mark.clause("OBS-2")
+def test_replicas_lists_every_replica_and_marks_the_silent_one_stale(
+    service: SchedulerService, client: TestClient, engine: Engine, clock: ManualClock
+) -> None:
+    """OBS-2: two replicas on one database; the one silent for over three intervals is stale."""
+    other = Scheduler(make_sessionmaker(engine), FakeDispatcher(service.dispatcher), clock,
+                      poll_seconds=10.0, name="replica-b")
+    other_beat = Heartbeat(make_sessionmaker(engine), clock)
+    other.poll_hooks.append(other_beat)
+    other._poll_guarded(lambda: False)
+    loop_step(service)
+    listed = {r["name"]: r for r in client.get("/admin/replicas", headers=ADMIN).json()}
+    assert {n: (r["state"], r["stale"]) for n, r in listed.items()} == {
+        "replica-b": ("ok", False), "scheduler": ("ok", False)}
+    clock.advance(timedelta(seconds=31))  # replica-b (10 s interval) is silent for over 30 s
+    loop_step(service)
+    listed = {r["name"]: r for r in client.get("/admin/replicas", headers=ADMIN).json()}
+    assert (listed["replica-b"]["state"], listed["scheduler"]["state"]) == ("stale", "ok")
+    assert listed["replica-b"]["seen_at"] == T0.isoformat()
+    assert client.get("/admin/replicas", headers=INGEST).status_code == 403
+
+
+@pytest.mark.clause("OBS-2")
+def test_a_replica_gone_for_a_day_is_removed_and_health_still_reports_this_process(
+    service: SchedulerService, client: TestClient, engine: Engine, clock: ManualClock
+) -> None:
+    """OBS-2: a heartbeat a day old is deleted by the next heartbeat; /health/scheduler is this process's."""
+    gone = Heartbeat(make_sessionmaker(engine), clock, replica_id="gone")
+    gone(Scheduler(make_sessionmaker(engine), service.dispatcher, clock, name="gone-replica"))
+    clock.advance(timedelta(hours=23))
+    loop_step(service)
+    assert sorted(str(r["name"]) for r in _replicas(engine)) == ["gone-replica", "scheduler"]
+    clock.advance(timedelta(hours=1, seconds=1))
+    loop_step(service)
+    assert [r["name"] for r in _replicas(engine)] == ["scheduler"]
+    health = client.get("/health/scheduler").json()
+    assert health["polls"] == 2
+
+
+@pytest.mark.clause("OBS-2")
+def test_a_replica_that_stops_cleanly_leaves_the_list_instead_of_going_stale(
+    settings: Settings, engine: Engine, clock: ManualClock
+) -> None:
+    """OBS-2: the service's loop polls once (a heartbeat), then the app stops: its row is gone."""
+    from scheduler.app import create_app
+
+    app = create_app(settings.with_(poll_seconds=3600.0), engine=engine, clock=clock)
+    service = app.state.service
+    with TestClient(app):
+        assert service.scheduler.wait_for(lambda: service.scheduler.health.polls >= 1, 30)
+        assert [r["name"] for r in _replicas(engine)] == ["scheduler"]
+    assert _replicas(engine) == []

@@ -1,0 +1,156 @@
+"""GET /metrics: Prometheus metrics with prometheus_client.
+
+In our words: dispatched and failed counters by event type, polls and poll errors, a poll
+duration histogram and a lateness histogram (dispatched_at - trigger_at) from this
+process's polls; gauges for the backlog (due pending rows), the oldest overdue row's age,
+failed rows and whether the loop runs, computed at scrape time and cached a few seconds;
+no participant id in any label; open by default, admin with a setting.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import Engine
+from starlette.testclient import TestClient
+
+from scheduler.app import SchedulerService
+from scheduler.clock import ManualClock
+from scheduler.config import Settings
+from scheduler.publishers import RecordingPublisher
+from tests.conftest import ADMIN, INGEST, T0
+from tests.helpers import post_event
+from tests.operations.support import loop_step, scrape
+
+BAD_FACTS = {"facts_version": "1", "scenario": "commitment_reminder", "date": "someday"}
+
+
+@pytest.mark.clause("OBS-3")
+def test_counters_and_the_lateness_histogram_follow_the_polls(
+    service: SchedulerService, client: TestClient, clock: ManualClock
+) -> None:
+    """OBS-3: two dispatched 90 s late and one failed, by event type; polls, errors and durations counted."""
+    post_event(client, user_id="anna", trigger_at=T0)
+    post_event(client, user_id="bob", trigger_at=T0, event_type="energy_tip")
+    post_event(client, user_id="carl", trigger_at=T0, facts=BAD_FACTS)
+    clock.advance(timedelta(seconds=90))
+    loop_step(service)
+    m = scrape(client)
+    assert m["scheduler_events_dispatched_total{event_type=commitment_reminder}"] == 1
+    assert m["scheduler_events_dispatched_total{event_type=energy_tip}"] == 1
+    assert m["scheduler_events_failed_total{event_type=commitment_reminder}"] == 1
+    assert (m["scheduler_polls_total"], m["scheduler_poll_errors_total"]) == (1, 0)
+    assert m["scheduler_poll_duration_seconds_count"] == 1
+    assert m["scheduler_event_lateness_seconds_count"] == 2
+    assert m["scheduler_event_lateness_seconds_sum"] == 180
+    assert (m["scheduler_event_lateness_seconds_bucket{le=60.0}"], m["scheduler_event_lateness_seconds_bucket{le=120.0}"]) == (0, 2)
+
+    def broken_claim() -> None:
+        raise RuntimeError("database said no")
+
+    service.scheduler.claim = broken_claim  # type: ignore[assignment,method-assign]
+    loop_step(service)
+    m = scrape(client)
+    assert (m["scheduler_polls_total"], m["scheduler_poll_errors_total"]) == (2, 1)
+    assert m["scheduler_events_dispatched_total{event_type=commitment_reminder}"] == 1  # not counted twice
+
+
+@pytest.mark.clause("OBS-3")
+def test_no_label_carries_a_participant_id(service: SchedulerService, client: TestClient, clock: ManualClock) -> None:
+    """OBS-3: after dispatching for participants, no sample's labels mention them."""
+    for user in ("participant-alpha", "participant-beta"):
+        post_event(client, user_id=user, trigger_at=T0)
+    loop_step(service)
+    text = client.get("/metrics").text
+    assert "participant-alpha" not in text and "participant-beta" not in text
+    assert "user_id" not in text
+
+
+@pytest.mark.clause("OBS-4")
+def test_the_gauges_read_the_table_at_scrape_time_and_are_cached_a_few_seconds(
+    service: SchedulerService, client: TestClient, clock: ManualClock
+) -> None:
+    """OBS-4: backlog, oldest overdue and failed rows come from the table; a scrape within 5 s reuses them."""
+    post_event(client, user_id="anna", trigger_at=T0 - timedelta(minutes=10))
+    post_event(client, user_id="bob", trigger_at=T0 - timedelta(minutes=2))
+    post_event(client, user_id="later", trigger_at=T0 + timedelta(hours=1))
+    m = scrape(client)
+    assert (m["scheduler_backlog_events"], m["scheduler_oldest_overdue_seconds"]) == (2, 600)
+    assert (m["scheduler_failed_events"], m["scheduler_loop_running"], m["scheduler_database_up"]) == (0, 0, 1)
+    post_event(client, user_id="carl", trigger_at=T0 - timedelta(minutes=1), facts=BAD_FACTS)
+    clock.advance(timedelta(seconds=4))
+    assert scrape(client)["scheduler_backlog_events"] == 2  # cached
+    clock.advance(timedelta(seconds=1))
+    m = scrape(client)
+    assert (m["scheduler_backlog_events"], m["scheduler_oldest_overdue_seconds"]) == (3, 605)
+    assert m["scheduler_replicas{state=ok}"] == 0  # no heartbeat yet
+    loop_step(service)
+    clock.advance(timedelta(seconds=5))
+    m = scrape(client)
+    assert (m["scheduler_backlog_events"], m["scheduler_oldest_overdue_seconds"], m["scheduler_failed_events"]) == (0, 0, 1)
+    assert (m["scheduler_replicas{state=ok}"], m["scheduler_replicas{state=stale}"]) == (1, 0)
+    clock.advance(timedelta(seconds=91))  # three 30 s intervals without a heartbeat
+    m = scrape(client)
+    assert (m["scheduler_replicas{state=ok}"], m["scheduler_replicas{state=stale}"]) == (0, 1)
+
+
+@pytest.mark.clause("OBS-4")
+def test_the_loop_running_gauge_follows_the_loop_task(
+    settings: Settings, engine: Engine, clock: ManualClock, publisher: RecordingPublisher
+) -> None:
+    """OBS-4: scheduler_loop_running is 0 before the lifespan starts the loop, 1 while it runs, 0 after."""
+    service = SchedulerService(settings.with_(poll_seconds=3600.0), engine=engine, clock=clock,
+                               publisher=publisher, run_scheduler=True)
+    assert service.operations.metrics.loop_alive() is False
+    with TestClient(service.app) as client:
+        assert scrape(client)["scheduler_loop_running"] == 1
+    assert service.loop_alive is False
+    assert service.operations.metrics.loop_alive() is False
+    idle = SchedulerService(settings, engine=engine, clock=clock, publisher=publisher, run_scheduler=False)
+    with TestClient(idle.app) as client:
+        assert scrape(client)["scheduler_loop_running"] == 0  # SCHEDULER_ENABLED=false: API only
+
+
+@pytest.mark.clause("OBS-5")
+def test_metrics_are_open_by_default_and_need_admin_with_the_setting(
+    settings: Settings, engine: Engine, clock: ManualClock, client: TestClient
+) -> None:
+    """OBS-5: /metrics answers without a token; with SCHEDULER_METRICS_REQUIRE_ADMIN it is 401/403/200."""
+    assert client.get("/metrics").status_code == 200
+    assert Settings.from_env({"SCHEDULER_METRICS_REQUIRE_ADMIN": "true"}).metrics_require_admin
+    guarded = SchedulerService(settings.with_(metrics_require_admin=True), engine=engine, clock=clock, run_scheduler=False)
+    with TestClient(guarded.app) as locked:
+        assert locked.get("/metrics").status_code == 401
+        assert locked.get("/metrics", headers=INGEST).status_code == 403
+        assert locked.get("/metrics", headers=ADMIN).status_code == 200
+
+
+@pytest.mark.clause("OBS-4")
+def test_a_scrape_while_the_database_is_unreachable_says_so_and_still_answers(
+    clock: ManualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """OBS-4: with nothing listening where the database should be, /metrics-style exposition still
+    works: scheduler_database_up is 0 and the table gauges are absent; a heartbeat is skipped with one warning."""
+    from scheduler.db import make_engine, make_sessionmaker
+    from scheduler.heartbeat import Heartbeat
+    from scheduler.loop import Scheduler
+    from scheduler.metrics import Metrics, parse_exposition
+    from tests.operations.browser import free_port
+
+    nowhere = make_engine(f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/none", Settings(pool_timeout_seconds=1.0))
+    try:
+        sessions = make_sessionmaker(nowhere)
+        metrics = Metrics(sessions, clock, lambda: True)
+        samples = parse_exposition(metrics.exposition().decode())
+        assert (samples["scheduler_database_up"], samples["scheduler_loop_running"]) == (0, 1)
+        assert "scheduler_backlog_events" not in samples
+        beat = Heartbeat(sessions, clock)
+        loop = Scheduler(sessions, lambda *a: None, clock)  # type: ignore[arg-type]
+        beat(loop)
+        clock.advance(timedelta(seconds=2))
+        beat(loop)
+        assert [r.getMessage() for r in caplog.records if "heartbeat not recorded" in r.getMessage()] == [
+            "scheduler: heartbeat not recorded (OperationalError)"]
+    finally:
+        nowhere.dispose()

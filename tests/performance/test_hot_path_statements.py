@@ -1,0 +1,107 @@
+"""The statements a poll sends, pinned: the queue's own cost per batch does not grow with the batch.
+
+The benchmarks measure time; this counts round trips, which is what the time follows
+(PERF-2). When no event fails, a batch sends the claim, the participant locks, one
+savepoint and one statement recording every outcome, whatever its size: no savepoint and
+no status update per event. The real dispatch path adds two statements per event (the
+deduplication key with the participant's preferences and today's count; the notification
+with its in-app delivery) and no second lock for a participant the batch holds.
+A change that puts a per-event statement back into the hot path fails here.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from datetime import datetime, timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, event
+from starlette.testclient import TestClient
+
+from scheduler.app import SchedulerService
+from scheduler.types import DigitalTwinEvent, DispatchOutcome, DispatchResult
+from tests.conftest import T0
+from tests.helpers import post_event
+
+
+def noop(session: Any, event: DigitalTwinEvent, now: datetime) -> DispatchResult:
+    """A dispatcher that does nothing: what is left is the queue's own statements."""
+    return DispatchResult(outcome=DispatchOutcome.NO_RULE_TRIGGERED)
+
+
+class StatementLog:
+    """Every statement the engine sends, by its first words (BEGIN/COMMIT are not statements here)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.kinds: Counter[str] = Counter()
+
+    def __call__(self, conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        words = " ".join(line.split("--", 1)[0] for line in statement.splitlines()).split()
+        if words[0].upper() in ("WITH", "SELECT", "INSERT", "UPDATE"):
+            # the statement's target: the table it writes, or the function it calls
+            body = " ".join(words)
+            for marker in ("INSERT INTO dedup_keys", "advisory_xact_lock", "FOR UPDATE SKIP LOCKED",
+                           "UPDATE scheduled_events", "INSERT INTO notifications", "INSERT INTO deliveries"):
+                if marker in body:
+                    self.kinds[marker] += 1
+                    return
+        # SAVEPOINT sa_savepoint_N, RELEASE SAVEPOINT ..., ROLLBACK TO SAVEPOINT ...: without the name
+        self.kinds[" ".join(w for w in words[:3] if not w.lower().startswith("sa_savepoint")).upper()] += 1
+
+    @property
+    def total(self) -> int:
+        return sum(self.kinds.values())
+
+
+@pytest.fixture
+def log(engine: Engine) -> Iterator[StatementLog]:
+    recorded = StatementLog(engine)
+    event.listen(engine, "before_cursor_execute", recorded)
+    yield recorded
+    event.remove(engine, "before_cursor_execute", recorded)
+
+
+def post_due(client: TestClient, count: int, prefix: str) -> None:
+    for i in range(count):
+        post_event(client, user_id=f"{prefix}-{i}", trigger_at=T0 - timedelta(minutes=count - i))
+
+
+def poll_statements(service: SchedulerService, log: StatementLog) -> Counter[str]:
+    log.kinds.clear()
+    report = service.scheduler.poll_once()
+    assert report.failed == 0
+    return Counter(log.kinds)
+
+
+@pytest.mark.clause("PERF-2")
+def test_a_batch_without_failures_sends_the_same_queue_statements_for_two_events_as_for_twenty(
+    client: TestClient, service: SchedulerService, log: StatementLog
+) -> None:
+    """PERF-2: with a no-op dispatcher, a batch of 2 and a batch of 20 send the same statements:
+    claim, participant locks, one savepoint, one update of every outcome (and its release)."""
+    service.scheduler.dispatcher = noop
+    post_due(client, 2, "small")
+    small = poll_statements(service, log)
+    post_due(client, 20, "large")
+    large = poll_statements(service, log)
+    assert small == large == Counter({"FOR UPDATE SKIP LOCKED": 1, "advisory_xact_lock": 1, "SAVEPOINT": 1,
+                                      "UPDATE scheduled_events": 1, "RELEASE SAVEPOINT": 1})
+
+
+@pytest.mark.clause("PERF-2")
+def test_the_real_dispatch_path_adds_two_statements_per_event_and_no_second_participant_lock(
+    client: TestClient, service: SchedulerService, log: StatementLog
+) -> None:
+    """PERF-2: through the real platform, nineteen more events cost thirty-eight more statements:
+    the deduplication key with preferences and today's count; the notification with its delivery."""
+    post_due(client, 1, "one")
+    one = poll_statements(service, log)
+    post_due(client, 20, "many")
+    many = poll_statements(service, log)
+    assert sum(many.values()) - sum(one.values()) == 2 * 19
+    assert many["advisory_xact_lock"] == 1  # the claim's, for all twenty participants at once
+    assert many["INSERT INTO dedup_keys"] == many["INSERT INTO notifications"] == 20
+    assert many["INSERT INTO deliveries"] == 0  # written by the notification's own statement
