@@ -24,10 +24,11 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from scheduler.queries import statement
 from scheduler.store import event_to_json
+from scheduler.types import EventStatus
 
 BULK_CAP = 10_000
 CHUNK = 500
-FILTER_STATUSES = ("pending", "dispatched", "failed")
+FILTER_STATUSES = tuple(str(s) for s in EventStatus)
 
 
 class FilterError(ValueError):

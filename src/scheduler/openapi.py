@@ -19,8 +19,10 @@ from scheduler.schemas import (
     IngestOut,
     LiveEventIn,
     NotificationOut,
+    OperatorActionOut,
     PreferencesIn,
     PreferencesOut,
+    ReplicaOut,
     RuleRefusalOut,
     ScheduledEventIn,
     ScheduledEventOut,
@@ -32,7 +34,7 @@ from scheduler.types import EventStatus, NotificationStatus
 MODELS: tuple[type[BaseModel], ...] = (
     ScheduledEventIn, LiveEventIn, PreferencesIn, ScheduledEventOut, NotificationOut,
     IngestOut, DuplicateOut, PreferencesOut, SchedulerHealthOut, HealthOut, ErrorOut,
-    ValidationErrorOut, FactsContractErrorOut, RuleRefusalOut,
+    ValidationErrorOut, FactsContractErrorOut, RuleRefusalOut, ReplicaOut, OperatorActionOut,
 )
 
 
@@ -136,14 +138,12 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
     },
     ("/admin/replicas", "get"): {
         "summary": "Every replica's heartbeat, stale or not (permission: admin)",
-        "responses": {"200": {"description": "replicas, by name", "content": {"application/json": {
-            "schema": {"type": "array", "items": {"type": "object"}}}}}, **ERRORS},
+        "responses": {"200": _json(ReplicaOut, "replicas, by name", many=True), **ERRORS},
     },
     ("/admin/audit", "get"): {
         "summary": "The operators' audit trail, newest first (permission: admin)",
         "parameters": ["limit", "before_id"],
-        "responses": {"200": {"description": "operator actions", "content": {"application/json": {
-            "schema": {"type": "array", "items": {"type": "object"}}}}}, **ERRORS},
+        "responses": {"200": _json(OperatorActionOut, "operator actions", many=True), **ERRORS},
     },
 }
 

@@ -226,6 +226,41 @@ class SchedulerHealthOut(_Out):
     wakeups: WakeupsOut
 
 
+class ReplicaOut(_Out):
+    """One replica's heartbeat (``GET /admin/replicas``)."""
+
+    replica_id: str
+    name: str
+    host: str
+    pid: int
+    mode: SchedulerMode
+    poll_seconds: float
+    started_at: Timestamp
+    last_poll_at: Timestamp | None
+    seen_at: Timestamp
+    last_error: str | None
+    consecutive_failures: int
+    polls: int
+    dispatched: int
+    failed: int
+    stale: bool = Field(description="silent for three of its poll intervals")
+    state: Literal["ok", "failing", "stale"]
+
+
+class OperatorActionOut(_Out):
+    """One entry of the operators' audit trail (``GET /admin/audit``)."""
+
+    id: int
+    at: Timestamp
+    actor: str
+    source: str
+    action: str
+    event_id: str | None
+    filter: dict[str, Any] | None
+    count: int
+    reason: str | None
+
+
 class HealthOut(_Out):
     status: Literal["ok"]
 
