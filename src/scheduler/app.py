@@ -321,8 +321,7 @@ class SchedulerService:
             return respond(RuleRefusalOut.model_validate({"detail": result.detail}), status)
         if result.outcome is DispatchOutcome.NO_RULE_TRIGGERED:
             return Response(status_code=status)
-        # The notifications were recorded with this request's ``now`` as their created_at.
-        notifications = [NotificationOut.model_validate({"created_at": now, **n}) for n in result.notifications]
+        notifications = [NotificationOut.model_validate(n) for n in result.notifications]
         if result.outcome is DispatchOutcome.DUPLICATE:
             detail = "duplicate: every rule that would fire already notified for this period"
             return respond(DuplicateOut(detail=detail, outcome=result.outcome, notifications=notifications), status)

@@ -9,6 +9,7 @@ app.py maps it to the HTTP answer a live sender gets.
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy.orm import Session
 
@@ -42,12 +43,17 @@ class NudgingPlatform:
             decision = self.orchestrator.decide(session, event, candidate, now)
             duplicates += decision.duplicate
             if decision.notification is not None:
-                result.notifications.append(
-                    {k: v for k, v in decision.notification.items() if k != "now"}
-                )
+                result.notifications.append(_as_recorded(decision.notification))
             result.outbound.extend(decision.outbound)
         if result.outbound:
             result.outcome = DispatchOutcome.DELIVERED
         elif duplicates == len(candidates):
             result.outcome = DispatchOutcome.DUPLICATE
         return result
+
+
+def _as_recorded(row: dict[str, Any]) -> dict[str, Any]:
+    """A notification as it was recorded: the insert's ``now`` parameter is its ``created_at``."""
+    notification = {k: v for k, v in row.items() if k != "now"}
+    notification["created_at"] = row["now"]
+    return notification
