@@ -27,7 +27,7 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response, Stream
 from starlette.routing import Route
 
 from scheduler import audit
-from scheduler.auth import TokenVerifier
+from scheduler.auth import TokenVerifier, token_problem
 from scheduler.console_auth import (
     CSRF_FIELD,
     NotAdmin,
@@ -126,9 +126,9 @@ class Console:
         token = (_field(form, "token") or "").strip()
         error, status = None, 200
         try:
-            session = session_from_token(self.verifier, token)
+            session = await session_from_token(self.verifier, token)
         except jwt.PyJWTError as exc:
-            error, status = f"this token is not valid here: {exc}", 401
+            error, status = f"this token is not valid here: {token_problem(exc)}", 401
         except NotAdmin:
             error, status = "this token lacks the admin permission (nudging.admin)", 403
         if error is not None:
