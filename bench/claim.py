@@ -19,13 +19,16 @@ import json
 import statistics
 import time
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import Connection, Engine, text
 
 from bench.env import NOW, Server, bench_engine, bench_sql, checkpoint, load_events, progress
+from scheduler.clock import ManualClock
 from scheduler.loop import claim_params
 from scheduler.queries import sql, statement
+from scheduler.retention import Retention
 
 PENDING = 1_000
 BATCH = 20
@@ -162,12 +165,31 @@ def _bulk_loaded(server: Server, sizes: list[int], samples: int, budget: float) 
     return ours, naive
 
 
-def _after_updates(server: Server, sizes: list[int], samples: int, budget: float) -> tuple[dict[int, Any], dict[int, Any]]:
+def _retain(engines: dict[int, Engine]) -> dict[int, int]:
+    """Production's retention, 31 days after the rows were finished: rows deleted per size."""
+    deleted: dict[int, int] = {}
+    for size, engine in engines.items():
+        retention = Retention(engine, ManualClock(NOW + timedelta(days=31)), days=30, batch_size=5_000,
+                              max_batches=10_000)
+        started = time.perf_counter()
+        report = retention.run_if_due()
+        assert report is not None and report.done
+        deleted[size] = report.deleted
+        progress(f"claim: retention deleted {report.deleted:,} of {size:,} rows in {report.batches} batches "
+                 f"in {time.perf_counter() - started:.1f}s")
+    return deleted
+
+
+def _after_updates(
+    server: Server, sizes: list[int], samples: int, budget: float
+) -> tuple[dict[int, Any], dict[int, Any], dict[int, Any]]:
     """The realistic history: every row was pending once and was made terminal by UPDATE.
 
     Each such UPDATE leaves a dead entry in the partial index until VACUUM removes it, and
     the claim's index scan steps over them (the first scan marks them dead, later scans
-    still read their pages). Measured with autovacuum held off, then after a VACUUM.
+    still read their pages). Measured with autovacuum held off, then after a VACUUM; then
+    31 days later, after retention deleted the dispatched rows and their history (before
+    and after another VACUUM): retention deletes rows the pending index no longer holds.
     """
     with _databases(server, "claim_updated", sizes) as engines:
         for size, engine in engines.items():
@@ -185,7 +207,14 @@ def _after_updates(server: Server, sizes: list[int], samples: int, budget: float
         updated = measure(engines, samples, budget)
         _each(engines, "vacuum_events", autocommit=True)
         vacuumed = measure(engines, samples, budget)
-    return updated, vacuumed
+        deleted = _retain(engines)
+        retained = measure(engines, samples, budget)
+        _each(engines, "vacuum_events", autocommit=True)
+        retained_vacuumed = measure(engines, samples, budget)
+        for size in sizes:
+            retained[size]["deleted"] = deleted[size]
+            retained[size]["vacuumed"] = retained_vacuumed[size]
+    return updated, vacuumed, retained
 
 
 def run(server: Server, *, sizes: list[int], samples: int, budget: float) -> dict[str, Any]:
@@ -196,12 +225,16 @@ def run(server: Server, *, sizes: list[int], samples: int, budget: float) -> dic
         progress(f"claim: {size:,} rows: ours median {ours[size]['median_ms']:.2f} ms "
                  f"(p90 {ours[size]['p90_ms']:.2f}), naive median {naive[size]['median_ms']:.2f} ms "
                  f"(p90 {naive[size]['p90_ms']:.2f})")
-    updated, vacuumed = _after_updates(server, sizes, samples, budget)
+    updated, vacuumed, retained = _after_updates(server, sizes, samples, budget)
     for size in sizes:
         progress(f"claim: {size:,} rows made terminal by UPDATE: median {updated[size]['median_ms']:.2f} ms "
-                 f"before VACUUM, {vacuumed[size]['median_ms']:.2f} ms after")
+                 f"before VACUUM, {vacuumed[size]['median_ms']:.2f} ms after; after retention "
+                 f"{retained[size]['median_ms']:.2f} ms, and VACUUM {retained[size]['vacuumed']['median_ms']:.2f} ms")
+        again = retained[size].pop("vacuumed")
         results["sizes"][str(size)] = {"ours": ours[size], "naive": naive[size], "ours_updated": updated[size],
-                                       "ours_vacuumed": vacuumed[size]}
+                                       "ours_vacuumed": vacuumed[size], "ours_retained": retained[size],
+                                       "ours_retained_vacuumed": again,
+                                       "retention_deleted": retained[size].pop("deleted")}
     smallest, largest = str(min(sizes)), str(max(sizes))
     by_size = results["sizes"]
     results["ratio_largest_to_smallest"] = {

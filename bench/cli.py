@@ -83,8 +83,13 @@ DESCRIPTIONS = {
              "pgqueuer and procrastinate draining the same burst as scheduled jobs; then one reminder alone",
     "console": "response time of the console's overview and filtered events pages (whole ASGI app, "
                "queries and templates) with 1,000,000 rows, mostly dispatched; and each overview query",
+    "history": "what the history trigger costs a drain: one replica, no-op and full dispatch path, "
+               "with the trigger enabled and disabled, alternated",
+    "inbox": "latency from one replica's commit to a participant's SSE stream on another replica "
+             "(uvicorn), with LISTEN/NOTIFY and on the hub's timer",
 }
-ORDER = ("claim", "mechanics", "fullpath", "http", "shutdown", "memory", "profile", "burst", "console")
+ORDER = ("claim", "mechanics", "fullpath", "http", "shutdown", "memory", "profile", "burst", "console", "history",
+         "inbox")
 
 
 def _claim(server: Any, s: Sizes, results: dict[str, Any]) -> dict[str, Any]:
@@ -171,11 +176,22 @@ def _console(server: Any, s: Sizes, results: dict[str, Any]) -> dict[str, Any]:
     from bench import console
 
     return console.run(server, rows=s.console_rows, samples=s.console_samples)
+def _history(server: Any, s: Sizes, results: dict[str, Any]) -> dict[str, Any]:
+    from bench import lifecycle
+
+    return lifecycle.run(server, events=s.full_events, rounds=s.repeats + 1)
+
+
+def _inbox(server: Any, s: Sizes, results: dict[str, Any]) -> dict[str, Any]:
+    from bench import inbox
+
+    return inbox.run(server, events=s.formula_events // 10)
 
 
 RUNNERS: dict[str, Callable[[Any, Sizes, dict[str, Any]], dict[str, Any]]] = {
     "claim": _claim, "mechanics": _mechanics, "fullpath": _fullpath, "http": _http,
     "shutdown": _shutdown, "memory": _memory, "profile": _profile, "burst": _burst, "console": _console,
+    "history": _history, "inbox": _inbox,
 }
 
 
@@ -218,7 +234,8 @@ def run_benchmarks(names: Sequence[str], *, quick: bool, out: Path, database_url
 
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true",
-                        help="a smaller run (about two minutes): 10k/100k claim sizes, 2,000 events, 1-2 replicas")
+                        help="a smaller run (about five minutes): 10k/100k claim sizes, 2,000 events, 1-2 replicas, "
+                             "a burst of 2,000")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
                         help=f"where the JSON and Markdown results go (default {DEFAULT_OUT})")
     parser.add_argument("--database-url", default=os.environ.get("DATABASE_URL"),
@@ -229,7 +246,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
 def configure(parser: argparse.ArgumentParser) -> None:
     """Add the benchmark subcommands to ``parser`` (``python -m bench`` or ``scheduler bench``)."""
     sub = parser.add_subparsers(dest="bench_command", required=True, metavar="BENCHMARK")
-    every = sub.add_parser("all", help="every benchmark, one table (about ten minutes; --quick: about two)",
+    every = sub.add_parser("all", help="every benchmark, one table (about twenty minutes; --quick: about five)",
                            description="Run every benchmark in one go: " + "; ".join(
                                f"{n}: {DESCRIPTIONS[n]}" for n in ORDER) + ".")
     _common(every)

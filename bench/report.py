@@ -57,6 +57,52 @@ def claim_table(claim: dict[str, Any]) -> list[str]:
     return lines
 
 
+def retention_lines(claim: dict[str, Any]) -> list[str]:
+    """The claim after an UPDATE-made history, with and without a retention run (issue 10)."""
+    rows = [(size, e) for size, e in claim["sizes"].items() if e.get("ours_retained")]
+    if not rows:
+        return []
+    lines = [
+        "| rows in table | after VACUUM: median ms | after retention (before VACUUM): median / p90 ms "
+        "| rows deleted | after retention and VACUUM: median ms |",
+        "| ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for size, e in rows:
+        kept, again = e["ours_retained"], e["ours_retained_vacuumed"]
+        lines.append(f"| {int(size):,} | {_f(e['ours_vacuumed']['median_ms'])} | {_f(kept['median_ms'])} / "
+                     f"{_f(kept['p90_ms'])} | {e['retention_deleted']:,} | {_f(again['median_ms'])} |")
+    return lines
+
+
+def history_table(history: dict[str, Any]) -> list[str]:
+    lines = [
+        f"### The history trigger on the dispatch path ({history['events']:,} events, one replica, "
+        f"batch {history['batch_size']}, {history['rounds']} rounds, polls alternating trigger on and off)",
+        "",
+        "| dispatcher | with history: median us per event | without | cost per event | ratio |",
+        "| --- | ---: | ---: | ---: | ---: |",
+    ]
+    for kind, entry in history["kinds"].items():
+        medians = entry["median_ms_per_event"]
+        lines.append(f"| {kind} | {medians['with_history'] * 1000:.0f} | {medians['without_history'] * 1000:.0f} | "
+                     f"{entry['cost_per_event_us']:+.0f} us | {entry['slowdown']:.2f}x |")
+    stream = history.get("stream")
+    if stream:
+        medians = stream["median_ms_per_event"]
+        lines += ["", f"The inbox's stream publisher on the full path: {medians['with_stream'] * 1000:.0f} us per "
+                  f"event with it, {medians['without_stream'] * 1000:.0f} us without "
+                  f"({stream['cost_per_event_us']:+.0f} us, {stream['ratio']:.2f}x)."]
+    return lines
+
+
+def inbox_table(inbox: dict[str, Any]) -> list[str]:
+    lines = [f"### From one replica's commit to a stream on another ({inbox['events']} notifications)", "",
+             "| wake-up | median ms | p90 ms | max ms |", "| --- | ---: | ---: | ---: |"]
+    for mode, entry in inbox["modes"].items():
+        lines.append(f"| {mode} | {_f(entry['median_ms'], 1)} | {_f(entry['p90_ms'], 1)} | {_f(entry['max_ms'], 1)} |")
+    return lines
+
+
 def mechanics_table(mech: dict[str, Any]) -> list[str]:
     runs = mech["runs"]
     batches = sorted({r["batch_size"] for r in runs if r["kind"] in ("ours", "raw")})
@@ -240,6 +286,10 @@ def markdown(results: dict[str, Any]) -> str:
     sections = results["benchmarks"]
     if "claim" in sections:
         lines += ["", *claim_table(sections["claim"])]
+        retained = retention_lines(sections["claim"])
+        if retained:
+            lines += ["", "Retention after the UPDATE-made history (everything but the 1,000 pending rows "
+                      "dispatched or failed 31 days before the run):", "", *retained]
     if "mechanics" in sections:
         lines += ["", *mechanics_table(sections["mechanics"])]
         if sections["mechanics"].get("formula"):
@@ -261,6 +311,10 @@ def markdown(results: dict[str, Any]) -> str:
         from bench.console import table as console_table
 
         lines += ["", *console_table(sections["console"])]
+    if "history" in sections:
+        lines += ["", *history_table(sections["history"])]
+    if "inbox" in sections:
+        lines += ["", *inbox_table(sections["inbox"])]
     errors = results.get("errors") or {}
     for name, message in errors.items():
         lines += ["", f"**{name} failed**: {message}"]

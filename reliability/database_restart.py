@@ -98,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
         )
         figures["lost"] = audit.lost + len(clients.figures.acknowledged - set(_keys(c)))
         if problems:
-            args.keep = True
+            args.keep = c.keep = True  # a problem: keep the database and the logs for a look
     reproduce = (f"python -m reliability database-restart --seed {args.seed} --events {args.events} "
                  f"--replicas {args.replicas} --clients {args.clients} --outage {args.outage}")
     return report("database-restart", figures, problems, reproduce)

@@ -98,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
                        events_per_second=round(args.events / drained, 1) if drained else None)
         figures["lost"] = audit.lost
         if problems:
-            args.keep = True
+            args.keep = c.keep = True  # a problem: keep the database and the logs for a look
     reproduce = (f"python -m reliability killed-replicas --seed {args.seed} --events {args.events} "
                  f"--replicas {args.replicas} --kill-every {args.kill_every}")
     return report("killed-replicas", figures, problems, reproduce)

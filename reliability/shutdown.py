@@ -89,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
                        run_seconds=round(elapsed, 1))
         figures["lost"] = audit.lost
         if problems:
-            args.keep = True
+            args.keep = c.keep = True  # a problem: keep the database and the logs for a look
     reproduce = f"python -m reliability shutdown --seed {args.seed} --events {args.events} --rounds {args.rounds}"
     return report("shutdown", figures, problems, reproduce)
 

@@ -135,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
         )
         figures["lost"] = audit.lost + len(clients.figures.acknowledged - set(client_rows(c.engine)))
         if problems:
-            args.keep = True
+            args.keep = c.keep = True  # a problem: keep the database and the logs for a look
     reproduce = f"python -m reliability slow-database --seed {args.seed} --events {args.events} --hold {args.hold}"
     return report("slow-database", figures, problems, reproduce)
 

@@ -35,11 +35,14 @@ from scheduler.db import make_engine, make_sessionmaker, resolve_database_url
 from scheduler.dispatch import NudgingPlatform
 from scheduler.facts import ContractViolation, FactsMissing, check_facts_contract
 from scheduler.http import HTTPRefusal, Unprocessable, parse_body, read_json, respond
+from scheduler.inbox import Inbox, StreamPublisher, inbox_routes
+from scheduler.lifecycle import actor_of, lifecycle_routes
 from scheduler.listener import Listener, conninfo_of
 from scheduler.loop import DUE_CHANNEL, Scheduler
 from scheduler.openapi import openapi_document
 from scheduler.operations import Operations
 from scheduler.publishers import LoggingPublisher
+from scheduler.retention import Retention
 from scheduler.rules import Catalogue, load_catalogue
 from scheduler.schemas import (
     MAX_STRING,
@@ -122,14 +125,19 @@ class SchedulerService:
         self.clock = clock or SystemClock()
         self.catalogue = catalogue or load_catalogue(self.settings.rules_dir)
         self.dispatcher: Dispatcher = dispatcher or NudgingPlatform(self.catalogue)
-        self.publisher = publisher or LoggingPublisher()
+        # After commit: number web notifications for the inbox stream and NOTIFY the
+        # replicas, then the configured publisher (see scheduler.inbox). The live path
+        # numbers on the requests' pool, the loop on its own (below).
+        inner_publisher = publisher or LoggingPublisher()
+        self.publisher: Publisher = StreamPublisher(self.sessions, inner_publisher)
         self.verifier = TokenVerifier(self.settings)
         self.run_scheduler = self.settings.scheduler_enabled if run_scheduler is None else run_scheduler
+        loop_sessions = make_sessionmaker(self.loop_engine) if self.loop_engine is not engine else self.sessions
         self.scheduler = Scheduler(
-            make_sessionmaker(self.loop_engine) if self.loop_engine is not engine else self.sessions,
+            loop_sessions,
             self.dispatcher,
             self.clock,
-            publisher=self.publisher,
+            publisher=StreamPublisher(loop_sessions, inner_publisher),
             batch_size=self.settings.batch_size,
             poll_seconds=self.settings.poll_seconds,
             mode=self.settings.mode,
@@ -139,6 +147,11 @@ class SchedulerService:
         self.listener = Listener(conninfo_of(engine), name="scheduler", probe_engine=engine)
         if self.settings.mode is SchedulerMode.PROMPT and self.settings.listen and self.run_scheduler:
             self.listener.subscribe(DUE_CHANNEL, self._on_due)
+        # The participants' live inbox: fan-out by the process's LISTEN connection.
+        self.inbox = Inbox(self.sessions, listener=self.listener if self.settings.listen else None)
+        # Deletes old dispatched and cancelled rows after a poll (one replica, hourly).
+        self.retention = Retention(self.loop_engine, self.clock, days=self.settings.retention_days)
+        self.scheduler.poll_hooks.append(self.retention)
         self._task: asyncio.Task[None] | None = None
         self._stop: asyncio.Event | None = None
         # Heartbeats, metrics, the operator API and the console (issue 9).
@@ -200,6 +213,8 @@ class SchedulerService:
             Route("/admin/ingest-event", self.ingest_event, methods=["POST"]),
             Route("/admin/notifications", self.list_notifications, methods=["GET"]),
             Route("/admin/participants/{user_id}/preferences", self.set_preferences, methods=["PUT"]),
+            *lifecycle_routes(self),
+            *inbox_routes(self),
             *self.operations.routes(),
         ]
 
@@ -305,6 +320,7 @@ class SchedulerService:
             trigger_at=body.trigger_at,
             facts=body.facts,
             now=self.clock.now(),
+            actor=actor_of(request),
         )
         return respond(ScheduledEventOut.model_validate(row), 201)
 
@@ -365,6 +381,7 @@ class SchedulerService:
             status=status,
             user_id=_text_param("user_id", request.query_params.get("user_id") or None),
             limit=limit,
+            external_key=_text_param("external_key", request.query_params.get("external_key") or None),
         )
         return respond([ScheduledEventOut.model_validate(r) for r in rows])
 

@@ -23,12 +23,12 @@ from sqlalchemy import RowMapping
 from sqlalchemy.orm import Session, sessionmaker
 
 from scheduler.queries import statement
-from scheduler.store import event_to_json
-from scheduler.types import EventStatus
+from scheduler.store import event_to_json, set_change_context
+from scheduler.types import EVENT_STATUSES
 
 BULK_CAP = 10_000
 CHUNK = 500
-FILTER_STATUSES = tuple(str(s) for s in EventStatus)
+FILTER_STATUSES = tuple(str(s) for s in EVENT_STATUSES)  # every status a row can have, cancelled included
 
 
 class FilterError(ValueError):
@@ -118,6 +118,7 @@ def reset_one(sessions: sessionmaker[Session], event_id: str, now: datetime, *, 
               source: str, reason: str | None = None) -> dict[str, Any] | None:
     """The reset by hand of one row, recorded in the audit trail; ``None`` if no such row."""
     with sessions.begin() as session:
+        set_change_context(session, "reset", actor)  # the row's history names the change and who
         row = session.execute(statement("reset_event"), {"id": event_id, "now": now}).mappings().first()
         if row is None:
             return None
@@ -155,6 +156,7 @@ def bulk_reset(sessions: sessionmaker[Session], where: EventFilter, *, now: date
     params = {**where.params(), "as_of": as_of, "now": now}
     while done < limit:
         with sessions.begin() as session:
+            set_change_context(session, "reset", actor)
             ids = list(session.execute(statement("reset_filtered_chunk"), {
                 **params, "after_id": after, "chunk": min(chunk, limit - done),
             }).scalars())

@@ -33,6 +33,9 @@ SCOPE_PERMISSIONS: dict[str, tuple[str, ...]] = {
     "nudging.admin": ("admin", "ingest"),
 }
 PERMISSION_SCOPES = {"ingest": "nudging.ingest", "admin": "nudging.admin"}
+# Any valid token, a participant's (no scope) included: the routes under /me, which serve
+# the token's own subject.
+PARTICIPANT = "participant"
 CHALLENGE = {"WWW-Authenticate": 'Bearer realm="nudging"'}
 
 Endpoint = Callable[..., Awaitable[Response]]
@@ -142,11 +145,11 @@ def require(permission: str) -> Callable[[Endpoint], Endpoint]:
     The permission is recorded on the endpoint (``endpoint.permission``) so the route
     table in ``specs/`` can be checked against the running app.
     """
-    if permission not in PERMISSION_SCOPES:
+    if permission not in PERMISSION_SCOPES and permission != PARTICIPANT:
         raise ValueError(f"unknown permission {permission!r}")
 
     def decorator(endpoint: Endpoint) -> Endpoint:
-        guarded = requires(permission, status_code=403)(endpoint)
+        guarded = requires("authenticated" if permission == PARTICIPANT else permission, status_code=403)(endpoint)
 
         @functools.wraps(endpoint)
         async def wrapper(*args: Any) -> Response:
@@ -154,7 +157,7 @@ def require(permission: str) -> Callable[[Endpoint], Endpoint]:
             assert isinstance(request, Request)
             if not request.user.is_authenticated:
                 raise HTTPException(401, "missing bearer token", headers=CHALLENGE)
-            if not has_required_scope(request, [permission]):
+            if permission != PARTICIPANT and not has_required_scope(request, [permission]):
                 raise HTTPException(
                     403, f"missing permission: {PERMISSION_SCOPES[permission]} ({permission})"
                 )

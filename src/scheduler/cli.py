@@ -157,7 +157,8 @@ def cmd_events_list(args: argparse.Namespace, settings: Settings) -> int:
     from scheduler.db import make_sessionmaker
 
     engine = _engine(settings)
-    rows = store.list_events(make_sessionmaker(engine), status=args.status, user_id=args.user_id, limit=args.limit)
+    rows = store.list_events(make_sessionmaker(engine), status=args.status, user_id=args.user_id, limit=args.limit,
+                             external_key=args.external_key)
     engine.dispose()
     if args.json:
         print(json.dumps(rows, indent=2))
@@ -262,6 +263,58 @@ def cmd_events_reset(args: argparse.Namespace, settings: Settings) -> int:
         return 0
     finally:
         engine.dispose()
+def cmd_events_cancel(args: argparse.Namespace, settings: Settings) -> int:
+    from scheduler.clock import SystemClock
+    from scheduler.db import make_sessionmaker
+    from scheduler.lifecycle import cancel_event
+
+    engine = _engine(settings)
+    try:
+        result = cancel_event(make_sessionmaker(engine), now=SystemClock().now(),
+                              event_id=None if args.key else args.id,
+                              external_key=args.id if args.key else None, actor=_cli_actor(args))
+    finally:
+        engine.dispose()
+    what = f"key {args.id}" if args.key else f"id {args.id}"
+    if result.outcome == "missing" or result.row is None:
+        print(f"no scheduled event with {what}", file=sys.stderr)
+        return 1
+    if result.outcome == "dispatched":
+        print(f"{result.row['id']} was already dispatched at {result.row['dispatched_at']}; it stays dispatched",
+              file=sys.stderr)
+        return 1
+    note = " (it already was)" if result.outcome == "already_cancelled" else ""
+    print(f"{result.row['id']} is cancelled{note}")
+    return 0
+
+
+def cmd_events_history(args: argparse.Namespace, settings: Settings) -> int:
+    from scheduler.db import make_sessionmaker
+    from scheduler.lifecycle import event_history
+
+    engine = _engine(settings)
+    try:
+        entries = event_history(make_sessionmaker(engine), args.id)
+    finally:
+        engine.dispose()
+    if entries is None:
+        print(f"no scheduled event with id {args.id}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(entries, indent=2))
+        return 0
+    for entry in entries:
+        by = f"  by {entry['actor']}" if entry["actor"] else ""
+        changed = "  ".join(
+            f"{column}: {_short(before)} -> {_short(after)}" for column, (before, after) in entry["changes"].items()
+        )
+        print(f"{entry['at']}  {entry['change']:<10} {entry['status']:<10}{by}  {changed}".rstrip())
+    return 0
+
+
+def _short(value: object, width: int = 60) -> str:
+    text = json.dumps(value) if not isinstance(value, str) else value
+    return text if len(text) <= width else text[: width - 3] + "..."
 
 
 def cmd_rules_list(args: argparse.Namespace, settings: Settings) -> int:
@@ -329,6 +382,7 @@ def build_parser() -> argparse.ArgumentParser:
                                     description="List scheduled events, newest change first.")
     ev_list.add_argument("--status", choices=[str(s) for s in EventStatus], help="only rows in this status")
     ev_list.add_argument("--user-id", help="only this participant's rows")
+    ev_list.add_argument("--external-key", help="only the row of this external key")
     ev_list.add_argument("--limit", type=int, default=50, help="at most this many rows (default 50)")
     ev_list.add_argument("--json", action="store_true", help="print JSON")
     ev_list.set_defaults(func=cmd_events_list)
@@ -352,6 +406,21 @@ def build_parser() -> argparse.ArgumentParser:
     ev_reset.add_argument("--actor", help="who, for the audit trail (default cli:$USER)")
     ev_reset.add_argument("--cap", type=int, default=10_000, help="reset at most this many rows (default 10000)")
     ev_reset.set_defaults(func=cmd_events_reset)
+    ev_cancel = events_sub.add_parser(
+        "cancel", help="cancel a pending or failed row (never a dispatched one)",
+        description="Put a pending or failed row in the terminal status cancelled; the loop never "
+        "takes it. A dispatched row stays dispatched (exit 1). Re-posting its key re-arms it.")
+    ev_cancel.add_argument("id", help="the scheduled event's id (or its external key with --key)")
+    ev_cancel.add_argument("--key", action="store_true", help="ID is an external_key")
+    ev_cancel.add_argument("--actor", help="who, for the row's history (default cli:$USER)")
+    ev_cancel.set_defaults(func=cmd_events_cancel)
+    ev_history = events_sub.add_parser(
+        "history", help="every change of a row, oldest first",
+        description="Stored, rewritten (with what changed), dispatched, failed, reset, cancelled; "
+        "with the token's subject where a token did it.")
+    ev_history.add_argument("id", help="the scheduled event's id")
+    ev_history.add_argument("--json", action="store_true", help="print JSON")
+    ev_history.set_defaults(func=cmd_events_history)
 
     rules = sub.add_parser("rules", help="the rule catalogue", description="Inspect the loaded rule catalogue.")
     rules_sub = rules.add_subparsers(dest="rules_command", required=True, metavar="ACTION")

@@ -77,6 +77,7 @@ class Settings:
     lock_timeout_ms: int = 10_000
     pool_timeout_seconds: float = 10.0
     environment: str = "development"
+    retention_days: int = 30  # dispatched and cancelled rows older than this are deleted; 0 keeps all
     mode: SchedulerMode = SchedulerMode.LITERAL
     listen: bool = True
     transaction_pooling: bool = False
@@ -116,6 +117,7 @@ class Settings:
             lock_timeout_ms=_int(env, "SCHEDULER_LOCK_TIMEOUT_MS", 10_000, 0),
             pool_timeout_seconds=_float(env, "SCHEDULER_POOL_TIMEOUT_SECONDS", 10.0, 0.1),
             environment=environment,
+            retention_days=_int(env, "SCHEDULER_RETENTION_DAYS", 30, 0),
             mode=mode,
             listen=_bool(env, "SCHEDULER_LISTEN", True),
             transaction_pooling=_bool(env, "SCHEDULER_TRANSACTION_POOLING", False),

@@ -41,6 +41,7 @@ from scheduler.console_auth import (
     set_signin_nonce,
     signin_nonce_ok,
 )
+from scheduler.lifecycle import event_history
 from scheduler.overview import duration, overview
 from scheduler.queries import statement
 from scheduler.store import get_event
@@ -212,9 +213,11 @@ class Console:
         row, notifications, actions = await run_in_threadpool(self._detail, event_id)
         if row is None:
             return self.page(request, "error.html", {"message": "no scheduled event with that id"}, 404)
+        changes = await run_in_threadpool(event_history, self.sessions, event_id) or []
         facts = json.dumps(row.pop("facts"), indent=2, sort_keys=True, ensure_ascii=False)
         return self.page(request, "event.html", {"row": row, "facts": facts, "notifications": notifications,
-                                                 "actions": actions, "done": request.query_params.get("done")})
+                                                 "actions": actions, "changes": changes,
+                                                 "done": request.query_params.get("done")})
 
     def _detail(self, event_id: str) -> tuple[dict[str, Any] | None, list[dict[str, Any]], list[dict[str, Any]]]:
         row = get_event(self.sessions, event_id)

@@ -452,7 +452,16 @@ class Scheduler:
             batch.session.close()
 
     def _publish(self, messages: list[OutboundMessage]) -> None:
-        if self.publisher is None:
+        if self.publisher is None or not messages:
+            return
+        publish_many = getattr(self.publisher, "publish_many", None)
+        if publish_many is not None:
+            # One call for the batch (the inbox numbers a whole batch in one transaction);
+            # it isolates its own per-message failures.
+            try:
+                publish_many(messages)
+            except Exception:
+                logger.exception("%s: publishing %d notifications failed", self.name, len(messages))
             return
         for message in messages:
             try:

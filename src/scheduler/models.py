@@ -43,7 +43,7 @@ class ScheduledEvent(Base):
 
     __tablename__ = "scheduled_events"
     __table_args__ = (
-        CheckConstraint("status IN ('pending', 'dispatched', 'failed')", name="status"),
+        CheckConstraint("status IN ('pending', 'dispatched', 'failed', 'cancelled')", name="status"),
         # The claim reads only pending rows in (trigger_at, id) order; a partial index keeps
         # its cost independent of how many dispatched and failed rows pile up.
         Index(
@@ -59,6 +59,12 @@ class ScheduledEvent(Base):
             "updated_at",
             "id",
             postgresql_where=text("status = 'failed'"),
+        ),
+        # Retention finds dispatched and cancelled rows older than the cutoff here.
+        Index(
+            "ix_scheduled_events_finished",
+            "updated_at",
+            postgresql_where=text("status IN ('dispatched', 'cancelled')"),
         ),
         # The console's events page, newest change first, and the last hour's dispatches
         # for its lateness percentiles (a dispatched row's updated_at is its dispatched_at).
@@ -86,6 +92,10 @@ class Notification(Base):
     __table_args__ = (
         CheckConstraint("status IN ('sent', 'suppressed', 'failed')", name="status"),
         Index("ix_notifications_user_id_created_at", "user_id", "created_at"),
+        # The inbox: a participant's stream replay, and every replica's tail of the stream.
+        Index("ix_notifications_user_id_stream_seq", "user_id", "stream_seq",
+              postgresql_where=text("stream_seq IS NOT NULL")),
+        Index("ix_notifications_stream_seq", "stream_seq", postgresql_where=text("stream_seq IS NOT NULL")),
         # An event's page in the console lists the notifications it produced (issue 9).
         Index(
             "ix_notifications_scheduled_event_id",
@@ -109,6 +119,34 @@ class Notification(Base):
     source: Mapped[str] = mapped_column(String(16))
     scheduled_event_id: Mapped[str | None] = mapped_column(String(ID_LENGTH))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    # Given after commit, in commit order (sequence notification_stream_seq under one lock):
+    # the SSE event id, so that a Last-Event-ID replay misses nothing. NULL: never streamed.
+    stream_seq: Mapped[int | None] = mapped_column(BigInteger)
+
+
+class ScheduledEventHistory(Base):
+    """One change of a scheduled event, appended by a trigger in the changing transaction."""
+
+    __tablename__ = "scheduled_event_history"
+    __table_args__ = (Index("ix_scheduled_event_history_event_id", "event_id", "id"),)
+
+    id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
+    # No foreign key: retention deletes a row and its history in one statement.
+    event_id: Mapped[str] = mapped_column(String(ID_LENGTH))
+    at: Mapped[datetime] = mapped_column(DateTime(timezone=True))  # the row's updated_at
+    change: Mapped[str] = mapped_column(String(32))  # stored, rewritten, dispatched, failed, reset, cancelled
+    actor: Mapped[str | None] = mapped_column(String(NAME_LENGTH))  # the token's subject, if one did it
+    status: Mapped[str] = mapped_column(String(16))  # the status after the change
+    changes: Mapped[dict[str, Any]] = mapped_column(JSONB)  # column -> [before, after]
+
+
+class MaintenanceRun(Base):
+    """When a periodic task (retention) last started, shared by every replica."""
+
+    __tablename__ = "scheduler_maintenance"
+
+    task: Mapped[str] = mapped_column(String(64), primary_key=True)
+    last_run_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
 
 
 class DedupKey(Base):

@@ -12,10 +12,14 @@ from starlette.routing import BaseRoute, Route
 
 from scheduler.schemas import (
     MAX_STRING,
+    CancelConflictOut,
     DuplicateOut,
     ErrorOut,
     FactsContractErrorOut,
     HealthOut,
+    HistoryEntryOut,
+    InboxNotificationOut,
+    InboxPageOut,
     IngestOut,
     LiveEventIn,
     NotificationOut,
@@ -35,6 +39,7 @@ MODELS: tuple[type[BaseModel], ...] = (
     ScheduledEventIn, LiveEventIn, PreferencesIn, ScheduledEventOut, NotificationOut,
     IngestOut, DuplicateOut, PreferencesOut, SchedulerHealthOut, HealthOut, ErrorOut,
     ValidationErrorOut, FactsContractErrorOut, RuleRefusalOut, ReplicaOut, OperatorActionOut,
+    HistoryEntryOut, CancelConflictOut, InboxNotificationOut, InboxPageOut,
 )
 
 
@@ -67,17 +72,20 @@ ERRORS = {
     "422": _json(ValidationErrorOut, "malformed parameters or body; errors names each field"),
     "503": _json(ErrorOut, "the database is unavailable"),
 }
+# An open route needs no token, but one that is sent must be well formed and valid.
+BAD_TOKEN = {"401": _json(ErrorOut, "an Authorization header was sent and it is malformed or its token invalid")}
 TOO_LARGE = {"413": _json(ErrorOut, "body larger than SCHEDULER_MAX_BODY_BYTES")}
 MISSING_FACTS = "REQ-0063: facts absent, null or empty ({detail: 'Missing facts in ...'}), or without facts_version and scenario as non-empty strings ({detail: {error: invalid_facts_contract, errors}}); any other malformed body names its fields"
 
 # (path, method) -> operation; the request and response schemas come from the models.
 OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
-    ("/health", "get"): {"summary": "Liveness", "responses": {"200": _json(HealthOut, "alive")}},
+    ("/health", "get"): {"summary": "Liveness", "responses": {"200": _json(HealthOut, "alive"), **BAD_TOKEN}},
     ("/health/scheduler", "get"): {
         "summary": "Is the polling loop alive and polling?",
         "responses": {
             "200": _json(SchedulerHealthOut, "the loop runs and polled recently"),
             "503": _json(SchedulerHealthOut, "the loop task exited, its last poll failed (a database outage), or no poll completed in three intervals"),
+            **BAD_TOKEN,
         },
     },
     ("/admin/scheduled-events", "post"): {
@@ -89,7 +97,7 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
     },
     ("/admin/scheduled-events", "get"): {
         "summary": "List scheduled events (permission: admin)",
-        "parameters": ["status", "user_id", "limit"],
+        "parameters": ["status", "user_id", "external_key", "limit"],
         "parameter_schemas": {"status": _enum(EventStatus)},
         "responses": {"200": _json(ScheduledEventOut, "rows, newest change first", many=True), **ERRORS},
     },
@@ -134,7 +142,7 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
     ("/metrics", "get"): {
         "summary": "Prometheus metrics (open unless SCHEDULER_METRICS_REQUIRE_ADMIN)",
         "responses": {"200": {"description": "the Prometheus text format",
-                              "content": {"text/plain": {"schema": {"type": "string"}}}}},
+                              "content": {"text/plain": {"schema": {"type": "string"}}}}, **BAD_TOKEN},
     },
     ("/admin/replicas", "get"): {
         "summary": "Every replica's heartbeat, stale or not (permission: admin)",
@@ -146,6 +154,47 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
         "responses": {"200": _json(OperatorActionOut, "operator actions", many=True), **ERRORS},
     },
 }
+
+_CANCEL = {
+    "200": _json(ScheduledEventOut, "the row, cancelled (or already cancelled: the same row)"),
+    "404": _json(ErrorOut, "no such row"),
+    "409": _json(CancelConflictOut, "the row was already dispatched; it stays dispatched"),
+    **ERRORS,
+}
+# Issue 10: cancel, history, the participant's inbox.
+OPERATIONS.update({
+    ("/admin/scheduled-events/{event_id}", "delete"): {
+        "summary": "Cancel a pending or failed row (permission: ingest)", "responses": _CANCEL,
+    },
+    ("/admin/scheduled-events/by-key/{external_key}", "delete"): {
+        "summary": "Cancel the row of an external key (permission: ingest)", "responses": _CANCEL,
+    },
+    ("/admin/scheduled-events/{event_id}/history", "get"): {
+        "summary": "Every change of a row, oldest first (permission: admin)",
+        "responses": {"200": _json(HistoryEntryOut, "the changes", many=True),
+                      "404": _json(ErrorOut, "no such row"), **ERRORS},
+    },
+    ("/me/notifications", "get"): {
+        "summary": "The caller's own delivered notifications, newest first (any valid token; admin may pass user_id)",
+        "parameters": ["user_id", "before", "limit"],
+        "responses": {"200": _json(InboxPageOut, "one page, newest first"), **ERRORS},
+    },
+    ("/me/notifications/stream", "get"): {
+        "summary": "Server-sent events: the caller's notifications as they are delivered by any replica",
+        "parameters": ["user_id", "after"],
+        "responses": {
+            "200": {"description": "text/event-stream: `id:` the stream number, `event: notification`, "
+                                   "`data:` an InboxNotificationOut; comment heartbeats. Send Last-Event-ID "
+                                   "(or ?after=) to replay what was missed.",
+                    "content": {"text/event-stream": {"schema": {"type": "string"}}}},
+            **ERRORS,
+        },
+    },
+    ("/inbox", "get"): {
+        "summary": "The participant's inbox page (signs in with a participant token, shows the stream)",
+        "responses": {"200": {"description": "an HTML page", "content": {"text/html": {"schema": {"type": "string"}}}}},
+    },
+})
 
 
 def openapi_document(routes: Sequence[BaseRoute], root_path: str = "") -> dict[str, Any]:
@@ -185,7 +234,7 @@ def openapi_document(routes: Sequence[BaseRoute], root_path: str = "") -> dict[s
                     "required": True,
                     "content": {"application/json": {"schema": _ref(spec["request"])}},
                 }
-            if route.path.startswith("/admin"):
+            if route.path.startswith(("/admin", "/me")):
                 operation["security"] = [{"bearer": []}]
             paths.setdefault(route.path, {})[method.lower()] = operation
     document: dict[str, Any] = {

@@ -65,9 +65,9 @@ def holds_participant_lock(session: Session, key: int) -> bool:
 
 
 def lock_participant(session: Session, user_id: str) -> None:
-    """Lock one participant until the end of the transaction (waiting while another holds
-    it), unless this transaction already holds that lock (a batch takes its participants'
-    locks when it claims)."""
+    """Lock one participant until the transaction ends (waits while another holds it),
+    unless this transaction already holds that lock (a batch's claim took it): a second,
+    re-entrant request would be a round trip per event for nothing."""
     key = participant_lock_key(user_id)
     if not holds_participant_lock(session, key):
         session.execute(statement("lock_participant"), {"key": key})

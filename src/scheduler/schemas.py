@@ -309,3 +309,44 @@ class RuleRefusalOut(_Out):
     """400 or 422 from the live path (REQ-0016): the rule engine refused the event."""
 
     detail: RuleRefusalDetail
+
+
+class HistoryEntryOut(_Out):
+    """One change of a scheduled event (``GET /admin/scheduled-events/{id}/history``)."""
+
+    id: int
+    event_id: str
+    at: Timestamp = Field(description="the row's updated_at after the change (the service's clock)")
+    change: Literal["stored", "rewritten", "dispatched", "failed", "reset", "cancelled", "pending", "updated"]
+    actor: str | None = Field(description="the token's subject; null for the polling loop")
+    status: EventStatus
+    changes: dict[str, list[Any]] = Field(description="column -> [before, after], for each column that changed")
+
+
+class CancelConflictOut(_Out):
+    detail: str
+    event: ScheduledEventOut
+
+
+class InboxNotificationOut(_Out):
+    """A notification as its participant sees it."""
+
+    id: str
+    user_id: str
+    community_id: str | None
+    rule_id: str
+    kind: str
+    scenario: str
+    time_scope: str
+    title: str
+    body: str
+    source: Literal["live", "scheduled"]
+    scheduled_event_id: str | None
+    created_at: Timestamp
+    stream_seq: int | None = Field(description="its SSE event id once streamed (null: never streamed)")
+
+
+class InboxPageOut(_Out):
+    items: list[InboxNotificationOut]
+    next: str | None = Field(description="pass as ?before= for the next (older) page; null at the end")
+

@@ -51,11 +51,13 @@ def store_event(
     facts: Mapping[str, Any],
     now: datetime,
     event_id: str | None = None,
+    actor: str | None = None,
 ) -> dict[str, Any]:
     """Insert a row, or rewrite and reset the row of ``external_key`` (REQ-0064), atomically.
 
     ``event_id`` names a new row (default: a random UUID); the simulation passes seeded
     ids so that a replayed run claims rows in the same ``(trigger_at, id)`` order.
+    ``actor`` (a token's subject) is recorded in the row's history.
     """
     params = {
         "id": event_id or str(uuid.uuid4()),
@@ -69,9 +71,17 @@ def store_event(
     }
     name = "insert_event" if external_key is None else "upsert_event_by_key"
     with sessions.begin() as session:
+        if external_key is not None or actor is not None:
+            # the history trigger reads these; "rewritten" names the upsert's UPDATE path
+            set_change_context(session, "rewritten", actor)
         row = session.execute(statement(name), params).mappings().one()
         announce_due(session, row["trigger_at"])
         return event_to_json(row)
+
+
+def set_change_context(session: Session, change: str | None, actor: str | None) -> None:
+    """Name the change and who made it for the history trigger, for this transaction only."""
+    session.execute(statement("set_change_context"), {"change": change or "", "actor": actor or ""})
 
 
 def get_event(sessions: sessionmaker[Session], event_id: str) -> dict[str, Any] | None:
@@ -81,18 +91,27 @@ def get_event(sessions: sessionmaker[Session], event_id: str) -> dict[str, Any] 
 
 
 def list_events(
-    sessions: sessionmaker[Session], *, status: str | None, user_id: str | None, limit: int
+    sessions: sessionmaker[Session],
+    *,
+    status: str | None,
+    user_id: str | None,
+    limit: int,
+    external_key: str | None = None,
 ) -> list[dict[str, Any]]:
     with sessions.begin() as session:
         rows = session.execute(
-            statement("list_events"), {"status": status, "user_id": user_id, "limit": limit}
+            statement("list_events"),
+            {"status": status, "user_id": user_id, "limit": limit, "external_key": external_key},
         ).mappings().all()
         return [event_to_json(r) for r in rows]
 
 
-def reset_event(sessions: sessionmaker[Session], event_id: str, now: datetime) -> dict[str, Any] | None:
+def reset_event(
+    sessions: sessionmaker[Session], event_id: str, now: datetime, actor: str | None = None
+) -> dict[str, Any] | None:
     """The operator's reset by hand (REQ-0065): pending again, nothing of the last run kept."""
     with sessions.begin() as session:
+        set_change_context(session, "reset", actor)
         row = session.execute(statement("reset_event"), {"id": event_id, "now": now}).mappings().first()
         if row is not None:
             announce_due(session, row["trigger_at"])

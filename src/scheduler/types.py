@@ -25,6 +25,7 @@ class EventStatus(StrEnum):
     PENDING = "pending"
     DISPATCHED = "dispatched"
     FAILED = "failed"
+    CANCELLED = "cancelled"
 
 
 EVENT_STATUSES: tuple[EventStatus, ...] = tuple(EventStatus)

@@ -10,14 +10,17 @@ something; the statement is production's, with ``:now`` and ``:batch_size`` boun
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from bench.env import NOW, bench_sql, load_events
 from sqlalchemy import Connection, Engine, text
 
+from scheduler.clock import ManualClock
 from scheduler.loop import claim_params
 from scheduler.queries import sql
+from scheduler.retention import Retention
 
 TERMINAL = 30_000
 PENDING = 200
@@ -110,3 +113,19 @@ def test_the_plan_check_fails_when_the_schema_loses_the_pending_index(settled_ta
         problems = plan_problems(claim_plan(conn, "custom"))
     assert any(PENDING_INDEX in p for p in problems), problems
     assert any("discarded" in p or "buffers" in p for p in problems), problems
+
+
+@pytest.mark.clause("PERF-1")
+@pytest.mark.clause("RET-7")
+@pytest.mark.parametrize("mode", ["custom", "generic"])
+def test_the_claim_keeps_its_plan_after_a_retention_run(settled_table: Engine, mode: str) -> None:
+    """PERF-1, RET-7: retention deletes the 27,000 old dispatched rows (and their history) in
+    batches; the claim's plan is still one scan of the pending index returning one batch."""
+    retention = Retention(settled_table, ManualClock(NOW + timedelta(days=31)), days=30,
+                          batch_size=5_000, max_batches=100)
+    report = retention.run_if_due()
+    assert report is not None and report.done and report.deleted == TERMINAL * 9 // 10
+    with settled_table.connect() as conn:
+        plan = claim_plan(conn, mode)
+    assert plan_problems(plan) == [], json.dumps(plan, indent=1)
+    assert scans(plan)[0]["Actual Rows"] == BATCH

@@ -23,6 +23,9 @@ from tests.performance.test_claim_plan import scans
 PENDING = "ix_scheduled_events_pending_due"
 FAILED = "ix_scheduled_events_failed"
 UPDATED_AT = "ix_scheduled_events_updated_at"
+# retention's partial index (issue 10) holds exactly the dispatched and cancelled rows by
+# updated_at: as good a window for the lateness of the last hour, and smaller
+FINISHED = "ix_scheduled_events_finished"
 
 
 def explain(conn: Connection, name: str, params: dict[str, Any], *, generic: bool = False) -> dict[str, Any]:
@@ -45,8 +48,10 @@ def explain(conn: Connection, name: str, params: dict[str, Any], *, generic: boo
     return plan
 
 
-def problems(plan: dict[str, Any], index: str, max_rows: int) -> list[str]:
-    """What is wrong: a scan of scheduled_events off ``index``, or reading more than ``max_rows``."""
+def problems(plan: dict[str, Any], index: str | set[str], max_rows: int) -> list[str]:
+    """What is wrong: a scan of scheduled_events off ``index`` (or any of a set), or reading more
+    than ``max_rows``."""
+    allowed = {index} if isinstance(index, str) else index
     found = []
     table_scans = [s for s in scans(plan) if s.get("Relation Name") == "scheduled_events"]
     if not table_scans:
@@ -55,8 +60,8 @@ def problems(plan: dict[str, Any], index: str, max_rows: int) -> list[str]:
         # a bitmap heap scan reads the heap pages its bitmap index scan (the child) found
         used = scan.get("Index Name") or next(
             (c.get("Index Name") for c in scan.get("Plans", []) if c["Node Type"] == "Bitmap Index Scan"), None)
-        if used != index:
-            found.append(f"{scan['Node Type']} on {scan.get('Index Name') or 'the heap'}, not {index}")
+        if used not in allowed:
+            found.append(f"{scan['Node Type']} on {scan.get('Index Name') or 'the heap'}, not {' or '.join(sorted(allowed))}")
         read = scan.get("Actual Rows", 0) + scan.get("Rows Removed by Filter", 0)
         if read > max_rows:
             found.append(f"read {read} rows (at most {max_rows} expected)")
@@ -98,7 +103,7 @@ def test_the_overview_queries_read_their_indexes(settled_table: Engine) -> None:
         lateness = explain(conn, "lateness_percentiles", {"since": NOW - timedelta(hours=1), "now": NOW})
         failures = explain(conn, "failures_by_kind", {"since": NOW - timedelta(hours=24), "sample": 10_000})
         pending = explain(conn, "count_pending", {})
-    assert problems(lateness, UPDATED_AT, 50) == [], json.dumps(lateness, indent=1)
+    assert problems(lateness, {UPDATED_AT, FINISHED}, 50) == [], json.dumps(lateness, indent=1)
     assert problems(failures, FAILED, 3_000) == [], json.dumps(failures, indent=1)
     assert problems(pending, PENDING, 200) == [], json.dumps(pending, indent=1)
 

@@ -16,7 +16,9 @@ from tests.security.support import PERMISSIONS, RouteEntry, app_table, spec_tabl
 
 TABLE = spec_table()
 # Bearer-protected API routes; the console's cookie-protected pages are tested in tests/console.
-PROTECTED = [e for e in TABLE if e.permission in {"ingest", "admin"}]
+PROTECTED = [e for e in TABLE if e.permission in {"ingest", "admin", "participant"}]
+SCOPED = [e for e in TABLE if e.permission in {"ingest", "admin"}]
+STREAMS = {"/me/notifications/stream"}  # never end: called here only where they must refuse
 ADMIN_ROUTES = [e for e in TABLE if e.path.startswith("/admin")]
 
 
@@ -89,6 +91,7 @@ def test_open_routes_answer_without_a_token(client: TestClient) -> None:
         "GET /health": 200, "GET /health/scheduler": 503, "GET /openapi.json": 200, "GET /metrics": 200,
         # the console's sign-in page, its form (403: no sign-in nonce), a static file that does not exist
         "GET /console/sign-in": 200, "POST /console/sign-in": 403, "GET /console/static/{name}": 404,
+        "GET /inbox": 200,  # the participant's page holds no data
     }
 
 
@@ -103,10 +106,20 @@ def test_a_participant_token_on_every_admin_route_is_403(client: TestClient, ent
 
 
 @pytest.mark.clause("SEC-3")
-@pytest.mark.parametrize("entry", PROTECTED, ids=_id)
+@pytest.mark.parametrize("entry", SCOPED, ids=_id)
 def test_an_ingest_token_is_403_on_admin_only_routes_and_passes_on_ingest_routes(
     client: TestClient, entry: RouteEntry
 ) -> None:
-    """SEC-3: ingest reaches the ingest routes (the empty body is then a 422) and nothing else."""
+    """SEC-3: ingest reaches the ingest routes (the empty body is then a 422, the unknown row
+    of a cancel a 404) and nothing else."""
     status = _call(client, entry, INGEST)
-    assert status == (422 if entry.permission == "ingest" else 403)
+    reached = 404 if entry.method == "DELETE" else 422
+    assert status == (reached if entry.permission == "ingest" else 403)
+
+
+@pytest.mark.clause("SEC-3")
+@pytest.mark.parametrize("entry", [e for e in TABLE if e.permission == "participant" and e.path not in STREAMS], ids=_id)
+def test_a_participant_token_reaches_the_participant_routes(client: TestClient, entry: RouteEntry) -> None:
+    """SEC-3: any valid token reaches the routes under /me (its own inbox); the stream's
+    refusals are in tests/requirements/test_inbox.py."""
+    assert _call(client, entry, PARTICIPANT) == 200

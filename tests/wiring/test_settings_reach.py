@@ -228,6 +228,22 @@ def check_environment(env: Env) -> None:
         assert service.settings.environment == "development"
 
 
+def check_retention_days(env: Env) -> None:
+    sessions = make_sessionmaker(env.engine)
+    row = store.store_event(sessions, event_type="reminder", user_id="user-r", community_id=None, external_key=None,
+                            trigger_at=T0, facts=reminder_facts(), now=T0)
+    with env.engine.begin() as conn:  # dispatched eight days before the service's clock
+        conn.execute(text("UPDATE scheduled_events SET status = 'dispatched', dispatched_at = :t, updated_at = :t "
+                          "WHERE id = :id"), {"t": T0 - timedelta(days=8), "id": row["id"]})
+    for days, kept in (("10", True), ("0", True), ("7", False)):
+        with service_from_env(env.base(SCHEDULER_RETENTION_DAYS=days)) as service:
+            assert service.retention.days == int(days)
+            service.retention.run_if_due()
+            with env.engine.connect() as conn:
+                left = conn.execute(text("SELECT count(*) FROM scheduled_events WHERE id = :id"), {"id": row["id"]})
+                assert (left.scalar_one() == 1) is kept, days
+            with env.engine.begin() as conn:  # the next service may start its own run at once
+                conn.execute(text("DELETE FROM scheduler_maintenance"))
 def check_metrics_require_admin(env: Env) -> None:
     for value, status in (("true", 401), ("false", 200)):
         with service_from_env(env.base(SCHEDULER_METRICS_REQUIRE_ADMIN=value)) as service, \
@@ -264,6 +280,7 @@ CHECKS: dict[str, Callable[[Env], None]] = {
     "pool_timeout_seconds": check_pool_timeout_seconds,
     "transaction_pooling": check_transaction_pooling,
     "environment": check_environment,
+    "retention_days": check_retention_days,
     "metrics_require_admin": check_metrics_require_admin,
     "console_refresh_seconds": check_console_refresh_seconds,
 }

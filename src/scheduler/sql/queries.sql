@@ -112,6 +112,7 @@ SELECT * FROM scheduled_events WHERE id = :id;
 SELECT * FROM scheduled_events
 WHERE (CAST(:status AS text) IS NULL OR status = :status)
   AND (CAST(:user_id AS text) IS NULL OR user_id = :user_id)
+  AND (CAST(:external_key AS text) IS NULL OR external_key = :external_key)
 ORDER BY updated_at DESC, id
 LIMIT :limit;
 
@@ -433,3 +434,117 @@ SELECT CASE WHEN seen_at < CAST(:now AS timestamptz) - 3 * greatest(poll_seconds
        count(*) AS count
 FROM scheduler_replicas
 GROUP BY 1;
+-- The event lifecycle (issue 10): cancel, history, retention, the participant's inbox.
+-- ---------------------------------------------------------------------------------------
+
+-- name: set_change_context
+-- Name the change and its actor for the history trigger, until this transaction ends.
+SELECT set_config('scheduler.change', :change, true), set_config('scheduler.actor', :actor, true);
+
+-- name: lock_event_by_id
+-- Lock one row for a cancel; waits for a batch that is dispatching it, then reads its newest version.
+SELECT * FROM scheduled_events WHERE id = :id FOR UPDATE;
+
+-- name: lock_event_by_key
+-- Lock the row of an external key for a cancel, as lock_event_by_id does.
+SELECT * FROM scheduled_events WHERE external_key = :external_key FOR UPDATE;
+
+-- name: cancel_event
+-- Withdraw a pending or failed row: terminal `cancelled`, never claimed (the claim reads pending only).
+UPDATE scheduled_events
+SET status = 'cancelled', dispatched_at = NULL, updated_at = :now
+-- the caller holds the row lock; the status test keeps a dispatched row dispatched
+WHERE id = :id AND status IN ('pending', 'failed')
+RETURNING *;
+
+-- name: event_history
+-- Every change of one scheduled event, oldest first (the trigger appends them).
+SELECT id, event_id, at, change, actor, status, changes
+FROM scheduled_event_history
+WHERE event_id = :id
+ORDER BY id;
+
+-- name: try_retention_lock
+-- Elect the one replica that runs retention now, until this transaction ends (never waits).
+-- transaction-level, so it also holds behind a transaction-pooling PgBouncer
+SELECT pg_try_advisory_xact_lock(:key);
+
+-- name: claim_maintenance_run
+-- Start a periodic task's run unless one started less than :interval_seconds ago (by :now).
+INSERT INTO scheduler_maintenance (task, last_run_at)
+VALUES (:task, :now)
+ON CONFLICT (task) DO UPDATE SET last_run_at = EXCLUDED.last_run_at
+-- a run started within the interval (by the injected clock) keeps its time: no new run
+WHERE scheduler_maintenance.last_run_at <= CAST(:now AS timestamptz) - make_interval(secs => :interval_seconds)
+   -- a clock that went back (a frozen test clock, a corrected host) must not stall retention forever
+   OR scheduler_maintenance.last_run_at > :now
+RETURNING last_run_at;
+
+-- name: delete_expired_events
+-- Delete up to :batch_size rows dispatched or cancelled before :cutoff, with their history.
+WITH doomed AS (
+    SELECT id FROM scheduled_events
+    -- only terminal successes and withdrawals: failed and pending rows are never deleted;
+    -- ix_scheduled_events_finished holds exactly these rows, by updated_at
+    WHERE status IN ('dispatched', 'cancelled') AND updated_at < :cutoff
+    ORDER BY updated_at
+    -- a small batch: each runs in its own short transaction
+    LIMIT :batch_size
+    -- a row a re-post or a cancel is changing right now is left for the next run
+    FOR UPDATE SKIP LOCKED
+), history AS (
+    DELETE FROM scheduled_event_history WHERE event_id IN (SELECT id FROM doomed)
+)
+DELETE FROM scheduled_events WHERE id IN (SELECT id FROM doomed)
+RETURNING id;
+
+-- name: lock_stream_order
+-- Serialise stream numbering across replicas until commit, so stream order is commit order.
+SELECT pg_advisory_xact_lock(:key);
+
+-- name: number_for_stream
+-- Give delivered notifications (a batch's) their places in the inbox stream, once each.
+UPDATE notifications
+SET stream_seq = nextval('notification_stream_seq')
+WHERE id = ANY(CAST(:ids AS text[])) AND stream_seq IS NULL
+RETURNING stream_seq;
+
+-- name: notify_inbox
+-- Wake every replica's inbox (LISTEN scheduler_inbox); the payload is the stream number.
+SELECT pg_notify(:channel, :payload);
+
+-- name: stream_tail
+-- Streamed notifications after :after in stream order: every replica's live fan-out reads this.
+SELECT id, user_id, community_id, rule_id, kind, scenario, time_scope, title, body,
+       source, scheduled_event_id, created_at, stream_seq
+FROM notifications
+WHERE stream_seq > :after
+ORDER BY stream_seq
+LIMIT :limit;
+
+-- name: stream_head
+-- The newest stream number (0 when nothing was streamed yet).
+SELECT coalesce(max(stream_seq), 0) FROM notifications WHERE stream_seq IS NOT NULL;
+
+-- name: participant_stream_after
+-- One participant's streamed notifications after :after, in stream order (a Last-Event-ID replay).
+SELECT id, user_id, community_id, rule_id, kind, scenario, time_scope, title, body,
+       source, scheduled_event_id, created_at, stream_seq
+FROM notifications
+WHERE user_id = :user_id AND stream_seq > :after
+ORDER BY stream_seq
+LIMIT :limit;
+
+-- name: participant_notifications
+-- One participant's delivered notifications, newest first, after an optional keyset cursor.
+SELECT id, user_id, community_id, rule_id, kind, scenario, time_scope, title, body,
+       source, scheduled_event_id, created_at, stream_seq
+FROM notifications
+WHERE user_id = :user_id
+  -- only what reached the participant: suppressed and failed decisions are the operator's
+  AND status = 'sent'
+  -- keyset: strictly older than the last row of the previous page
+  AND (CAST(:before_at AS timestamptz) IS NULL
+       OR (created_at, id) < (CAST(:before_at AS timestamptz), CAST(:before_id AS text)))
+ORDER BY created_at DESC, id DESC
+LIMIT :limit;

@@ -1,0 +1,402 @@
+"""The participant's live inbox, from any replica (issue 10).
+
+The path of a notification to a browser:
+
+1. A batch (or a live event) commits its notification and delivery (REQ-0066).
+2. After that commit, ``StreamPublisher`` gives the notification its stream number
+   (``notifications.stream_seq``) and sends ``NOTIFY scheduler_inbox, '<number>'`` in one
+   short transaction. The numbering is serialised by an advisory lock held until commit, so
+   stream numbers are committed in order: a reader that saw number N has seen every number
+   below N, and a ``Last-Event-ID`` replay (``stream_seq > N``) misses nothing.
+3. Every replica's ``Inbox`` hears the NOTIFY on the process's one LISTEN connection
+   (``scheduler.listener``), reads what is new from the table (the payload is only the
+   number), and offers each row to the queues of that participant's open streams.
+4. Each ``GET /me/notifications/stream`` drains its own queue as server-sent events.
+
+Nothing in that path can hold up the loop or another client: the publisher only runs one
+small transaction; the hub never waits for a client (``put_nowait`` into a bounded queue);
+a client whose queue is full is dropped (its stream ends after what it already holds, and
+its reconnect replays the rest from the table); a vanished client's stream is cancelled by
+the server and unsubscribes in ``finally``. Heartbeat comments keep proxies from closing
+an idle stream. Where LISTEN is unavailable (a transaction-pooling PgBouncer) the hub reads
+the table on a short timer instead: later by at most that interval, nothing lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy.orm import Session, sessionmaker
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, Response, StreamingResponse
+from starlette.routing import BaseRoute, Route
+
+from scheduler.auth import PARTICIPANT, Principal, require
+from scheduler.http import Unprocessable, respond
+from scheduler.lifecycle import text_param
+from scheduler.queries import statement
+from scheduler.schemas import InboxPageOut
+from scheduler.store import _jsonable
+from scheduler.types import OutboundMessage, Publisher
+
+if TYPE_CHECKING:
+    from scheduler.app import SchedulerService
+
+logger = logging.getLogger(__name__)
+
+CHANNEL = "scheduler_inbox"
+STREAM_LOCK_KEY = int.from_bytes(hashlib.blake2b(b"nudging-inbox-stream", digest_size=8).digest(), "big", signed=True)
+PAGE = Path(__file__).parent / "pages" / "inbox.html"
+REPLAY_LIMIT = 500
+
+
+class StreamPublisher:
+    """After commit: number a delivered web notification for the stream and NOTIFY every
+    replica; then hand the message to ``inner`` (the configured publisher)."""
+
+    def __init__(self, sessions: sessionmaker[Session], inner: Publisher | None = None) -> None:
+        self.sessions = sessions
+        self.inner = inner
+
+    def publish(self, message: OutboundMessage) -> None:
+        self.publish_many([message])
+
+    def publish_many(self, messages: list[OutboundMessage]) -> None:
+        """A whole batch's messages: numbered in one transaction, then each to ``inner``."""
+        try:
+            self.number([m.notification_id for m in messages if m.channel == "web"])
+        except Exception:
+            # Committed and recorded already: the notifications stay readable in
+            # GET /me/notifications; only their live push is lost (logged, not retried).
+            logger.exception("inbox: numbering %d notifications for the stream failed", len(messages))
+        if self.inner is None:
+            return
+        for message in messages:
+            try:
+                self.inner.publish(message)
+            except Exception:
+                logger.exception("publishing notification %s failed", message.notification_id)
+
+    def number(self, notification_ids: list[str]) -> list[int]:
+        """Give each notification its stream number (once) and announce the newest."""
+        if not notification_ids:
+            return []
+        with self.sessions.begin() as session:
+            # held until commit: numbers are committed in the order they are given
+            session.execute(statement("lock_stream_order"), {"key": STREAM_LOCK_KEY})
+            numbers = sorted(int(n) for n in session.execute(
+                statement("number_for_stream"), {"ids": notification_ids}).scalars())
+            if numbers:
+                # delivered with the commit; the payload is small, the rest is in the table
+                session.execute(statement("notify_inbox"), {"channel": CHANNEL, "payload": str(numbers[-1])})
+            return numbers
+
+
+@dataclass(eq=False)
+class Subscriber:
+    """One open stream: a participant's bounded queue of rows (stream order)."""
+
+    user_id: str
+    queue: asyncio.Queue[dict[str, Any]]
+    dropped: bool = False
+
+    def offer(self, row: dict[str, Any]) -> bool:
+        """Queue a row without waiting; False (and the client is dropped) when full."""
+        if self.dropped:
+            return False
+        try:
+            self.queue.put_nowait(row)
+        except asyncio.QueueFull:
+            self.dropped = True
+            return False
+        return True
+
+
+@dataclass
+class InboxStats:
+    notifies: int = 0
+    reads: int = 0
+    offered: int = 0
+    dropped_clients: int = 0
+    streams_opened: int = 0
+    streams_closed: int = 0
+
+
+def _read_tail(sessions: sessionmaker[Session], after: int, limit: int) -> list[dict[str, Any]]:
+    with sessions.begin() as session:
+        return [dict(r) for r in session.execute(statement("stream_tail"), {"after": after, "limit": limit}).mappings()]
+
+
+def _stream_head(sessions: sessionmaker[Session]) -> int:
+    with sessions.begin() as session:
+        return int(session.execute(statement("stream_head")).scalar_one())
+
+
+def _replay(sessions: sessionmaker[Session], user_id: str, after: int, limit: int) -> list[dict[str, Any]]:
+    with sessions.begin() as session:
+        return [
+            dict(r)
+            for r in session.execute(
+                statement("participant_stream_after"), {"user_id": user_id, "after": after, "limit": limit}
+            ).mappings()
+        ]
+
+
+class Inbox:
+    """This process's fan-out hub: LISTEN wake-ups in, per-client bounded queues out."""
+
+    def __init__(
+        self,
+        sessions: sessionmaker[Session],
+        *,
+        listener: Any = None,
+        queue_size: int = 100,
+        heartbeat_seconds: float = 15.0,
+        fallback_seconds: float = 0.5,
+        safety_seconds: float = 5.0,
+        read_limit: int = 1000,
+    ) -> None:
+        self.sessions = sessions
+        self.listener = listener
+        self.queue_size = queue_size
+        self.heartbeat_seconds = heartbeat_seconds
+        self.fallback_seconds = fallback_seconds
+        self.safety_seconds = safety_seconds
+        self.read_limit = read_limit
+        self.subscribers: dict[str, set[Subscriber]] = {}
+        self.cursor: int | None = None  # the last stream number the hub has read
+        self.stats = InboxStats()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wake: asyncio.Event | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._subscribed = False
+        self._starting: asyncio.Lock | None = None
+        if listener is not None and listener.has_subscribers:
+            # The service starts this listener anyway (prompt mode): be in it from the start.
+            self._listen_on(listener)
+        # Otherwise the first stream subscribes and starts it (see _ensure_listening), so a
+        # replica no browser connects to keeps no LISTEN connection open for the inbox.
+
+    def _listen_on(self, listener: Any) -> None:
+        if not self._subscribed:
+            listener.subscribe(CHANNEL, self._on_notify)
+            self._subscribed = True
+
+    async def _ensure_listening(self) -> None:
+        listener = self.listener
+        if listener is None:
+            return
+        if self._starting is None:
+            self._starting = asyncio.Lock()
+        async with self._starting:
+            self._listen_on(listener)
+            if not listener.running:
+                await run_in_threadpool(listener.start)
+
+    @property
+    def listening(self) -> bool:
+        return bool(self.listener is not None and getattr(self.listener, "available", False))
+
+    def _on_notify(self, payload: str) -> None:
+        """On the listener thread: only wake the hub (quick, never blocks)."""
+        self.stats.notifies += 1
+        loop, wake = self._loop, self._wake
+        if loop is not None and wake is not None:
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                loop.call_soon_threadsafe(wake.set)
+
+    async def subscribe(self, user_id: str) -> Subscriber:
+        """Register a stream; start the hub on this event loop if it is not running."""
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop or self._wake is None:
+            # a new event loop (a restarted server in the same process): a new hub task
+            self._loop, self._wake, self._task, self._starting = loop, asyncio.Event(), None, None
+        await self._ensure_listening()
+        if self.cursor is None:
+            self.cursor = await run_in_threadpool(_stream_head, self.sessions)
+        subscriber = Subscriber(user_id, asyncio.Queue(maxsize=self.queue_size))
+        self.subscribers.setdefault(user_id, set()).add(subscriber)
+        self.stats.streams_opened += 1
+        if self._task is None or self._task.done():
+            self._task = loop.create_task(self._run(), name="inbox-hub")
+        return subscriber
+
+    def unsubscribe(self, subscriber: Subscriber) -> None:
+        group = self.subscribers.get(subscriber.user_id)
+        if group is not None:
+            group.discard(subscriber)
+            if not group:
+                del self.subscribers[subscriber.user_id]
+        self.stats.streams_closed += 1
+
+    async def _run(self) -> None:
+        """Read what is new whenever woken (or on a timer), until no stream is open."""
+        assert self._wake is not None
+        while self.subscribers:
+            timeout = self.safety_seconds if self.listening else self.fallback_seconds
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=timeout)
+            self._wake.clear()
+            try:
+                await self.pump()
+            except Exception:
+                logger.exception("inbox: reading new notifications failed; retrying")
+        self.cursor = None  # nobody listens: the next stream starts from the head again
+
+    async def pump(self) -> int:
+        """Read every row after the cursor and offer each to its participant's streams."""
+        offered = 0
+        while self.subscribers and self.cursor is not None:
+            rows = await run_in_threadpool(_read_tail, self.sessions, self.cursor, self.read_limit)
+            self.stats.reads += 1
+            for row in rows:
+                self.cursor = max(self.cursor, int(row["stream_seq"]))
+                for subscriber in list(self.subscribers.get(row["user_id"], ())):
+                    if subscriber.offer(row):
+                        offered += 1
+                    else:
+                        # a slow client: drop it (its stream ends; a reconnect replays the rest)
+                        self.stats.dropped_clients += 1
+                        self.unsubscribe(subscriber)
+            if len(rows) < self.read_limit:
+                break
+        self.stats.offered += offered
+        return offered
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"streams": sum(len(g) for g in self.subscribers.values()), "listening": self.listening,
+                "cursor": self.cursor, **self.stats.__dict__}
+
+
+def _event(row: dict[str, Any]) -> str:
+    data = json.dumps(_jsonable(row), separators=(",", ":"))
+    return f"id: {row['stream_seq']}\nevent: notification\ndata: {data}\n\n"
+
+
+async def sse_stream(inbox: Inbox, user_id: str, after: int) -> AsyncIterator[str]:
+    """The stream of one client: what it missed after ``after``, then live rows, heartbeats."""
+    subscriber = await inbox.subscribe(user_id)  # first, so nothing committed from now on is missed
+    try:
+        yield "retry: 1000\n: connected\n\n"
+        last = after
+        while True:  # the replay: everything after the client's last id, from the table
+            rows = await run_in_threadpool(_replay, inbox.sessions, user_id, last, REPLAY_LIMIT)
+            for row in rows:
+                last = int(row["stream_seq"])
+                yield _event(row)
+            if len(rows) < REPLAY_LIMIT:
+                break
+        while True:
+            if subscriber.dropped and subscriber.queue.empty():
+                return  # too slow: end; the client reconnects with Last-Event-ID
+            try:
+                row = await asyncio.wait_for(subscriber.queue.get(), timeout=inbox.heartbeat_seconds)
+            except TimeoutError:
+                yield ": heartbeat\n\n"
+                continue
+            if int(row["stream_seq"]) > last:  # the replay may already have sent it
+                last = int(row["stream_seq"])
+                yield _event(row)
+    finally:
+        inbox.unsubscribe(subscriber)
+
+
+def _whose(request: Request) -> str:
+    """The participant whose inbox this is: the token's subject; an admin may name another."""
+    user = request.user
+    assert isinstance(user, Principal)
+    wanted = text_param("user_id", request.query_params.get("user_id") or None)
+    if wanted is None or wanted == user.subject:
+        return user.subject
+    if "admin" not in request.auth.scopes:
+        raise HTTPException(403, "missing permission: nudging.admin (admin) to read another participant's inbox")
+    return wanted
+
+
+def _cursor(raw: str | None) -> tuple[datetime | None, str | None]:
+    if raw is None:
+        return None, None
+    at, sep, note_id = raw.partition("~")
+    try:
+        parsed = datetime.fromisoformat(at)
+    except ValueError:
+        parsed = None
+    if not sep or parsed is None or parsed.tzinfo is None or not note_id:
+        raise Unprocessable.field("before", "not a cursor from this API (use the previous page's next)")
+    text_param("before", note_id)
+    return parsed, note_id
+
+
+def _seq(name: str, raw: str | None) -> int:
+    if raw is None or raw == "":
+        return -1
+    if not raw.isdigit() or len(raw) > 18:
+        raise Unprocessable.field(name, "must be a stream event id (a whole number)")
+    return int(raw)
+
+
+def inbox_routes(service: SchedulerService) -> list[BaseRoute]:
+    """``/me/notifications``, its stream, and the ``/inbox`` page, for ``service``'s inbox."""
+    inbox: Inbox = service.inbox
+
+    @require(PARTICIPANT)
+    async def my_notifications(request: Request) -> Response:
+        """The caller's delivered notifications, newest first, keyset-paginated (?before=)."""
+        user_id = _whose(request)
+        before_at, before_id = _cursor(request.query_params.get("before") or None)
+        raw_limit = request.query_params.get("limit") or "50"
+        if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= 200:
+            raise Unprocessable.field("limit", "must be a whole number from 1 to 200")
+        limit = int(raw_limit)
+
+        def read() -> list[dict[str, Any]]:
+            with service.sessions.begin() as session:
+                return [_jsonable(r) for r in session.execute(
+                    statement("participant_notifications"),
+                    {"user_id": user_id, "before_at": before_at, "before_id": before_id, "limit": limit},
+                ).mappings()]
+
+        items = await run_in_threadpool(read)
+        last = items[-1] if len(items) == limit else None
+        page = InboxPageOut.model_validate(
+            {"items": items, "next": f"{last['created_at']}~{last['id']}" if last else None})
+        return respond(page)
+
+    @require(PARTICIPANT)
+    async def my_stream(request: Request) -> Response:
+        """Server-sent events; ``Last-Event-ID`` (or ``?after=``) replays what was missed."""
+        user_id = _whose(request)
+        after = _seq("Last-Event-ID", request.headers.get("last-event-id"))
+        if after < 0:
+            after = _seq("after", request.query_params.get("after"))
+        head = await run_in_threadpool(_stream_head, service.sessions)
+        # no position: from now on; a position past the head (a restored database) would
+        # hide every new notification until the numbers caught up: start from the head
+        if after < 0 or after > head:
+            after = head
+        headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        return StreamingResponse(sse_stream(inbox, user_id, after), media_type="text/event-stream", headers=headers)
+
+    async def page(request: Request) -> Response:
+        """The participant's page: it holds no data; the token it is given reads the rest."""
+        return HTMLResponse(PAGE.read_text())
+
+    return [
+        Route("/me/notifications", my_notifications, methods=["GET"]),
+        Route("/me/notifications/stream", my_stream, methods=["GET"]),
+        Route("/inbox", page, methods=["GET"]),
+    ]
+
+
+__all__ = ["CHANNEL", "Inbox", "StreamPublisher", "inbox_routes", "sse_stream"]

@@ -1,0 +1,139 @@
+"""Retention: old dispatched and cancelled rows, with their history, are deleted (issue 10).
+
+A table that only grows makes every replica slower to start and every operator query
+slower to answer (a stuck scheduler in the public system wrote 141k audit rows). Rows that
+reached ``dispatched`` or ``cancelled`` more than ``SCHEDULER_RETENTION_DAYS`` ago (their
+``updated_at``, set from the injected clock) are deleted with their history; ``failed``
+and ``pending`` rows are never deleted (an operator still has to look at a failed one),
+and notifications and deliveries are kept (they are the participant's record and feed
+the daily cap).
+
+Who and when. ``Retention`` is a ``Scheduler.poll_hook``: after a poll, every replica may
+try. One replica at a time is elected by an advisory lock (``pg_try_advisory_xact_lock``,
+never waited for, taken again in every batch's transaction, so it needs no session and
+works behind a transaction-pooling PgBouncer); the elected replica starts a run only if no
+replica started one within the last hour by the injected clock (``scheduler_maintenance``
+holds the time, shared by replicas and restarts). A run deletes in small batches, each its own short transaction
+(``FOR UPDATE SKIP LOCKED``, so a row a re-post is changing right now is left for the next
+run), at most ``max_batches`` per poll so the loop is never held up for long; a backlog is
+carried on over the next polls of the same replica.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Engine
+
+from scheduler.queries import statement
+from scheduler.types import Clock
+
+logger = logging.getLogger(__name__)
+
+TASK = "retention"
+RETENTION_LOCK_KEY = int.from_bytes(hashlib.blake2b(b"nudging-retention", digest_size=8).digest(), "big", signed=True)
+
+
+@dataclass(frozen=True)
+class RetentionReport:
+    """One call that ran: rows deleted, batches used, and whether the run is complete."""
+
+    deleted: int
+    batches: int
+    done: bool
+    cutoff: datetime
+
+
+class Retention:
+    """Deletes expired rows; call it after a poll (it is a ``poll_hooks`` entry)."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        clock: Clock,
+        *,
+        days: int,
+        batch_size: int = 500,
+        max_batches: int = 20,
+        interval: timedelta = timedelta(hours=1),
+        name: str = "retention",
+    ) -> None:
+        if days < 0:
+            raise ValueError("days must be 0 (keep everything) or more")
+        self.engine = engine
+        self.clock = clock
+        self.days = days
+        self.batch_size = batch_size
+        self.max_batches = max_batches
+        self.interval = interval
+        self.name = name
+        self._checked_at: datetime | None = None  # no database round trip within an interval of this
+        self._resume: datetime | None = None  # the cutoff of a run this replica has not finished
+        self.last_report: RetentionReport | None = None
+
+    def __call__(self, scheduler: Any = None) -> None:
+        """The poll hook: run if due (a failure is logged by the loop and retried next time)."""
+        self.run_if_due()
+
+    def run_if_due(self) -> RetentionReport | None:
+        """Run (or carry on) retention if this replica is elected and a run is due."""
+        if self.days == 0:
+            return None
+        now = self.clock.now()
+        checked = self._checked_at
+        if self._resume is None and checked is not None and checked <= now < checked + self.interval:
+            return None  # checked within the hour (a clock that went back checks again)
+        with self.engine.connect() as conn:
+            cutoff = self._resume
+            if cutoff is None:
+                if not self._elected(conn):
+                    # another replica is deleting right now; it carries its run to the end
+                    conn.rollback()
+                    self._checked_at = now
+                    return None
+                started = conn.execute(
+                    statement("claim_maintenance_run"),
+                    {"task": TASK, "now": now, "interval_seconds": self.interval.total_seconds()},
+                ).first()
+                conn.commit()
+                self._checked_at = now
+                if started is None:
+                    return None  # a replica started a run within the interval
+                cutoff = now - timedelta(days=self.days)
+            return self._delete(conn, cutoff)
+
+    @staticmethod
+    def _elected(conn: Any) -> bool:
+        """The election, for the current transaction only: a lock nobody waits for, released
+        by the commit or the rollback (or the end of a dead connection's backend)."""
+        return bool(conn.execute(statement("try_retention_lock"), {"key": RETENTION_LOCK_KEY}).scalar())
+
+    def _delete(self, conn: Any, cutoff: datetime) -> RetentionReport:
+        deleted = batches = 0
+        done = False
+        try:
+            while batches < self.max_batches:
+                if not self._elected(conn):
+                    break  # another replica took over meanwhile: carry on next poll
+                ids = conn.execute(
+                    statement("delete_expired_events"), {"cutoff": cutoff, "batch_size": self.batch_size}
+                ).scalars().all()
+                conn.commit()
+                deleted += len(ids)
+                batches += 1
+                if len(ids) < self.batch_size:
+                    done = True
+                    break
+        finally:
+            conn.rollback()  # nothing is left open (a failed batch leaves its transaction aborted)
+            self._resume = None if done else cutoff
+        report = RetentionReport(deleted, batches, done, cutoff)
+        self.last_report = report
+        if deleted:
+            logger.info("%s: deleted %d rows finished before %s%s", self.name, deleted, cutoff.isoformat(),
+                        "" if done else " (more next poll)")
+        return report

@@ -1,0 +1,94 @@
+"""INBOX-7 — the participant's page in real Chromium, across two replicas (issue 10).
+
+Replica A runs the polling loop; replica B only serves (no loop). Both are `uvicorn`
+servers on 127.0.0.1 over one test database. The page, opened on B, signs in with a
+participant token, shows a reminder stored and dispatched through A, and after a
+disconnect shows the reminder it missed once it reconnects (Last-Event-ID).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+
+import httpx
+import pytest
+from sqlalchemy import Engine
+
+from scheduler.app import SchedulerService
+from scheduler.clock import ManualClock
+from scheduler.config import Settings
+from scheduler.db import make_engine
+from scheduler.publishers import RecordingPublisher
+from tests.conftest import INGEST, T0, token
+from tests.helpers import event_body, reminder_facts, rows
+from tests.operations.browser import CHROMIUM_ARGS, chromium_or_skip
+from tests.servers import serve, wait_for
+
+pytestmark = pytest.mark.browser
+
+
+@pytest.fixture
+def replicas(database_url: str, settings: Settings, clock: ManualClock) -> Iterator[tuple[str, str]]:
+    """Replica A (loop every 0.1 s) and replica B (API only), served; their base URLs."""
+    engines = [make_engine(database_url, Settings(lock_timeout_ms=0, statement_timeout_ms=60_000)) for _ in range(2)]
+    a = SchedulerService(settings.with_(poll_seconds=0.1), engine=engines[0], clock=clock,
+                         publisher=RecordingPublisher(), run_scheduler=True)
+    b = SchedulerService(settings, engine=engines[1], clock=clock, publisher=RecordingPublisher(),
+                         run_scheduler=False)
+    try:
+        with serve(a) as base_a, serve(b) as base_b:
+            yield base_a, base_b
+    finally:
+        for engine in engines:
+            engine.dispose()
+
+
+def store(base: str, commitment: str, day: str) -> None:
+    body = event_body(trigger_at=T0, facts=reminder_facts(day, commitment=commitment))
+    response = httpx.post(f"{base}/admin/scheduled-events", headers=INGEST, json=body, timeout=20)
+    assert response.status_code == 201, response.text
+
+
+def streamed(engine: Engine, title: str) -> bool:
+    return bool(rows(engine, "SELECT id FROM notifications WHERE title = :t AND stream_seq IS NOT NULL", t=title))
+
+
+@pytest.mark.clause("INBOX-7")
+def test_the_page_on_replica_b_shows_a_reminder_dispatched_by_replica_a_and_what_it_missed_after_a_disconnect(
+    replicas: tuple[str, str], engine: Engine, clock: ManualClock
+) -> None:
+    """INBOX-7: live from another replica, then replayed on reconnect, in real Chromium."""
+    executable = chromium_or_skip()
+    from playwright import sync_api
+
+    base_a, base_b = replicas
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page()
+            page.goto(f"{base_b}/inbox")
+            page.fill("#token", token(None, subject="participant-1"))
+            page.click("button[type=submit]")
+            page.wait_for_selector("#status[data-state=live]", timeout=20_000)
+
+            started = time.monotonic()
+            store(base_a, "run the dishwasher at noon", "2026-11-30")
+            page.wait_for_selector("li:has-text('Reminder: run the dishwasher at noon')", timeout=20_000)
+            print(f"replica A store -> page on replica B: {time.monotonic() - started:.2f} s "
+                  f"(poll interval 0.1 s)")
+
+            page.evaluate("inbox.pause()")
+            clock.advance(timedelta(minutes=1))
+            store(base_a, "charge the car at 13:00", "2026-12-01")  # another day: not a duplicate
+            wait_for(lambda: streamed(engine, "Reminder: charge the car at 13:00"),
+                     what="replica A to dispatch and stream the second reminder")
+            assert page.locator("li").count() == 1  # disconnected: not shown yet
+
+            page.evaluate("inbox.resume()")
+            page.wait_for_selector("li:has-text('Reminder: charge the car at 13:00')", timeout=20_000)
+            titles = page.locator("li .title").all_inner_texts()
+            assert titles == ["Reminder: charge the car at 13:00", "Reminder: run the dishwasher at noon"]
+        finally:
+            browser.close()

@@ -1,0 +1,321 @@
+"""INBOX — the participant's live inbox, from any replica (issue 10).
+
+In our words: ``GET /me/notifications`` gives a participant their own delivered
+notifications, newest first, page by page (an admin token may name another participant);
+``GET /me/notifications/stream`` streams them as server-sent events as they are delivered,
+by whichever replica delivered them (LISTEN/NOTIFY, payload the stream number, the rest read
+from the table). A reconnect with ``Last-Event-ID`` replays exactly what was missed. A slow
+or vanished client never holds up the loop or other clients: queues are bounded, a client
+that falls behind is dropped (its reconnect replays), a vanished one is cleaned up.
+Heartbeats keep an idle stream open through proxies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import Iterator, Mapping
+from datetime import timedelta
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy import make_url
+from starlette.testclient import TestClient
+
+from scheduler.app import SchedulerService
+from scheduler.clock import ManualClock
+from scheduler.config import Settings
+from scheduler.db import make_engine, make_sessionmaker
+from scheduler.inbox import STREAM_LOCK_KEY, Inbox, StreamPublisher, sse_stream
+from scheduler.publishers import RecordingPublisher
+from scheduler.queries import statement
+from tests.conftest import ADMIN, INGEST, PARTICIPANT, bearer
+from tests.helpers import event_body, post_event, reminder_facts, rows, wait_until_blocked_on_a_lock
+from tests.servers import serve, wait_for
+
+ME = "/me/notifications"
+
+
+def deliver(client: TestClient, service: SchedulerService, user_id: str = "participant-1", n: int = 1) -> None:
+    """Deliver ``n`` reminders to ``user_id``, one a day (so that neither deduplication nor the
+    daily cap suppresses any): the clock moves a day before each."""
+    clock = service.clock
+    assert isinstance(clock, ManualClock)
+    for _ in range(n):
+        clock.advance(timedelta(days=1))
+        post_event(client, user_id=user_id, trigger_at=clock.now(), facts=reminder_facts(clock.now().date().isoformat()))
+        service.scheduler.poll_once()
+
+
+class Stream:
+    """A live SSE connection read line by line (every read has a deadline)."""
+
+    def __init__(self, base: str, headers: Mapping[str, str], client: httpx.Client) -> None:
+        self._context = client.stream("GET", f"{base}{ME}/stream", headers=dict(headers),
+                                      timeout=httpx.Timeout(20.0))
+        self.response = self._context.__enter__()
+        self.lines: Iterator[str] = self.response.iter_lines()
+
+    def next_block(self) -> list[str]:
+        block: list[str] = []
+        for line in self.lines:
+            if line == "":
+                if block:
+                    return block
+                continue
+            block.append(line)
+        raise AssertionError("the stream ended")
+
+    def until_connected(self) -> None:
+        while ": connected" not in self.next_block():
+            pass
+
+    def next_event(self) -> tuple[int, dict[str, Any]]:
+        while True:
+            block = self.next_block()
+            fields = dict(line.split(": ", 1) for line in block if not line.startswith(":") and ": " in line)
+            if fields.get("event") == "notification":
+                return int(fields["id"]), json.loads(fields["data"])
+
+    def close(self) -> None:
+        self._context.__exit__(None, None, None)
+
+
+@pytest.fixture
+def replica_b(database_url: str, settings: Settings, clock: ManualClock) -> Iterator[SchedulerService]:
+    """A second API replica (its own engine and LISTEN connection), no loop of its own."""
+    engine_b = make_engine(database_url, Settings(lock_timeout_ms=0, statement_timeout_ms=60_000))
+    service = SchedulerService(settings, engine=engine_b, clock=clock, publisher=RecordingPublisher(),
+                               run_scheduler=False)
+    yield service
+    engine_b.dispose()
+
+
+@pytest.mark.clause("INBOX-1")
+def test_a_participant_reads_only_their_own_notifications_newest_first_page_by_page(
+    client: TestClient, service: SchedulerService, clock: ManualClock
+) -> None:
+    """INBOX-1: own rows only, newest first, ?before= the previous page's next; a suppressed
+    one (the fourth of the day is over the daily cap of 3) is not shown."""
+    for i in range(4):
+        clock.advance(timedelta(minutes=1))
+        post_event(client, trigger_at=clock.now(), facts=reminder_facts(f"2026-12-1{i}"))
+        service.scheduler.poll_once()
+    deliver(client, service, user_id="participant-2")
+    assert len(rows(service.engine, "SELECT id FROM notifications WHERE status = 'suppressed'")) == 1
+    first = client.get(f"{ME}?limit=2", headers=PARTICIPANT)
+    assert first.status_code == 200, first.text
+    page = first.json()
+    assert [n["user_id"] for n in page["items"]] == ["participant-1"] * 2
+    second = client.get(ME, params={"limit": 2, "before": page["next"]}, headers=PARTICIPANT).json()
+    seen = page["items"] + second["items"]
+    assert len(seen) == 3 and len({n["id"] for n in seen}) == 3
+    assert [n["created_at"] for n in seen] == sorted((n["created_at"] for n in seen), reverse=True)
+    assert second["next"] is None
+    assert all(n["stream_seq"] is not None for n in seen)
+
+
+@pytest.mark.clause("INBOX-1")
+def test_only_an_admin_may_read_another_participants_inbox(client: TestClient, service: SchedulerService) -> None:
+    """INBOX-1: an admin passes user_id; a participant naming another is 403; no token is 401."""
+    deliver(client, service, user_id="participant-2")
+    as_admin = client.get(ME, params={"user_id": "participant-2"}, headers=ADMIN).json()
+    assert [n["user_id"] for n in as_admin["items"]] == ["participant-2"]
+    assert client.get(ME, params={"user_id": "participant-2"}, headers=PARTICIPANT).status_code == 403
+    assert client.get(ME, params={"user_id": "participant-1"}, headers=PARTICIPANT).status_code == 200
+    assert client.get(ME).status_code == 401
+    assert client.get(f"{ME}/stream").status_code == 401
+    assert client.get(f"{ME}/stream", params={"user_id": "participant-2"}, headers=PARTICIPANT).status_code == 403
+    assert client.get(f"{ME}/stream", headers={**PARTICIPANT, "Last-Event-ID": "x"}).status_code == 422
+    assert client.get(ME, params={"before": "nonsense"}, headers=PARTICIPANT).status_code == 422
+
+
+@pytest.mark.clause("INBOX-2")
+def test_a_notification_delivered_by_replica_a_reaches_a_stream_on_replica_b(
+    client: TestClient, service: SchedulerService, replica_b: SchedulerService, clock: ManualClock
+) -> None:
+    """INBOX-2: replica A stores and dispatches; the stream open on replica B receives it, and
+    B's hub was woken by NOTIFY (LISTEN available on this server), not by its timer."""
+    with serve(replica_b) as base_b, httpx.Client() as http:
+        stream = Stream(base_b, PARTICIPANT, http)
+        try:
+            stream.until_connected()
+            deliver(client, service)  # replica A: the test's own service, stepped by hand
+            seq, note = stream.next_event()
+            assert note["title"] == "Reminder: run the dishwasher at noon"
+            assert note["user_id"] == "participant-1" and note["stream_seq"] == seq
+        finally:
+            stream.close()
+        listening = replica_b.inbox.listening
+    if getattr(replica_b, "listener", None) is not None:
+        assert listening and replica_b.inbox.stats.notifies >= 1
+
+
+@pytest.mark.clause("INBOX-3")
+@pytest.mark.clause("DEC-LIFE-3")
+def test_a_reconnect_with_last_event_id_replays_exactly_what_was_missed(
+    client: TestClient, service: SchedulerService, replica_b: SchedulerService
+) -> None:
+    """INBOX-3, DEC-LIFE-3: one event seen, then a disconnect; three delivered meanwhile; the reconnect
+    with Last-Event-ID gets exactly those three, in order, then live ones."""
+    with serve(replica_b) as base_b, httpx.Client() as http:
+        stream = Stream(base_b, PARTICIPANT, http)
+        stream.until_connected()
+        deliver(client, service)
+        seen, _ = stream.next_event()
+        stream.close()
+        deliver(client, service, n=3)
+        missed = [r["stream_seq"] for r in rows(service.engine, "SELECT stream_seq FROM notifications "
+                                                "WHERE stream_seq > :s ORDER BY stream_seq", s=seen)]
+        assert len(missed) == 3
+        again = Stream(base_b, {**PARTICIPANT, "Last-Event-ID": str(seen)}, http)
+        try:
+            assert [again.next_event()[0] for _ in range(3)] == missed
+            deliver(client, service)
+            assert again.next_event()[0] > missed[-1]
+        finally:
+            again.close()
+
+
+@pytest.mark.clause("INBOX-4")
+def test_a_slow_client_is_dropped_without_holding_up_the_hub_or_a_fast_client(
+    client: TestClient, service: SchedulerService
+) -> None:
+    """INBOX-4: queues of 2; a client that stops reading is dropped at the third row without
+    the hub waiting; a client that reads gets all five; the dropped stream ends (it does not
+    wait forever) once it has sent what it holds, each row once and in order."""
+    deliver(client, service, n=5)
+    inbox = Inbox(service.sessions, queue_size=2, read_limit=2)
+
+    async def scenario() -> tuple[list[int], list[int], Any]:
+        fast = await inbox.subscribe("participant-1")
+        slow_stream = sse_stream(inbox, "participant-1", after=0)  # a client that stops reading
+        assert (await slow_stream.__anext__()).startswith("retry:")
+        inbox.cursor = 0
+        got: list[int] = []
+
+        async def consume() -> None:
+            while len(got) < 5:
+                got.append(int((await fast.queue.get())["stream_seq"]))
+
+        consumer = asyncio.create_task(consume())
+        await asyncio.wait_for(inbox.pump(), timeout=20)
+        await asyncio.wait_for(consumer, timeout=20)
+        dropped = inbox.snapshot()
+        slow_seen = [chunk async for chunk in slow_stream]
+        return got, [int(c.split("\n")[0][4:]) for c in slow_seen if c.startswith("id:")], dropped
+
+    got, slow_seen, snapshot = asyncio.run(scenario())
+    assert got == sorted(got) and len(got) == 5
+    assert slow_seen == got
+    assert snapshot["dropped_clients"] == 1 and snapshot["streams"] == 1
+
+
+@pytest.mark.clause("INBOX-5")
+def test_a_vanished_client_is_cleaned_up_and_heartbeats_keep_an_idle_stream_alive(
+    replica_b: SchedulerService,
+) -> None:
+    """INBOX-5: an idle stream gets heartbeat comments; when the client goes, its subscription goes."""
+    replica_b.inbox.heartbeat_seconds = 0.05
+    with serve(replica_b) as base_b, httpx.Client() as http:
+        stream = Stream(base_b, PARTICIPANT, http)
+        stream.until_connected()
+        assert stream.next_block() == [": heartbeat"]
+        assert replica_b.inbox.snapshot()["streams"] == 1
+        stream.close()
+        wait_for(lambda: replica_b.inbox.snapshot()["streams"] == 0, what="the stream to be cleaned up")
+        assert replica_b.inbox.stats.streams_closed == 1
+
+
+@pytest.mark.clause("INBOX-6")
+def test_the_inbox_page_is_served_and_holds_no_data(client: TestClient) -> None:
+    """INBOX-6: /inbox is an HTML page without a token; it reads with the token it is given."""
+    response = client.get("/inbox")
+    assert response.status_code == 200 and response.headers["content-type"].startswith("text/html")
+    assert "me/notifications/stream" in response.text and "Last-Event-ID" in response.text
+
+
+@pytest.mark.clause("INBOX-2")
+def test_a_live_event_reaches_the_stream_too(
+    client: TestClient, service: SchedulerService, replica_b: SchedulerService
+) -> None:
+    """INBOX-2: the live path publishes the same way (REQ-0066: one path)."""
+    with serve(replica_b) as base_b, httpx.Client() as http:
+        stream = Stream(base_b, bearer(None, subject="participant-7"), http)
+        try:
+            stream.until_connected()
+            body = event_body(user_id="participant-7")
+            del body["trigger_at"]
+            assert client.post("/admin/ingest-event", headers=INGEST, json=body).status_code == 200
+            _, note = stream.next_event()
+            assert (note["user_id"], note["source"]) == ("participant-7", "live")
+        finally:
+            stream.close()
+
+
+
+@pytest.mark.clause("DEC-LIFE-3")
+def test_a_stream_number_waits_for_the_transaction_numbering_before_it_to_commit(
+    client: TestClient, service: SchedulerService
+) -> None:
+    """DEC-LIFE-3: while one publisher's numbering transaction is open, another waits on the
+    stream lock, and then takes a higher number: numbers become visible in commit order."""
+    service.scheduler.publisher = None  # number by hand below
+    deliver(client, service, n=2)
+    first_id, second_id = (r["id"] for r in rows(service.engine, "SELECT id FROM notifications ORDER BY created_at"))
+    publisher = StreamPublisher(service.sessions)
+    held = service.sessions()
+    held.execute(statement("lock_stream_order"), {"key": STREAM_LOCK_KEY})
+    first = held.execute(statement("number_for_stream"), {"ids": [first_id]}).scalar_one()
+    got: list[list[int]] = []
+    thread = threading.Thread(target=lambda: got.append(publisher.number([second_id])))
+    thread.start()
+    try:
+        wait_until_blocked_on_a_lock(service.engine)
+        assert got == []
+    finally:
+        held.commit()
+        held.close()
+        thread.join(timeout=30)
+    assert got == [[first + 1]]
+
+
+@pytest.mark.clause("INBOX-8")
+def test_a_failing_stream_numbering_loses_neither_the_push_nor_the_record(
+    client: TestClient, service: SchedulerService, publisher: RecordingPublisher, database_url: str
+) -> None:
+    """INBOX-8: numbering fails (the database is unreachable after the batch committed): it is
+    logged, the configured publisher still gets the message, the notification stays readable."""
+    gone = make_url(database_url).set(database="no_such_database").render_as_string(hide_password=False)
+    unreachable = make_sessionmaker(make_engine(gone))
+    service.scheduler.publisher = StreamPublisher(unreachable, publisher)
+    deliver(client, service)
+    assert [m.user_id for m in publisher.messages] == ["participant-1"]
+    page = client.get(ME, headers=PARTICIPANT).json()
+    assert [n["stream_seq"] for n in page["items"]] == [None]
+
+
+@pytest.mark.clause("INBOX-2")
+def test_without_listen_the_hub_reads_on_its_timer_and_nothing_is_missed(
+    client: TestClient, service: SchedulerService, database_url: str, settings: Settings, clock: ManualClock
+) -> None:
+    """INBOX-2: SCHEDULER_LISTEN=false (as behind a transaction-pooling PgBouncer): no LISTEN
+    connection, the hub reads the table on its short timer, and the stream still gets it."""
+    engine_c = make_engine(database_url, Settings(lock_timeout_ms=0, statement_timeout_ms=60_000))
+    replica_c = SchedulerService(settings.with_(listen=False), engine=engine_c, clock=clock, run_scheduler=False)
+    try:
+        with serve(replica_c) as base_c, httpx.Client() as http:
+            stream = Stream(base_c, PARTICIPANT, http)
+            try:
+                stream.until_connected()
+                deliver(client, service)
+                _, note = stream.next_event()
+                assert note["user_id"] == "participant-1"
+            finally:
+                stream.close()
+        assert replica_c.inbox.listener is None and not replica_c.listener.running
+        assert replica_c.inbox.stats.notifies == 0 and replica_c.inbox.stats.reads >= 1
+    finally:
+        engine_c.dispose()

@@ -1,0 +1,177 @@
+"""RET — finished rows do not pile up forever (issue 10, retention).
+
+In our words: rows ``dispatched`` or ``cancelled`` more than ``SCHEDULER_RETENTION_DAYS``
+ago (default 30; 0 keeps everything) are deleted with their history, in small batches, by
+one replica at a time (elected with an advisory lock), at most once an hour by the
+injected clock. Notifications and deliveries are kept; ``failed`` and ``pending`` rows are
+never deleted, however old.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import Engine, text
+from sqlalchemy.exc import DBAPIError
+from starlette.testclient import TestClient
+
+from scheduler.app import SchedulerService
+from scheduler.clock import ManualClock
+from scheduler.config import Settings
+from scheduler.db import make_engine
+from scheduler.retention import RETENTION_LOCK_KEY, Retention
+from tests.conftest import INGEST
+from tests.helpers import later, post_event, reminder_facts, rows, statuses
+
+
+def finished_rows(client: TestClient, service: SchedulerService, clock: ManualClock) -> dict[str, str]:
+    """One row in each status, due and processed now: name -> id."""
+    made = {
+        "dispatched": post_event(client, user_id="p-sent")["id"],
+        "failed": post_event(client, user_id="p-failed", facts=reminder_facts(day="soon"))["id"],
+        "cancelled": post_event(client, user_id="p-cancelled")["id"],
+        "pending": post_event(client, user_id="p-later", trigger_at=clock.now() + timedelta(days=400))["id"],
+    }
+    clock.advance(later())
+    assert client.delete(f"/admin/scheduled-events/{made['cancelled']}", headers=INGEST).status_code == 200
+    service.scheduler.poll_once()
+    assert {name: statuses(service.engine)[i] for name, i in made.items()} == {n: n for n in made}
+    return made
+
+
+def history_ids(engine: Engine) -> set[str]:
+    return {r["event_id"] for r in rows(engine, "SELECT DISTINCT event_id FROM scheduled_event_history")}
+
+
+@pytest.mark.clause("RET-1")
+@pytest.mark.clause("RET-2")
+def test_old_dispatched_and_cancelled_rows_go_with_their_history_and_the_rest_stays(
+    client: TestClient, service: SchedulerService, clock: ManualClock, engine: Engine
+) -> None:
+    """RET-1, RET-2: after 31 days the dispatched and cancelled rows and their history are gone;
+    the failed and pending rows, the notifications and the deliveries stay."""
+    made = finished_rows(client, service, clock)
+    notifications = rows(engine, "SELECT id FROM notifications ORDER BY id")
+    deliveries = rows(engine, "SELECT id FROM deliveries ORDER BY id")
+    assert notifications and deliveries
+    clock.advance(timedelta(days=31))
+    report = service.retention.run_if_due()
+    assert report is not None and (report.deleted, report.done) == (2, True)
+    assert set(statuses(engine)) == {made["failed"], made["pending"]}
+    assert history_ids(engine) == {made["failed"], made["pending"]}
+    assert rows(engine, "SELECT id FROM notifications ORDER BY id") == notifications
+    assert rows(engine, "SELECT id FROM deliveries ORDER BY id") == deliveries
+
+
+@pytest.mark.clause("RET-1")
+def test_rows_finished_less_than_the_retention_ago_are_kept(
+    client: TestClient, service: SchedulerService, clock: ManualClock, engine: Engine
+) -> None:
+    """RET-1: 29 days after dispatch nothing is deleted (the age is counted from updated_at)."""
+    finished_rows(client, service, clock)
+    clock.advance(timedelta(days=29))
+    report = service.retention.run_if_due()
+    assert report is not None and report.deleted == 0
+    assert len(statuses(engine)) == 4
+
+
+@pytest.mark.clause("RET-3")
+@pytest.mark.clause("DEC-LIFE-2")
+def test_retention_days_zero_keeps_everything(
+    client: TestClient, engine: Engine, clock: ManualClock, service: SchedulerService
+) -> None:
+    """RET-3, DEC-LIFE-2: SCHEDULER_RETENTION_DAYS=0 deletes nothing, ever; the default is 30."""
+    assert Settings.from_env({}).retention_days == 30
+    assert Settings.from_env({"SCHEDULER_RETENTION_DAYS": "0"}).retention_days == 0
+    finished_rows(client, service, clock)
+    clock.advance(timedelta(days=3650))
+    assert Retention(engine, clock, days=0).run_if_due() is None
+    assert len(statuses(engine)) == 4
+
+
+@pytest.mark.clause("RET-4")
+def test_a_run_starts_at_most_once_an_hour_by_the_injected_clock_across_replicas(
+    client: TestClient, service: SchedulerService, clock: ManualClock, engine: Engine
+) -> None:
+    """RET-4: a run 10 minutes before the rows expire deletes nothing; 30 minutes later they
+    have expired but no replica runs (the start time is shared); 61 minutes after the first
+    run the loop's poll hook deletes them."""
+    finished_rows(client, service, clock)
+    clock.advance(timedelta(days=30, minutes=-10))
+    first = Retention(engine, clock, days=30)
+    report = first.run_if_due()
+    assert report is not None and report.deleted == 0
+    clock.advance(timedelta(minutes=30))
+    assert Retention(engine, clock, days=30, name="replica-2").run_if_due() is None
+    assert first.run_if_due() is None
+    assert len(statuses(engine)) == 4
+    clock.advance(timedelta(minutes=31))
+    service.scheduler._poll_guarded(lambda: False)  # the loop's poll, then its hooks
+    assert service.retention.last_report is not None and service.retention.last_report.deleted == 2
+    assert len(statuses(engine)) == 2
+
+
+@pytest.mark.clause("RET-5")
+def test_only_the_replica_holding_the_advisory_lock_runs(
+    client: TestClient, service: SchedulerService, clock: ManualClock, engine: Engine
+) -> None:
+    """RET-5: while another session holds the election lock, a replica deletes nothing and
+    does not wait; once the lock is free it runs."""
+    finished_rows(client, service, clock)
+    clock.advance(timedelta(days=31))
+    with engine.connect() as other:
+        assert other.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": RETENTION_LOCK_KEY}).scalar()
+        assert Retention(engine, clock, days=30).run_if_due() is None
+        assert len(statuses(engine)) == 4
+        other.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": RETENTION_LOCK_KEY})
+    report = Retention(engine, clock, days=30).run_if_due()
+    assert report is not None and report.deleted == 2
+
+
+@pytest.mark.clause("RET-6")
+def test_a_backlog_is_deleted_in_small_batches_over_several_polls(
+    client: TestClient, service: SchedulerService, clock: ManualClock, engine: Engine
+) -> None:
+    """RET-6: batches of 2, at most 2 per call: 5 expired rows take two calls (4, then 1), the
+    second carrying on the same run without waiting an hour."""
+    for i in range(5):
+        post_event(client, user_id=f"p-{i}")
+    clock.advance(later())
+    service.scheduler.poll_once()
+    clock.advance(timedelta(days=31))
+    retention = Retention(engine, clock, days=30, batch_size=2, max_batches=2)
+    first = retention.run_if_due()
+    assert first is not None and (first.deleted, first.batches, first.done) == (4, 2, False)
+    second = retention.run_if_due()
+    assert second is not None and (second.deleted, second.done) == (1, True)
+    assert statuses(engine) == {}
+    assert retention.run_if_due() is None  # the run is complete: the next waits an hour
+
+
+@pytest.mark.clause("RET-5")
+def test_a_failing_run_gives_the_election_back(
+    client: TestClient, service: SchedulerService, clock: ManualClock, engine: Engine
+) -> None:
+    """RET-5: a run whose delete fails (it cannot take a lock within its lock_timeout) raises
+    to the loop, which logs it, and gives the election lock back, so the next run can go."""
+    finished_rows(client, service, clock)
+    clock.advance(timedelta(days=31))
+    failing = Retention(engine, clock, days=30)
+    with engine.connect() as blocker:
+        # an exclusive lock on the history table makes the delete wait; lock_timeout ends the wait
+        blocker.execute(text("LOCK TABLE scheduled_event_history IN ACCESS EXCLUSIVE MODE"))
+        impatient = make_engine(str(engine.url.render_as_string(hide_password=False)),
+                                Settings(lock_timeout_ms=50, statement_timeout_ms=5_000))
+        try:
+            with pytest.raises(DBAPIError):
+                Retention(impatient, clock, days=30).run_if_due()
+        finally:
+            impatient.dispose()
+        blocker.rollback()
+    with engine.connect() as other:
+        assert other.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": RETENTION_LOCK_KEY}).scalar()
+        other.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": RETENTION_LOCK_KEY})
+    clock.advance(timedelta(hours=2))
+    report = failing.run_if_due()
+    assert report is not None and report.deleted == 2
