@@ -49,7 +49,7 @@ from scheduler.clock import ManualClock
 from scheduler.db import make_sessionmaker
 from scheduler.loop import PollReport, Scheduler, claim_params
 from scheduler.queries import sql
-from scheduler.types import DigitalTwinEvent, DispatchResult, OutboundMessage
+from scheduler.types import DigitalTwinEvent, DispatchOutcome, DispatchResult, OutboundMessage
 
 # A worker's result: (barrier release time, exit time, events it finished).
 WorkerResult = tuple[float, float, int]
@@ -58,7 +58,7 @@ CTX = multiprocessing.get_context("spawn")
 
 def noop_dispatcher(session: Session, event: DigitalTwinEvent, now: datetime) -> DispatchResult:
     """Dispatches nothing: what is left is the queue's own cost."""
-    return DispatchResult(http_status=204, outcome="no_rule_triggered")
+    return DispatchResult(outcome=DispatchOutcome.NO_RULE_TRIGGERED)
 
 
 class CountingPublisher:

@@ -13,7 +13,7 @@ from sqlalchemy import Engine, text
 from starlette.testclient import TestClient
 
 from scheduler.app import SchedulerService
-from scheduler.loop import PollReport
+from scheduler.loop import Batch, EventOutcome, PollReport, Scheduler
 from scheduler.types import DigitalTwinEvent, DispatchResult
 from tests.conftest import INGEST, T0
 
@@ -86,6 +86,20 @@ def drain(service: SchedulerService, max_polls: int = MAX_DRAIN_POLLS) -> list[P
             return reports
         reports.append(report)
     raise AssertionError(f"still claiming rows after {max_polls} polls: do claimed rows never leave pending?")
+
+
+def dispatch_all(scheduler: Scheduler, batch: Batch, each: Callable[[], None] | None = None) -> list[EventOutcome]:
+    """Dispatch every event of ``batch`` (calling ``each`` after each one). A dispatch_next
+    that never runs out (a bug that does not advance) fails instead of spinning."""
+    outcomes: list[EventOutcome] = []
+    for _ in range(len(batch.events) + 1):
+        outcome = scheduler.dispatch_next(batch)
+        if outcome is None:
+            return outcomes
+        outcomes.append(outcome)
+        if each is not None:
+            each()
+    raise AssertionError(f"dispatch_next did not run out after the batch's {len(batch.events)} events")
 
 
 DEADLINE_SECONDS = 30.0

@@ -34,7 +34,7 @@ from scheduler.config import ConfigError, Settings
 from scheduler.db import make_engine, make_sessionmaker, resolve_database_url
 from scheduler.dispatch import NudgingPlatform
 from scheduler.facts import ContractViolation, FactsMissing, check_facts_contract
-from scheduler.http import HTTPRefusal, parse_body, read_json, unprocessable
+from scheduler.http import HTTPRefusal, Unprocessable, parse_body, read_json, respond
 from scheduler.inbox import Inbox, StreamPublisher, inbox_routes
 from scheduler.lifecycle import actor_of, lifecycle_routes
 from scheduler.listener import Listener, conninfo_of
@@ -44,12 +44,30 @@ from scheduler.operations import Operations
 from scheduler.publishers import LoggingPublisher
 from scheduler.retention import Retention
 from scheduler.rules import Catalogue, load_catalogue
-from scheduler.schemas import MAX_STRING, LiveEventIn, PreferencesIn, ScheduledEventIn, check_text
+from scheduler.schemas import (
+    MAX_STRING,
+    DuplicateOut,
+    ErrorOut,
+    HealthOut,
+    IngestOut,
+    LiveEventIn,
+    NotificationOut,
+    PreferencesIn,
+    PreferencesOut,
+    RuleRefusalOut,
+    ScheduledEventIn,
+    ScheduledEventOut,
+    SchedulerHealthOut,
+    check_text,
+)
 from scheduler.types import (
-    EVENT_STATUSES,
     Clock,
     DigitalTwinEvent,
     Dispatcher,
+    DispatchOutcome,
+    DispatchResult,
+    EventStatus,
+    NotificationStatus,
     Publisher,
     SchedulerMode,
 )
@@ -61,6 +79,16 @@ EventBodyT = TypeVar("EventBodyT", ScheduledEventIn, LiveEventIn)
 MISSING_FACTS_SCHEDULED = "Missing facts in scheduled event"
 MISSING_FACTS_LIVE = "Missing facts in event"
 LOOP_POOL_SIZE = 2
+
+# The live answers of REQ-0016, the only place a dispatch outcome becomes an HTTP status.
+LIVE_STATUS: dict[DispatchOutcome, int] = {
+    DispatchOutcome.DELIVERED: 200,
+    DispatchOutcome.SUPPRESSED: 202,
+    DispatchOutcome.NO_RULE_TRIGGERED: 204,
+    DispatchOutcome.DUPLICATE: 409,
+    DispatchOutcome.NO_RULE_FOR_SCENARIO: 400,
+    DispatchOutcome.INVALID_EVENT: 422,
+}
 
 
 class SchedulerService:
@@ -136,6 +164,8 @@ class SchedulerService:
             exception_handlers={
                 HTTPException: _http_error,
                 HTTPRefusal: _refused,
+                Unprocessable: _unprocessable,
+                Exception: _internal_error,
                 OperationalError: _database_unavailable,
                 InterfaceError: _database_unavailable,
                 PoolTimeout: _database_unavailable,
@@ -242,7 +272,7 @@ class SchedulerService:
     # -- open routes -------------------------------------------------------------------
 
     async def health(self, request: Request) -> Response:
-        return JSONResponse({"status": "ok"})
+        return respond(HealthOut(status="ok"))
 
     async def scheduler_health(self, request: Request) -> Response:
         """Liveness of the loop: 503 once the task has exited, its last poll failed (the
@@ -255,7 +285,7 @@ class SchedulerService:
         snapshot["mode"] = str(self.scheduler.mode)
         snapshot["wakeups"] = self.wakeups()
         healthy = self.loop_alive and not stale and self.scheduler.health.consecutive_failures == 0
-        return JSONResponse(snapshot, status_code=200 if healthy else 503)
+        return respond(SchedulerHealthOut.model_validate(snapshot), 200 if healthy else 503)
 
     def wakeups(self) -> dict[str, Any]:
         """How this replica's loop is woken: on its interval only (literal), by LISTEN, or
@@ -269,7 +299,9 @@ class SchedulerService:
         return {"by": "timer", "reason": self.listener.reason, "next_wake_at": _iso(self.scheduler.waiting_until)}
 
     async def openapi(self, request: Request) -> Response:
-        return JSONResponse(openapi_document(self.app.routes))
+        """The OpenAPI document; under a mount (or ``--root-path``) its ``servers`` entry
+        names the prefix, so clients call the mounted URLs."""
+        return JSONResponse(openapi_document(self.app.routes, root_path=request.scope.get("root_path", "")))
 
     # -- ingest ------------------------------------------------------------------------
 
@@ -290,7 +322,7 @@ class SchedulerService:
             now=self.clock.now(),
             actor=actor_of(request),
         )
-        return JSONResponse(row, status_code=201)
+        return respond(ScheduledEventOut.model_validate(row), 201)
 
     @require("ingest")
     async def ingest_event(self, request: Request) -> Response:
@@ -298,15 +330,18 @@ class SchedulerService:
         body = await self._event_body(request, LiveEventIn, MISSING_FACTS_LIVE)
         assert body.facts is not None
         event = DigitalTwinEvent(body.event_type, body.user_id, body.community_id, body.facts)
-        result = await run_in_threadpool(self._dispatch_live, event)
-        if result.refusal is not None:
-            return JSONResponse({"detail": result.detail}, status_code=result.http_status)
-        if result.http_status == 204:
-            return Response(status_code=204)
-        payload = {"outcome": result.outcome, "notifications": _jsonable(result.notifications)}
-        if result.http_status == 409:
-            payload = {"detail": "duplicate: every rule that would fire already notified for this period", **payload}
-        return JSONResponse(payload, status_code=result.http_status)
+        now = self.clock.now()
+        result = await run_in_threadpool(self._dispatch_live, event, now)
+        status = LIVE_STATUS[result.outcome]
+        if result.outcome.refused:
+            return respond(RuleRefusalOut.model_validate({"detail": result.detail}), status)
+        if result.outcome is DispatchOutcome.NO_RULE_TRIGGERED:
+            return Response(status_code=status)
+        notifications = [NotificationOut.model_validate(n) for n in result.notifications]
+        if result.outcome is DispatchOutcome.DUPLICATE:
+            detail = "duplicate: every rule that would fire already notified for this period"
+            return respond(DuplicateOut(detail=detail, outcome=result.outcome, notifications=notifications), status)
+        return respond(IngestOut(outcome=result.outcome, notifications=notifications), status)
 
     async def _event_body(self, request: Request, model: type[EventBodyT], missing_message: str) -> EventBodyT:
         """A validated event body whose facts honour the contract (REQ-0012), or the
@@ -320,8 +355,7 @@ class SchedulerService:
             raise HTTPRefusal(422, {"error": "invalid_facts_contract", "errors": list(exc.errors)}) from None
         return body
 
-    def _dispatch_live(self, event: DigitalTwinEvent) -> Any:
-        now = self.clock.now()
+    def _dispatch_live(self, event: DigitalTwinEvent, now: datetime) -> DispatchResult:
         with self.sessions() as session:
             result = self.dispatcher(session, event, now)
             if result.refusal is not None:
@@ -339,9 +373,7 @@ class SchedulerService:
 
     @require("admin")
     async def list_scheduled_events(self, request: Request) -> Response:
-        status = request.query_params.get("status") or None
-        if status is not None and status not in EVENT_STATUSES:
-            return unprocessable(f"status: unknown status {status!r}; expected one of {', '.join(EVENT_STATUSES)}")
+        status = _status_param(request, EventStatus)
         limit = _limit(request)
         rows = await run_in_threadpool(
             store.list_events,
@@ -351,7 +383,7 @@ class SchedulerService:
             limit=limit,
             external_key=_text_param("external_key", request.query_params.get("external_key") or None),
         )
-        return JSONResponse(rows)
+        return respond([ScheduledEventOut.model_validate(r) for r in rows])
 
     @require("admin")
     async def get_scheduled_event(self, request: Request) -> Response:
@@ -359,7 +391,7 @@ class SchedulerService:
         row = await run_in_threadpool(store.get_event, self.sessions, event_id)
         if row is None:
             raise HTTPException(404, "no scheduled event with that id")
-        return JSONResponse(row)
+        return respond(ScheduledEventOut.model_validate(row))
 
     @require("admin")
     async def reset_scheduled_event(self, request: Request) -> Response:
@@ -370,13 +402,11 @@ class SchedulerService:
         )
         if row is None:
             raise HTTPException(404, "no scheduled event with that id")
-        return JSONResponse(row)
+        return respond(ScheduledEventOut.model_validate(row))
 
     @require("admin")
     async def list_notifications(self, request: Request) -> Response:
-        status = request.query_params.get("status") or None
-        if status is not None and status not in {"sent", "suppressed", "failed"}:
-            return unprocessable(f"status: unknown status {status!r}; expected sent, suppressed or failed")
+        status = _status_param(request, NotificationStatus)
         rows = await run_in_threadpool(
             store.list_notifications,
             self.sessions,
@@ -384,7 +414,7 @@ class SchedulerService:
             status=status,
             limit=_limit(request),
         )
-        return JSONResponse(rows)
+        return respond([NotificationOut.model_validate(r) for r in rows])
 
     @require("admin")
     async def set_preferences(self, request: Request) -> Response:
@@ -398,7 +428,7 @@ class SchedulerService:
             max_per_day=body.max_per_day,
             now=self.clock.now(),
         )
-        return JSONResponse(row)
+        return respond(PreferencesOut.model_validate(row))
 
 
 def _iso(value: datetime | None) -> str | None:
@@ -410,14 +440,25 @@ def _limit(request: Request) -> int:
     if raw is None:
         return 100
     if not raw.isdigit() or not 1 <= int(raw) <= 1000:
-        raise HTTPException(422, "limit: must be a whole number from 1 to 1000")
+        raise Unprocessable.field("limit", "must be a whole number from 1 to 1000")
     return int(raw)
 
 
+StatusT = TypeVar("StatusT", EventStatus, NotificationStatus)
 
 
-def _jsonable(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [{k: (v.isoformat() if hasattr(v, "isoformat") else v) for k, v in row.items()} for row in rows]
+def _status_param(request: Request, statuses: type[StatusT]) -> StatusT | None:
+    """The ``status`` query parameter as one of ``statuses``, or a 422 naming them."""
+    raw = request.query_params.get("status") or None
+    if raw is None:
+        return None
+    try:
+        return statuses(raw)
+    except ValueError:
+        expected = ", ".join(statuses)
+        raise Unprocessable.field("status", f"unknown status {raw!r}; expected one of {expected}") from None
+
+
 
 
 async def _refused(request: Request, exc: Exception) -> Response:
@@ -435,7 +476,19 @@ async def _value_not_storable(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, DBAPIError)
     logger.warning("database refused a value: %s", exc.orig)
     first_line = str(exc.orig).splitlines()[0] if exc.orig is not None else "invalid value"
-    return JSONResponse({"detail": f"a value cannot be stored: {first_line}"}, status_code=422)
+    refusal = Unprocessable.field("body", f"a value cannot be stored: {first_line}",
+                                  f"a value cannot be stored: {first_line}")
+    return respond(refusal.body(), 422)
+
+
+async def _unprocessable(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, Unprocessable)
+    return respond(exc.body(), 422)
+
+
+async def _internal_error(request: Request, exc: Exception) -> Response:
+    """An unexpected error is still a JSON ``detail`` (Starlette logs and re-raises it)."""
+    return respond(ErrorOut(detail="internal server error"), 500)
 
 
 async def _database_error(request: Request, exc: Exception) -> Response:
@@ -457,11 +510,11 @@ def _text_param(name: str, value: str | None) -> str | None:
     if value is None:
         return None
     if len(value) > MAX_STRING:
-        raise HTTPException(422, f"{name}: at most {MAX_STRING} characters")
+        raise Unprocessable.field(name, f"at most {MAX_STRING} characters")
     try:
         check_text(value)
     except ValueError as exc:
-        raise HTTPException(422, f"{name}: {exc}") from None
+        raise Unprocessable.field(name, str(exc)) from None
     return value
 
 

@@ -28,7 +28,7 @@ from scheduler.types import EVENT_STATUSES
 
 BULK_CAP = 10_000
 CHUNK = 500
-FILTER_STATUSES = EVENT_STATUSES  # every status a row can have, cancelled included
+FILTER_STATUSES = tuple(str(s) for s in EVENT_STATUSES)  # every status a row can have, cancelled included
 
 
 class FilterError(ValueError):

@@ -74,6 +74,14 @@ class TokenVerifier:
         """True when verifying may fetch keys over the network (a JWKS endpoint)."""
         return self._jwks is not None
 
+    async def verify_async(self, token: str) -> dict[str, Any]:
+        """``verify`` for async code: a JWKS fetch (blocking network I/O) runs in a worker
+        thread, so a slow key endpoint never stalls the event loop."""
+        if self.fetches_keys:
+            claims: dict[str, Any] = await anyio.to_thread.run_sync(self.verify, token)
+            return claims
+        return self.verify(token)
+
     def verify(self, token: str) -> dict[str, Any]:
         options = {"require": ["exp", "sub"]}
         common: dict[str, Any] = {"audience": self.audience, "options": options}
@@ -87,6 +95,14 @@ class TokenVerifier:
         if self._secret:
             return dict(jwt.decode(token, self._secret, algorithms=["HS256"], **common))
         raise jwt.InvalidTokenError("the service has no way to verify tokens configured")
+
+
+def token_problem(exc: jwt.PyJWTError) -> str:
+    """What is wrong with a refused token, for the person who sent it: a value that is not a
+    JWT at all is "malformed" (the decoder's own words mean nothing to them)."""
+    if isinstance(exc, jwt.DecodeError) and not isinstance(exc, jwt.InvalidSignatureError):
+        return "malformed token: not a JWT (expected header.payload.signature in base64url)"
+    return f"invalid token: {exc}"
 
 
 def scopes_of(claims: dict[str, Any]) -> list[str]:
@@ -111,19 +127,9 @@ class JWTBackend(AuthenticationBackend):
         if scheme.lower() != "bearer" or not token.strip():
             raise AuthenticationError("malformed Authorization header: expected 'Bearer <token>'")
         try:
-            if self.verifier.fetches_keys:
-                # The JWKS fetch is blocking network I/O: keep it off the event loop.
-                claims = await anyio.to_thread.run_sync(self.verifier.verify, token.strip())
-            else:
-                claims = self.verifier.verify(token.strip())
-        except jwt.InvalidSignatureError as exc:  # a DecodeError too, but a well-formed token
-            raise AuthenticationError(f"invalid token: {exc}") from exc
-        except jwt.DecodeError as exc:
-            raise AuthenticationError(
-                "malformed token: not a JWT (expected header.payload.signature in base64url)"
-            ) from exc
+            claims = await self.verifier.verify_async(token.strip())
         except jwt.PyJWTError as exc:
-            raise AuthenticationError(f"invalid token: {exc}") from exc
+            raise AuthenticationError(token_problem(exc)) from exc
         scopes = scopes_of(claims)
         permissions = {p for s in scopes for p in SCOPE_PERMISSIONS.get(s, ())}
         return AuthCredentials(["authenticated", *sorted(permissions)]), Principal(str(claims["sub"]), scopes)

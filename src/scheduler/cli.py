@@ -331,7 +331,20 @@ def cmd_rules_list(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def _positive_int(raw: str) -> int:
+    """An argparse type: a whole number of at least 1."""
+    try:
+        value = int(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {raw!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from scheduler.types import EventStatus
+
     parser = argparse.ArgumentParser(
         prog="scheduler",
         description="Scheduled events for the nudging platform: store now, dispatch later. "
@@ -358,7 +371,8 @@ def build_parser() -> argparse.ArgumentParser:
     token.add_argument("--scope", default=None,
                        help="space-separated scopes, e.g. nudging.admin or nudging.ingest; omit for a participant")
     token.add_argument("--sub", default="local-operator", help="the subject claim (default local-operator)")
-    token.add_argument("--ttl", type=int, default=3600, help="seconds until it expires (default 3600)")
+    token.add_argument("--ttl", type=_positive_int, default=3600,
+                       help="seconds until it expires, at least 1 (default 3600)")
     token.set_defaults(func=cmd_token)
 
     events = sub.add_parser("events", help="inspect and reset scheduled events",
@@ -366,8 +380,7 @@ def build_parser() -> argparse.ArgumentParser:
     events_sub = events.add_subparsers(dest="events_command", required=True, metavar="ACTION")
     ev_list = events_sub.add_parser("list", help="list rows, newest change first",
                                     description="List scheduled events, newest change first.")
-    ev_list.add_argument("--status", choices=["pending", "dispatched", "failed", "cancelled"],
-                         help="only rows in this status")
+    ev_list.add_argument("--status", choices=[str(s) for s in EventStatus], help="only rows in this status")
     ev_list.add_argument("--user-id", help="only this participant's rows")
     ev_list.add_argument("--external-key", help="only the row of this external key")
     ev_list.add_argument("--limit", type=int, default=50, help="at most this many rows (default 50)")

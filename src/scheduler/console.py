@@ -27,7 +27,7 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response, Stream
 from starlette.routing import Route
 
 from scheduler import audit
-from scheduler.auth import TokenVerifier
+from scheduler.auth import TokenVerifier, token_problem
 from scheduler.console_auth import (
     CSRF_FIELD,
     NotAdmin,
@@ -45,7 +45,7 @@ from scheduler.lifecycle import event_history
 from scheduler.overview import duration, overview
 from scheduler.queries import statement
 from scheduler.store import get_event
-from scheduler.types import Clock
+from scheduler.types import Clock, EventStatus
 
 PACKAGE = Path(str(files("scheduler")))
 STATIC = PACKAGE / "static"
@@ -127,9 +127,9 @@ class Console:
         token = (_field(form, "token") or "").strip()
         error, status = None, 200
         try:
-            session = session_from_token(self.verifier, token)
+            session = await session_from_token(self.verifier, token)
         except jwt.PyJWTError as exc:
-            error, status = f"this token is not valid here: {exc}", 401
+            error, status = f"this token is not valid here: {token_problem(exc)}", 401
         except NotAdmin:
             error, status = "this token lacks the admin permission (nudging.admin)", 403
         if error is not None:
@@ -192,18 +192,18 @@ class Console:
         next_link = None
         if more:
             last = rows[-1]
-            key = "trigger_at" if where.status == "pending" else "updated_at"
+            key = "trigger_at" if where.status == EventStatus.PENDING else "updated_at"
             next_link = urlencode({**query, "after_at": last[key].isoformat(), "after_id": last["id"]})
         return self.page(request, "events.html", {
             "rows": rows, "f": query, "statuses": audit.FILTER_STATUSES, "next_link": next_link,
-            "filter_query": urlencode(query), "first_page": after_at is None, "pending": where.status == "pending",
+            "filter_query": urlencode(query), "first_page": after_at is None, "pending": where.status == EventStatus.PENDING,
         })
 
     def _events(self, where: audit.EventFilter, after_at: datetime | None, after_id: str) -> list[dict[str, Any]]:
         with self.sessions.begin() as session:
             # Pending rows come next due first, on the pending index (the claim's order);
             # the others newest change first, on the (updated_at, id) indexes.
-            name = "filter_pending_page" if where.status == "pending" else "filter_events_page"
+            name = "filter_pending_page" if where.status == EventStatus.PENDING else "filter_events_page"
             return [dict(r) for r in session.execute(statement(name), {
                 **where.params(), "after_at": after_at, "after_id": after_id, "limit": PAGE_SIZE + 1,
             }).mappings()]

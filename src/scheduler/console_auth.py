@@ -52,9 +52,10 @@ class NotAdmin(Exception):
     """A valid token that lacks the admin permission."""
 
 
-def session_from_token(verifier: TokenVerifier, token: str) -> ConsoleSession:
-    """Verify ``token`` for the console: ``jwt.PyJWTError`` if invalid, ``NotAdmin`` if not admin."""
-    claims: dict[str, Any] = verifier.verify(token)
+async def session_from_token(verifier: TokenVerifier, token: str) -> ConsoleSession:
+    """Verify ``token`` for the console: ``jwt.PyJWTError`` if invalid, ``NotAdmin`` if not admin.
+    (A JWKS fetch runs off the event loop, as for the API.)"""
+    claims: dict[str, Any] = await verifier.verify_async(token)
     permissions = {p for s in scopes_of(claims) for p in SCOPE_PERMISSIONS.get(s, ())}
     if "admin" not in permissions:
         raise NotAdmin(str(claims.get("sub")))
@@ -116,7 +117,7 @@ def console_admin(verifier_of: Callable[[], TokenVerifier],
             try:
                 if not token:
                     raise jwt.InvalidTokenError("no session")
-                session = session_from_token(verifier_of(), token)
+                session = await session_from_token(verifier_of(), token)
             except jwt.PyJWTError:
                 target = base_path(request) + "/console/sign-in"
                 if request.method == "GET":

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
+import psycopg
 from alembic import command
 from alembic.config import Config
 from sqlalchemy import Connection, Engine, create_engine, event, make_url, text
@@ -72,8 +73,26 @@ def sqlalchemy_url(uri: str, database: str | None = None) -> str:
     return url.render_as_string(hide_password=False)
 
 
+# SQLSTATEs of CREATE DATABASE losing a race: the name exists, or two creators collided
+# on pg_database's unique index before either committed.
+_ALREADY_CREATED = {"42P04", "23505"}
+
+
+def run_database_ddl(conn: Connection, template: str, name: str) -> None:
+    """Run ``template`` (``CREATE DATABASE {}`` and the like) with ``name`` quoted as an
+    identifier by psycopg: DDL cannot bind a name, and no character of it is special."""
+    from psycopg import sql
+
+    driver = conn.connection.driver_connection
+    assert driver is not None
+    driver.execute(sql.SQL(template).format(sql.Identifier(name)))
+
+
 def ensure_database(admin_url: str, name: str) -> None:
-    """Create database ``name`` on the server behind ``admin_url`` if it does not exist."""
+    """Create database ``name`` on the server behind ``admin_url`` if it does not exist.
+
+    Two processes may ensure the same database at once (two commands on a fresh data
+    directory): the one that loses the race finds it created, which is what it wanted."""
     engine = create_engine(admin_url, isolation_level="AUTOCOMMIT")
     try:
         with engine.connect() as conn:
@@ -81,7 +100,11 @@ def ensure_database(admin_url: str, name: str) -> None:
                 text("SELECT 1 FROM pg_database WHERE datname = :name"), {"name": name}
             ).scalar()
             if not exists:
-                conn.execute(text(f'CREATE DATABASE "{name}"'))
+                try:
+                    run_database_ddl(conn, "CREATE DATABASE {}", name)
+                except psycopg.Error as exc:
+                    if exc.sqlstate not in _ALREADY_CREATED:
+                        raise
     finally:
         engine.dispose()
 
@@ -91,7 +114,7 @@ def drop_database(admin_url: str, name: str) -> None:
     engine = create_engine(admin_url, isolation_level="AUTOCOMMIT")
     try:
         with engine.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+            run_database_ddl(conn, "DROP DATABASE IF EXISTS {} WITH (FORCE)", name)
     finally:
         engine.dispose()
 
@@ -103,7 +126,7 @@ def create_migrated_database(admin_url: str, name: str, settings: Settings | Non
     admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
     try:
         with admin.connect() as conn:
-            conn.execute(text(f'CREATE DATABASE "{name}"'))
+            run_database_ddl(conn, "CREATE DATABASE {}", name)
     finally:
         admin.dispose()
     url = make_url(admin_url).set(database=name).render_as_string(hide_password=False)

@@ -1,20 +1,22 @@
 """The one dispatch path shared by live ingest and the scheduler (REQ-0066).
 
 ``NudgingPlatform`` is the production ``Dispatcher``: the engine decides what the rules
-want, the orchestrator decides what is delivered, and the result carries the HTTP answer
-a live sender would get, so a scheduled event's fate can be stated in the same terms.
+want, the orchestrator decides what is delivered, and the result carries the outcome in
+the domain's words (``DispatchOutcome``), the same for a live and a scheduled event; only
+app.py maps it to the HTTP answer a live sender gets.
 """
 
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy.orm import Session
 
 from scheduler.orchestrator import Orchestrator
 from scheduler.rule_engine import RuleRefusal, evaluate
 from scheduler.rules import Catalogue
-from scheduler.types import DigitalTwinEvent, DispatchResult
+from scheduler.types import DigitalTwinEvent, DispatchOutcome, DispatchResult
 
 
 class NudgingPlatform:
@@ -29,25 +31,29 @@ class NudgingPlatform:
             candidates = evaluate(self.catalogue, event)
         except RuleRefusal as refusal:
             return DispatchResult(
-                http_status=refusal.status,
-                outcome="refused",
+                outcome=refusal.outcome,
                 refusal=str(refusal),
                 detail={"error": refusal.reason, "detail": refusal.detail},
             )
         if not candidates:
-            return DispatchResult(http_status=204, outcome="no_rule_triggered")
-        result = DispatchResult(http_status=202, outcome="suppressed")
+            return DispatchResult(outcome=DispatchOutcome.NO_RULE_TRIGGERED)
+        result = DispatchResult(outcome=DispatchOutcome.SUPPRESSED)
         duplicates = 0
         for candidate in candidates:
             decision = self.orchestrator.decide(session, event, candidate, now)
             duplicates += decision.duplicate
             if decision.notification is not None:
-                result.notifications.append(
-                    {k: v for k, v in decision.notification.items() if k != "now"}
-                )
+                result.notifications.append(_as_recorded(decision.notification))
             result.outbound.extend(decision.outbound)
         if result.outbound:
-            result.http_status, result.outcome = 200, "delivered"
+            result.outcome = DispatchOutcome.DELIVERED
         elif duplicates == len(candidates):
-            result.http_status, result.outcome = 409, "duplicate"
+            result.outcome = DispatchOutcome.DUPLICATE
         return result
+
+
+def _as_recorded(row: dict[str, Any]) -> dict[str, Any]:
+    """A notification as it was recorded: the insert's ``now`` parameter is its ``created_at``."""
+    notification = {k: v for k, v in row.items() if k != "now"}
+    notification["created_at"] = row["now"]
+    return notification

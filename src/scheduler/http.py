@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -10,11 +11,14 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
+from scheduler.schemas import ValidationErrorOut
+
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
 
 class HTTPRefusal(Exception):
-    """The request is refused with ``detail`` (any JSON), e.g. the facts contract's 422s."""
+    """The request is refused with a documented ``detail`` of its own shape: REQ-0063's
+    facts-contract 422s. (Other 422s are ``Unprocessable``.)"""
 
     def __init__(self, status_code: int, detail: Any) -> None:
         super().__init__(detail)
@@ -22,13 +26,35 @@ class HTTPRefusal(Exception):
         self.detail = detail
 
 
+class Unprocessable(Exception):
+    """A 422 that names each offending field: ``{"detail": message, "errors": [{field, message}]}``."""
+
+    def __init__(self, errors: list[dict[str, str]], detail: str | None = None) -> None:
+        if not errors:
+            raise ValueError("an Unprocessable names at least one field")
+        self.errors = errors
+        self.detail = detail or "; ".join(f"{e['field']}: {e['message']}" for e in errors)
+        super().__init__(self.detail)
+
+    @classmethod
+    def field(cls, name: str, message: str, detail: str | None = None) -> Unprocessable:
+        return cls([{"field": name, "message": message}], detail)
+
+    def body(self) -> ValidationErrorOut:
+        return ValidationErrorOut.model_validate({"detail": self.detail, "errors": self.errors})
+
+
 class BodyTooLarge(HTTPException):
     def __init__(self, limit: int) -> None:
         super().__init__(413, f"request body larger than {limit} bytes")
 
 
-def unprocessable(detail: Any) -> JSONResponse:
-    return JSONResponse({"detail": detail}, status_code=422)
+def respond(model: BaseModel | Sequence[BaseModel], status_code: int = 200) -> JSONResponse:
+    """The JSON answer built from its response model (or a list of them). Optional fields
+    the handler did not set are left out rather than sent as null."""
+    if isinstance(model, BaseModel):
+        return JSONResponse(model.model_dump(mode="json", exclude_unset=True), status_code=status_code)
+    return JSONResponse([item.model_dump(mode="json", exclude_unset=True) for item in model], status_code=status_code)
 
 
 async def read_json(request: Request, limit: int) -> Any:
@@ -47,11 +73,11 @@ async def read_json(request: Request, limit: int) -> Any:
     try:
         return json.loads(raw, parse_constant=_not_json)
     except RecursionError as exc:
-        raise HTTPException(422, "body is nested too deeply") from exc
+        raise Unprocessable.field("body", "is nested too deeply", "body is nested too deeply") from exc
     except ValueError as exc:
         # JSONDecodeError and UnicodeDecodeError, but also NaN/Infinity (which jsonb
         # refuses) and integers longer than Python's int-parsing limit: all the sender's.
-        raise HTTPException(422, f"body is not valid JSON: {exc}") from exc
+        raise Unprocessable.field("body", f"is not valid JSON: {exc}", f"body is not valid JSON: {exc}") from exc
 
 
 def _not_json(name: str) -> Any:
@@ -70,10 +96,10 @@ def validation_errors(exc: ValidationError) -> list[dict[str, str]]:
 def parse_body(model: type[ModelT], payload: Any) -> ModelT:
     """Validate ``payload``; a malformed body is a 422 naming each offending field."""
     if not isinstance(payload, dict):
-        raise HTTPException(422, "body must be a JSON object")
+        raise Unprocessable.field("body", "must be a JSON object", "body must be a JSON object")
     try:
         return model.model_validate(payload)
     except ValidationError as exc:
         errors = validation_errors(exc)
         summary = "; ".join(f"{e['field']}: {e['message']}" for e in errors)
-        raise HTTPException(422, f"invalid body: {summary}") from exc
+        raise Unprocessable(errors, f"invalid body: {summary}") from exc

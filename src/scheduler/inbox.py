@@ -39,12 +39,14 @@ from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+from starlette.responses import HTMLResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Route
 
 from scheduler.auth import PARTICIPANT, Principal, require
+from scheduler.http import Unprocessable, respond
 from scheduler.lifecycle import text_param
 from scheduler.queries import statement
+from scheduler.schemas import InboxPageOut
 from scheduler.store import _jsonable
 from scheduler.types import OutboundMessage, Publisher
 
@@ -331,7 +333,7 @@ def _cursor(raw: str | None) -> tuple[datetime | None, str | None]:
     except ValueError:
         parsed = None
     if not sep or parsed is None or parsed.tzinfo is None or not note_id:
-        raise HTTPException(422, "before: not a cursor from this API (use the previous page's next)")
+        raise Unprocessable.field("before", "not a cursor from this API (use the previous page's next)")
     text_param("before", note_id)
     return parsed, note_id
 
@@ -340,7 +342,7 @@ def _seq(name: str, raw: str | None) -> int:
     if raw is None or raw == "":
         return -1
     if not raw.isdigit() or len(raw) > 18:
-        raise HTTPException(422, f"{name}: must be a stream event id (a whole number)")
+        raise Unprocessable.field(name, "must be a stream event id (a whole number)")
     return int(raw)
 
 
@@ -355,7 +357,7 @@ def inbox_routes(service: SchedulerService) -> list[BaseRoute]:
         before_at, before_id = _cursor(request.query_params.get("before") or None)
         raw_limit = request.query_params.get("limit") or "50"
         if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= 200:
-            raise HTTPException(422, "limit: must be a whole number from 1 to 200")
+            raise Unprocessable.field("limit", "must be a whole number from 1 to 200")
         limit = int(raw_limit)
 
         def read() -> list[dict[str, Any]]:
@@ -367,7 +369,9 @@ def inbox_routes(service: SchedulerService) -> list[BaseRoute]:
 
         items = await run_in_threadpool(read)
         last = items[-1] if len(items) == limit else None
-        return JSONResponse({"items": items, "next": f"{last['created_at']}~{last['id']}" if last else None})
+        page = InboxPageOut.model_validate(
+            {"items": items, "next": f"{last['created_at']}~{last['id']}" if last else None})
+        return respond(page)
 
     @require(PARTICIPANT)
     async def my_stream(request: Request) -> Response:

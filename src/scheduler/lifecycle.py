@@ -23,12 +23,19 @@ from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from scheduler.auth import Principal, require
+from scheduler.http import Unprocessable, respond
 from scheduler.queries import statement
-from scheduler.schemas import MAX_STRING, check_text
+from scheduler.schemas import (
+    MAX_STRING,
+    CancelConflictOut,
+    HistoryEntryOut,
+    ScheduledEventOut,
+    check_text,
+)
 from scheduler.store import _jsonable, event_to_json, set_change_context
 
 if TYPE_CHECKING:
@@ -93,11 +100,11 @@ def text_param(name: str, value: str | None) -> str | None:
     if value is None:
         return None
     if len(value) > MAX_STRING:
-        raise HTTPException(422, f"{name}: at most {MAX_STRING} characters")
+        raise Unprocessable.field(name, f"at most {MAX_STRING} characters")
     try:
         check_text(value)
     except ValueError as exc:
-        raise HTTPException(422, f"{name}: {exc}") from None
+        raise Unprocessable.field(name, str(exc)) from None
     return value
 
 
@@ -114,11 +121,10 @@ def lifecycle_routes(service: SchedulerService) -> list[BaseRoute]:
         if result.outcome == "missing":
             raise HTTPException(404, "no scheduled event with that id or key")
         if result.outcome == "dispatched":
-            return JSONResponse(
-                {"detail": "already dispatched: a dispatched event cannot be cancelled", "event": result.row},
-                status_code=409,
-            )
-        return JSONResponse(result.row)
+            conflict = CancelConflictOut(detail="already dispatched: a dispatched event cannot be cancelled",
+                                         event=ScheduledEventOut.model_validate(result.row))
+            return respond(conflict, 409)
+        return respond(ScheduledEventOut.model_validate(result.row))
 
     @require("ingest")
     async def cancel_by_id(request: Request) -> Response:
@@ -146,7 +152,7 @@ def lifecycle_routes(service: SchedulerService) -> list[BaseRoute]:
         entries = await run_in_threadpool(event_history, service.sessions, event_id)
         if entries is None:
             raise HTTPException(404, "no scheduled event with that id")
-        return JSONResponse(entries)
+        return respond([HistoryEntryOut.model_validate(entry) for entry in entries])
 
     return [
         Route("/admin/scheduled-events/{event_id}", cancel_by_id, methods=["DELETE"]),

@@ -47,6 +47,7 @@ from scheduler.types import (
     Clock,
     DigitalTwinEvent,
     Dispatcher,
+    EventStatus,
     OutboundMessage,
     Publisher,
     SchedulerMode,
@@ -113,7 +114,7 @@ class EventOutcome:
     """What one claimed event became, with what metrics need (its type and lateness)."""
 
     id: str
-    status: str  # "dispatched" or "failed"
+    status: EventStatus  # dispatched or failed
     error: str | None = None
     event_type: str = ""
     trigger_at: datetime | None = None
@@ -122,7 +123,7 @@ class EventOutcome:
     @property
     def lateness(self) -> timedelta | None:
         """``dispatched_at - trigger_at`` for a dispatched event (the user's measure)."""
-        if self.status != "dispatched" or self.trigger_at is None or self.finished_at is None:
+        if self.status != EventStatus.DISPATCHED or self.trigger_at is None or self.finished_at is None:
             return None
         return self.finished_at - self.trigger_at
 
@@ -171,11 +172,11 @@ class PollReport:
 
     @property
     def dispatched(self) -> int:
-        return sum(o.status == "dispatched" for o in self.outcomes)
+        return sum(o.status == EventStatus.DISPATCHED for o in self.outcomes)
 
     @property
     def failed(self) -> int:
-        return sum(o.status == "failed" for o in self.outcomes)
+        return sum(o.status == EventStatus.FAILED for o in self.outcomes)
 
 
 @dataclass
@@ -355,7 +356,7 @@ class Scheduler:
         else:
             if result.refusal is None:
                 batch.outbound.extend(result.outbound)
-                outcome = EventOutcome(event.id, "dispatched", None, event.event_type, event.trigger_at, now)
+                outcome = EventOutcome(event.id, EventStatus.DISPATCHED, None, event.event_type, event.trigger_at, now)
                 batch.outcomes.append(outcome)
                 return outcome
             first_error = result.refusal
@@ -405,11 +406,11 @@ class Scheduler:
                 savepoint.rollback()
             return self._mark_failed(event, error_text(exc), now)
         batch.outbound.extend(result.outbound)
-        return EventOutcome(event.id, "dispatched", None, event.event_type, event.trigger_at, now)
+        return EventOutcome(event.id, EventStatus.DISPATCHED, None, event.event_type, event.trigger_at, now)
 
     def _mark_failed(self, event: ClaimedEvent, error: str, now: datetime) -> EventOutcome:
         """A failed outcome; its row is written with the others when the batch finishes."""
-        return EventOutcome(event.id, "failed", error, event.event_type, event.trigger_at, now)
+        return EventOutcome(event.id, EventStatus.FAILED, error, event.event_type, event.trigger_at, now)
 
     def finish(self, batch: Batch) -> PollReport:
         """Record the batch's outcomes in one statement, commit (releasing its locks), then
@@ -599,15 +600,15 @@ class Scheduler:
         self._started()
         loop = asyncio.get_running_loop()
         wake = asyncio.Event()
-        # A thread limiter of its own: requests that fill the default threadpool (their
-        # limiter) cannot keep a poll waiting for a thread.
-        limiter = anyio.CapacityLimiter(1)
 
         def interrupt() -> None:
             loop.call_soon_threadsafe(wake.set)
 
         with self._wake_lock:
             self._interrupt = interrupt
+        # A thread limiter of its own: requests that fill the default threadpool (their
+        # limiter) cannot keep a poll waiting for a thread.
+        limiter = anyio.CapacityLimiter(1)
         try:
             while not stop.is_set():
                 report = await anyio.to_thread.run_sync(self._poll_guarded, stop.is_set, limiter=limiter)

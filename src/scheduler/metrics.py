@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from scheduler.loop import PollReport, Scheduler
 from scheduler.queries import statement
-from scheduler.types import Clock
+from scheduler.types import Clock, EventStatus
 
 MAX_EVENT_TYPES = 100
 POLL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -151,7 +151,7 @@ class Metrics:
         self._seen_report = report
         for outcome in report.outcomes:
             label = self._label(outcome.event_type or "unknown")
-            if outcome.status == "dispatched":
+            if outcome.status == EventStatus.DISPATCHED:
                 self.dispatched.labels(label).inc()
                 lateness = outcome.lateness
                 if lateness is not None:

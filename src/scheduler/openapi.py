@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from enum import StrEnum
 from typing import Any
 
 from pydantic import BaseModel
@@ -10,24 +11,34 @@ from pydantic.json_schema import models_json_schema
 from starlette.routing import BaseRoute, Route
 
 from scheduler.schemas import (
+    MAX_STRING,
     CancelConflictOut,
+    DuplicateOut,
     ErrorOut,
+    FactsContractErrorOut,
+    HealthOut,
     HistoryEntryOut,
     InboxNotificationOut,
     InboxPageOut,
     IngestOut,
     LiveEventIn,
     NotificationOut,
+    OperatorActionOut,
     PreferencesIn,
     PreferencesOut,
+    ReplicaOut,
+    RuleRefusalOut,
     ScheduledEventIn,
     ScheduledEventOut,
     SchedulerHealthOut,
+    ValidationErrorOut,
 )
+from scheduler.types import EventStatus, NotificationStatus
 
 MODELS: tuple[type[BaseModel], ...] = (
     ScheduledEventIn, LiveEventIn, PreferencesIn, ScheduledEventOut, NotificationOut,
-    IngestOut, PreferencesOut, SchedulerHealthOut, ErrorOut,
+    IngestOut, DuplicateOut, PreferencesOut, SchedulerHealthOut, HealthOut, ErrorOut,
+    ValidationErrorOut, FactsContractErrorOut, RuleRefusalOut, ReplicaOut, OperatorActionOut,
     HistoryEntryOut, CancelConflictOut, InboxNotificationOut, InboxPageOut,
 )
 
@@ -43,32 +54,51 @@ def _json(model: type[BaseModel] | None, description: str, many: bool = False) -
     return {"description": description, "content": {"application/json": {"schema": schema}}}
 
 
+def _one_of(models: tuple[type[BaseModel], ...], description: str) -> dict[str, Any]:
+    schema = {"anyOf": [_ref(m) for m in models]}
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+def _enum(values: type[StrEnum]) -> dict[str, Any]:
+    return {"type": "string", "enum": [str(v) for v in values]}
+
+
+# Query parameters' schemas, by name (a route may override one with "parameter_schemas").
+QUERY_SCHEMAS: dict[str, dict[str, Any]] = {"limit": {"type": "integer", "minimum": 1, "maximum": 1000}}
+
 ERRORS = {
-    "401": _json(ErrorOut, "missing, expired or invalid bearer token"),
+    "401": _json(ErrorOut, "missing, expired, malformed or invalid bearer token"),
     "403": _json(ErrorOut, "the token lacks the permission this route needs"),
-    "422": _json(ErrorOut, "malformed body or parameters; the detail names the field"),
+    "422": _json(ValidationErrorOut, "malformed parameters or body; errors names each field"),
     "503": _json(ErrorOut, "the database is unavailable"),
 }
+# An open route needs no token, but one that is sent must be well formed and valid.
+BAD_TOKEN = {"401": _json(ErrorOut, "an Authorization header was sent and it is malformed or its token invalid")}
+TOO_LARGE = {"413": _json(ErrorOut, "body larger than SCHEDULER_MAX_BODY_BYTES")}
+MISSING_FACTS = "REQ-0063: facts absent, null or empty ({detail: 'Missing facts in ...'}), or without facts_version and scenario as non-empty strings ({detail: {error: invalid_facts_contract, errors}}); any other malformed body names its fields"
 
 # (path, method) -> operation; the request and response schemas come from the models.
 OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
-    ("/health", "get"): {"summary": "Liveness", "responses": {"200": {"description": "alive"}}},
+    ("/health", "get"): {"summary": "Liveness", "responses": {"200": _json(HealthOut, "alive"), **BAD_TOKEN}},
     ("/health/scheduler", "get"): {
         "summary": "Is the polling loop alive and polling?",
         "responses": {
             "200": _json(SchedulerHealthOut, "the loop runs and polled recently"),
             "503": _json(SchedulerHealthOut, "the loop task exited, its last poll failed (a database outage), or no poll completed in three intervals"),
+            **BAD_TOKEN,
         },
     },
     ("/admin/scheduled-events", "post"): {
         "summary": "Store an event to dispatch later (permission: ingest)",
         "request": ScheduledEventIn,
         "responses": {"201": _json(ScheduledEventOut, "stored (or, for a known external_key, rewritten and reset)"),
-                      "413": _json(ErrorOut, "body too large"), **ERRORS},
+                      **TOO_LARGE, **ERRORS,
+                      "422": _one_of((ValidationErrorOut, ErrorOut, FactsContractErrorOut), MISSING_FACTS)},
     },
     ("/admin/scheduled-events", "get"): {
         "summary": "List scheduled events (permission: admin)",
         "parameters": ["status", "user_id", "external_key", "limit"],
+        "parameter_schemas": {"status": _enum(EventStatus)},
         "responses": {"200": _json(ScheduledEventOut, "rows, newest change first", many=True), **ERRORS},
     },
     ("/admin/scheduled-events/{event_id}", "get"): {
@@ -86,38 +116,42 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
             "200": _json(IngestOut, "delivered on at least one channel"),
             "202": _json(IngestOut, "created, but every delivery suppressed"),
             "204": {"description": "no rule triggered"},
-            "400": _json(ErrorOut, "no enabled rule claims the scenario at that frequency"),
-            "409": _json(IngestOut, "every rule that would have fired was a duplicate"),
-            "413": _json(ErrorOut, "body too large"),
+            "400": _json(RuleRefusalOut, "no enabled rule claims the scenario at that frequency"),
+            "409": _json(DuplicateOut, "every rule that would have fired was a duplicate"),
+            **TOO_LARGE,
             **ERRORS,
+            "422": _one_of(
+                (ValidationErrorOut, ErrorOut, FactsContractErrorOut, RuleRefusalOut),
+                MISSING_FACTS + "; or the rule engine refuses the event ({detail: {error, detail}}: "
+                "an unusable time scope, facts a rule requires, a template variable the facts lack)",
+            ),
         },
     },
     ("/admin/notifications", "get"): {
         "summary": "Participants' notifications with status and reason (permission: admin)",
         "parameters": ["user_id", "status", "limit"],
+        "parameter_schemas": {"status": _enum(NotificationStatus)},
         "responses": {"200": _json(NotificationOut, "notifications, newest first", many=True), **ERRORS},
     },
     ("/admin/participants/{user_id}/preferences", "put"): {
         "summary": "Set a participant's enabled kinds and daily cap (permission: admin)",
         "request": PreferencesIn,
-        "responses": {"200": _json(PreferencesOut, "the stored preferences"), **ERRORS},
+        "responses": {"200": _json(PreferencesOut, "the stored preferences"), **TOO_LARGE, **ERRORS},
     },
     # Issue 9: metrics and the operator API (the console's HTML pages are not API operations).
     ("/metrics", "get"): {
         "summary": "Prometheus metrics (open unless SCHEDULER_METRICS_REQUIRE_ADMIN)",
         "responses": {"200": {"description": "the Prometheus text format",
-                              "content": {"text/plain": {"schema": {"type": "string"}}}}},
+                              "content": {"text/plain": {"schema": {"type": "string"}}}}, **BAD_TOKEN},
     },
     ("/admin/replicas", "get"): {
         "summary": "Every replica's heartbeat, stale or not (permission: admin)",
-        "responses": {"200": {"description": "replicas, by name", "content": {"application/json": {
-            "schema": {"type": "array", "items": {"type": "object"}}}}}, **ERRORS},
+        "responses": {"200": _json(ReplicaOut, "replicas, by name", many=True), **ERRORS},
     },
     ("/admin/audit", "get"): {
         "summary": "The operators' audit trail, newest first (permission: admin)",
         "parameters": ["limit", "before_id"],
-        "responses": {"200": {"description": "operator actions", "content": {"application/json": {
-            "schema": {"type": "array", "items": {"type": "object"}}}}}, **ERRORS},
+        "responses": {"200": _json(OperatorActionOut, "operator actions", many=True), **ERRORS},
     },
 }
 
@@ -163,8 +197,12 @@ OPERATIONS.update({
 })
 
 
-def openapi_document(routes: Sequence[BaseRoute]) -> dict[str, Any]:
-    """OpenAPI 3.1 for the routes actually mounted (an undocumented route is an error)."""
+def openapi_document(routes: Sequence[BaseRoute], root_path: str = "") -> dict[str, Any]:
+    """OpenAPI 3.1 for the routes actually mounted (an undocumented route is an error).
+
+    ``root_path`` is where the app is mounted (the ASGI ``root_path``): it becomes the
+    ``servers`` entry, so the paths stay relative to the app and clients call the right URLs.
+    """
     _, definitions = models_json_schema(
         [(m, "validation" if m.__name__.endswith("In") else "serialization") for m in MODELS],
         ref_template="#/components/schemas/{model}",
@@ -183,9 +221,10 @@ def openapi_document(routes: Sequence[BaseRoute]) -> dict[str, Any]:
                 {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
                 for name in route.param_convertors
             ]
+            schemas = {**QUERY_SCHEMAS, **spec.get("parameter_schemas", {})}
             params += [
                 {"name": name, "in": "query", "required": False,
-                 "schema": {"type": "integer", "minimum": 1, "maximum": 1000} if name == "limit" else {"type": "string"}}
+                 "schema": schemas.get(name, {"type": "string", "maxLength": MAX_STRING})}
                 for name in spec.get("parameters", [])
             ]
             if params:
@@ -198,7 +237,7 @@ def openapi_document(routes: Sequence[BaseRoute]) -> dict[str, Any]:
             if route.path.startswith(("/admin", "/me")):
                 operation["security"] = [{"bearer": []}]
             paths.setdefault(route.path, {})[method.lower()] = operation
-    return {
+    document: dict[str, Any] = {
         "openapi": "3.1.0",
         "info": {"title": "scheduler", "version": "0.1.0",
                  "description": "Scheduled events for the nudging platform (REQ-0063 to REQ-0067)."},
@@ -208,3 +247,6 @@ def openapi_document(routes: Sequence[BaseRoute]) -> dict[str, Any]:
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer", "bearerFormat": "JWT"}},
         },
     }
+    if root_path.rstrip("/"):
+        document["servers"] = [{"url": root_path.rstrip("/")}]
+    return document

@@ -12,18 +12,19 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
-from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from scheduler import audit
 from scheduler.auth import TokenVerifier, require
 from scheduler.config import Settings
 from scheduler.console import Console
-from scheduler.heartbeat import Heartbeat, list_replicas, replicas_json
+from scheduler.heartbeat import Heartbeat, list_replicas
+from scheduler.http import Unprocessable, respond
 from scheduler.loop import Scheduler
 from scheduler.metrics import CONTENT_TYPE, Metrics
+from scheduler.schemas import OperatorActionOut, ReplicaOut
 from scheduler.types import Clock
 
 
@@ -59,7 +60,7 @@ class Operations:
     async def replicas(self, request: Request) -> Response:
         """Every replica's heartbeat, with ``stale`` (silent three poll intervals) and ``state``."""
         rows = await run_in_threadpool(list_replicas, self.sessions, self.clock.now())
-        return JSONResponse(replicas_json(rows))
+        return respond([ReplicaOut.model_validate(row) for row in rows])
 
     @require("admin")
     async def audit_trail(self, request: Request) -> Response:
@@ -69,7 +70,7 @@ class Operations:
         before_id = _int_param(request, "before_id", 0, 1, 2**62) if before else None
         rows: list[dict[str, Any]] = await run_in_threadpool(
             lambda: audit.list_actions(self.sessions, limit=limit, before_id=before_id))
-        return JSONResponse(rows)
+        return respond([OperatorActionOut.model_validate(row) for row in rows])
 
 
 def _hidden(route: Route) -> Route:
@@ -83,5 +84,5 @@ def _int_param(request: Request, name: str, default: int, low: int, high: int) -
     if raw is None:
         return default
     if not raw.isdigit() or not low <= int(raw) <= high:
-        raise HTTPException(422, f"{name}: must be a whole number from {low} to {high}")
+        raise Unprocessable.field(name, f"must be a whole number from {low} to {high}")
     return int(raw)

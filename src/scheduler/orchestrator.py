@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 from scheduler.participant_locks import lock_participant
 from scheduler.queries import statement
 from scheduler.rule_engine import Candidate
-from scheduler.types import DigitalTwinEvent, OutboundMessage
+from scheduler.types import DigitalTwinEvent, NotificationStatus, OutboundMessage
 
 DEFAULT_MAX_PER_DAY = 3
 
@@ -89,7 +89,7 @@ class WebChannel:
                 "notification_id": notification["id"],
                 "user_id": notification["user_id"],
                 "channel": self.name,
-                "status": "sent",
+                "status": NotificationStatus.SENT,
                 "detail": None,
                 "now": now,
             },
@@ -135,7 +135,7 @@ class Orchestrator:
         candidate: Candidate,
         key: str,
         now: datetime,
-        status: str,
+        status: NotificationStatus,
         reason: str | None,
         notification_id: str | None = None,
         web: WebChannel | None = None,
@@ -173,20 +173,20 @@ class Orchestrator:
             repeat = session.execute(statement("record_duplicate"), {"key": key, "now": now}).one()
             # A duplicate is recorded once per key; later repeats only bump the counter.
             if repeat.duplicate_notification_id is None:
-                row = self._record(session, event, candidate, key, now, "suppressed", "suppressed_dedup")
+                row = self._record(session, event, candidate, key, now, NotificationStatus.SUPPRESSED, "suppressed_dedup")
                 session.execute(
                     statement("link_duplicate_notification"), {"key": key, "notification_id": row["id"]}
                 )
             return Decision(None, True, [])
 
         if not claim.preferences.allows(candidate.rule.kind):
-            row = self._record(session, event, candidate, key, now, "suppressed", "kind_disabled", notification_id)
+            row = self._record(session, event, candidate, key, now, NotificationStatus.SUPPRESSED, "kind_disabled", notification_id)
             return Decision(row, False, [])
         if claim.sent_today >= claim.preferences.max_per_day:
-            row = self._record(session, event, candidate, key, now, "suppressed", "rate_limited", notification_id)
+            row = self._record(session, event, candidate, key, now, NotificationStatus.SUPPRESSED, "rate_limited", notification_id)
             return Decision(row, False, [])
 
-        row = self._record(session, event, candidate, key, now, "sent", None, notification_id, self.web)
+        row = self._record(session, event, candidate, key, now, NotificationStatus.SENT, None, notification_id, self.web)
         outbound = []
         for channel in self.channels:
             if channel is self.web:

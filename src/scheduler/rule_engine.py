@@ -1,8 +1,9 @@
 """The rule engine: from a DigitalTwinEvent to the notifications its rules want to send.
 
 The engine decides nothing about delivery (that is the orchestrator's job) and writes
-nothing. A refusal here is the sender's fault; a live request answers it with 400 or 422,
-and a scheduled event records it as ``failed`` with the reason in ``last_error``.
+nothing. A refusal here is the sender's fault, said as a ``DispatchOutcome``: a live
+request gets the answer app.py maps it to, and a scheduled event records it as ``failed``
+with the reason in ``last_error``.
 """
 
 from __future__ import annotations
@@ -23,14 +24,15 @@ from scheduler.facts import (
     parse_time_scope,
 )
 from scheduler.rules import Catalogue, Rule
-from scheduler.types import DigitalTwinEvent
+from scheduler.types import DigitalTwinEvent, DispatchOutcome
 
 
 @dataclass(frozen=True)
 class RuleRefusal(Exception):
-    """The event cannot be processed as sent: ``status`` is the live answer (400 or 422)."""
+    """The rule engine refuses the event as sent: ``outcome`` says how (no rule for the
+    scenario, or an event the rules cannot use), ``reason`` is the machine-readable word."""
 
-    status: int
+    outcome: DispatchOutcome
     reason: str
     detail: Any
 
@@ -57,9 +59,9 @@ def _render(rule: Rule, context: Mapping[str, Any]) -> tuple[str, str]:
     try:
         return rule.title.render(context), rule.body.render(context)
     except UndefinedError as exc:
-        raise RuleRefusal(422, "template_variable_missing", f"rule {rule.id}: {exc.message}") from exc
+        raise RuleRefusal(DispatchOutcome.INVALID_EVENT, "template_variable_missing", f"rule {rule.id}: {exc.message}") from exc
     except TemplateError as exc:  # includes the sandbox's SecurityError
-        raise RuleRefusal(422, "template_error", f"rule {rule.id}: {exc}") from exc
+        raise RuleRefusal(DispatchOutcome.INVALID_EVENT, "template_error", f"rule {rule.id}: {exc}") from exc
 
 
 def evaluate(catalogue: Catalogue, event: DigitalTwinEvent) -> list[Candidate]:
@@ -73,21 +75,21 @@ def evaluate(catalogue: Catalogue, event: DigitalTwinEvent) -> list[Candidate]:
     try:
         facts = check_facts_contract(event.facts)
     except FactsMissing as exc:
-        raise RuleRefusal(422, "missing_facts", str(exc)) from exc
+        raise RuleRefusal(DispatchOutcome.INVALID_EVENT, "missing_facts", str(exc)) from exc
     except ContractViolation as exc:
-        raise RuleRefusal(422, "invalid_facts_contract", list(exc.errors)) from exc
+        raise RuleRefusal(DispatchOutcome.INVALID_EVENT, "invalid_facts_contract", list(exc.errors)) from exc
     try:
         scope = parse_time_scope(facts)
     except TimeScopeError as exc:
-        raise RuleRefusal(422, INVALID_TIME_SCOPE, exc.args[0] if exc.args else None) from exc
+        raise RuleRefusal(DispatchOutcome.INVALID_EVENT, INVALID_TIME_SCOPE, exc.args[0] if exc.args else None) from exc
     scenario = str(facts["scenario"])
     rules = catalogue.matching(scenario, scope.frequency)
     if not rules:
-        raise RuleRefusal(400, "no_rule_for_scenario", f"no enabled rule claims scenario {scenario!r} at {scope.frequency} frequency")
+        raise RuleRefusal(DispatchOutcome.NO_RULE_FOR_SCENARIO, "no_rule_for_scenario", f"no enabled rule claims scenario {scenario!r} at {scope.frequency} frequency")
     for rule in rules:
         missing = [name for name in rule.required_facts if facts.get(name) in (None, "")]
         if missing:
-            raise RuleRefusal(422, "missing_required_facts", f"rule {rule.id} needs {', '.join(missing)}")
+            raise RuleRefusal(DispatchOutcome.INVALID_EVENT, "missing_required_facts", f"rule {rule.id} needs {', '.join(missing)}")
     candidates = []
     for rule in rules:
         extra: Mapping[str, Any] = {}

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, PlainSerializer, field_validator
 
-from scheduler.types import EVENT_STATUSES
+from scheduler.types import DispatchOutcome, EventStatus, NotificationStatus, SchedulerMode
 
 MAX_DEPTH = 32
 MAX_STRING = 200
@@ -45,6 +45,22 @@ def _no_nul(value: str | None) -> str | None:
     return value
 
 
+def _facts_required(schema: dict[str, Any]) -> None:
+    """The published schema says what the server does: ``facts`` is required, an object
+    with ``facts_version`` and ``scenario`` as non-blank strings (REQ-0063). The model
+    itself lets a missing ``facts`` through, so that the route can answer REQ-0063's own
+    422 ("Missing facts in ...") instead of a generic validation error."""
+    schema["required"] = sorted({*schema.get("required", []), "facts"})
+    contract = {"type": "string", "pattern": "\\S"}
+    schema["properties"]["facts"] = {
+        "type": "object",
+        "minProperties": 1,
+        "required": ["facts_version", "scenario"],
+        "properties": {"facts_version": contract, "scenario": contract},
+        "description": "Must carry facts_version and scenario as non-blank strings.",
+    }
+
+
 class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid", str_strip_whitespace=False)
 
@@ -63,6 +79,8 @@ class _Body(BaseModel):
 
 class ScheduledEventIn(_Body):
     """``POST /admin/scheduled-events``: an event to dispatch at ``trigger_at``."""
+
+    model_config = ConfigDict(json_schema_extra=_facts_required)
 
     event_type: str = Name
     user_id: str = Name
@@ -92,6 +110,8 @@ class ScheduledEventIn(_Body):
 class LiveEventIn(_Body):
     """``POST /admin/ingest-event``: a live event, dispatched now."""
 
+    model_config = ConfigDict(json_schema_extra=_facts_required)
+
     event_type: str = Name
     user_id: str = Name
     community_id: str | None = Field(default=None, max_length=MAX_STRING)
@@ -116,22 +136,34 @@ class PreferencesIn(BaseModel):
         return value
 
 
-class ScheduledEventOut(BaseModel):
+# -- responses ----------------------------------------------------------------------------
+# Every answer is built from one of these (``scheduler.http.respond``), so /openapi.json
+# describes exactly what is sent. Times keep Python's ISO 8601 form (``+00:00``).
+
+Timestamp = Annotated[datetime, PlainSerializer(lambda value: value.isoformat(), return_type=str, when_used="json")]
+
+
+class _Out(BaseModel):
+    # The published schema forbids extra properties; validation merely drops them.
+    model_config = ConfigDict(json_schema_extra={"additionalProperties": False})
+
+
+class ScheduledEventOut(_Out):
     id: str
     event_type: str
     user_id: str
     community_id: str | None
     external_key: str | None
-    trigger_at: datetime
+    trigger_at: Timestamp
     facts: dict[str, Any]
-    status: Literal["pending", "dispatched", "failed", "cancelled"]
+    status: EventStatus
     last_error: str | None
-    created_at: datetime
-    updated_at: datetime
-    dispatched_at: datetime | None
+    created_at: Timestamp
+    updated_at: Timestamp
+    dispatched_at: Timestamp | None
 
 
-class NotificationOut(BaseModel):
+class NotificationOut(_Out):
     id: str
     user_id: str
     community_id: str | None
@@ -142,61 +174,161 @@ class NotificationOut(BaseModel):
     dedup_key: str
     title: str
     body: str
-    status: Literal["sent", "suppressed", "failed"]
+    status: NotificationStatus
     reason: str | None
     source: Literal["live", "scheduled"]
     scheduled_event_id: str | None
-    created_at: datetime
+    created_at: Timestamp
 
 
-class IngestOut(BaseModel):
-    outcome: str
+class IngestOut(_Out):
+    """A live event's answer: what the dispatch path decided and the notifications it made."""
+
+    outcome: DispatchOutcome
     notifications: list[NotificationOut]
 
 
-class PreferencesOut(BaseModel):
+class DuplicateOut(IngestOut):
+    """409: every rule that would have fired already notified for this period."""
+
+    detail: str
+
+
+class PreferencesOut(_Out):
     user_id: str
     enabled_kinds: list[str] | None
     max_per_day: int
-    updated_at: datetime
+    updated_at: Timestamp
 
 
-class SchedulerHealthOut(BaseModel):
+class WakeupsOut(_Out):
+    """How the loop is woken: on its interval (literal), by LISTEN, or by timed wake-ups."""
+
+    by: Literal["interval", "listen", "timer"]
+    reason: str | None = None
+    next_wake_at: Timestamp | None = None
+
+
+class SchedulerHealthOut(_Out):
     running: bool
-    started_at: datetime | None
-    last_poll_at: datetime | None
+    started_at: Timestamp | None
+    last_poll_at: Timestamp | None
     last_error: str | None
-    last_error_at: datetime | None
+    last_error_at: Timestamp | None
     polls: int
     dispatched: int
     failed: int
     consecutive_failures: int
+    skipped_busy: int
     stale: bool
     poll_seconds: float
+    mode: SchedulerMode
+    wakeups: WakeupsOut
 
 
-class ErrorOut(BaseModel):
-    detail: Any
+class ReplicaOut(_Out):
+    """One replica's heartbeat (``GET /admin/replicas``)."""
+
+    replica_id: str
+    name: str
+    host: str
+    pid: int
+    mode: SchedulerMode
+    poll_seconds: float
+    started_at: Timestamp
+    last_poll_at: Timestamp | None
+    seen_at: Timestamp
+    last_error: str | None
+    consecutive_failures: int
+    polls: int
+    dispatched: int
+    failed: int
+    stale: bool = Field(description="silent for three of its poll intervals")
+    state: Literal["ok", "failing", "stale"]
 
 
-class HistoryEntryOut(BaseModel):
+class OperatorActionOut(_Out):
+    """One entry of the operators' audit trail (``GET /admin/audit``)."""
+
+    id: int
+    at: Timestamp
+    actor: str
+    source: str
+    action: str
+    event_id: str | None
+    filter: dict[str, Any] | None
+    count: int
+    reason: str | None
+
+
+class HealthOut(_Out):
+    status: Literal["ok"]
+
+
+# -- errors -------------------------------------------------------------------------------
+# Every 4xx and 5xx is a JSON object with ``detail``. 422s name the offending fields
+# (``ValidationErrorOut``) except the two shapes REQ-0063 documents for the facts
+# contract; a live event the rules refuse keeps REQ-0016's ``{error, detail}``.
+
+
+class ErrorOut(_Out):
+    """401, 403, 404, 413, 500, 503, and REQ-0063's "Missing facts in ..." 422."""
+
+    detail: str
+
+
+class FieldErrorOut(_Out):
+    field: str = Field(description="The offending field as a dotted path (``body`` for the body as a whole).")
+    message: str
+
+
+class ValidationErrorOut(_Out):
+    """422: a malformed body, parameter or value; ``errors`` names each field."""
+
+    detail: str
+    errors: list[FieldErrorOut] = Field(min_length=1)
+
+
+class FactsContractDetail(_Out):
+    error: Literal["invalid_facts_contract"]
+    errors: list[FieldErrorOut] = Field(min_length=1)
+
+
+class FactsContractErrorOut(_Out):
+    """422 (REQ-0063): facts present but without facts_version or scenario as non-empty strings."""
+
+    detail: FactsContractDetail
+
+
+class RuleRefusalDetail(_Out):
+    error: str = Field(description="The rule engine's reason, e.g. no_rule_for_scenario, missing_or_invalid_time_scope.")
+    detail: Any = None
+
+
+class RuleRefusalOut(_Out):
+    """400 or 422 from the live path (REQ-0016): the rule engine refused the event."""
+
+    detail: RuleRefusalDetail
+
+
+class HistoryEntryOut(_Out):
     """One change of a scheduled event (``GET /admin/scheduled-events/{id}/history``)."""
 
     id: int
     event_id: str
-    at: datetime = Field(description="the row's updated_at after the change (the service's clock)")
+    at: Timestamp = Field(description="the row's updated_at after the change (the service's clock)")
     change: Literal["stored", "rewritten", "dispatched", "failed", "reset", "cancelled", "pending", "updated"]
     actor: str | None = Field(description="the token's subject; null for the polling loop")
-    status: Literal["pending", "dispatched", "failed", "cancelled"]
+    status: EventStatus
     changes: dict[str, list[Any]] = Field(description="column -> [before, after], for each column that changed")
 
 
-class CancelConflictOut(BaseModel):
+class CancelConflictOut(_Out):
     detail: str
     event: ScheduledEventOut
 
 
-class InboxNotificationOut(BaseModel):
+class InboxNotificationOut(_Out):
     """A notification as its participant sees it."""
 
     id: str
@@ -210,13 +342,11 @@ class InboxNotificationOut(BaseModel):
     body: str
     source: Literal["live", "scheduled"]
     scheduled_event_id: str | None
-    created_at: datetime
+    created_at: Timestamp
     stream_seq: int | None = Field(description="its SSE event id once streamed (null: never streamed)")
 
 
-class InboxPageOut(BaseModel):
+class InboxPageOut(_Out):
     items: list[InboxNotificationOut]
     next: str | None = Field(description="pass as ?before= for the next (older) page; null at the end")
 
-
-assert set(EVENT_STATUSES) == {"pending", "dispatched", "failed", "cancelled"}

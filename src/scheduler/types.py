@@ -11,14 +11,52 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 from sqlalchemy.orm import Session
 
 JSONObject = dict[str, Any]
-EventStatus = Literal["pending", "dispatched", "failed", "cancelled"]
-EVENT_STATUSES: tuple[EventStatus, ...] = ("pending", "dispatched", "failed", "cancelled")
-NotificationStatus = Literal["sent", "suppressed", "failed"]
+
+
+class EventStatus(StrEnum):
+    """A scheduled event's status, the row's own record of what became of it. A new
+    member here is all it takes to reach the API schema, the status filters and the CLI."""
+
+    PENDING = "pending"
+    DISPATCHED = "dispatched"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+EVENT_STATUSES: tuple[EventStatus, ...] = tuple(EventStatus)
+
+
+class NotificationStatus(StrEnum):
+    """A notification's status: delivered, recorded but not delivered (with a reason), or failed."""
+
+    SENT = "sent"
+    SUPPRESSED = "suppressed"
+    FAILED = "failed"
+
+
+class DispatchOutcome(StrEnum):
+    """What the shared dispatch path decided for one event, in the domain's words.
+
+    Only ``app.py`` turns it into an HTTP status (the live answers of REQ-0016); a
+    scheduled event records a refusal as ``failed`` with the reason in ``last_error``.
+    """
+
+    DELIVERED = "delivered"  # at least one delivery
+    SUPPRESSED = "suppressed"  # notifications recorded, every delivery suppressed
+    DUPLICATE = "duplicate"  # every rule that would fire already notified for the period
+    NO_RULE_TRIGGERED = "no_rule_triggered"  # the rules ran and wanted nothing
+    NO_RULE_FOR_SCENARIO = "no_rule_for_scenario"  # refused: no enabled rule claims it
+    INVALID_EVENT = "invalid_event"  # refused: the facts, time scope or templates do not fit
+
+    @property
+    def refused(self) -> bool:
+        """The event is the sender's fault: nothing it wrote stays."""
+        return self in (DispatchOutcome.NO_RULE_FOR_SCENARIO, DispatchOutcome.INVALID_EVENT)
 
 
 class SchedulerMode(StrEnum):
@@ -82,12 +120,11 @@ class Publisher(Protocol):
 class DispatchResult:
     """What the shared dispatch path decided for one event.
 
-    ``refusal`` is set when the event is the sender's fault (a live request would
-    answer 400 or 422); a scheduled event with a refusal ends ``failed``.
+    ``refusal`` (the text a scheduled row keeps in ``last_error``) is set exactly when
+    ``outcome.refused``: the event is the sender's fault, and a scheduled event ends ``failed``.
     """
 
-    http_status: int
-    outcome: str
+    outcome: DispatchOutcome
     refusal: str | None = None
     detail: Any = None
     notifications: list[JSONObject] = field(default_factory=list)

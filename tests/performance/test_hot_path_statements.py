@@ -21,14 +21,14 @@ from sqlalchemy import Engine, event
 from starlette.testclient import TestClient
 
 from scheduler.app import SchedulerService
-from scheduler.types import DigitalTwinEvent, DispatchResult
+from scheduler.types import DigitalTwinEvent, DispatchOutcome, DispatchResult
 from tests.conftest import T0
 from tests.helpers import post_event
 
 
 def noop(session: Any, event: DigitalTwinEvent, now: datetime) -> DispatchResult:
     """A dispatcher that does nothing: what is left is the queue's own statements."""
-    return DispatchResult(http_status=204, outcome="no_rule_triggered")
+    return DispatchResult(outcome=DispatchOutcome.NO_RULE_TRIGGERED)
 
 
 class StatementLog:

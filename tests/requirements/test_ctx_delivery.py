@@ -18,7 +18,7 @@ from starlette.testclient import TestClient
 from scheduler.app import SchedulerService
 from scheduler.publishers import RecordingPublisher
 from tests.conftest import ADMIN, INGEST
-from tests.helpers import post_event, reminder_facts, rows
+from tests.helpers import dispatch_all, post_event, reminder_facts, rows
 
 
 def counts(engine: Engine) -> tuple[int, int]:
@@ -56,8 +56,11 @@ def test_the_push_leaves_the_process_only_after_commit(
     post_event(client, user_id="b")
     scheduler = service.scheduler
     batch = scheduler.claim()
-    while scheduler.dispatch_next(batch):
+
+    def nothing_pushed_yet() -> None:
         assert publisher.messages == []
+
+    dispatch_all(scheduler, batch, each=nothing_pushed_yet)
     scheduler.finish(batch)
     assert sorted(m.user_id for m in publisher.messages) == ["a", "b"]
 

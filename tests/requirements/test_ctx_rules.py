@@ -17,7 +17,7 @@ from starlette.testclient import TestClient
 
 from scheduler.rule_engine import RuleRefusal, evaluate
 from scheduler.rules import CatalogueError, load_catalogue
-from scheduler.types import DigitalTwinEvent
+from scheduler.types import DigitalTwinEvent, DispatchOutcome
 from tests.conftest import INGEST
 from tests.helpers import reminder_facts
 
@@ -73,7 +73,7 @@ def test_a_template_variable_the_facts_lack_is_a_refusal_not_an_empty_string(tmp
     catalogue = load_catalogue(write_rules(tmp_path, rule()))
     with pytest.raises(RuleRefusal) as refused:
         evaluate(catalogue, event())
-    assert (refused.value.status, refused.value.reason) == (422, "template_variable_missing")
+    assert (refused.value.outcome, refused.value.reason) == (DispatchOutcome.INVALID_EVENT, "template_variable_missing")
     [candidate] = evaluate(catalogue, event(name="Ada"))
     assert (candidate.title, candidate.body) == ("Hello Ada", "Body for 2026-11-30")
 
@@ -104,7 +104,7 @@ def test_facts_rendered_into_a_message_cannot_execute_anything(tmp_path: Path) -
     catalogue = load_catalogue(write_rules(tmp_path, rule(title="{{ name }}", body="{{ name.__class__.__mro__ }}")))
     with pytest.raises(RuleRefusal) as refused:
         evaluate(catalogue, event(name="{{ 7 * 7 }}"))
-    assert refused.value.status == 422
+    assert refused.value.outcome is DispatchOutcome.INVALID_EVENT
     safe = load_catalogue(write_rules(tmp_path, rule(title="{{ name }}", body="ok")))
     [candidate] = evaluate(safe, event(name="{{ 7 * 7 }}{% raw %}"))
     assert candidate.title == "{{ 7 * 7 }}{% raw %}"

@@ -13,18 +13,24 @@ the audit trail; reads print only their answer unless ``--verbose``.
 from __future__ import annotations
 
 import json
+import os
+import socket
 import subprocess
 import sys
+import threading
 from datetime import timedelta
+from pathlib import Path
 
 import jwt
 import pytest
 from freezegun import freeze_time
-from sqlalchemy import Engine
+from sqlalchemy import Engine, create_engine, make_url
+from sqlalchemy import text as sql_text
 from starlette.testclient import TestClient
 
 from scheduler.app import SchedulerService
 from scheduler.cli import build_parser, main
+from scheduler.db import drop_database, ensure_database
 from tests.conftest import T0, TEST_SECRET
 from tests.helpers import event_row, post_event
 
@@ -219,3 +225,67 @@ def test_cli_reads_print_only_their_answer_unless_verbose(database_url: str) -> 
     loud = subprocess.run([sys.executable, "-m", "scheduler", "--verbose", "events", "list"], capture_output=True,
                           text=True, env=env, timeout=120, check=True)
     assert "alembic" in loud.stderr and loud.stdout == "no scheduled events\n"
+
+
+@pytest.mark.clause("OPS-8")
+@pytest.mark.parametrize("name", ['scratch "quoted" name', "scratch:colon%percent"])
+def test_a_scratch_database_created_by_several_processes_at_once_is_created_once_without_error(
+    database_url: str, name: str
+) -> None:
+    """OPS-8: DDL quotes the name whatever it holds, and eight concurrent creators of one
+    database all succeed (the losers of the race find it created)."""
+    admin = str(make_url(database_url).set(database="postgres").render_as_string(hide_password=False))
+    barrier = threading.Barrier(8, timeout=30)
+    errors: list[BaseException] = []
+
+    def create() -> None:
+        barrier.wait()
+        try:
+            ensure_database(admin, name)
+        except Exception as exc:  # noqa: BLE001 - reported by the assertion below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=create) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    try:
+        assert errors == []
+        with create_engine(admin).connect() as conn:
+            found = conn.execute(sql_text("SELECT count(*) FROM pg_database WHERE datname = :n"), {"n": name}).scalar_one()
+        assert found == 1
+    finally:
+        drop_database(admin, name)
+    with create_engine(admin).connect() as conn:
+        assert conn.execute(sql_text("SELECT count(*) FROM pg_database WHERE datname = :n"), {"n": name}).scalar_one() == 0
+
+
+@pytest.mark.clause("OPS-9")
+def test_token_refuses_a_ttl_below_one_second(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """OPS-9: ``--ttl 0`` or a negative TTL would mint an expired token: refused with exit 2."""
+    monkeypatch.setenv("SCHEDULER_JWT_SECRET", TEST_SECRET)
+    for ttl in ("0", "-10"):
+        with pytest.raises(SystemExit) as refused:
+            main(["token", "--scope", "nudging.admin", "--ttl", ttl])
+        assert refused.value.code == 2
+        assert "must be at least 1" in capsys.readouterr().err
+    assert main(["token", "--ttl", "1"]) == 0
+
+
+@pytest.mark.clause("OPS-9")
+def test_serve_on_a_busy_port_says_the_port_is_taken_and_never_claims_to_listen(tmp_path: Path) -> None:
+    """OPS-9: a second ``serve`` on a port already in use exits 1 with a message naming the
+    port as taken, before starting anything, and never prints "listening"."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SCHEDULER_") and k != "DATABASE_URL"}
+        env.update({"SCHEDULER_JWT_SECRET": TEST_SECRET, "SCHEDULER_DATA_DIR": str(tmp_path / "data")})
+        second = subprocess.run([sys.executable, "-m", "scheduler", "serve", "--port", str(port)],
+                                env=env, capture_output=True, text=True, timeout=120)
+    assert second.returncode == 1
+    assert f"cannot listen on 127.0.0.1:{port}: the port is already in use" in second.stderr
+    assert "listening" not in second.stderr + second.stdout
+    assert not (tmp_path / "data" / "pgdata").exists()  # nothing was started

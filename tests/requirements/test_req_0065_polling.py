@@ -23,7 +23,7 @@ from scheduler.clock import ManualClock, SystemClock
 from scheduler.config import Settings
 from scheduler.loop import Scheduler
 from tests.conftest import ADMIN, T0
-from tests.helpers import event_row, eventually, later, post_event, statuses
+from tests.helpers import dispatch_all, event_row, eventually, later, post_event, statuses
 
 
 @pytest.mark.clause("REQ-0065.1")
@@ -89,10 +89,8 @@ def test_two_replicas_claiming_at_once_never_take_the_same_row(
     taken_first = [e.id for e in first.events]
     taken_second = [e.id for e in second.events]
     assert len(taken_first) == 20 and len(taken_second) == 10
-    while service.scheduler.dispatch_next(first):
-        pass
-    while other.dispatch_next(second):
-        pass
+    dispatch_all(service.scheduler, first)
+    dispatch_all(other, second)
     other.finish(second)
     service.scheduler.finish(first)
     assert sorted(taken_first + taken_second) == sorted(r["id"] for r in posted)

@@ -27,7 +27,7 @@ from scheduler.db import make_sessionmaker
 from scheduler.loop import Scheduler
 from scheduler.participant_locks import participant_lock_key
 from scheduler.publishers import RecordingPublisher
-from scheduler.types import DigitalTwinEvent, DispatchResult
+from scheduler.types import DigitalTwinEvent, DispatchOutcome, DispatchResult
 from tests.conftest import T0
 from tests.helpers import FakeDispatcher, event_row, post_event, rows
 
@@ -163,7 +163,7 @@ class WriteThenRefuse:
         if event.user_id == self.victim:
             session.execute(text("INSERT INTO dedup_keys (key, notification_id, created_at) "
                                  "VALUES ('refused-write', 'n', :now)"), {"now": now})
-            return DispatchResult(http_status=422, outcome="refused", refusal="invalid_facts: no commitment")
+            return DispatchResult(outcome=DispatchOutcome.INVALID_EVENT, refusal="invalid_facts: no commitment")
         result: DispatchResult = self.real(session, event, now)
         return result
 

@@ -1,6 +1,8 @@
 """SEC-17: schemathesis fuzzes every operation of the app's own /openapi.json.
 
-No answer is a 5xx; every 4xx is JSON whose ``detail`` names the problem; and at the end
+No answer is a 5xx; every answer conforms to the published schema (its status code is
+documented for the operation, its content type too, and its body validates against the
+documented schema); every 4xx is JSON whose ``detail`` names the problem; and at the end
 the scheduled_events table holds exactly the rows whose POST answered 201 (with an
 external key a repeat rewrites the same row, so the comparison is on ids).
 
@@ -22,11 +24,18 @@ from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
 from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
+from schemathesis.specs.openapi.checks import (
+    content_type_conformance,
+    response_schema_conformance,
+    status_code_conformance,
+)
 from sqlalchemy import Engine, text
 
 from scheduler.app import SchedulerService
 from tests.conftest import ADMIN, INGEST, PARTICIPANT
 
+# Conformance to /openapi.json, on top of "no 5xx" (503 from /health/scheduler is documented).
+CONFORMANCE = [status_code_conformance, content_type_conformance, response_schema_conformance]
 EXAMPLES = int(os.environ.get("SCHEDULER_FUZZ_EXAMPLES", "25"))
 SEED = int(os.environ.get("SCHEDULER_FUZZ_SEED", "20261130"))
 CALLERS: dict[str, Mapping[str, str]] = {"admin": ADMIN, "ingest": INGEST, "participant": PARTICIPANT, "anonymous": {}}
@@ -71,6 +80,7 @@ def _check(response: Any, operation: str, problems: list[str]) -> None:
 
 
 @pytest.mark.clause("SEC-17")
+@pytest.mark.clause("CONTRACT-1")
 def test_fuzzing_every_operation_gives_no_5xx_json_4xx_and_exactly_the_201_rows(
     service: SchedulerService, engine: Engine
 ) -> None:
@@ -99,6 +109,7 @@ def test_fuzzing_every_operation_gives_no_5xx_json_4xx_and_exactly_the_201_rows(
                 problems: list[str] = []
                 _check(response, case.operation.label, problems)
                 assert not problems, problems
+                case.validate_response(response, checks=CONFORMANCE)
                 if case.operation.label == "POST /admin/scheduled-events" and response.status_code == 201:
                     created.add(response.json()["id"])
 

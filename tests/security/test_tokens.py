@@ -6,6 +6,7 @@ import base64
 import hashlib
 import hmac
 import json
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -72,6 +73,28 @@ def test_a_malformed_authorization_header_is_401(client: TestClient, header: str
     response = client.get(ADMIN_ROUTE, headers={"Authorization": header})
     assert response.status_code == 401
     assert response.json()["detail"]
+
+
+@pytest.mark.clause("SEC-2")
+@pytest.mark.parametrize("garbage", ["not-a-jwt", "a.b.c", "_-8.x.y", "eyJhbGciOiJIUzI1NiJ9.%%%.x"])
+def test_a_garbage_token_is_called_malformed_without_decoder_internals(client: TestClient, garbage: str) -> None:
+    """SEC-2: a bearer value that is not a JWT at all is a 401 "malformed token", not a codec
+    error (``_-8`` decodes to bytes that are not UTF-8)."""
+    detail = _refused(client, garbage)
+    assert detail.startswith("malformed token"), detail
+    assert "codec" not in detail and "padding" not in detail
+
+
+@pytest.mark.clause("SEC-2")
+def test_the_console_sign_in_also_calls_a_garbage_token_malformed(client: TestClient) -> None:
+    """SEC-2: the console's sign-in form gives the same answer as the API for a non-JWT."""
+    page = client.get("/console/sign-in")
+    nonce = re.search(r'name="nonce" value="([^"]+)"', page.text)
+    assert nonce, page.text
+    answer = client.post("/console/sign-in", data={"nonce": nonce[1], "token": "_-8.x.y", "next": "/console"},
+                         follow_redirects=False)
+    assert answer.status_code == 401
+    assert "malformed token" in answer.text and "codec" not in answer.text
 
 
 @pytest.mark.clause("SEC-4")

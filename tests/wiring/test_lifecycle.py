@@ -18,6 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 from sqlalchemy import Engine, text
+from starlette.testclient import TestClient
 
 from scheduler import cli
 from scheduler.clock import SystemClock
@@ -127,3 +128,28 @@ def test_a_subcommand_whose_module_is_broken_fails_loudly(monkeypatch: pytest.Mo
     monkeypatch.undo()
     help_text = cli.build_parser().format_help()
     assert "simulate" in help_text and "bench" in help_text
+
+
+@pytest.mark.clause("WIRE-8")
+def test_the_engines_a_service_created_are_disposed_when_its_lifespan_ends(
+    database_url: str, engine: Engine, tmp_path: Path
+) -> None:
+    """WIRE-8: after service.app's lifespan ends, no connection of the engines it created
+    (requests' and loop's) is left open in PostgreSQL; an engine passed in stays usable."""
+    tagged = f"{database_url}&application_name=dispose-check"
+    env = {"DATABASE_URL": tagged, "SCHEDULER_JWT_SECRET": TEST_SECRET, "SCHEDULER_DATA_DIR": str(tmp_path),
+           "SCHEDULER_POLL_SECONDS": "3600"}
+
+    def backends() -> int:
+        with engine.connect() as conn:
+            return int(conn.execute(text(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'dispose-check'")).scalar_one())
+
+    with service_from_env(env, clock=SystemClock()) as service:
+        with TestClient(service.app) as client:
+            assert client.get("/admin/scheduled-events", headers=auth(token("nudging.admin"))).status_code == 200
+            asyncio.run(eventually(lambda: service.scheduler.health.polls >= 1, "the first poll"))
+            assert backends() >= 2  # one pooled connection each for requests and the loop
+        asyncio.run(eventually(lambda: backends() == 0, "the service's connections to close"))
+    with engine.connect() as conn:  # the test's own engine, never the service's to dispose
+        assert conn.execute(text("SELECT 1")).scalar_one() == 1

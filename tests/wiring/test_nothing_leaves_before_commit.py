@@ -16,7 +16,7 @@ from starlette.testclient import TestClient
 from scheduler.app import SchedulerService
 from scheduler.types import OutboundMessage
 from tests.conftest import INGEST
-from tests.helpers import eventually, post_event, reminder_facts
+from tests.helpers import dispatch_all, eventually, post_event, reminder_facts
 
 
 class CommitWitness:
@@ -101,8 +101,7 @@ def test_a_batch_rolled_back_pushes_nothing(
     for user in ("a", "b"):
         post_event(client, user_id=user)
     batch = service.scheduler.claim()
-    while service.scheduler.dispatch_next(batch):
-        pass
+    dispatch_all(service.scheduler, batch)
     service.scheduler.abort(batch)
     assert witness.seen == []
     assert service.scheduler.poll_once().dispatched == 2

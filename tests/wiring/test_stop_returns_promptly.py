@@ -20,7 +20,7 @@ from starlette.testclient import TestClient
 
 from scheduler.app import SchedulerService
 from scheduler.loop import Scheduler
-from scheduler.types import DigitalTwinEvent, DispatchResult
+from scheduler.types import DigitalTwinEvent, DispatchResult, SchedulerMode
 from tests.helpers import DEADLINE_SECONDS, eventually, post_event, statuses
 from tests.reliability.support import bounded
 
@@ -34,11 +34,16 @@ async def _returns_by_itself(task: asyncio.Task[None]) -> None:
     assert task.exception() is None
 
 
+MODES = pytest.mark.parametrize("mode", list(SchedulerMode), ids=[str(m) for m in SchedulerMode])
+
+
 @pytest.mark.clause("WIRE-4")
-def test_run_returns_by_itself_when_stop_is_set_during_the_wait(service: SchedulerService) -> None:
+@MODES
+def test_run_returns_by_itself_when_stop_is_set_during_the_wait(service: SchedulerService, mode: SchedulerMode) -> None:
     """WIRE-4: stop set while the loop waits out a one-hour interval: run returns, uncancelled."""
     scheduler = service.scheduler
     scheduler.poll_seconds = HOUR
+    scheduler.mode = mode
 
     async def scenario() -> None:
         stop = asyncio.Event()
@@ -83,10 +88,12 @@ def test_run_stops_between_events_and_does_not_wait_an_interval_when_stopped_mid
 
 
 @pytest.mark.clause("WIRE-4")
-def test_run_blocking_returns_when_its_thread_event_is_set(service: SchedulerService) -> None:
+@MODES
+def test_run_blocking_returns_when_its_thread_event_is_set(service: SchedulerService, mode: SchedulerMode) -> None:
     """WIRE-4: the same loop in a thread of its own returns once its threading.Event is set."""
     scheduler: Scheduler = service.scheduler
     scheduler.poll_seconds = HOUR
+    scheduler.mode = mode
     polled = threading.Event()
     scheduler.poll_hooks.append(lambda _: polled.set())
     stop = threading.Event()
