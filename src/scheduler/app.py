@@ -34,7 +34,7 @@ from scheduler.config import ConfigError, Settings
 from scheduler.db import make_engine, make_sessionmaker, resolve_database_url
 from scheduler.dispatch import NudgingPlatform
 from scheduler.facts import ContractViolation, FactsMissing, check_facts_contract
-from scheduler.http import HTTPRefusal, Unprocessable, parse_body, read_json, respond
+from scheduler.http import HTTPRefusal, Unprocessable, parse_body, read_json, respond, text_param
 from scheduler.inbox import Inbox, StreamPublisher, inbox_routes
 from scheduler.lifecycle import actor_of, lifecycle_routes
 from scheduler.listener import Listener, conninfo_of
@@ -45,7 +45,6 @@ from scheduler.publishers import LoggingPublisher
 from scheduler.retention import Retention
 from scheduler.rules import Catalogue, load_catalogue
 from scheduler.schemas import (
-    MAX_STRING,
     DuplicateOut,
     ErrorOut,
     HealthOut,
@@ -58,7 +57,6 @@ from scheduler.schemas import (
     ScheduledEventIn,
     ScheduledEventOut,
     SchedulerHealthOut,
-    check_text,
 )
 from scheduler.types import (
     Clock,
@@ -379,9 +377,9 @@ class SchedulerService:
             store.list_events,
             self.sessions,
             status=status,
-            user_id=_text_param("user_id", request.query_params.get("user_id") or None),
+            user_id=text_param("user_id", request.query_params.get("user_id") or None),
             limit=limit,
-            external_key=_text_param("external_key", request.query_params.get("external_key") or None),
+            external_key=text_param("external_key", request.query_params.get("external_key") or None),
         )
         return respond([ScheduledEventOut.model_validate(r) for r in rows])
 
@@ -410,7 +408,7 @@ class SchedulerService:
         rows = await run_in_threadpool(
             store.list_notifications,
             self.sessions,
-            user_id=_text_param("user_id", request.query_params.get("user_id") or None),
+            user_id=text_param("user_id", request.query_params.get("user_id") or None),
             status=status,
             limit=_limit(request),
         )
@@ -459,8 +457,6 @@ def _status_param(request: Request, statuses: type[StatusT]) -> StatusT | None:
         raise Unprocessable.field("status", f"unknown status {raw!r}; expected one of {expected}") from None
 
 
-
-
 async def _refused(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPRefusal)
     return JSONResponse({"detail": exc.detail}, status_code=exc.status_code)
@@ -505,22 +501,9 @@ def _weak_secret(secret: str) -> bool:
     return len(secret) < 32 or len(set(secret)) < 12 or any(m in lowered for m in markers)
 
 
-def _text_param(name: str, value: str | None) -> str | None:
-    """A path or query parameter the database can compare: bounded, no NUL, valid Unicode."""
-    if value is None:
-        return None
-    if len(value) > MAX_STRING:
-        raise Unprocessable.field(name, f"at most {MAX_STRING} characters")
-    try:
-        check_text(value)
-    except ValueError as exc:
-        raise Unprocessable.field(name, str(exc)) from None
-    return value
-
-
 def _path_param(request: Request, name: str) -> str:
     value = str(request.path_params[name])
-    _text_param(name, value)
+    text_param(name, value)
     return value
 
 

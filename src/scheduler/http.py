@@ -11,7 +11,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from scheduler.schemas import ValidationErrorOut
+from scheduler.schemas import MAX_STRING, ValidationErrorOut, check_text
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
@@ -103,3 +103,16 @@ def parse_body(model: type[ModelT], payload: Any) -> ModelT:
         errors = validation_errors(exc)
         summary = "; ".join(f"{e['field']}: {e['message']}" for e in errors)
         raise Unprocessable(errors, f"invalid body: {summary}") from exc
+
+
+def text_param(name: str, value: str | None) -> str | None:
+    """A path or query parameter the database can compare: bounded, no NUL, valid Unicode."""
+    if value is None:
+        return None
+    if len(value) > MAX_STRING:
+        raise Unprocessable.field(name, f"at most {MAX_STRING} characters")
+    try:
+        check_text(value)
+    except ValueError as exc:
+        raise Unprocessable.field(name, str(exc)) from None
+    return value

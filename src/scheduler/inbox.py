@@ -43,8 +43,7 @@ from starlette.responses import HTMLResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Route
 
 from scheduler.auth import PARTICIPANT, Principal, require
-from scheduler.http import Unprocessable, respond
-from scheduler.lifecycle import text_param
+from scheduler.http import Unprocessable, respond, text_param
 from scheduler.queries import statement
 from scheduler.schemas import InboxPageOut
 from scheduler.store import _jsonable

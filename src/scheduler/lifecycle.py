@@ -27,14 +27,12 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from scheduler.auth import Principal, require
-from scheduler.http import Unprocessable, respond
+from scheduler.http import respond, text_param
 from scheduler.queries import statement
 from scheduler.schemas import (
-    MAX_STRING,
     CancelConflictOut,
     HistoryEntryOut,
     ScheduledEventOut,
-    check_text,
 )
 from scheduler.store import _jsonable, event_to_json, set_change_context
 
@@ -93,19 +91,6 @@ def event_history(sessions: sessionmaker[Session], event_id: str) -> list[dict[s
             return entries
         exists = session.execute(statement("get_event"), {"id": event_id}).first()
         return [] if exists is not None else None
-
-
-def text_param(name: str, value: str | None) -> str | None:
-    """A path or query parameter the database can compare: bounded, no NUL, valid Unicode."""
-    if value is None:
-        return None
-    if len(value) > MAX_STRING:
-        raise Unprocessable.field(name, f"at most {MAX_STRING} characters")
-    try:
-        check_text(value)
-    except ValueError as exc:
-        raise Unprocessable.field(name, str(exc)) from None
-    return value
 
 
 def actor_of(request: Request) -> str | None:
