@@ -17,7 +17,8 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from harness.broken import VARIANTS
 from harness.driver import FAULTS, Progress, regression_source, run_random, write_regression
-from harness.simulation import MODES, HarnessError, Simulation, Violation
+from harness.settle import HarnessError
+from harness.simulation import MODES, Simulation, Violation
 from scheduler.config import Settings
 from scheduler.db import drop_database
 

@@ -168,19 +168,19 @@ class ReplicaMachine(RuleBasedStateMachine):
 
     @invariant()
     def committed_rows_equal_the_model(self) -> None:
-        self.sim.check_rows()
+        self.sim.oracle.check_rows()
 
     @invariant()
     def effects_are_exactly_those_of_committed_dispatches(self) -> None:
-        self.sim.check_effects()
+        self.sim.oracle.check_effects()
 
     @invariant()
     def no_participant_over_cap_and_no_key_sent_twice(self) -> None:
-        self.sim.check_cap_and_dedup()
+        self.sim.oracle.check_cap_and_dedup()
 
     @invariant()
     def replicas_without_a_batch_hold_no_locks(self) -> None:
-        self.sim.check_idle_replicas()
+        self.sim.oracle.check_idle_replicas()
 
     def teardown(self) -> None:
         try:
