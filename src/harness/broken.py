@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 
 from harness.faults import Rewrite, is_claim_statement
 from scheduler.loop import Batch, Scheduler
-from scheduler.queries import statement
+from scheduler.queries import load_queries, statement
 from scheduler.store import event_to_json
 from scheduler.types import SchedulerMode
 
@@ -28,7 +28,14 @@ class VariantNoLongerApplies(RuntimeError):
 
 
 def _replace(pattern: str, replacement: str, *, claim_only: bool = True) -> Rewrite:
+    """Rewrite production SQL by regex (the one place where broken variants do). The guard:
+    the pattern must match production's statements now (checked when the variant is
+    built), and a claim-only rewrite must match the claim each time it runs; either way a
+    change to the targeted SQL fails loudly instead of leaving the variant silently correct."""
     compiled = re.compile(pattern)
+    production = load_queries()
+    if not any(compiled.search(q.sql) for q in production.values()):
+        raise VariantNoLongerApplies(f"{pattern!r} matches no statement of queries.sql any more")
 
     def rewrite(sql: str, params: Any) -> tuple[str, Any]:
         if claim_only and not is_claim_statement(sql):
