@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
+from collections.abc import Callable
 from datetime import timedelta
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -123,23 +124,16 @@ class Posts:
 
     def reset(self, row: int) -> bool:
         """The operator resets the ``row``-th stored row (modulo the count) by hand."""
-        sim = self.sim
-        free = sim.free_clients()
-        if not free or not sim.model.order:
-            return False
-        event_id = sim.model.order[row % len(sim.model.order)]
-        if sim._row_has_waiting_writer(None, event_id):
-            return False
-        c = sim.clients[free[0]]
-        c.target = event_id
-        sim._step("reset", f"sim.reset({row})")
-        c.submit("reset", f"reset({row})", partial(self.write_reset, c, event_id),
-                 partial(self.reset_done, c, event_id), partial(self.write_blocked, c, None, event_id))
-        sim._after_step()
-        return True
+        return self._write_row("reset", row, self.write_reset, self.reset_done)
 
     def cancel(self, row: int) -> bool:
         """A sender cancels the ``row``-th stored row (modulo the count); it may race a dispatch."""
+        return self._write_row("cancel", row, self.write_cancel, self.cancel_done)
+
+    def _write_row(self, kind: str, row: int, write: Callable[[Client, str], Any],
+                   done: Callable[[Client, str, Any, BaseException | None], None]) -> bool:
+        """A client writes one existing row by id (a reset, a cancel): never a second writer
+        on a row that already has one waiting (DEC-SIM-6)."""
         sim = self.sim
         free = sim.free_clients()
         if not free or not sim.model.order:
@@ -149,9 +143,9 @@ class Posts:
             return False
         c = sim.clients[free[0]]
         c.target = event_id
-        sim._step("cancel", f"sim.cancel({row})")
-        c.submit("cancel", f"cancel({row})", partial(self.write_cancel, c, event_id),
-                 partial(self.cancel_done, c, event_id), partial(self.write_blocked, c, None, event_id))
+        sim._step(kind, f"sim.{kind}({row})")
+        c.submit(kind, f"{kind}({row})", partial(write, c, event_id),
+                 partial(done, c, event_id), partial(self.write_blocked, c, None, event_id))
         sim._after_step()
         return True
 

@@ -11,7 +11,6 @@ import os
 import shutil
 import socket
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -40,19 +39,29 @@ def free_port() -> int:
         return port
 
 
+class _ReadyServer(uvicorn.Server):
+    """uvicorn's server that sets ``ready`` once it listens (nothing to poll for)."""
+
+    def __init__(self, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self.ready = threading.Event()
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets=sockets)
+        self.ready.set()
+
+
 @contextmanager
 def serving(app: ASGIApp, timeout: float = 20.0) -> Iterator[str]:
     """Serve ``app`` with uvicorn on 127.0.0.1 in a thread; yield its base URL."""
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
-                                           lifespan="off", timeout_graceful_shutdown=2))
+    server = _ReadyServer(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
+                                         lifespan="off", timeout_graceful_shutdown=2))
     thread = threading.Thread(target=server.run, name="console-uvicorn", daemon=True)
     thread.start()
-    deadline = time.monotonic() + timeout
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise AssertionError("uvicorn did not start within the deadline")
-        time.sleep(0.02)
+    if not server.ready.wait(timeout) or not server.started:
+        server.should_exit = True
+        raise AssertionError("uvicorn did not start within the deadline")
     try:
         yield f"http://127.0.0.1:{port}"
     finally:

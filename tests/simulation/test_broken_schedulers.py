@@ -236,5 +236,5 @@ def test_a_broken_variant_whose_target_sql_is_gone_fails_loudly() -> None:
     variant can never pass silently as a correct scheduler."""
     from harness.broken import VariantNoLongerApplies, _replace
 
-    with pytest.raises(VariantNoLongerApplies, match="matches no statement of queries.sql"):
+    with pytest.raises(VariantNoLongerApplies, match=r"matches no statement of queries\.sql"):
         _replace(r"FOR SHARE NOWAIT", "FOR UPDATE", claim_only=False)
