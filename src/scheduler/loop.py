@@ -57,8 +57,8 @@ logger = logging.getLogger(__name__)
 
 MAX_ERROR_LENGTH = 4000
 
-# The NOTIFY channel on which stores announce a pending row's trigger_at (queries.sql
-# notify_due sends on it; prompt-mode replicas listen).
+# The NOTIFY channel on which the database announces a row that became pending, with its
+# trigger_at (migration 0005's trigger; prompt-mode replicas listen).
 DUE_CHANNEL = "scheduler_due"
 
 # A claim that finds busy participants takes further rounds past them, at most this many,

@@ -31,15 +31,6 @@ def event_to_json(row: Mapping[str, Any] | RowMapping) -> dict[str, Any]:
     return _jsonable({k: row[k] for k in EVENT_COLUMNS})
 
 
-def announce_due(session: Session, trigger_at: datetime) -> None:
-    """Wake every prompt-mode replica whose next poll is later than ``trigger_at``.
-
-    Sent inside the storing transaction (``pg_notify`` is delivered at commit, and not at
-    all on rollback), so no replica is woken for a row that was never stored.
-    """
-    session.execute(statement("notify_due"), {"trigger_at": trigger_at.isoformat()})
-
-
 def store_event(
     sessions: sessionmaker[Session],
     *,
@@ -74,8 +65,9 @@ def store_event(
         if external_key is not None or actor is not None:
             # the history trigger reads these; "rewritten" names the upsert's UPDATE path
             set_change_context(session, "rewritten", actor)
+        # a row that becomes pending is announced to prompt-mode replicas by the database
+        # (migration 0005's trigger), whatever path wrote it
         row = session.execute(statement(name), params).mappings().one()
-        announce_due(session, row["trigger_at"])
         return event_to_json(row)
 
 
@@ -113,8 +105,6 @@ def reset_event(
     with sessions.begin() as session:
         set_change_context(session, "reset", actor)
         row = session.execute(statement("reset_event"), {"id": event_id, "now": now}).mappings().first()
-        if row is not None:
-            announce_due(session, row["trigger_at"])
         return event_to_json(row) if row else None
 
 

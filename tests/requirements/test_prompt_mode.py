@@ -33,7 +33,7 @@ from scheduler.listener import Listener, conninfo_of
 from scheduler.loop import Scheduler
 from scheduler.publishers import RecordingPublisher
 from scheduler.types import SchedulerMode
-from tests.conftest import T0, TEST_SECRET
+from tests.conftest import ADMIN, T0, TEST_SECRET
 from tests.helpers import post_event, rows, statuses
 
 HOUR = 3600.0
@@ -233,6 +233,26 @@ def test_a_post_on_another_replica_wakes_this_one(
         row = post_event(client, user_id="now", trigger_at=T0)
     assert scheduler.wait_for(lambda: scheduler.health.dispatched == 1, DEADLINE)
     assert statuses(engine)[row["id"]] == "dispatched"
+
+
+@pytest.mark.clause("PROMPT-5")
+def test_an_operators_reset_on_another_replica_wakes_this_one(
+    engine: Engine, clock: ManualClock, running: list[LoopThread]
+) -> None:
+    """PROMPT-5: the database announces every row that becomes pending, whatever wrote it: a
+    failed row reset by an operator through replica B's API (the audited reset) wakes A."""
+    facts = {"facts_version": "1", "scenario": "no-such-scenario", "date": "2026-11-30"}
+    with api(engine, clock) as client:
+        row = post_event(client, user_id="fails", trigger_at=T0, facts=facts)
+    a = make_service(engine, clock)
+    scheduler = start(running, a)
+    assert scheduler.wait_for(lambda: scheduler.health.failed == 1 and scheduler.waiting, DEADLINE)
+    polls = scheduler.health.polls
+    with api(engine, clock) as client:
+        answer = client.post(f"/admin/scheduled-events/{row['id']}/reset", headers=ADMIN)
+        assert answer.status_code == 200
+    assert scheduler.wait_for(lambda: scheduler.health.polls > polls, DEADLINE)
+    assert scheduler.health.failed == 2  # it ran again (and failed again: its facts are still wrong)
 
 
 @pytest.mark.clause("PROMPT-5")

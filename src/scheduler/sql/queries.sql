@@ -39,11 +39,6 @@ WHERE pg_try_advisory_xact_lock(t.k);
 SELECT min(trigger_at) FROM scheduled_events
 WHERE status = 'pending' AND trigger_at > :now;
 
--- name: notify_due
--- Tell every replica's listener that a row became pending with this trigger time; sent
--- inside the storing transaction, so it is delivered only if that commits.
-SELECT pg_notify('scheduler_due', :trigger_at);
-
 -- name: set_local_timeouts
 -- Apply the service's timeouts to this transaction only (behind a transaction-pooling proxy,
 -- where the options startup parameter is refused and a session SET would leak to others).
