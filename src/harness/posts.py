@@ -228,13 +228,20 @@ class Posts:
                 raise sim.fail("SIM-2", f"a re-post of {key!r} finished while replica {holder} still holds the row")
         sim.model.apply_post(event_id, key, request.content)
 
+    def _write_failed(self, c: Client, what: str, error: BaseException | None) -> bool:
+        """True when a reset or cancel did not happen because its backend was killed (a
+        fault, not a violation); any other error is one."""
+        if error is None:
+            return False
+        if c.killed:
+            c.killed = False
+            return True
+        raise self.sim.fail("SIM-2", f"{what} failed: {error!r}")
+
     def reset_done(self, c: Client, event_id: str, result: Any, error: BaseException | None) -> None:
         sim = self.sim
-        if error is not None:
-            if c.killed:
-                c.killed = False
-                return
-            raise sim.fail("SIM-2", f"reset of {event_id} failed: {error!r}")
+        if self._write_failed(c, f"reset of {event_id}", error):
+            return
         sim._check("SIM-2")
         holder = sim.model.held().get(event_id)
         if holder is not None:
@@ -243,11 +250,8 @@ class Posts:
 
     def cancel_done(self, c: Client, event_id: str, result: Any, error: BaseException | None) -> None:
         sim = self.sim
-        if error is not None:
-            if c.killed:
-                c.killed = False
-                return
-            raise sim.fail("SIM-2", f"cancel of {event_id} failed: {error!r}")
+        if self._write_failed(c, f"cancel of {event_id}", error):
+            return
         sim._check("SIM-CANCEL")
         holder = sim.model.held().get(event_id)
         if holder is not None:

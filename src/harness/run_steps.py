@@ -26,29 +26,53 @@ if TYPE_CHECKING:
 PROMPT_RUN_POLLS = 3
 
 
-class LiteralRun:
-    """One poll of a literal-mode loop (two when the first is armed to fail at its claim),
-    stopped after ``stop_after`` events."""
+class _Run:
+    """What both modes' run steps share: the replica, its armed fault, the "stop after k
+    events" budget (``on_call``) and how a loop that died or was killed ends the step."""
+
+    stop: threading.Event
 
     def __init__(self, sim: Simulation, r: Replica, stop_after: int | None) -> None:
         self.sim = sim
         self.r = r
         self.stop_after = stop_after
         self.armed = r.faults.armed
-        self.expected, self.skipped = sim.model.expected_claim(r.index, sim.now(), sim.batch_size)
-        sim.model.open_batch(r.index, self.expected, self.skipped)
-        self.limit = len(self.expected) if stop_after is None else min(stop_after, len(self.expected))
-        self.stop = PollBudget(2 if self.armed == "claim" else 1)
         self.health = r.scheduler.health
         self.polls_before = self.health.polls
-        if stop_after is not None and stop_after < len(self.expected):
-            sim._fault("stop-mid-batch")
 
     def on_call(self) -> None:
         # Events, not calls: a failing event makes the loop call the events before it again.
         counted = len({c["event_id"] for c in self.r.dispatcher.calls})
         if self.stop_after is not None and counted >= self.stop_after:
             self.stop.set()
+
+    def ended_by_fault(self, error: BaseException | None) -> bool:
+        """True when the step ends here: the replica's backend was killed (the loop must
+        have survived it). A loop that raised is a SIM-4 violation."""
+        sim, r = self.sim, self.r
+        if error is not None:
+            sim._poll_failed(r)
+            raise sim.fail("SIM-4", f"{r.name}: the loop itself died: {error!r}")
+        if r.killed:
+            sim._poll_failed(r)
+            sim._check_loop_survived(r, "")
+            return True
+        sim._check("SIM-4")
+        return False
+
+
+class LiteralRun(_Run):
+    """One poll of a literal-mode loop (two when the first is armed to fail at its claim),
+    stopped after ``stop_after`` events."""
+
+    def __init__(self, sim: Simulation, r: Replica, stop_after: int | None) -> None:
+        super().__init__(sim, r, stop_after)
+        self.expected, self.skipped = sim.model.expected_claim(r.index, sim.now(), sim.batch_size)
+        sim.model.open_batch(r.index, self.expected, self.skipped)
+        self.limit = len(self.expected) if stop_after is None else min(stop_after, len(self.expected))
+        self.stop = PollBudget(2 if self.armed == "claim" else 1)
+        if stop_after is not None and stop_after < len(self.expected):
+            sim._fault("stop-mid-batch")
 
     def loop(self) -> None:
         self.r.dispatcher.on_call = self.on_call
@@ -60,14 +84,8 @@ class LiteralRun:
     def done(self, _: Any, error: BaseException | None) -> None:
         sim, r, replica, health = self.sim, self.r, self.r.index, self.health
         calls = sim.model.last_calls([sim._call(r, c) for c in r.dispatcher.take_calls()])
-        if error is not None:
-            sim._poll_failed(r)
-            raise sim.fail("SIM-4", f"{r.name}: the loop itself died: {error!r}")
-        if r.killed:
-            sim._poll_failed(r)
-            sim._check_loop_survived(r, "")
+        if self.ended_by_fault(error):
             return
-        sim._check("SIM-4")
         committed = health.polls - self.polls_before
         for call in calls:
             sim.model.batches[replica].calls.append(call)
@@ -111,33 +129,22 @@ class LiteralRun:
             self.sim._claim_blocked(self.r, lock)
 
 
-class PromptRun:
+class PromptRun(_Run):
     """A prompt-mode loop: it polls again at once after each full batch (at most
     ``PROMPT_RUN_POLLS`` polls) and the step ends with the first short one, where the loop
     would start to wait. ``after_poll`` (a poll hook) ends the loop there; an armed claim
     fault fails the first poll and a wake-up makes the loop poll again at once."""
 
     def __init__(self, sim: Simulation, r: Replica, stop_after: int | None) -> None:
-        self.sim = sim
-        self.r = r
-        self.stop_after = stop_after
-        self.armed = r.faults.armed
+        super().__init__(sim, r, stop_after)
         first, first_skipped = ([], []) if self.armed == "claim" else \
             sim.model.expected_claim(r.index, sim.now(), sim.batch_size)
         sim.model.open_batch(r.index, first, first_skipped)
         self.stop = threading.Event()
         self.failures = 0
         self.reports: list[PollReport] = []
-        self.health = r.scheduler.health
-        self.polls_before = self.health.polls
         if stop_after is not None:
             sim._fault("stop-mid-batch")
-
-    def on_call(self) -> None:
-        # events, not calls: a failure replays the batch's earlier events (DEC-1)
-        counted = len({c["event_id"] for c in self.r.dispatcher.calls})
-        if self.stop_after is not None and counted >= self.stop_after:
-            self.stop.set()
 
     def after_poll(self, scheduler: Scheduler) -> None:
         if self.health.consecutive_failures:
@@ -165,14 +172,8 @@ class PromptRun:
     def done(self, _: Any, error: BaseException | None) -> None:
         sim, r, replica = self.sim, self.r, self.r.index
         calls = [sim._call(r, c) for c in r.dispatcher.take_calls()]
-        if error is not None:
-            sim._poll_failed(r)
-            raise sim.fail("SIM-4", f"{r.name}: the loop itself died: {error!r}")
-        if r.killed:
-            sim._poll_failed(r)
-            sim._check_loop_survived(r, "")
+        if self.ended_by_fault(error):
             return
-        sim._check("SIM-4")
         if self.armed == "commit":
             sim.stats.poll_errors += 1
             sim.model.discard(replica)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from functools import partial
 from typing import TYPE_CHECKING, Any, Literal
 
 from sqlalchemy.orm import Session, sessionmaker
@@ -111,23 +112,23 @@ def lifecycle_routes(service: SchedulerService) -> list[BaseRoute]:
             return respond(conflict, 409)
         return respond(ScheduledEventOut.model_validate(result.row))
 
-    @require("ingest")
-    async def cancel_by_id(request: Request) -> Response:
-        """Cancel a pending or failed row (200 with the row; 409 once dispatched)."""
-        event_id = text_param("event_id", str(request.path_params["event_id"]))
+    async def cancel(request: Request, **row: str | None) -> Response:
         result = await run_in_threadpool(
-            cancel_event, service.sessions, now=service.clock.now(), event_id=event_id, actor=actor_of(request)
+            partial(cancel_event, service.sessions, now=service.clock.now(), actor=actor_of(request), **row)
         )
         return answer(result)
 
     @require("ingest")
+    async def cancel_by_id(request: Request) -> Response:
+        """Cancel a pending or failed row (200 with the row; 409 once dispatched)."""
+        return await cancel(request, event_id=text_param("event_id", str(request.path_params["event_id"])))
+
+    @require("ingest")
     async def cancel_by_key(request: Request) -> Response:
         """Cancel the row of an external key, as cancel_by_id does."""
-        key = text_param("external_key", str(request.path_params["external_key"]))
-        result = await run_in_threadpool(
-            cancel_event, service.sessions, now=service.clock.now(), external_key=key, actor=actor_of(request)
+        return await cancel(
+            request, external_key=text_param("external_key", str(request.path_params["external_key"]))
         )
-        return answer(result)
 
     @require("admin")
     async def history(request: Request) -> Response:
