@@ -7,7 +7,7 @@ trigger instant until every reminder is out.
 Each run is a fresh database. ``R`` replica processes start the production loop
 (``Scheduler.run_blocking``, the real ``NudgingPlatform`` dispatcher, wall-clock
 ``SystemClock``) and wait; the parent then stores ``N`` reminders through the real store
-path (``scheduler.store.store_event``, one transaction each, from a few threads, each with
+path (``scheduler.core.store.store_event``, one transaction each, from a few threads, each with
 its own ``external_key``), all due at one wall-clock instant ``T`` a few seconds ahead,
 chosen so that storing ends before ``T``. From ``T`` on, the parent watches the pending
 count until it reaches zero, then stops the loops; lateness comes from the rows themselves.
@@ -53,10 +53,10 @@ from sqlalchemy import Engine, text
 from bench.drain import CTX, CountingPublisher, TimedScheduler
 from bench.env import Server, bench_engine, bench_sql, libpq_uri, progress
 from bench.peers import _pgqueuer_driver, missing, pgqueuer_driver_name
-from scheduler.clock import SystemClock
-from scheduler.db import make_sessionmaker
-from scheduler.loop import Scheduler
-from scheduler.store import store_event
+from scheduler.core.clock import SystemClock
+from scheduler.core.loop import Scheduler
+from scheduler.core.store import store_event
+from scheduler.database.engine import make_sessionmaker
 
 MODES = ("literal", "prompt")
 LITERAL_POLL_SECONDS = 0.1
@@ -133,8 +133,8 @@ def lead_time(events: int, store_rate: float) -> float:
 
 
 def make_loop(engine: Engine, mode: str, poll_seconds: float) -> TimedScheduler:
-    from scheduler.dispatch import NudgingPlatform
-    from scheduler.rules import load_catalogue
+    from scheduler.nudging.dispatch import NudgingPlatform
+    from scheduler.nudging.rules import load_catalogue
 
     options: dict[str, Any] = {"mode": mode} if mode != "literal" else {}
     return TimedScheduler(make_sessionmaker(engine), NudgingPlatform(load_catalogue(None)), SystemClock(),
@@ -145,8 +145,8 @@ def make_loop(engine: Engine, mode: str, poll_seconds: float) -> TimedScheduler:
 def prompt_listener(engine: Engine, scheduler: Scheduler) -> Any:
     """Prompt mode's LISTEN connection, wired as ``SchedulerService`` wires it: every store's
     NOTIFY announces its trigger time to the loop."""
-    from scheduler.listener import Listener, conninfo_of
-    from scheduler.loop import DUE_CHANNEL
+    from scheduler.core.loop import DUE_CHANNEL
+    from scheduler.database.listener import Listener, conninfo_of
 
     def on_due(payload: str) -> None:
         try:

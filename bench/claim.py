@@ -25,10 +25,10 @@ from typing import Any
 from sqlalchemy import Connection, Engine, text
 
 from bench.env import NOW, Server, bench_engine, bench_sql, checkpoint, load_events, progress
-from scheduler.clock import ManualClock
-from scheduler.loop import claim_params
-from scheduler.queries import sql, statement
-from scheduler.retention import Retention
+from scheduler.core.clock import ManualClock
+from scheduler.core.loop import claim_params
+from scheduler.database.queries import sql, statement
+from scheduler.operations.retention import Retention
 
 PENDING = 1_000
 BATCH = 20

@@ -21,12 +21,12 @@ from starlette.testclient import TestClient
 
 from bench.claim import percentile
 from bench.env import NOW, Server, bench_engine, bench_sql, checkpoint, load_events, progress
-from scheduler.app import SchedulerService
-from scheduler.auth import mint_token
-from scheduler.clock import ManualClock
 from scheduler.config import Settings
-from scheduler.console_auth import COOKIE
-from scheduler.queries import statement
+from scheduler.core.clock import ManualClock
+from scheduler.database.queries import statement
+from scheduler.web.app import SchedulerService
+from scheduler.web.auth import mint_token
+from scheduler.web.console_auth import COOKIE
 
 SECRET = "bench-console-secret-0123456789abcdefghijklmnop"
 PAGES = {

@@ -45,10 +45,10 @@ from bench.env import (
     progress,
     psycopg_sql,
 )
-from scheduler.clock import ManualClock
-from scheduler.db import make_sessionmaker
-from scheduler.loop import PollReport, Scheduler, claim_params
-from scheduler.queries import sql
+from scheduler.core.clock import ManualClock
+from scheduler.core.loop import PollReport, Scheduler, claim_params
+from scheduler.database.engine import make_sessionmaker
+from scheduler.database.queries import sql
 from scheduler.types import DigitalTwinEvent, DispatchOutcome, DispatchResult, OutboundMessage
 
 # A worker's result: (barrier release time, exit time, events it finished).
@@ -88,8 +88,8 @@ class TimedScheduler(Scheduler):
 
 def make_scheduler(engine: Engine, kind: str, batch: int, poll_seconds: float = 0.0) -> TimedScheduler:
     """The production loop wired to ``engine`` with the dispatcher ``kind`` names."""
-    from scheduler.dispatch import NudgingPlatform
-    from scheduler.rules import load_catalogue
+    from scheduler.nudging.dispatch import NudgingPlatform
+    from scheduler.nudging.rules import load_catalogue
 
     dispatcher = NudgingPlatform(load_catalogue(None)) if kind == "full" else noop_dispatcher
     # The clock is frozen at NOW: every row is due, and the cap's "today" is one day.
@@ -142,7 +142,7 @@ def _raw_same_worker(url: str, kind: str, batch: int, barrier: Barrier, out: Any
     from psycopg with no SQLAlchemy and no dispatch."""
     import psycopg
 
-    from scheduler.participant_locks import participant_lock_key
+    from scheduler.core.participant_locks import participant_lock_key
 
     claim = psycopg_sql(sql("claim_due_events"))
     lock = psycopg_sql(sql("try_lock_participants"))

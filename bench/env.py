@@ -25,14 +25,14 @@ from sqlalchemy import Engine, create_engine, make_url, text
 from sqlalchemy.exc import DBAPIError
 
 from scheduler.config import Settings
-from scheduler.db import (
+from scheduler.database.engine import (
     create_migrated_database,
     drop_database,
     embedded_server_uri,
     make_engine,
     sqlalchemy_url,
 )
-from scheduler.queries import Query, load_queries
+from scheduler.database.queries import Query, load_queries
 
 BENCH_SQL = Path(__file__).parent / "sql" / "bench.sql"
 # One instant for every run: the claim binds it as :now, the loaders place rows around it.

@@ -25,16 +25,16 @@ from starlette.applications import Starlette
 from starlette.routing import Mount
 
 from bench.env import NOW, Server, bench_engine, progress
-from scheduler import store
-from scheduler.app import SchedulerService
-from scheduler.auth import mint_token
-from scheduler.clock import ManualClock
 from scheduler.config import Settings
-from scheduler.db import make_sessionmaker
-from scheduler.dispatch import NudgingPlatform
-from scheduler.inbox import StreamPublisher
-from scheduler.loop import Scheduler
-from scheduler.rules import load_catalogue
+from scheduler.core import store
+from scheduler.core.clock import ManualClock
+from scheduler.core.loop import Scheduler
+from scheduler.database.engine import make_sessionmaker
+from scheduler.nudging.dispatch import NudgingPlatform
+from scheduler.nudging.rules import load_catalogue
+from scheduler.web.app import SchedulerService
+from scheduler.web.auth import mint_token
+from scheduler.web.inbox import StreamPublisher
 
 SECRET = "benchmark-secret-0123456789-abcdefghijklmnopqrstuvwxyz"
 

@@ -23,13 +23,13 @@ from sqlalchemy import Engine, text
 
 from bench.drain import noop_dispatcher
 from bench.env import NOW, Server, bench_engine, load_events, progress
-from scheduler.clock import ManualClock
-from scheduler.db import make_sessionmaker
-from scheduler.dispatch import NudgingPlatform
-from scheduler.inbox import StreamPublisher
-from scheduler.loop import Scheduler
-from scheduler.rules import load_catalogue
+from scheduler.core.clock import ManualClock
+from scheduler.core.loop import Scheduler
+from scheduler.database.engine import make_sessionmaker
+from scheduler.nudging.dispatch import NudgingPlatform
+from scheduler.nudging.rules import load_catalogue
 from scheduler.types import Dispatcher
+from scheduler.web.inbox import StreamPublisher
 
 TRIGGER = "tr_scheduled_events_history"
 

@@ -26,9 +26,8 @@ from urllib.parse import urlencode
 import httpx
 from sqlalchemy import Engine, text
 
-from scheduler.auth import mint_token
 from scheduler.config import Settings
-from scheduler.db import (
+from scheduler.database.engine import (
     create_migrated_database,
     drop_database,
     embedded_server_uri,
@@ -36,6 +35,7 @@ from scheduler.db import (
     socket_dir_of,
     sqlalchemy_url,
 )
+from scheduler.web.auth import mint_token
 
 ROOT = Path(__file__).resolve().parent.parent
 T = TypeVar("T")

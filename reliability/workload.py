@@ -26,8 +26,8 @@ from typing import Any
 
 from sqlalchemy import Engine, text
 
-from scheduler.db import make_sessionmaker
-from scheduler.queries import statement
+from scheduler.database.engine import make_sessionmaker
+from scheduler.database.queries import statement
 
 DAYS = ["2026-11-23", "2026-11-24", "2026-11-25", "2026-11-26", "2026-11-27"]
 WEEKS = ["2026-W47", "2026-W48"]

@@ -25,12 +25,12 @@ from pytest_postgresql import factories
 from sqlalchemy import Engine, make_url
 from starlette.testclient import TestClient
 
-from scheduler.app import SchedulerService
-from scheduler.auth import mint_token
-from scheduler.clock import ManualClock
 from scheduler.config import Settings
-from scheduler.db import make_engine, migrate, socket_dir_of
-from scheduler.publishers import RecordingPublisher
+from scheduler.core.clock import ManualClock
+from scheduler.database.engine import make_engine, migrate, socket_dir_of
+from scheduler.nudging.publishers import RecordingPublisher
+from scheduler.web.app import SchedulerService
+from scheduler.web.auth import mint_token
 
 TEST_SECRET = "test-secret-for-the-requirement-suite-0123456789"
 T0 = datetime(2026, 11, 30, 9, 0, tzinfo=UTC)

@@ -12,9 +12,9 @@ from typing import Any
 from sqlalchemy import Engine, text
 from starlette.testclient import TestClient
 
-from scheduler.app import SchedulerService
-from scheduler.loop import Batch, EventOutcome, PollReport, Scheduler
+from scheduler.core.loop import Batch, EventOutcome, PollReport, Scheduler
 from scheduler.types import DigitalTwinEvent, DispatchResult
+from scheduler.web.app import SchedulerService
 from tests.conftest import INGEST, T0
 
 

@@ -17,7 +17,7 @@ import uvicorn
 from starlette.applications import Starlette
 from starlette.routing import Mount
 
-from scheduler.app import SchedulerService
+from scheduler.web.app import SchedulerService
 
 
 def wait_for(condition: Callable[[], bool], timeout: float = 20.0, what: str = "the condition") -> None:

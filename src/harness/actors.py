@@ -17,8 +17,8 @@ from sqlalchemy import Engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
 from harness.faults import ArmedFaults, FaultyDispatcher
-from scheduler.db import make_sessionmaker
-from scheduler.loop import Batch, Scheduler
+from scheduler.core.loop import Batch, Scheduler
+from scheduler.database.engine import make_sessionmaker
 
 OnDone = Callable[[Any, BaseException | None], None]
 OnBlocked = Callable[[str], None]

@@ -17,9 +17,9 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from harness.faults import Rewrite, is_claim_statement
-from scheduler.loop import Batch, Scheduler
-from scheduler.queries import load_queries, statement
-from scheduler.store import event_to_json
+from scheduler.core.loop import Batch, Scheduler
+from scheduler.core.store import event_to_json
+from scheduler.database.queries import load_queries, statement
 from scheduler.types import SchedulerMode
 
 

@@ -20,7 +20,7 @@ from harness.driver import FAULTS, Progress, regression_source, run_random, writ
 from harness.settle import HarnessError
 from harness.simulation import MODES, Simulation, Violation
 from scheduler.config import Settings
-from scheduler.db import drop_database
+from scheduler.database.engine import drop_database
 
 DEFAULTS = {"replicas": 4, "clients": 2, "batch_size": 20, "participants": 4, "faults": "all", "scheduler": "correct",
             "modes": "literal"}
@@ -118,7 +118,7 @@ def replay_command(args: argparse.Namespace, seed: int) -> str:
 
 def _fresh_database(settings: Settings, name: str) -> tuple[str, str]:
     """Create database ``name`` next to the configured one; return (its URL, an admin URL)."""
-    from scheduler.db import create_migrated_database, resolve_database_url
+    from scheduler.database.engine import create_migrated_database, resolve_database_url
 
     base = resolve_database_url(settings)
     return create_migrated_database(base, name, settings), base
@@ -151,7 +151,7 @@ def cmd_simulate(args: argparse.Namespace, settings: Settings) -> int:
         modes = VARIANTS[args.scheduler].modes or args.modes
         print(f"{args.replicas} replicas ({args.scheduler}, {modes}), {args.clients} clients, batch {args.batch_size}, "
               f"faults: {', '.join(sorted(args.faults)) or 'none'}", flush=True)
-    for noisy in ("scheduler.loop", "alembic", "sqlalchemy.pool"):
+    for noisy in ("scheduler.core.loop", "alembic", "sqlalchemy.pool"):
         logging.getLogger(noisy).setLevel(logging.CRITICAL)
     name = f"sim_{seed}_{os.getpid()}"
     try:

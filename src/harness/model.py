@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import date, datetime
 
-from scheduler.loop import MAX_CLAIM_ROUNDS
+from scheduler.core.loop import MAX_CLAIM_ROUNDS
 
 # Event faults carried in the facts (``sim_fault``): what the dispatch of that event does.
 EVENT_FAULTS = ("python", "database", "refused")

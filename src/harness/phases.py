@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from harness.actors import Replica
 from harness.faults import InjectedPollFault
-from scheduler.loop import Batch
+from scheduler.core.loop import Batch
 
 if TYPE_CHECKING:
     from harness.simulation import Simulation

@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any
 from harness.actors import Client, Request
 from harness.broken import read_then_write_begin, read_then_write_end
 from harness.model import EVENT_FAULTS, Content
-from scheduler import lifecycle, store
+from scheduler.core import store
+from scheduler.web import lifecycle
 
 if TYPE_CHECKING:
     from harness.simulation import Simulation

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from harness.actors import Replica
 from harness.settle import HarnessError
-from scheduler.loop import Batch
+from scheduler.core.loop import Batch
 
 if TYPE_CHECKING:
     from harness.simulation import Simulation

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from harness.actors import Replica
 from harness.faults import PollBudget
 from harness.model import Call
-from scheduler.loop import PollReport, Scheduler
+from scheduler.core.loop import PollReport, Scheduler
 
 if TYPE_CHECKING:
     from harness.simulation import Simulation

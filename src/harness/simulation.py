@@ -25,14 +25,14 @@ from harness.replica_faults import ReplicaFaults
 from harness.run_steps import LiteralRun, PromptRun
 from harness.settle import Settler
 from harness.teardown import close_run
-from scheduler import store
-from scheduler.clock import ManualClock
 from scheduler.config import Settings
-from scheduler.db import make_engine, make_sessionmaker
-from scheduler.dispatch import NudgingPlatform
-from scheduler.loop import Scheduler
-from scheduler.publishers import RecordingPublisher
-from scheduler.rules import load_catalogue
+from scheduler.core import store
+from scheduler.core.clock import ManualClock
+from scheduler.core.loop import Scheduler
+from scheduler.database.engine import make_engine, make_sessionmaker
+from scheduler.nudging.dispatch import NudgingPlatform
+from scheduler.nudging.publishers import RecordingPublisher
+from scheduler.nudging.rules import load_catalogue
 from scheduler.types import SchedulerMode
 
 T0 = datetime(2026, 11, 30, 9, 0, tzinfo=UTC)

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from harness.actors import Replica
 from harness.settle import SETTLE_TIMEOUT
-from scheduler.loop import Batch
+from scheduler.core.loop import Batch
 
 if TYPE_CHECKING:
     from harness.simulation import Simulation

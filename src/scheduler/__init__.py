@@ -1,6 +1,6 @@
 """scheduler: store an event now, dispatch it later through the same rule engine.
 
-The names below are imported on first use, so that ``import scheduler.rules`` (or any
+The names below are imported on first use, so that ``import scheduler.nudging.rules`` (or any
 other light module) does not pull in Starlette, Alembic and PyJWT with the web app.
 """
 
@@ -10,21 +10,21 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from scheduler.app import SchedulerService, create_app
-    from scheduler.clock import ManualClock, SystemClock
     from scheduler.config import Settings
-    from scheduler.loop import Batch, EventOutcome, PollReport, Scheduler
+    from scheduler.core.clock import ManualClock, SystemClock
+    from scheduler.core.loop import Batch, EventOutcome, PollReport, Scheduler
+    from scheduler.web.app import SchedulerService, create_app
 
 _WHERE = {
-    "SchedulerService": "scheduler.app",
-    "create_app": "scheduler.app",
-    "ManualClock": "scheduler.clock",
-    "SystemClock": "scheduler.clock",
+    "SchedulerService": "scheduler.web.app",
+    "create_app": "scheduler.web.app",
+    "ManualClock": "scheduler.core.clock",
+    "SystemClock": "scheduler.core.clock",
     "Settings": "scheduler.config",
-    "Batch": "scheduler.loop",
-    "EventOutcome": "scheduler.loop",
-    "PollReport": "scheduler.loop",
-    "Scheduler": "scheduler.loop",
+    "Batch": "scheduler.core.loop",
+    "EventOutcome": "scheduler.core.loop",
+    "PollReport": "scheduler.core.loop",
+    "Scheduler": "scheduler.core.loop",
 }
 
 

@@ -24,7 +24,7 @@ Command = Callable[[argparse.Namespace, Settings], int]
 def _engine(settings: Settings):  # type: ignore[no-untyped-def]
     from sqlalchemy.exc import OperationalError
 
-    from scheduler.db import make_engine, migrate, resolve_database_url
+    from scheduler.database.engine import make_engine, migrate, resolve_database_url
 
     engine = make_engine(resolve_database_url(settings), settings)
     try:
@@ -44,8 +44,8 @@ def _engine(settings: Settings):  # type: ignore[no-untyped-def]
 def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
     import uvicorn
 
-    from scheduler.app import create_app
-    from scheduler.db import stop_embedded_servers
+    from scheduler.database.engine import stop_embedded_servers
+    from scheduler.web.app import create_app
 
     if settings.effective_jwt_secret() is None and not (settings.jwt_public_key or settings.jwks_url):
         if settings.environment == "production":
@@ -140,7 +140,7 @@ def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_token(args: argparse.Namespace, settings: Settings) -> int:
-    from scheduler.auth import mint_token
+    from scheduler.web.auth import mint_token
 
     secret = settings.effective_jwt_secret()
     if secret is None:
@@ -153,8 +153,8 @@ def cmd_token(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_events_list(args: argparse.Namespace, settings: Settings) -> int:
-    from scheduler import store
-    from scheduler.db import make_sessionmaker
+    from scheduler.core import store
+    from scheduler.database.engine import make_sessionmaker
 
     engine = _engine(settings)
     rows = store.list_events(make_sessionmaker(engine), status=args.status, user_id=args.user_id, limit=args.limit,
@@ -181,8 +181,9 @@ def _cli_actor(args: argparse.Namespace) -> str:
 
 
 def cmd_events_show(args: argparse.Namespace, settings: Settings) -> int:
-    from scheduler import audit, store
-    from scheduler.db import make_sessionmaker
+    from scheduler.application import audit
+    from scheduler.core import store
+    from scheduler.database.engine import make_sessionmaker
 
     engine = _engine(settings)
     sessions = make_sessionmaker(engine)
@@ -214,9 +215,9 @@ def cmd_events_show(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_events_reset(args: argparse.Namespace, settings: Settings) -> int:
-    from scheduler import audit
-    from scheduler.clock import SystemClock
-    from scheduler.db import make_sessionmaker
+    from scheduler.application import audit
+    from scheduler.core.clock import SystemClock
+    from scheduler.database.engine import make_sessionmaker
 
     filters = {"status": args.status, "event_type": args.event_type, "error_contains": args.error_contains}
     if args.id is not None and any(filters.values()):
@@ -264,9 +265,9 @@ def cmd_events_reset(args: argparse.Namespace, settings: Settings) -> int:
     finally:
         engine.dispose()
 def cmd_events_cancel(args: argparse.Namespace, settings: Settings) -> int:
-    from scheduler.clock import SystemClock
-    from scheduler.db import make_sessionmaker
-    from scheduler.lifecycle import cancel_event
+    from scheduler.core.clock import SystemClock
+    from scheduler.database.engine import make_sessionmaker
+    from scheduler.web.lifecycle import cancel_event
 
     engine = _engine(settings)
     try:
@@ -289,8 +290,8 @@ def cmd_events_cancel(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_events_history(args: argparse.Namespace, settings: Settings) -> int:
-    from scheduler.db import make_sessionmaker
-    from scheduler.lifecycle import event_history
+    from scheduler.database.engine import make_sessionmaker
+    from scheduler.web.lifecycle import event_history
 
     engine = _engine(settings)
     try:
@@ -318,7 +319,7 @@ def _short(value: object, width: int = 60) -> str:
 
 
 def cmd_rules_list(args: argparse.Namespace, settings: Settings) -> int:
-    from scheduler.rules import load_catalogue
+    from scheduler.nudging.rules import load_catalogue
 
     catalogue = load_catalogue(settings.rules_dir)
     summaries = [r.summary() for r in catalogue.rules]

@@ -16,11 +16,11 @@ import httpx
 import pytest
 from sqlalchemy import Engine
 
-from scheduler.app import SchedulerService
-from scheduler.clock import ManualClock
 from scheduler.config import Settings
-from scheduler.db import make_engine
-from scheduler.publishers import RecordingPublisher
+from scheduler.core.clock import ManualClock
+from scheduler.database.engine import make_engine
+from scheduler.nudging.publishers import RecordingPublisher
+from scheduler.web.app import SchedulerService
 from tests.conftest import INGEST, T0, token
 from tests.helpers import event_body, reminder_facts, rows
 from tests.operations.browser import CHROMIUM_ARGS, chromium_or_skip

@@ -14,10 +14,10 @@ from typing import Any
 
 from sqlalchemy import create_engine
 
-from scheduler.app import SchedulerService
-from scheduler.clock import ManualClock
 from scheduler.config import Settings
-from scheduler.openapi import openapi_document
+from scheduler.core.clock import ManualClock
+from scheduler.web.app import SchedulerService
+from scheduler.web.openapi import openapi_document
 
 API_DOC = Path(__file__).resolve().parents[2] / "docs" / "api.md"
 HEADER = "| route | status | body | when |\n| --- | --- | --- | --- |\n"

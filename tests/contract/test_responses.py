@@ -16,10 +16,10 @@ from starlette.applications import Starlette
 from starlette.routing import Mount
 from starlette.testclient import TestClient
 
-from scheduler.app import LIVE_STATUS, SchedulerService
 from scheduler.cli import build_parser
-from scheduler.openapi import openapi_document
 from scheduler.types import DispatchOutcome, EventStatus, NotificationStatus
+from scheduler.web.app import LIVE_STATUS, SchedulerService
+from scheduler.web.openapi import openapi_document
 from tests.conftest import ADMIN, INGEST
 from tests.contract.api_doc import declared
 from tests.helpers import event_body, reminder_facts
@@ -27,7 +27,8 @@ from tests.helpers import event_body, reminder_facts
 ROOT = Path(__file__).resolve().parents[2]
 API_DOC = ROOT / "docs" / "api.md"
 HTTP_STATUSES = {200, 201, 202, 204, 400, 401, 403, 404, 409, 413, 422, 500, 503}
-DOMAIN_MODULES = ("rule_engine.py", "dispatch.py", "orchestrator.py", "loop.py", "types.py", "participant_locks.py")
+DOMAIN_MODULES = ("nudging/rule_engine.py", "nudging/dispatch.py", "nudging/orchestrator.py", "core/loop.py", "types.py",
+                  "core/participant_locks.py")
 
 
 def _schema(service: SchedulerService, name: str) -> dict[str, Any]:

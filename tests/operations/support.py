@@ -7,8 +7,8 @@ from typing import Any
 
 from starlette.testclient import TestClient
 
-from scheduler.app import SchedulerService
-from scheduler.metrics import parse_exposition
+from scheduler.operations.metrics import parse_exposition
+from scheduler.web.app import SchedulerService
 from tests.conftest import token
 
 

@@ -18,9 +18,9 @@ import pytest
 from sqlalchemy import Engine
 from starlette.testclient import TestClient
 
-from scheduler import audit
-from scheduler.app import SchedulerService
-from scheduler.clock import ManualClock
+from scheduler.application import audit
+from scheduler.core.clock import ManualClock
+from scheduler.web.app import SchedulerService
 from tests.conftest import ADMIN, T0, token
 from tests.helpers import drain, event_row, post_event, rows
 from tests.operations.support import loop_step, sign_in
@@ -302,7 +302,7 @@ def test_past_the_exact_limit_the_dispatched_count_is_the_estimate_marked_approx
 ) -> None:
     """CON-3: in a big table the dispatched count is the planner's estimate minus the exact pending
     and failed counts, and the page says it is estimated; pending and failed stay exact."""
-    from scheduler import overview
+    from scheduler.operations import overview
 
     for n in range(6):
         post_event(client, user_id=f"user-{n}")

@@ -19,12 +19,12 @@ import pytest
 from sqlalchemy import Engine, text
 from starlette.testclient import TestClient
 
-from scheduler.app import SchedulerService
-from scheduler.clock import ManualClock
 from scheduler.config import Settings
-from scheduler.db import make_sessionmaker
-from scheduler.heartbeat import Heartbeat
-from scheduler.loop import Scheduler
+from scheduler.core.clock import ManualClock
+from scheduler.core.loop import Scheduler
+from scheduler.database.engine import make_sessionmaker
+from scheduler.operations.heartbeat import Heartbeat
+from scheduler.web.app import SchedulerService
 from tests.conftest import T0, TEST_SECRET, token
 from tests.helpers import drain, event_row, post_event
 from tests.operations.browser import CHROMIUM_ARGS, chromium_or_skip, screenshot, serving

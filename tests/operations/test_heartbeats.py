@@ -18,12 +18,12 @@ import pytest
 from sqlalchemy import Engine
 from starlette.testclient import TestClient
 
-from scheduler.app import SchedulerService
-from scheduler.clock import ManualClock
 from scheduler.config import Settings
-from scheduler.db import make_sessionmaker
-from scheduler.heartbeat import Heartbeat
-from scheduler.loop import Scheduler
+from scheduler.core.clock import ManualClock
+from scheduler.core.loop import Scheduler
+from scheduler.database.engine import make_sessionmaker
+from scheduler.operations.heartbeat import Heartbeat
+from scheduler.web.app import SchedulerService
 from tests.conftest import ADMIN, INGEST, T0
 from tests.helpers import FakeDispatcher, post_event, rows
 from tests.operations.support import loop_step
@@ -116,7 +116,7 @@ def test_a_replica_that_stops_cleanly_leaves_the_list_instead_of_going_stale(
     settings: Settings, engine: Engine, clock: ManualClock
 ) -> None:
     """OBS-2: the service's loop polls once (a heartbeat), then the app stops: its row is gone."""
-    from scheduler.app import create_app
+    from scheduler.web.app import create_app
 
     app = create_app(settings.with_(poll_seconds=3600.0), engine=engine, clock=clock)
     service = app.state.service

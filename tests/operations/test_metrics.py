@@ -15,10 +15,10 @@ import pytest
 from sqlalchemy import Engine
 from starlette.testclient import TestClient
 
-from scheduler.app import SchedulerService
-from scheduler.clock import ManualClock
 from scheduler.config import Settings
-from scheduler.publishers import RecordingPublisher
+from scheduler.core.clock import ManualClock
+from scheduler.nudging.publishers import RecordingPublisher
+from scheduler.web.app import SchedulerService
 from tests.conftest import ADMIN, INGEST, T0
 from tests.helpers import post_event
 from tests.operations.support import loop_step, scrape
@@ -132,10 +132,10 @@ def test_a_scrape_while_the_database_is_unreachable_says_so_and_still_answers(
 ) -> None:
     """OBS-4: with nothing listening where the database should be, /metrics-style exposition still
     works: scheduler_database_up is 0 and the table gauges are absent; a heartbeat is skipped with one warning."""
-    from scheduler.db import make_engine, make_sessionmaker
-    from scheduler.heartbeat import Heartbeat
-    from scheduler.loop import Scheduler
-    from scheduler.metrics import Metrics, parse_exposition
+    from scheduler.core.loop import Scheduler
+    from scheduler.database.engine import make_engine, make_sessionmaker
+    from scheduler.operations.heartbeat import Heartbeat
+    from scheduler.operations.metrics import Metrics, parse_exposition
     from tests.operations.browser import free_port
 
     nowhere = make_engine(f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/none", Settings(pool_timeout_seconds=1.0))

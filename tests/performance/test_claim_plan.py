@@ -17,10 +17,10 @@ import pytest
 from bench.env import NOW, bench_sql, load_events
 from sqlalchemy import Connection, Engine, text
 
-from scheduler.clock import ManualClock
-from scheduler.loop import claim_params
-from scheduler.queries import sql
-from scheduler.retention import Retention
+from scheduler.core.clock import ManualClock
+from scheduler.core.loop import claim_params
+from scheduler.database.queries import sql
+from scheduler.operations.retention import Retention
 
 TERMINAL = 30_000
 PENDING = 200

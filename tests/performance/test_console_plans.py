@@ -16,8 +16,8 @@ import pytest
 from bench.env import NOW, load_events
 from sqlalchemy import Connection, Engine, text
 
-from scheduler.audit import EventFilter
-from scheduler.queries import sql
+from scheduler.application.audit import EventFilter
+from scheduler.database.queries import sql
 from tests.performance.test_claim_plan import scans
 
 PENDING = "ix_scheduled_events_pending_due"

@@ -20,8 +20,8 @@ import pytest
 from sqlalchemy import Engine, event
 from starlette.testclient import TestClient
 
-from scheduler.app import SchedulerService
 from scheduler.types import DigitalTwinEvent, DispatchOutcome, DispatchResult
+from scheduler.web.app import SchedulerService
 from tests.conftest import T0
 from tests.helpers import post_event
 

@@ -10,8 +10,8 @@ from typing import Any, TypeVar
 from reliability.cluster import wait_for
 from sqlalchemy import Engine, text
 
-from scheduler import store
-from scheduler.db import make_sessionmaker
+from scheduler.core import store
+from scheduler.database.engine import make_sessionmaker
 
 T = TypeVar("T")
 

@@ -14,13 +14,13 @@ from sqlalchemy import Engine, event, text
 from sqlalchemy.orm import Session
 from starlette.testclient import TestClient
 
-from scheduler.app import SchedulerService, create_app
-from scheduler.clock import ManualClock
 from scheduler.config import Settings
-from scheduler.db import make_engine
-from scheduler.dispatch import NudgingPlatform
-from scheduler.rules import load_catalogue
+from scheduler.core.clock import ManualClock
+from scheduler.database.engine import make_engine
+from scheduler.nudging.dispatch import NudgingPlatform
+from scheduler.nudging.rules import load_catalogue
 from scheduler.types import DigitalTwinEvent, DispatchResult
+from scheduler.web.app import SchedulerService, create_app
 from tests.conftest import ADMIN, INGEST, T0, TEST_SECRET
 from tests.reliability.support import (
     bounded,

@@ -21,14 +21,14 @@ from reliability.pooler import PgBouncer, pgbouncer_binary
 from sqlalchemy import Connection, Engine, make_url, text
 from sqlalchemy.exc import OperationalError
 
-from scheduler.app import SchedulerService
 from scheduler.cli import main
-from scheduler.clock import ManualClock
 from scheduler.config import ConfigError, Settings
-from scheduler.db import make_engine
-from scheduler.listener import Listener
-from scheduler.loop import Batch
+from scheduler.core.clock import ManualClock
+from scheduler.core.loop import Batch
+from scheduler.database.engine import make_engine
+from scheduler.database.listener import Listener
 from scheduler.types import SchedulerMode
+from scheduler.web.app import SchedulerService
 from tests.conftest import TEST_SECRET, PgServer
 from tests.reliability.support import bounded, statuses, store_due
 from tests.reliability.test_scenarios import _test_pgdata

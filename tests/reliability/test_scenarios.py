@@ -20,9 +20,9 @@ from reliability.cluster import ROOT
 from reliability.workload import Backlog, audit_backlog, plan_backlog, seed_backlog
 from sqlalchemy import Engine, text
 
-from scheduler.app import SchedulerService
-from scheduler.clock import SystemClock
 from scheduler.config import Settings
+from scheduler.core.clock import SystemClock
+from scheduler.web.app import SchedulerService
 from tests.conftest import TEST_SECRET
 from tests.helpers import drain
 

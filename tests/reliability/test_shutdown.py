@@ -21,10 +21,10 @@ from reliability.cluster import ROOT, Replica, backends_of, free_port
 from reliability.gate import GATED_RULE
 from sqlalchemy import Engine, text
 
-from scheduler.app import SchedulerService
-from scheduler.clock import SystemClock
 from scheduler.config import Settings
-from scheduler.rules import load_catalogue
+from scheduler.core.clock import SystemClock
+from scheduler.nudging.rules import load_catalogue
+from scheduler.web.app import SchedulerService
 from tests.conftest import TEST_SECRET
 from tests.reliability.support import notifications_by_event, statuses, store_due, wait_until
 

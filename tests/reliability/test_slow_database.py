@@ -9,11 +9,11 @@ import pytest
 from sqlalchemy import Connection, Engine, text
 from starlette.testclient import TestClient
 
-from scheduler.app import SchedulerService, create_app
-from scheduler.clock import ManualClock
 from scheduler.config import Settings
-from scheduler.db import make_engine
-from scheduler.participant_locks import participant_lock_key
+from scheduler.core.clock import ManualClock
+from scheduler.core.participant_locks import participant_lock_key
+from scheduler.database.engine import make_engine
+from scheduler.web.app import SchedulerService, create_app
 from tests.conftest import INGEST, T0, TEST_SECRET
 from tests.reliability.support import (
     bounded,

@@ -20,9 +20,9 @@ import pytest
 from sqlalchemy import Engine, text
 from starlette.testclient import TestClient
 
-from scheduler.app import SchedulerService
-from scheduler.clock import ManualClock
-from scheduler.participant_locks import participant_lock_key
+from scheduler.core.clock import ManualClock
+from scheduler.core.participant_locks import participant_lock_key
+from scheduler.web.app import SchedulerService
 from tests.conftest import T0
 from tests.helpers import post_event, reminder_facts, rows
 

@@ -16,7 +16,7 @@ import pytest
 from sqlalchemy import Engine
 from starlette.testclient import TestClient
 
-from scheduler.clock import ManualClock
+from scheduler.core.clock import ManualClock
 from tests.conftest import INGEST
 from tests.helpers import reminder_facts, rows
 

@@ -15,8 +15,8 @@ import pytest
 from sqlalchemy import Engine
 from starlette.testclient import TestClient
 
-from scheduler.app import SchedulerService
-from scheduler.publishers import RecordingPublisher
+from scheduler.nudging.publishers import RecordingPublisher
+from scheduler.web.app import SchedulerService
 from tests.conftest import ADMIN, INGEST
 from tests.helpers import dispatch_all, post_event, reminder_facts, rows
 

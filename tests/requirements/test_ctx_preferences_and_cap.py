@@ -17,9 +17,9 @@ import pytest
 from sqlalchemy import Engine
 from starlette.testclient import TestClient
 
-from scheduler.app import SchedulerService
-from scheduler.clock import ManualClock
-from scheduler.loop import Scheduler
+from scheduler.core.clock import ManualClock
+from scheduler.core.loop import Scheduler
+from scheduler.web.app import SchedulerService
 from tests.conftest import ADMIN, INGEST, T0
 from tests.helpers import post_event, reminder_facts, rows
 

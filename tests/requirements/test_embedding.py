@@ -18,8 +18,8 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Mount, Route
 from starlette.testclient import TestClient
 
-from scheduler.app import SchedulerService
-from scheduler.clock import ManualClock
+from scheduler.core.clock import ManualClock
+from scheduler.web.app import SchedulerService
 from tests.conftest import ADMIN, INGEST
 from tests.helpers import event_body
 

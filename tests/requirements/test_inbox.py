@@ -24,13 +24,13 @@ import pytest
 from sqlalchemy import make_url
 from starlette.testclient import TestClient
 
-from scheduler.app import SchedulerService
-from scheduler.clock import ManualClock
 from scheduler.config import Settings
-from scheduler.db import make_engine, make_sessionmaker
-from scheduler.inbox import STREAM_LOCK_KEY, Inbox, StreamPublisher, sse_stream
-from scheduler.publishers import RecordingPublisher
-from scheduler.queries import statement
+from scheduler.core.clock import ManualClock
+from scheduler.database.engine import make_engine, make_sessionmaker
+from scheduler.database.queries import statement
+from scheduler.nudging.publishers import RecordingPublisher
+from scheduler.web.app import SchedulerService
+from scheduler.web.inbox import STREAM_LOCK_KEY, Inbox, StreamPublisher, sse_stream
 from tests.conftest import ADMIN, INGEST, PARTICIPANT, bearer
 from tests.helpers import event_body, post_event, reminder_facts, rows, wait_until_blocked_on_a_lock
 from tests.servers import serve, wait_for

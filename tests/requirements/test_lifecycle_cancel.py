@@ -17,8 +17,8 @@ import pytest
 from sqlalchemy import Engine
 from starlette.testclient import TestClient
 
-from scheduler.app import SchedulerService
-from scheduler.clock import ManualClock
+from scheduler.core.clock import ManualClock
+from scheduler.web.app import SchedulerService
 from tests.conftest import ADMIN, INGEST, PARTICIPANT
 from tests.helpers import (
     event_row,

@@ -17,9 +17,9 @@ import pytest
 from sqlalchemy import Engine, text
 from starlette.testclient import TestClient
 
-from scheduler.app import SchedulerService
 from scheduler.cli import main
-from scheduler.clock import ManualClock
+from scheduler.core.clock import ManualClock
+from scheduler.web.app import SchedulerService
 from tests.conftest import ADMIN, INGEST, T0, bearer
 from tests.helpers import later, post_event, reminder_facts
 

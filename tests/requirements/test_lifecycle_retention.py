@@ -16,11 +16,11 @@ from sqlalchemy import Engine, text
 from sqlalchemy.exc import DBAPIError
 from starlette.testclient import TestClient
 
-from scheduler.app import SchedulerService
-from scheduler.clock import ManualClock
 from scheduler.config import Settings
-from scheduler.db import make_engine
-from scheduler.retention import RETENTION_LOCK_KEY, Retention
+from scheduler.core.clock import ManualClock
+from scheduler.database.engine import make_engine
+from scheduler.operations.retention import RETENTION_LOCK_KEY, Retention
+from scheduler.web.app import SchedulerService
 from tests.conftest import INGEST
 from tests.helpers import later, post_event, reminder_facts, rows, statuses
 

@@ -28,9 +28,9 @@ from sqlalchemy import Engine, create_engine, make_url
 from sqlalchemy import text as sql_text
 from starlette.testclient import TestClient
 
-from scheduler.app import SchedulerService
 from scheduler.cli import build_parser, main
-from scheduler.db import drop_database, ensure_database
+from scheduler.database.engine import drop_database, ensure_database
+from scheduler.web.app import SchedulerService
 from tests.conftest import T0, TEST_SECRET
 from tests.helpers import event_row, post_event
 
@@ -139,7 +139,7 @@ def test_the_migrations_build_exactly_the_schema_the_models_declare(engine: Engi
     from alembic.autogenerate import compare_metadata
     from alembic.migration import MigrationContext
 
-    from scheduler.models import Base
+    from scheduler.database.models import Base
 
     with engine.connect() as conn:
         context = MigrationContext.configure(conn, opts={"compare_type": True})

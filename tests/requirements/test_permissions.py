@@ -21,9 +21,9 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from sqlalchemy import Engine
 from starlette.testclient import TestClient
 
-from scheduler.app import SchedulerService
-from scheduler.clock import ManualClock
 from scheduler.config import Settings
+from scheduler.core.clock import ManualClock
+from scheduler.web.app import SchedulerService
 from tests.conftest import ADMIN, INGEST, PARTICIPANT, TEST_SECRET, bearer
 from tests.helpers import event_body, reminder_facts
 

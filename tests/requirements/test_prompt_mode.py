@@ -26,13 +26,13 @@ import pytest
 from sqlalchemy import Engine, create_engine, text
 from starlette.testclient import TestClient
 
-from scheduler.app import SchedulerService
-from scheduler.clock import ManualClock
 from scheduler.config import ConfigError, Settings
-from scheduler.listener import Listener, conninfo_of
-from scheduler.loop import Scheduler
-from scheduler.publishers import RecordingPublisher
+from scheduler.core.clock import ManualClock
+from scheduler.core.loop import Scheduler
+from scheduler.database.listener import Listener, conninfo_of
+from scheduler.nudging.publishers import RecordingPublisher
 from scheduler.types import SchedulerMode
+from scheduler.web.app import SchedulerService
 from tests.conftest import ADMIN, T0, TEST_SECRET
 from tests.helpers import post_event, rows, statuses
 
@@ -344,7 +344,7 @@ def test_where_notifications_do_not_arrive_the_listener_says_so_once_and_the_loo
         service.listener.subscribe("scheduler_due", service._on_due)
         with api(engine, clock) as sender:
             row = post_event(sender, user_id="later", trigger_at=T0 + timedelta(minutes=1))
-        with caplog.at_level(logging.WARNING, logger="scheduler.listener"):
+        with caplog.at_level(logging.WARNING, logger="scheduler.database.listener"):
             scheduler = start(running, service)
             with TestClient(service.app) as client:  # the loop runs already: only its API here
                 body = client.get("/health/scheduler").json()

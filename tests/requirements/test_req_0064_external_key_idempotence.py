@@ -18,9 +18,9 @@ import pytest
 from sqlalchemy import Engine
 from starlette.testclient import TestClient
 
-from scheduler.app import SchedulerService
-from scheduler.clock import ManualClock
+from scheduler.core.clock import ManualClock
 from scheduler.types import DigitalTwinEvent
+from scheduler.web.app import SchedulerService
 from tests.conftest import ADMIN, INGEST, T0
 from tests.helpers import (
     event_body,

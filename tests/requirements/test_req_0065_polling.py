@@ -18,10 +18,10 @@ from freezegun import freeze_time
 from sqlalchemy import Engine, text
 from starlette.testclient import TestClient
 
-from scheduler.app import SchedulerService
-from scheduler.clock import ManualClock, SystemClock
 from scheduler.config import Settings
-from scheduler.loop import Scheduler
+from scheduler.core.clock import ManualClock, SystemClock
+from scheduler.core.loop import Scheduler
+from scheduler.web.app import SchedulerService
 from tests.conftest import ADMIN, T0
 from tests.helpers import dispatch_all, event_row, eventually, later, post_event, statuses
 

@@ -13,9 +13,9 @@ import pytest
 from sqlalchemy import Engine
 from starlette.testclient import TestClient
 
-from scheduler.app import SchedulerService
-from scheduler.clock import ManualClock
-from scheduler.publishers import RecordingPublisher
+from scheduler.core.clock import ManualClock
+from scheduler.nudging.publishers import RecordingPublisher
+from scheduler.web.app import SchedulerService
 from tests.conftest import ADMIN, INGEST
 from tests.helpers import FakeDispatcher, event_row, post_event, reminder_facts
 

@@ -22,12 +22,12 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 from starlette.testclient import TestClient
 
-from scheduler.app import SchedulerService
-from scheduler.db import make_sessionmaker
-from scheduler.loop import Scheduler
-from scheduler.participant_locks import participant_lock_key
-from scheduler.publishers import RecordingPublisher
+from scheduler.core.loop import Scheduler
+from scheduler.core.participant_locks import participant_lock_key
+from scheduler.database.engine import make_sessionmaker
+from scheduler.nudging.publishers import RecordingPublisher
 from scheduler.types import DigitalTwinEvent, DispatchOutcome, DispatchResult
+from scheduler.web.app import SchedulerService
 from tests.conftest import T0
 from tests.helpers import FakeDispatcher, event_row, post_event, rows
 

@@ -19,10 +19,10 @@ from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 from starlette.testclient import TestClient
 
-from scheduler.app import SchedulerService
-from scheduler.clock import ManualClock
-from scheduler.loop import Batch
+from scheduler.core.clock import ManualClock
+from scheduler.core.loop import Batch
 from scheduler.types import DigitalTwinEvent, DispatchResult
+from scheduler.web.app import SchedulerService
 from tests.conftest import ADMIN, T0
 from tests.helpers import FakeDispatcher, event_row, eventually, post_event, rows, statuses
 

@@ -10,10 +10,10 @@ import pytest
 from sqlalchemy import Engine, text
 from starlette.testclient import TestClient
 
-from scheduler.app import SchedulerService
-from scheduler.clock import ManualClock
 from scheduler.config import Settings
-from scheduler.schemas import MAX_DEPTH, MAX_STRING
+from scheduler.core.clock import ManualClock
+from scheduler.web.app import SchedulerService
+from scheduler.web.schemas import MAX_DEPTH, MAX_STRING
 from tests.conftest import ADMIN, INGEST, T0, TEST_SECRET
 
 SCHEDULED = "/admin/scheduled-events"

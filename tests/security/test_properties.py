@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from scheduler.facts import (
+from scheduler.nudging.facts import (
     TIME_FIELDS,
     ContractViolation,
     FactsMissing,

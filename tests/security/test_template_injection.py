@@ -11,11 +11,11 @@ import pytest
 from sqlalchemy import Engine, text
 from starlette.testclient import TestClient
 
-from scheduler.app import SchedulerService
-from scheduler.clock import ManualClock
 from scheduler.config import Settings
-from scheduler.publishers import RecordingPublisher
-from scheduler.rules import load_catalogue
+from scheduler.core.clock import ManualClock
+from scheduler.nudging.publishers import RecordingPublisher
+from scheduler.nudging.rules import load_catalogue
+from scheduler.web.app import SchedulerService
 from tests.conftest import INGEST, T0, TEST_SECRET
 
 # Facts a hostile sender controls: Jinja syntax, dunder walks and a format-string attack.

@@ -16,8 +16,8 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session, sessionmaker
 
 from harness import Simulation, Violation
-from scheduler import lifecycle
-from scheduler.store import event_to_json
+from scheduler.core.store import event_to_json
+from scheduler.web import lifecycle
 
 
 @pytest.mark.clause("SIM-CANCEL")

@@ -14,9 +14,9 @@ from typing import Any
 import jwt
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from scheduler.app import SchedulerService
-from scheduler.clock import ManualClock
 from scheduler.config import Settings
+from scheduler.core.clock import ManualClock
+from scheduler.web.app import SchedulerService
 from tests.conftest import T0
 
 

@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
-from scheduler.app import SchedulerService
 from scheduler.cli import main
-from scheduler.openapi import openapi_document
+from scheduler.web.app import SchedulerService
+from scheduler.web.openapi import openapi_document
 from tests.conftest import ADMIN, INGEST, T0
 from tests.helpers import drain, post_event, reminder_facts
 

@@ -3,7 +3,7 @@
 - WIRE-5: a JWKS key fetch (blocking network I/O) runs off the event loop.
 - WIRE-6: requests that take every request thread and every pooled connection do not
   starve the polls: the loop has a thread limiter and a connection pool of its own.
-- WIRE-7: the package imports what it needs only (``scheduler.rules`` pulls in no web
+- WIRE-7: the package imports what it needs only (``scheduler.nudging.rules`` pulls in no web
   framework), and a subcommand whose module is broken fails loudly instead of vanishing.
 """
 
@@ -21,7 +21,7 @@ from sqlalchemy import Engine, text
 from starlette.testclient import TestClient
 
 from scheduler import cli
-from scheduler.clock import SystemClock
+from scheduler.core.clock import SystemClock
 from tests.conftest import T0, TEST_SECRET, token
 from tests.helpers import DEADLINE_SECONDS, event_body, eventually, statuses
 from tests.security.support import auth, claims, other_rsa_private_key
@@ -109,9 +109,9 @@ def test_polls_keep_completing_while_requests_hold_every_thread_and_connection(
 
 @pytest.mark.clause("WIRE-7")
 def test_importing_the_rules_pulls_in_no_web_framework_migrations_or_jwt() -> None:
-    """WIRE-7: ``import scheduler.rules`` (a rule author's import) loads neither Starlette,
+    """WIRE-7: ``import scheduler.nudging.rules`` (a rule author's import) loads neither Starlette,
     Alembic nor PyJWT."""
-    probe = ("import sys, scheduler.rules; "
+    probe = ("import sys, scheduler.nudging.rules; "
              "print(sorted(m for m in ('starlette', 'alembic', 'jwt', 'uvicorn') if m in sys.modules))")
     loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True)
     assert loaded.stdout.strip() == "[]"

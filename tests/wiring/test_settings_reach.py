@@ -22,9 +22,9 @@ import pytest
 from sqlalchemy import Connection, Engine, make_url, text
 from starlette.testclient import TestClient
 
-from scheduler import store
 from scheduler.config import ConfigError, Settings
-from scheduler.db import make_sessionmaker
+from scheduler.core import store
+from scheduler.database.engine import make_sessionmaker
 from tests.conftest import T0, TEST_SECRET, token
 from tests.helpers import reminder_facts
 from tests.security.support import auth, claims, hs256, other_rsa_private_key, public_pem, rs256

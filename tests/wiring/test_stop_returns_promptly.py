@@ -18,9 +18,9 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 from starlette.testclient import TestClient
 
-from scheduler.app import SchedulerService
-from scheduler.loop import Scheduler
+from scheduler.core.loop import Scheduler
 from scheduler.types import DigitalTwinEvent, DispatchResult, SchedulerMode
+from scheduler.web.app import SchedulerService
 from tests.helpers import DEADLINE_SECONDS, eventually, post_event, statuses
 from tests.reliability.support import bounded
 
@@ -117,7 +117,7 @@ def test_the_service_lifespan_stops_its_loop_without_cancelling_it(
         with TestClient(service.app):
             asyncio.run(eventually(lambda: service.scheduler.health.polls >= 1, "the first poll"))
 
-    with caplog.at_level(logging.WARNING, logger="scheduler.app"):
+    with caplog.at_level(logging.WARNING, logger="scheduler.web.app"):
         bounded(serve_and_stop, DEADLINE_SECONDS, "the lifespan's shutdown")
     assert "cancelled" not in caplog.text
     assert service.scheduler.health.running is False and service.loop_alive is False

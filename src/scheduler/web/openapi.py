@@ -10,7 +10,8 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 from starlette.routing import BaseRoute, Route
 
-from scheduler.schemas import (
+from scheduler.types import EventStatus, NotificationStatus
+from scheduler.web.schemas import (
     MAX_STRING,
     CancelConflictOut,
     DuplicateOut,
@@ -33,7 +34,6 @@ from scheduler.schemas import (
     SchedulerHealthOut,
     ValidationErrorOut,
 )
-from scheduler.types import EventStatus, NotificationStatus
 
 MODELS: tuple[type[BaseModel], ...] = (
     ScheduledEventIn, LiveEventIn, PreferencesIn, ScheduledEventOut, NotificationOut,

@@ -29,7 +29,7 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from scheduler.queries import statement
+from scheduler.database.queries import statement
 from scheduler.types import Clock
 
 logger = logging.getLogger(__name__)

@@ -22,8 +22,8 @@ from typing import Any
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
-from scheduler.loop import Scheduler
-from scheduler.queries import statement
+from scheduler.core.loop import Scheduler
+from scheduler.database.queries import statement
 from scheduler.types import Clock
 
 logger = logging.getLogger(__name__)

@@ -26,9 +26,13 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from scheduler import audit
-from scheduler.auth import TokenVerifier, token_problem
-from scheduler.console_auth import (
+from scheduler.application import audit
+from scheduler.core.store import get_event
+from scheduler.database.queries import statement
+from scheduler.operations.overview import duration, overview
+from scheduler.types import Clock, EventStatus
+from scheduler.web.auth import TokenVerifier, token_problem
+from scheduler.web.console_auth import (
     CSRF_FIELD,
     NotAdmin,
     base_path,
@@ -41,13 +45,9 @@ from scheduler.console_auth import (
     set_signin_nonce,
     signin_nonce_ok,
 )
-from scheduler.lifecycle import event_history
-from scheduler.overview import duration, overview
-from scheduler.queries import statement
-from scheduler.store import get_event
-from scheduler.types import Clock, EventStatus
+from scheduler.web.lifecycle import event_history
 
-PACKAGE = Path(str(files("scheduler")))
+PACKAGE = Path(str(files("scheduler.web")))
 STATIC = PACKAGE / "static"
 STATIC_TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8"}
 PAGE_SIZE = 50

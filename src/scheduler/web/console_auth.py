@@ -23,7 +23,7 @@ import jwt
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
-from scheduler.auth import SCOPE_PERMISSIONS, TokenVerifier, scopes_of
+from scheduler.web.auth import SCOPE_PERMISSIONS, TokenVerifier, scopes_of
 
 COOKIE = "scheduler_console"
 SIGNIN_COOKIE = "scheduler_console_signin"

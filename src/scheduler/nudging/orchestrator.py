@@ -20,9 +20,9 @@ from typing import Any, Protocol
 
 from sqlalchemy.orm import Session
 
-from scheduler.participant_locks import lock_participant
-from scheduler.queries import statement
-from scheduler.rule_engine import Candidate
+from scheduler.core.participant_locks import lock_participant
+from scheduler.database.queries import statement
+from scheduler.nudging.rule_engine import Candidate
 from scheduler.types import DigitalTwinEvent, NotificationStatus, OutboundMessage
 
 DEFAULT_MAX_PER_DAY = 3

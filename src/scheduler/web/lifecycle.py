@@ -27,18 +27,18 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from scheduler.auth import Principal, require
-from scheduler.http import respond, text_param
-from scheduler.queries import statement
-from scheduler.schemas import (
+from scheduler.core.store import _jsonable, event_to_json, set_change_context
+from scheduler.database.queries import statement
+from scheduler.web.auth import Principal, require
+from scheduler.web.http import respond, text_param
+from scheduler.web.schemas import (
     CancelConflictOut,
     HistoryEntryOut,
     ScheduledEventOut,
 )
-from scheduler.store import _jsonable, event_to_json, set_change_context
 
 if TYPE_CHECKING:
-    from scheduler.app import SchedulerService
+    from scheduler.web.app import SchedulerService
 
 CancelOutcome = Literal["cancelled", "already_cancelled", "dispatched", "missing"]
 

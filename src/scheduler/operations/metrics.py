@@ -22,8 +22,8 @@ from prometheus_client.registry import Collector
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
-from scheduler.loop import PollReport, Scheduler
-from scheduler.queries import statement
+from scheduler.core.loop import PollReport, Scheduler
+from scheduler.database.queries import statement
 from scheduler.types import Clock, EventStatus
 
 MAX_EVENT_TYPES = 100

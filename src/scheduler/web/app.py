@@ -27,24 +27,43 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp
 
-from scheduler import audit, store
-from scheduler.auth import JWTBackend, TokenVerifier, on_auth_error, require
-from scheduler.clock import SystemClock
+from scheduler.application import audit
 from scheduler.config import ConfigError, Settings
-from scheduler.db import make_engine, make_sessionmaker, resolve_database_url
-from scheduler.dispatch import NudgingPlatform
-from scheduler.facts import ContractViolation, FactsMissing, check_facts_contract
-from scheduler.http import HTTPRefusal, Unprocessable, parse_body, read_json, respond, text_param
-from scheduler.inbox import Inbox, StreamPublisher, inbox_routes
-from scheduler.lifecycle import actor_of, lifecycle_routes
-from scheduler.listener import Listener, conninfo_of
-from scheduler.loop import DUE_CHANNEL, Scheduler
-from scheduler.openapi import openapi_document
-from scheduler.operations import Operations
-from scheduler.publishers import LoggingPublisher
-from scheduler.retention import Retention
-from scheduler.rules import Catalogue, load_catalogue
-from scheduler.schemas import (
+from scheduler.core import store
+from scheduler.core.clock import SystemClock
+from scheduler.core.loop import DUE_CHANNEL, Scheduler
+from scheduler.database.engine import make_engine, make_sessionmaker, resolve_database_url
+from scheduler.database.listener import Listener, conninfo_of
+from scheduler.nudging.dispatch import NudgingPlatform
+from scheduler.nudging.facts import ContractViolation, FactsMissing, check_facts_contract
+from scheduler.nudging.publishers import LoggingPublisher
+from scheduler.nudging.rules import Catalogue, load_catalogue
+from scheduler.operations.retention import Retention
+from scheduler.types import (
+    Clock,
+    DigitalTwinEvent,
+    Dispatcher,
+    DispatchOutcome,
+    DispatchResult,
+    EventStatus,
+    NotificationStatus,
+    Publisher,
+    SchedulerMode,
+)
+from scheduler.web.admin import Operations
+from scheduler.web.auth import JWTBackend, TokenVerifier, on_auth_error, require
+from scheduler.web.http import (
+    HTTPRefusal,
+    Unprocessable,
+    parse_body,
+    read_json,
+    respond,
+    text_param,
+)
+from scheduler.web.inbox import Inbox, StreamPublisher, inbox_routes
+from scheduler.web.lifecycle import actor_of, lifecycle_routes
+from scheduler.web.openapi import openapi_document
+from scheduler.web.schemas import (
     DuplicateOut,
     ErrorOut,
     HealthOut,
@@ -57,17 +76,6 @@ from scheduler.schemas import (
     ScheduledEventIn,
     ScheduledEventOut,
     SchedulerHealthOut,
-)
-from scheduler.types import (
-    Clock,
-    DigitalTwinEvent,
-    Dispatcher,
-    DispatchOutcome,
-    DispatchResult,
-    EventStatus,
-    NotificationStatus,
-    Publisher,
-    SchedulerMode,
 )
 
 logger = logging.getLogger(__name__)
@@ -124,7 +132,7 @@ class SchedulerService:
         self.catalogue = catalogue or load_catalogue(self.settings.rules_dir)
         self.dispatcher: Dispatcher = dispatcher or NudgingPlatform(self.catalogue)
         # After commit: number web notifications for the inbox stream and NOTIFY the
-        # replicas, then the configured publisher (see scheduler.inbox). The live path
+        # replicas, then the configured publisher (see scheduler.web.inbox). The live path
         # numbers on the requests' pool, the loop on its own (below).
         inner_publisher = publisher or LoggingPublisher()
         self.publisher: Publisher = StreamPublisher(self.sessions, inner_publisher)

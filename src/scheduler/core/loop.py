@@ -41,8 +41,8 @@ import anyio.to_thread
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, SessionTransaction, sessionmaker
 
-from scheduler.participant_locks import participant_lock_key, try_lock_participants
-from scheduler.queries import statement
+from scheduler.core.participant_locks import participant_lock_key, try_lock_participants
+from scheduler.database.queries import statement
 from scheduler.types import (
     Clock,
     DigitalTwinEvent,

@@ -11,7 +11,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from scheduler.schemas import MAX_STRING, ValidationErrorOut, check_text
+from scheduler.web.schemas import MAX_STRING, ValidationErrorOut, check_text
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 

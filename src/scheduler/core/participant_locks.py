@@ -14,7 +14,7 @@ from collections.abc import Iterable
 
 from sqlalchemy.orm import Session
 
-from scheduler.queries import statement
+from scheduler.database.queries import statement
 
 
 def participant_lock_key(user_id: str) -> int:
@@ -39,7 +39,7 @@ def try_lock_participants(session: Session, keys: Iterable[int]) -> set[int]:
 
 # Where a session remembers the participant locks its current transaction holds at its
 # top level (outside any savepoint), so that an event does not ask for them again.
-_HELD_LOCKS = "scheduler.participant_locks"
+_HELD_LOCKS = "scheduler.core.participant_locks"
 
 
 def remember_participant_locks(session: Session, keys: Iterable[int]) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 from sqlalchemy import RowMapping
 from sqlalchemy.orm import Session, sessionmaker
 
-from scheduler.queries import statement
+from scheduler.database.queries import statement
 
 EVENT_COLUMNS = (
     "id", "event_type", "user_id", "community_id", "external_key", "trigger_at", "facts",

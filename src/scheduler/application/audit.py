@@ -22,8 +22,8 @@ from typing import Any
 from sqlalchemy import RowMapping
 from sqlalchemy.orm import Session, sessionmaker
 
-from scheduler.queries import statement
-from scheduler.store import event_to_json, set_change_context
+from scheduler.core.store import event_to_json, set_change_context
+from scheduler.database.queries import statement
 from scheduler.types import EVENT_STATUSES
 
 BULK_CAP = 10_000

@@ -137,7 +137,7 @@ class PreferencesIn(BaseModel):
 
 
 # -- responses ----------------------------------------------------------------------------
-# Every answer is built from one of these (``scheduler.http.respond``), so /openapi.json
+# Every answer is built from one of these (``scheduler.web.http.respond``), so /openapi.json
 # describes exactly what is sent. Times keep Python's ISO 8601 form (``+00:00``).
 
 Timestamp = Annotated[datetime, PlainSerializer(lambda value: value.isoformat(), return_type=str, when_used="json")]

@@ -13,9 +13,9 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from scheduler.orchestrator import Orchestrator
-from scheduler.rule_engine import RuleRefusal, evaluate
-from scheduler.rules import Catalogue
+from scheduler.nudging.orchestrator import Orchestrator
+from scheduler.nudging.rule_engine import RuleRefusal, evaluate
+from scheduler.nudging.rules import Catalogue
 from scheduler.types import DigitalTwinEvent, DispatchOutcome, DispatchResult
 
 

@@ -19,7 +19,7 @@ from sqlalchemy import Connection, Engine, create_engine, event, make_url, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from scheduler.config import Settings
-from scheduler.queries import statement
+from scheduler.database.queries import statement
 
 logger = logging.getLogger(__name__)
 

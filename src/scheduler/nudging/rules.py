@@ -17,7 +17,7 @@ from typing import Any, cast
 from jinja2 import StrictUndefined, Template
 from jinja2.sandbox import SandboxedEnvironment
 
-from scheduler.facts import Frequency
+from scheduler.nudging.facts import Frequency
 from scheduler.types import DigitalTwinEvent
 
 DEFAULT_CATALOGUE = Path(__file__).parent / "rules_catalogue"

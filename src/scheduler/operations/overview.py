@@ -13,8 +13,8 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from scheduler.heartbeat import list_replicas, replicas_json
-from scheduler.queries import statement
+from scheduler.database.queries import statement
+from scheduler.operations.heartbeat import list_replicas, replicas_json
 
 LATENESS_WINDOW = timedelta(hours=1)
 FAILURE_WINDOW = timedelta(hours=24)

@@ -14,7 +14,7 @@ from typing import Any
 
 from jinja2 import TemplateError, UndefinedError
 
-from scheduler.facts import (
+from scheduler.nudging.facts import (
     INVALID_TIME_SCOPE,
     ContractViolation,
     FactsMissing,
@@ -23,7 +23,7 @@ from scheduler.facts import (
     check_facts_contract,
     parse_time_scope,
 )
-from scheduler.rules import Catalogue, Rule
+from scheduler.nudging.rules import Catalogue, Rule
 from scheduler.types import DigitalTwinEvent, DispatchOutcome
 
 

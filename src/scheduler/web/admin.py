@@ -16,16 +16,16 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from scheduler import audit
-from scheduler.auth import TokenVerifier, require
+from scheduler.application import audit
 from scheduler.config import Settings
-from scheduler.console import Console
-from scheduler.heartbeat import Heartbeat, list_replicas
-from scheduler.http import Unprocessable, respond
-from scheduler.loop import Scheduler
-from scheduler.metrics import CONTENT_TYPE, Metrics
-from scheduler.schemas import OperatorActionOut, ReplicaOut
+from scheduler.core.loop import Scheduler
+from scheduler.operations.heartbeat import Heartbeat, list_replicas
+from scheduler.operations.metrics import CONTENT_TYPE, Metrics
 from scheduler.types import Clock
+from scheduler.web.auth import TokenVerifier, require
+from scheduler.web.console import Console
+from scheduler.web.http import Unprocessable, respond
+from scheduler.web.schemas import OperatorActionOut, ReplicaOut
 
 
 class Operations:

@@ -1,11 +1,11 @@
-"""Alembic environment: runs against the connection handed over by ``scheduler.db.migrate``."""
+"""Alembic environment: runs against the connection handed over by ``scheduler.database.engine.migrate``."""
 
 from __future__ import annotations
 
 from alembic import context
 from sqlalchemy import Connection, create_engine
 
-from scheduler.models import Base
+from scheduler.database.models import Base
 
 config = context.config
 target_metadata = Base.metadata

@@ -9,7 +9,7 @@ The path of a notification to a browser:
    stream numbers are committed in order: a reader that saw number N has seen every number
    below N, and a ``Last-Event-ID`` replay (``stream_seq > N``) misses nothing.
 3. Every replica's ``Inbox`` hears the NOTIFY on the process's one LISTEN connection
-   (``scheduler.listener``), reads what is new from the table (the payload is only the
+   (``scheduler.database.listener``), reads what is new from the table (the payload is only the
    number), and offers each row to the queues of that participant's open streams.
 4. Each ``GET /me/notifications/stream`` drains its own queue as server-sent events.
 
@@ -42,15 +42,15 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Route
 
-from scheduler.auth import PARTICIPANT, Principal, require
-from scheduler.http import Unprocessable, respond, text_param
-from scheduler.queries import statement
-from scheduler.schemas import InboxPageOut
-from scheduler.store import _jsonable
+from scheduler.core.store import _jsonable
+from scheduler.database.queries import statement
 from scheduler.types import OutboundMessage, Publisher
+from scheduler.web.auth import PARTICIPANT, Principal, require
+from scheduler.web.http import Unprocessable, respond, text_param
+from scheduler.web.schemas import InboxPageOut
 
 if TYPE_CHECKING:
-    from scheduler.app import SchedulerService
+    from scheduler.web.app import SchedulerService
 
 logger = logging.getLogger(__name__)
 

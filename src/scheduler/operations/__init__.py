@@ -1,0 +1,1 @@
+"""Running the service: heartbeats, metrics, retention and the console's overview figures."""

@@ -1,0 +1,1 @@
+"""The HTTP edge: the composition root, the API routes, the console, the inbox and the OpenAPI document."""
