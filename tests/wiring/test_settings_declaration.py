@@ -18,6 +18,7 @@ from scheduler.database.engine import make_engine
 README = Path(__file__).resolve().parents[2] / "README.md"
 
 
+@pytest.mark.clause("DEC-CONF-1")
 @pytest.mark.clause("WIRE-10")
 def test_the_readme_configuration_table_is_the_one_the_declaration_writes() -> None:
     """WIRE-10: the README's table (variable, default, meaning, in order) is exactly what
@@ -95,6 +96,7 @@ def test_every_construction_is_validated_including_a_copy_with_changed_fields() 
     assert (copy.poll_seconds, copy.batch_size, base.poll_seconds) == (1.0, 5, 30.0)
 
 
+@pytest.mark.clause("DEC-CONF-1")
 @pytest.mark.clause("WIRE-10")
 def test_settings_in_code_ignore_the_environment_and_from_env_reads_it(monkeypatch: pytest.MonkeyPatch) -> None:
     """WIRE-10: ``Settings(...)`` is the declared defaults plus its arguments, whatever the
