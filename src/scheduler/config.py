@@ -11,6 +11,7 @@ puts it in README.md, and a test fails when the two drift.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -142,8 +143,6 @@ class Settings(BaseSettings):
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         """Read settings from ``env`` (default: ``os.environ``); a blank variable is unset."""
-        import os
-
         return cls(**_Environment(cls, os.environ if env is None else env)())
 
     def with_(self, **changes: Any) -> Settings:
