@@ -7,11 +7,11 @@ dispatcher that runs one stored event through the platform.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from sqlalchemy.orm import Session
 
@@ -138,3 +138,26 @@ class Dispatcher(Protocol):
     """
 
     def __call__(self, session: Session, event: DigitalTwinEvent, now: datetime) -> DispatchResult: ...
+
+
+class BatchDecisions(Protocol):
+    """A batch decided set-based: one result per event (the ``Exception`` its rules raised,
+    for an event that fails alone), and the one write that makes them true."""
+
+    results: list[DispatchResult | Exception]
+
+    def write(self, session: Session, outcomes: dict[str, list[Any]]) -> None:
+        """Write every decision and the batch's outcomes (``record_outcomes``'s arrays); raise
+        if what was written differs from what was decided (the caller falls back)."""
+        ...
+
+
+@runtime_checkable
+class BatchDispatcher(Protocol):
+    """A ``Dispatcher`` that can also decide a whole claimed batch set-based (DEC-1): the
+    results must be exactly those of calling it once per event, in order, at ``now``."""
+
+    def __call__(self, session: Session, event: DigitalTwinEvent, now: datetime) -> DispatchResult: ...
+
+    def decide_batch(self, session: Session, events: Sequence[DigitalTwinEvent],
+                     now: datetime) -> BatchDecisions | None: ...

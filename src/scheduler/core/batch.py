@@ -100,6 +100,11 @@ class Batch:
     checkpoint_position: int = 0
     checkpoint_outbound: int = 0
     replayed: int = 0  # dispatcher calls repeated after a failure rolled back to the checkpoint
+    # The set-based run (``core.set_based``): what the first dispatch decided and wrote for
+    # every event, handed out one per dispatch; ``None`` before it was tried, empty when the
+    # batch runs per event. ``recorded``: how many outcomes its statement already wrote.
+    planned: list[tuple[EventOutcome, list[OutboundMessage]]] | None = None
+    recorded: int = 0
 
     @property
     def remaining(self) -> int:

@@ -21,6 +21,11 @@ event whose first call was rolled back: everything it writes goes through the se
 is handed, and nothing leaves the process before the batch commits (``Dispatcher``).
 The outcomes are kept in memory and written with one statement when the batch finishes,
 just before its commit (DEC-1 in ``specs/decisions.md``).
+
+Set-based. A dispatcher that can decide a whole batch at once does so at the batch's first
+dispatch, under the checkpoint, writing every decision and outcome in one statement
+(``core.set_based``); if that fails as a whole, the checkpoint is rolled back and the batch
+runs per event as above.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from scheduler.core.batch import (
     failed,
     outcome_parameters,
 )
+from scheduler.core.set_based import dispatch_set_based, next_planned, settle_planned
 from scheduler.database.queries import statement
 from scheduler.types import Clock, Dispatcher
 
@@ -56,6 +62,8 @@ def dispatch_next(batch: Batch, dispatcher: Dispatcher, clock: Clock, name: str)
         raise RuntimeError("batch already finished")
     if batch.remaining == 0:
         return None
+    if dispatch_set_based(batch, dispatcher, clock, name):
+        return next_planned(batch)
     event = batch.events[batch.position]
     batch.position += 1
     now = clock.now()
@@ -145,8 +153,10 @@ def commit_batch(batch: Batch) -> None:
         raise RuntimeError("batch already finished")
     batch.closed = True
     try:
-        if batch.outcomes:
-            batch.session.execute(statement("record_outcomes"), outcome_parameters(batch.outcomes))
+        settle_planned(batch)
+        unrecorded = batch.outcomes[batch.recorded:]  # the set-based statement wrote its own
+        if unrecorded:
+            batch.session.execute(statement("record_outcomes"), outcome_parameters(unrecorded))
         batch.session.commit()
     except BaseException:
         batch.session.rollback()

@@ -110,6 +110,35 @@ class WebChannel:
         )
 
 
+def notification_row(event: DigitalTwinEvent, candidate: Candidate, key: str, now: datetime,
+                     status: NotificationStatus, reason: str | None, notification_id: str) -> dict[str, Any]:
+    """The ``insert_notification`` parameters of one decision (the set-based path writes the same)."""
+    return {
+        "id": notification_id,
+        "user_id": event.user_id,
+        "community_id": event.community_id,
+        "rule_id": candidate.rule.id,
+        "kind": candidate.rule.kind,
+        "scenario": candidate.scenario,
+        "time_scope": candidate.scope.value,
+        "dedup_key": key,
+        "title": candidate.title,
+        "body": candidate.body,
+        "status": status,
+        "reason": reason,
+        "source": "scheduled" if event.scheduled_event_id else "live",
+        "scheduled_event_id": event.scheduled_event_id,
+        "now": now,
+    }
+
+
+def as_recorded(row: dict[str, Any]) -> dict[str, Any]:
+    """A notification as it was recorded: the insert's ``now`` parameter is its ``created_at``."""
+    notification = {k: v for k, v in row.items() if k != "now"}
+    notification["created_at"] = row["now"]
+    return notification
+
+
 @dataclass
 class Decision:
     """What became of one candidate."""
@@ -140,23 +169,7 @@ class Orchestrator:
         notification_id: str | None = None,
         web: WebChannel | None = None,
     ) -> dict[str, Any]:
-        row = {
-            "id": notification_id or str(uuid.uuid4()),
-            "user_id": event.user_id,
-            "community_id": event.community_id,
-            "rule_id": candidate.rule.id,
-            "kind": candidate.rule.kind,
-            "scenario": candidate.scenario,
-            "time_scope": candidate.scope.value,
-            "dedup_key": key,
-            "title": candidate.title,
-            "body": candidate.body,
-            "status": status,
-            "reason": reason,
-            "source": "scheduled" if event.scheduled_event_id else "live",
-            "scheduled_event_id": event.scheduled_event_id,
-            "now": now,
-        }
+        row = notification_row(event, candidate, key, now, status, reason, notification_id or str(uuid.uuid4()))
         if web is None:
             session.execute(statement("insert_notification"), row)
         else:

@@ -189,6 +189,100 @@ SELECT id, user_id, :channel, 'sent', NULL, :now FROM notification;
 INSERT INTO deliveries (notification_id, user_id, channel, status, detail, created_at)
 VALUES (:notification_id, :user_id, :channel, :status, :detail, :now);
 
+-- name: read_batch_limits
+-- A set-based batch's inputs in one round trip: its participants' preferences, their sent counts per UTC day, its keys already taken.
+-- exact because the batch's claim holds every one of these participants' locks (DEC-2):
+-- no other transaction adds a delivery or a key of theirs until the batch commits
+SELECT
+    (SELECT coalesce(json_agg(json_build_array(p.user_id, p.enabled_kinds, p.max_per_day)), '[]')
+     FROM participant_preferences AS p
+     WHERE p.user_id = ANY(CAST(:user_ids AS text[]))) AS preferences,
+    -- one count per (participant, day) window, by the window's position in the arrays;
+    -- the same predicate as claim_dedup_key_with_limits (ix_deliveries_sent_by_user)
+    (SELECT coalesce(json_agg(json_build_array(
+                w.n,
+                (SELECT count(*) FROM deliveries AS d
+                 WHERE d.user_id = w.user_id AND d.status = 'sent'
+                   AND d.created_at >= w.day_start AND d.created_at < w.day_end))), '[]')
+     FROM unnest(CAST(:window_users AS text[]), CAST(:window_starts AS timestamptz[]),
+                 CAST(:window_ends AS timestamptz[])) WITH ORDINALITY AS w(user_id, day_start, day_end, n)
+    ) AS sent_today,
+    (SELECT coalesce(json_agg(json_build_array(k.key, k.duplicate_notification_id)), '[]')
+     FROM dedup_keys AS k
+     WHERE k.key = ANY(CAST(:keys AS text[]))) AS taken_keys;
+
+-- name: write_batch_decisions
+-- A set-based batch's writes in one statement: new keys, repeated keys, notifications, web deliveries and the outcomes.
+-- every part reports how many rows it wrote; the caller compares them with what it decided
+-- and falls back to the per-event path on any difference (DEC-1)
+WITH new_keys AS (
+    -- the keys first claimed in this batch, with the duplicates the batch itself made of them
+    INSERT INTO dedup_keys (key, notification_id, created_at, duplicate_count, last_duplicate_at,
+                            duplicate_notification_id)
+    SELECT k.key, k.notification_id, k.at, k.duplicates, k.last_duplicate_at, k.duplicate_notification_id
+    FROM unnest(CAST(:key_keys AS text[]), CAST(:key_notification_ids AS text[]),
+                CAST(:key_times AS timestamptz[]), CAST(:key_duplicates AS integer[]),
+                CAST(:key_last_duplicates AS timestamptz[]), CAST(:key_duplicate_ids AS text[]))
+         AS k(key, notification_id, at, duplicates, last_duplicate_at, duplicate_notification_id)
+    -- the key's primary key still arbitrates: a key taken meanwhile is not counted below
+    ON CONFLICT (key) DO NOTHING
+    RETURNING key
+), repeated_keys AS (
+    -- keys taken before this batch: count the batch's duplicates, link the one suppressed_dedup row
+    UPDATE dedup_keys AS d
+    SET duplicate_count = d.duplicate_count + r.duplicates,
+        last_duplicate_at = r.at,
+        duplicate_notification_id = coalesce(d.duplicate_notification_id, r.notification_id)
+    FROM unnest(CAST(:repeat_keys AS text[]), CAST(:repeat_counts AS integer[]),
+                CAST(:repeat_times AS timestamptz[]), CAST(:repeat_notification_ids AS text[]))
+         AS r(key, duplicates, at, notification_id)
+    -- only as the read saw it: a new suppressed_dedup row exactly when the key had none
+    WHERE d.key = r.key
+      AND (d.duplicate_notification_id IS NULL) = (r.notification_id IS NOT NULL)
+    RETURNING d.key
+), notification AS (
+    INSERT INTO notifications (id, user_id, community_id, rule_id, kind, scenario, time_scope,
+                               dedup_key, title, body, status, reason, source,
+                               scheduled_event_id, created_at)
+    SELECT n.id, n.user_id, n.community_id, n.rule_id, n.kind, n.scenario, n.time_scope,
+           n.dedup_key, n.title, n.body, n.status, n.reason, n.source, n.scheduled_event_id, n.at
+    FROM unnest(CAST(:ids AS text[]), CAST(:user_ids AS text[]), CAST(:community_ids AS text[]),
+                CAST(:rule_ids AS text[]), CAST(:kinds AS text[]), CAST(:scenarios AS text[]),
+                CAST(:time_scopes AS text[]), CAST(:dedup_keys AS text[]), CAST(:titles AS text[]),
+                CAST(:bodies AS text[]), CAST(:statuses AS text[]), CAST(:reasons AS text[]),
+                CAST(:sources AS text[]), CAST(:scheduled_event_ids AS text[]),
+                CAST(:times AS timestamptz[]))
+         WITH ORDINALITY AS n(id, user_id, community_id, rule_id, kind, scenario, time_scope, dedup_key,
+                              title, body, status, reason, source, scheduled_event_id, at, ord)
+    ORDER BY n.ord
+    RETURNING id
+), delivery AS (
+    -- the in-app (web) deliveries of the sent notifications, in batch order (their ids too);
+    -- the foreign key to the notifications above is checked at the end of the statement
+    INSERT INTO deliveries (notification_id, user_id, channel, status, detail, created_at)
+    SELECT d.notification_id, d.user_id, :channel, 'sent', NULL, d.at
+    FROM unnest(CAST(:delivery_notification_ids AS text[]), CAST(:delivery_user_ids AS text[]),
+                CAST(:delivery_times AS timestamptz[])) WITH ORDINALITY AS d(notification_id, user_id, at, ord)
+    ORDER BY d.ord
+    RETURNING id
+), outcome AS (
+    -- as record_outcomes: dispatched with its time and no error, or failed with the reason
+    UPDATE scheduled_events AS e
+    SET status = o.status,
+        dispatched_at = CASE WHEN o.status = 'dispatched' THEN o.at END,
+        last_error = o.error,
+        updated_at = o.at
+    FROM unnest(CAST(:outcome_ids AS text[]), CAST(:outcome_statuses AS text[]),
+                CAST(:outcome_errors AS text[]), CAST(:outcome_times AS timestamptz[])) AS o(id, status, error, at)
+    WHERE e.id = o.id
+    RETURNING e.id
+)
+SELECT (SELECT count(*) FROM new_keys) AS new_keys,
+       (SELECT count(*) FROM repeated_keys) AS repeated_keys,
+       (SELECT count(*) FROM notification) AS notifications,
+       (SELECT count(*) FROM delivery) AS deliveries,
+       (SELECT count(*) FROM outcome) AS outcomes;
+
 -- name: list_notifications
 -- Participants' notifications for an operator, newest first.
 SELECT id, user_id, community_id, rule_id, kind, scenario, time_scope, dedup_key, title, body,
