@@ -152,14 +152,37 @@ def cmd_token(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def _query(args: argparse.Namespace, *, limit: int = 100) -> Any:
+    """The query model from the command's filter options (None when one is malformed: said on stderr)."""
+    from scheduler.application.events import EventQuery, QueryError
+
+    fields = {name: getattr(args, name, None) for name in FILTER_OPTIONS}
+    fields["cursor"] = getattr(args, "cursor", None)
+    try:
+        return EventQuery.from_mapping({k: str(v) for k, v in fields.items() if v}, limit=limit)
+    except QueryError as exc:
+        print(str(exc), file=sys.stderr)
+        return None
+
+
 def cmd_events_list(args: argparse.Namespace, settings: Settings) -> int:
-    from scheduler.core import store
+    from scheduler.application.events import EventOrder, QueryError, list_events
     from scheduler.database.engine import make_sessionmaker
 
+    query = _query(args, limit=args.limit)
+    if query is None:
+        return 2
     engine = _engine(settings)
-    rows = store.list_events(make_sessionmaker(engine), status=args.status, user_id=args.user_id, limit=args.limit,
-                             external_key=args.external_key)
-    engine.dispose()
+    try:
+        page = list_events(make_sessionmaker(engine), query, EventOrder.CHANGED)
+    except QueryError as exc:
+        print(str(exc), file=sys.stderr)
+        return 2
+    finally:
+        engine.dispose()
+    rows = page.rows
+    if page.next_cursor is not None:
+        print(f"more rows: add --cursor {page.next_cursor.encode()}", file=sys.stderr)
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
@@ -171,29 +194,32 @@ def cmd_events_list(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def _cli_actor(args: argparse.Namespace) -> str:
+def _cli_actor(args: argparse.Namespace) -> Any:
+    from scheduler.application.commands import Actor
+
     if args.actor:
-        return str(args.actor)
+        return Actor(str(args.actor), "cli")
     try:
-        return "cli:" + getpass.getuser()
+        return Actor("cli:" + getpass.getuser(), "cli")
     except (KeyError, OSError):
-        return "cli"
+        return Actor("cli", "cli")
 
 
 def cmd_events_show(args: argparse.Namespace, settings: Settings) -> int:
     from scheduler.application import audit
-    from scheduler.core import store
+    from scheduler.application.events import get_event
     from scheduler.database.engine import make_sessionmaker
 
     engine = _engine(settings)
     sessions = make_sessionmaker(engine)
-    row = store.get_event(sessions, args.id)
-    notifications = audit.event_notifications(sessions, args.id) if row else []
-    actions = audit.event_actions(sessions, args.id) if row else []
+    found = get_event(sessions, args.id)
+    notifications = audit.event_notifications(sessions, args.id) if found else []
+    actions = audit.event_actions(sessions, args.id) if found else []
     engine.dispose()
-    if row is None:
+    if found is None:
         print(f"no scheduled event with id {args.id}", file=sys.stderr)
         return 1
+    row = found.as_json()
     if args.json:
         print(json.dumps({**row, "notifications": notifications, "actions": actions}, indent=2))
         return 0
@@ -215,17 +241,20 @@ def cmd_events_show(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_events_reset(args: argparse.Namespace, settings: Settings) -> int:
-    from scheduler.application import audit
+    from scheduler.application import commands
     from scheduler.core.clock import SystemClock
     from scheduler.database.engine import make_sessionmaker
 
-    filters = {"status": args.status, "event_type": args.event_type, "error_contains": args.error_contains}
-    if args.id is not None and any(filters.values()):
-        print("give either an ID or a filter (--status, --event-type, --error-contains), not both", file=sys.stderr)
+    given = any(getattr(args, name, None) for name in FILTER_OPTIONS)
+    if args.id is not None and given:
+        print("give either an ID or a filter (--status, --event-type, ...), not both", file=sys.stderr)
         return 2
-    if args.id is None and not any(filters.values()):
-        print("give an ID, or a filter (--status, --event-type, --error-contains) to reset every matching row",
+    if args.id is None and not given:
+        print("give an ID, or a filter (--status, --event-type, --error-contains, ...) to reset every matching row",
               file=sys.stderr)
+        return 2
+    query = None if args.id is not None else _query(args)
+    if args.id is None and query is None:
         return 2
     clock = SystemClock()
     engine = _engine(settings)
@@ -235,63 +264,60 @@ def cmd_events_reset(args: argparse.Namespace, settings: Settings) -> int:
             if args.dry_run:
                 print(f"dry run: would reset {args.id}")
                 return 0
-            row = audit.reset_one(sessions, args.id, clock.now(), actor=_cli_actor(args), source="cli",
-                                  reason=args.reason)
-            if row is None:
+            result = commands.reset(sessions, args.id, now=clock.now(), actor=_cli_actor(args), reason=args.reason)
+            if result.event is None:
                 print(f"no scheduled event with id {args.id}", file=sys.stderr)
                 return 1
-            print(f"{row['id']} is pending again (trigger_at={row['trigger_at']})")
+            print(f"{result.event.id} is pending again (trigger_at={result.event.trigger_at.isoformat()})")
             return 0
-        try:
-            where = audit.EventFilter.from_mapping({k: v for k, v in filters.items() if v})
-        except audit.FilterError as exc:
-            print(str(exc), file=sys.stderr)
-            return 2
+        assert query is not None
         as_of = clock.now()
-        count = audit.count_matching(sessions, where, cap=args.cap)
+        count = commands.count_matching(sessions, query, commands.RESETTABLE, cap=args.cap)
         shown = f"more than {args.cap}" if count > args.cap else str(count)
         if args.dry_run:
-            print(f"dry run: {shown} rows match and are not pending; they would be reset")
+            print(f"dry run: {shown} rows match; they would be reset")
             return 0
         if not (args.reason or "").strip():
             print(f"{shown} rows match: a bulk reset needs --reason (recorded in the audit trail); "
                   "--dry-run only counts", file=sys.stderr)
             return 2
-        print(f"resetting {min(count, args.cap)} rows in chunks of {audit.CHUNK} ...", file=sys.stderr)
-        result = audit.bulk_reset(sessions, where, now=clock.now(), as_of=as_of, expected=count,
-                                  actor=_cli_actor(args), source="cli", reason=args.reason, cap=args.cap)
-        print(f"reset {result.reset} rows (audit #{result.action_id})")
+        print(f"resetting {min(count, args.cap)} rows in chunks of {commands.CHUNK} ...", file=sys.stderr)
+        done = commands.bulk_reset(sessions, query, now=clock.now(), as_of=as_of, expected=count,
+                                   actor=_cli_actor(args), reason=args.reason, cap=args.cap)
+        print(f"reset {done.changed} rows (audit #{done.action_id})")
         return 0
     finally:
         engine.dispose()
+
+
 def cmd_events_cancel(args: argparse.Namespace, settings: Settings) -> int:
+    from scheduler.application import commands
     from scheduler.core.clock import SystemClock
     from scheduler.database.engine import make_sessionmaker
-    from scheduler.web.lifecycle import cancel_event
 
     engine = _engine(settings)
     try:
-        result = cancel_event(make_sessionmaker(engine), now=SystemClock().now(),
-                              event_id=None if args.key else args.id,
-                              external_key=args.id if args.key else None, actor=_cli_actor(args))
+        result = commands.cancel(make_sessionmaker(engine), now=SystemClock().now(),
+                                 event_id=None if args.key else args.id,
+                                 external_key=args.id if args.key else None, actor=_cli_actor(args))
     finally:
         engine.dispose()
     what = f"key {args.id}" if args.key else f"id {args.id}"
-    if result.outcome == "missing" or result.row is None:
+    if result.event is None:
         print(f"no scheduled event with {what}", file=sys.stderr)
         return 1
     if result.outcome == "dispatched":
-        print(f"{result.row['id']} was already dispatched at {result.row['dispatched_at']}; it stays dispatched",
-              file=sys.stderr)
+        dispatched_at = result.event.dispatched_at.isoformat() if result.event.dispatched_at else None
+        print(f"{result.event.id} was already dispatched at {dispatched_at}; it stays dispatched", file=sys.stderr)
         return 1
     note = " (it already was)" if result.outcome == "already_cancelled" else ""
-    print(f"{result.row['id']} is cancelled{note}")
+    print(f"{result.event.id} is cancelled{note}")
     return 0
 
 
 def cmd_events_history(args: argparse.Namespace, settings: Settings) -> int:
+    from scheduler.application.audit import event_history
     from scheduler.database.engine import make_sessionmaker
-    from scheduler.web.lifecycle import event_history
 
     engine = _engine(settings)
     try:
@@ -343,7 +369,24 @@ def _positive_int(raw: str) -> int:
     return value
 
 
+# The query model's fields (scheduler.application.events.EventQuery), as options.
+FILTER_OPTIONS = ("status", "event_type", "user_id", "external_key", "community_id",
+                  "trigger_from", "trigger_to", "error_contains")
+
+
+def _add_filter_options(parser: argparse.ArgumentParser, *, statuses: list[str]) -> None:
+    parser.add_argument("--status", choices=statuses, help="only rows in this status")
+    parser.add_argument("--event-type", help="only rows of this event type")
+    parser.add_argument("--user-id", help="only this participant's rows")
+    parser.add_argument("--external-key", help="only the row of this external key")
+    parser.add_argument("--community-id", help="only this community's rows")
+    parser.add_argument("--trigger-from", help="only rows due at or after this ISO 8601 time (with a zone)")
+    parser.add_argument("--trigger-to", help="only rows due before this ISO 8601 time (with a zone)")
+    parser.add_argument("--error-contains", help="only rows whose last_error contains this text (any case)")
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from scheduler.application.commands import RESETTABLE
     from scheduler.types import EventStatus
 
     parser = argparse.ArgumentParser(
@@ -381,10 +424,9 @@ def build_parser() -> argparse.ArgumentParser:
     events_sub = events.add_subparsers(dest="events_command", required=True, metavar="ACTION")
     ev_list = events_sub.add_parser("list", help="list rows, newest change first",
                                     description="List scheduled events, newest change first.")
-    ev_list.add_argument("--status", choices=[str(s) for s in EventStatus], help="only rows in this status")
-    ev_list.add_argument("--user-id", help="only this participant's rows")
-    ev_list.add_argument("--external-key", help="only the row of this external key")
-    ev_list.add_argument("--limit", type=int, default=50, help="at most this many rows (default 50)")
+    _add_filter_options(ev_list, statuses=[str(s) for s in EventStatus])
+    ev_list.add_argument("--limit", type=_positive_int, default=50, help="at most this many rows (default 50)")
+    ev_list.add_argument("--cursor", help="continue after the previous page (its cursor is printed on stderr)")
     ev_list.add_argument("--json", action="store_true", help="print JSON")
     ev_list.set_defaults(func=cmd_events_list)
     ev_show = events_sub.add_parser("show", help="one row: every column, its facts, notifications and actions",
@@ -395,13 +437,12 @@ def build_parser() -> argparse.ArgumentParser:
     ev_reset = events_sub.add_parser(
         "reset", help="reset one row, or every row matching a filter, to pending",
         description="Back to pending, dispatched_at and last_error cleared. Give an ID, or a filter to reset "
-        "every matching row that is not pending (count it first with --dry-run; a bulk reset needs --reason). "
+        "every matching row (count it first with --dry-run; a bulk reset needs --reason; --status failed "
+        "leaves the others alone). "
         "Every reset is recorded in the audit trail (GET /admin/audit, the console's audit page).",
         epilog="example: scheduler events reset --status failed --error-contains time_scope --dry-run")
     ev_reset.add_argument("id", nargs="?", help="the scheduled event's id (omit to reset by filter)")
-    ev_reset.add_argument("--status", choices=["dispatched", "failed"], help="only rows in this status")
-    ev_reset.add_argument("--event-type", help="only rows of this event type")
-    ev_reset.add_argument("--error-contains", help="only rows whose last_error contains this text (any case)")
+    _add_filter_options(ev_reset, statuses=[str(s) for s in EventStatus if s in RESETTABLE])
     ev_reset.add_argument("--dry-run", action="store_true", help="only count (or name) what would be reset")
     ev_reset.add_argument("--reason", help="why: recorded in the audit trail (required for a reset by filter)")
     ev_reset.add_argument("--actor", help="who, for the audit trail (default cli:$USER)")

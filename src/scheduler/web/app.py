@@ -13,6 +13,7 @@ import logging
 from collections.abc import AsyncIterator
 from datetime import datetime
 from typing import Any, TypeVar
+from urllib.parse import urlencode
 
 from sqlalchemy import Engine
 from sqlalchemy.exc import DataError, DBAPIError, InterfaceError, OperationalError
@@ -27,7 +28,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp
 
-from scheduler.application import audit
+from scheduler.application import commands, events
 from scheduler.config import ConfigError, Settings
 from scheduler.core import store
 from scheduler.core.clock import SystemClock
@@ -379,36 +380,37 @@ class SchedulerService:
 
     @require("admin")
     async def list_scheduled_events(self, request: Request) -> Response:
-        status = _status_param(request, EventStatus)
-        limit = _limit(request)
-        rows = await run_in_threadpool(
-            store.list_events,
-            self.sessions,
-            status=status,
-            user_id=text_param("user_id", request.query_params.get("user_id") or None),
-            limit=limit,
-            external_key=text_param("external_key", request.query_params.get("external_key") or None),
-        )
-        return respond([ScheduledEventOut.model_validate(r) for r in rows])
+        """Rows by the one query model, newest change first; the next page's cursor is in
+        ``X-Next-Cursor`` and ``Link`` (rel="next"), so the body stays a plain list."""
+        query = event_query(request.query_params)
+        page = await run_in_threadpool(events.list_events, self.sessions, query, events.EventOrder.CHANGED)
+        response = respond([ScheduledEventOut.model_validate(r) for r in page.rows])
+        if page.next_cursor is not None:
+            token = page.next_cursor.encode()
+            params = [(k, v) for k, v in request.query_params.multi_items() if k != "cursor"] + [("cursor", token)]
+            response.headers["X-Next-Cursor"] = token
+            response.headers["Link"] = f'<{request.url.replace(query=urlencode(params))}>; rel="next"'
+        return response
 
     @require("admin")
     async def get_scheduled_event(self, request: Request) -> Response:
         event_id = _path_param(request, "event_id")
-        row = await run_in_threadpool(store.get_event, self.sessions, event_id)
+        row = await run_in_threadpool(events.get_event, self.sessions, event_id)
         if row is None:
             raise HTTPException(404, "no scheduled event with that id")
-        return respond(ScheduledEventOut.model_validate(row))
+        return respond(ScheduledEventOut.model_validate(row.as_json()))
 
     @require("admin")
     async def reset_scheduled_event(self, request: Request) -> Response:
-        """The reset by hand: a failed (or dispatched) row goes back to pending."""
+        """The reset by hand: a dispatched, failed or cancelled row goes back to pending (a
+        pending row is answered as it is); audited with the token's subject."""
         event_id = _path_param(request, "event_id")
-        row = await run_in_threadpool(
-            lambda: audit.reset_one(self.sessions, event_id, self.clock.now(), actor=request.user.display_name, source="api")
-        )
-        if row is None:
+        actor = commands.Actor(request.user.display_name, "api")
+        result = await run_in_threadpool(
+            lambda: commands.reset(self.sessions, event_id, now=self.clock.now(), actor=actor))
+        if result.event is None:
             raise HTTPException(404, "no scheduled event with that id")
-        return respond(ScheduledEventOut.model_validate(row))
+        return respond(ScheduledEventOut.model_validate(result.event.as_json()))
 
     @require("admin")
     async def list_notifications(self, request: Request) -> Response:
@@ -439,6 +441,14 @@ class SchedulerService:
 
 def _iso(value: datetime | None) -> str | None:
     return value.isoformat() if value else None
+
+
+def event_query(values: Any) -> events.EventQuery:
+    """The query model from query parameters; a malformed one is a 422 naming its field."""
+    try:
+        return events.EventQuery.from_mapping(values)
+    except events.QueryError as exc:
+        raise Unprocessable.field(exc.field, exc.problem) from None
 
 
 def _limit(request: Request) -> int:

@@ -15,20 +15,17 @@ transaction as each change; these functions only name the change and the actor.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from datetime import datetime
 from functools import partial
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING
 
-from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from scheduler.core.store import _jsonable, event_to_json, set_change_context
-from scheduler.database.queries import statement
+from scheduler.application import commands
+from scheduler.application.audit import event_history
 from scheduler.web.auth import Principal, require
 from scheduler.web.http import respond, text_param
 from scheduler.web.schemas import (
@@ -40,60 +37,6 @@ from scheduler.web.schemas import (
 if TYPE_CHECKING:
     from scheduler.web.app import SchedulerService
 
-CancelOutcome = Literal["cancelled", "already_cancelled", "dispatched", "missing"]
-
-
-@dataclass(frozen=True)
-class CancelResult:
-    """What a cancel found: the row (None when missing) and what became of it."""
-
-    outcome: CancelOutcome
-    row: dict[str, Any] | None
-
-
-def cancel_event(
-    sessions: sessionmaker[Session],
-    *,
-    now: datetime,
-    event_id: str | None = None,
-    external_key: str | None = None,
-    actor: str | None = None,
-) -> CancelResult:
-    """Cancel the row named by ``event_id`` or ``external_key``, in one transaction.
-
-    Cancelling twice answers the same row and writes nothing the second time; a
-    dispatched row stays dispatched (the caller answers 409).
-    """
-    if (event_id is None) == (external_key is None):
-        raise ValueError("name the row by exactly one of event_id and external_key")
-    with sessions.begin() as session:
-        if event_id is not None:
-            locked = session.execute(statement("lock_event_by_id"), {"id": event_id}).mappings().first()
-        else:
-            locked = session.execute(
-                statement("lock_event_by_key"), {"external_key": external_key}
-            ).mappings().first()
-        if locked is None:
-            return CancelResult("missing", None)
-        if locked["status"] == "dispatched":
-            return CancelResult("dispatched", event_to_json(locked))
-        if locked["status"] == "cancelled":
-            return CancelResult("already_cancelled", event_to_json(locked))
-        set_change_context(session, "cancelled", actor)
-        row = session.execute(statement("cancel_event"), {"id": locked["id"], "now": now}).mappings().one()
-        return CancelResult("cancelled", event_to_json(row))
-
-
-def event_history(sessions: sessionmaker[Session], event_id: str) -> list[dict[str, Any]] | None:
-    """Every change of a row, oldest first; None when neither the row nor any history exists."""
-    with sessions.begin() as session:
-        entries = [_jsonable(r) for r in session.execute(statement("event_history"), {"id": event_id}).mappings()]
-        if entries:
-            return entries
-        exists = session.execute(statement("get_event"), {"id": event_id}).first()
-        return [] if exists is not None else None
-
-
 def actor_of(request: Request) -> str | None:
     """Who made a change: the token's subject."""
     user = request.user
@@ -103,18 +46,20 @@ def actor_of(request: Request) -> str | None:
 def lifecycle_routes(service: SchedulerService) -> list[BaseRoute]:
     """Cancel (by id, by key) and history, bound to ``service``'s database and clock."""
 
-    def answer(result: CancelResult) -> Response:
-        if result.outcome == "missing":
+    def answer(result: commands.CancelResult) -> Response:
+        if result.event is None:
             raise HTTPException(404, "no scheduled event with that id or key")
+        event = ScheduledEventOut.model_validate(result.event.as_json())
         if result.outcome == "dispatched":
             conflict = CancelConflictOut(detail="already dispatched: a dispatched event cannot be cancelled",
-                                         event=ScheduledEventOut.model_validate(result.row))
+                                         event=event)
             return respond(conflict, 409)
-        return respond(ScheduledEventOut.model_validate(result.row))
+        return respond(event)
 
     async def cancel(request: Request, **row: str | None) -> Response:
+        actor = commands.Actor(actor_of(request) or "unknown", "api")
         result = await run_in_threadpool(
-            partial(cancel_event, service.sessions, now=service.clock.now(), actor=actor_of(request), **row)
+            partial(commands.cancel, service.sessions, now=service.clock.now(), actor=actor, **row)
         )
         return answer(result)
 
