@@ -177,7 +177,8 @@ class Console:
 
     async def events_page(self, request: Request) -> Response:
         try:
-            where = events.EventQuery.from_mapping(request.query_params, limit=PAGE_SIZE)
+            fields = {k: v for k, v in request.query_params.items() if k != "limit"}  # pages of PAGE_SIZE
+            where = events.EventQuery.from_mapping(fields, limit=PAGE_SIZE)
             # Pending rows come next due first, on the pending index (the claim's order);
             # the others newest change first, on the (updated_at, id) indexes.
             page = await run_in_threadpool(events.list_events, self.sessions, where, where.default_order())
