@@ -15,17 +15,14 @@ import uuid
 from collections.abc import Callable
 from datetime import timedelta
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from harness.actors import Client, Request
 from harness.broken import read_then_write_begin, read_then_write_end
 from harness.model import EVENT_FAULTS, Content
+from harness.types import RunContext
 from scheduler.application import commands
 from scheduler.core import store
-
-if TYPE_CHECKING:
-    from harness.simulation import Simulation
-
 
 SIMULATION = commands.Actor("simulation", "simulation")
 
@@ -38,7 +35,7 @@ class Posts:
     """The post, reset and cancel steps of one run (``Simulation.post``, ``begin_post``,
     ``end_post``, ``reset``, ``cancel``)."""
 
-    def __init__(self, sim: Simulation) -> None:
+    def __init__(self, sim: RunContext) -> None:
         self.sim = sim
 
     # -- a request and its row ----------------------------------------------------------
