@@ -137,15 +137,12 @@ def _raw_worker(url: str, kind: str, batch: int, barrier: Barrier, out: Any) -> 
 
 
 def _raw_same_worker(url: str, kind: str, batch: int, barrier: Barrier, out: Any) -> None:
-    """The ceiling for ours' exact statements: the claim, the participant try-locks, the
-    batch's checkpoint SAVEPOINT, one ``record_outcomes`` for the batch and its RELEASE,
-    from psycopg with no SQLAlchemy and no dispatch."""
+    """The ceiling for ours' exact statements: the claim (with the participant try-locks in
+    it), the batch's checkpoint SAVEPOINT, one ``record_outcomes`` for the batch and its
+    RELEASE, from psycopg with no SQLAlchemy and no dispatch."""
     import psycopg
 
-    from scheduler.core.participant_locks import participant_lock_key
-
     claim = psycopg_sql(sql("claim_due_events"))
-    lock = psycopg_sql(sql("try_lock_participants"))
     record = psycopg_sql(sql("record_outcomes"))
     with psycopg.connect(libpq_uri(url)) as conn:
         conn.execute("SELECT 1")
@@ -156,9 +153,6 @@ def _raw_same_worker(url: str, kind: str, batch: int, barrier: Barrier, out: Any
         while True:
             with conn.transaction():
                 rows = conn.execute(claim, claim_params(NOW, batch)).fetchall()
-                keys = sorted({participant_lock_key(row[2]) for row in rows})
-                if keys:
-                    conn.execute(lock, {"keys": keys}).fetchall()
                 if rows:
                     conn.execute("SAVEPOINT bench_checkpoint")
                     conn.execute(record, {"ids": [row[0] for row in rows], "statuses": ["dispatched"] * len(rows),

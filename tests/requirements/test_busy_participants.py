@@ -136,3 +136,46 @@ def test_the_prompt_loop_dispatches_a_participant_whose_lock_flickers(
         assert loop.stop()
     assert {r["status"] for r in snapshot(engine, "flicker")} == {"dispatched"}
     assert service.scheduler.health.failed == 0
+
+
+def advisory_keys(engine: Engine, pid: int) -> set[int]:
+    """The bigint advisory-lock keys a backend holds (pg_locks splits each in two halves)."""
+    found = rows(engine, "SELECT (classid::bigint << 32) | objid::bigint AS k FROM pg_locks "
+                         "WHERE locktype = 'advisory' AND objsubid = 1 AND granted AND pid = :pid", pid=pid)
+    unsigned = [int(r["k"]) for r in found]
+    return {k - (1 << 64) if k >= 1 << 63 else k for k in unsigned}
+
+
+@pytest.mark.clause("BUSY-3")
+def test_the_claim_try_locks_exactly_the_participants_of_the_rows_it_returns(
+    client: TestClient, service: SchedulerService, engine: Engine
+) -> None:
+    """BUSY-3: the claim's one statement try-locks the participants of the rows it returns and
+    no other: not those of rows past its LIMIT, nor of a row another transaction holds."""
+    for i in range(5):
+        post_event(client, user_id=f"p{i}", trigger_at=T0 - timedelta(minutes=10 - i))
+    service.scheduler.batch_size = 2
+    with engine.connect() as other:
+        # the oldest row is locked elsewhere (another replica's batch): SKIP LOCKED passes it
+        other.execute(text("SELECT id FROM scheduled_events WHERE user_id = 'p0' FOR UPDATE"))
+        batch = service.scheduler.claim()
+        try:
+            assert [e.user_id for e in batch.events] == ["p1", "p2"]
+            pid = batch.session.connection().exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
+            assert advisory_keys(engine, pid) == {participant_lock_key("p1"), participant_lock_key("p2")}
+        finally:
+            service.scheduler.abort(batch)
+        other.rollback()
+
+
+@pytest.mark.clause("BUSY-3")
+def test_the_claims_sql_lock_key_is_the_key_live_ingest_and_operators_use(engine: Engine) -> None:
+    """BUSY-3: the key the claim computes in SQL equals ``participant_lock_key`` (what live
+    ingest waits on and an operator takes) for any user id, non-ASCII and quotes included."""
+    from scheduler.database.queries import load_queries
+
+    fragment = load_queries()["participant_lock_key"].sql
+    users = ["u-1", "", "Zoë", "名前", "o'brien", "x" * 300, "user-\U0001F600"]
+    for user in users:
+        found = rows(engine, f"SELECT {fragment} AS k FROM (SELECT CAST(:u AS text) AS user_id) AS p", u=user)
+        assert found == [{"k": participant_lock_key(user)}], user

@@ -4,6 +4,10 @@ A row whose participant's advisory lock is held elsewhere (another batch, a live
 operator) is left exactly as it is: still pending, no error, no effect. The claim then
 takes a further round past such rows, so a busy participant at the head of the queue does
 not empty the batch.
+
+One round is one statement: the row locks and the participants' try-locks together
+(``claim_due_events``), sent with the transaction's BEGIN in one round trip (issue 16 §2,
+``database.pipeline``).
 """
 
 from __future__ import annotations
@@ -14,8 +18,8 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from scheduler.core.batch import ClaimedEvent
-from scheduler.core.participant_locks import participant_lock_key, try_lock_participants
-from scheduler.database.queries import statement
+from scheduler.core.participant_locks import participant_lock_key, remember_participant_locks
+from scheduler.database import pipeline
 
 # A claim that finds busy participants takes further rounds past them, at most this many,
 # so that one participant's held lock cannot empty the batch (DEC-2).
@@ -35,7 +39,6 @@ def claim_rounds(session: Session, now: datetime, batch_size: int) -> tuple[list
     """Lock up to ``batch_size`` rows due at ``now``, oldest first, in ``session``'s
     transaction, never waiting for a lock; return them and the ids of the rows skipped
     because their participant was busy."""
-    held: set[int] = set()
     busy: set[str] = set()
     events: list[ClaimedEvent] = []
     skipped: list[str] = []
@@ -44,15 +47,16 @@ def claim_rounds(session: Session, now: datetime, batch_size: int) -> tuple[list
         wanted = batch_size - len(events)
         params = {**claim_params(now, wanted), "after_trigger": after[0], "after_id": after[1],
                   "busy": sorted(busy)}
-        rows = session.execute(statement("claim_due_events"), params).mappings().all()
+        [rows] = pipeline.send(session, [pipeline.named("claim_due_events", params)])
         if not rows:
             break
         after = (rows[-1]["trigger_at"], rows[-1]["id"])
-        keys = {participant_lock_key(r["user_id"]) for r in rows}
-        held |= try_lock_participants(session, keys - held)
+        # the statement try-locked each participant once: remember those it got, so that
+        # the events' own lock requests cost nothing (participant_locks.lock_participant)
+        remember_participant_locks(session, {participant_lock_key(r["user_id"]) for r in rows if r["held"]})
         round_skipped = 0
         for r in rows:
-            if participant_lock_key(r["user_id"]) not in held:
+            if not r["held"]:
                 busy.add(r["user_id"])
                 skipped.append(r["id"])
                 round_skipped += 1

@@ -2,9 +2,10 @@
 
 Every decision about one participant (deduplication, preferences, the daily cap) happens
 under that participant's lock, so the cap is exact across replicas. A claim only *tries*
-the locks of the participants it claims and leaves a busy participant's rows alone (DEC-2);
-the orchestrator takes one at a time, waiting (live ingest), which is re-entrant when the
-batch already holds it. Both use the keys defined here.
+the locks of the participants it claims, in its own statement, and leaves a busy
+participant's rows alone (DEC-2); the orchestrator takes one at a time, waiting (live
+ingest), which is re-entrant when the batch already holds it. Both use the keys defined
+here (the claim's SQL computes the same key).
 """
 
 from __future__ import annotations
@@ -18,23 +19,11 @@ from scheduler.database.queries import statement
 
 
 def participant_lock_key(user_id: str) -> int:
-    """A stable signed 64-bit advisory-lock key for one participant."""
-    digest = hashlib.blake2b(f"nudging-participant:{user_id}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big", signed=True)
-
-
-def try_lock_participants(session: Session, keys: Iterable[int]) -> set[int]:
-    """Take whichever of these participant locks are free, without waiting; return those.
-
-    A claim uses this: it never waits on a participant another transaction holds, so it
-    can neither stall behind a held lock nor take part in a deadlock (DEC-2).
-    """
-    wanted = sorted(set(keys))
-    if not wanted:
-        return set()
-    taken = {int(k) for k in session.execute(statement("try_lock_participants"), {"keys": wanted}).scalars()}
-    remember_participant_locks(session, taken)
-    return taken
+    """A stable signed 64-bit advisory-lock key for one participant: the first 8 bytes of
+    ``sha256("nudging-participant:" + user_id)``, which the claim computes in SQL
+    (``{{participant_lock_key}}`` in ``queries.sql``), so it try-locks in its own statement."""
+    digest = hashlib.sha256(f"nudging-participant:{user_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)
 
 
 # Where a session remembers the participant locks its current transaction holds at its

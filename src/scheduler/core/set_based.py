@@ -3,8 +3,9 @@
 When the dispatcher can decide a batch at once (``BatchDispatcher``, the production
 ``NudgingPlatform`` with only the in-app channel), the batch's first dispatch reads what
 the decisions need in one statement, decides every event in Python in batch order, and
-writes every decision with the batch's outcomes in one more, under the checkpoint
-savepoint. The later dispatches hand out the outcomes already decided, so the harness's
+writes every decision with the batch's outcomes in one more, under a checkpoint savepoint.
+The savepoint travels with the read in one round trip (``database.pipeline``) and is never
+released: the batch's COMMIT ends it. The later dispatches hand out the outcomes already decided, so the harness's
 step API (``claim``, ``dispatch_next``, ``finish``) is unchanged.
 
 Isolation stays exact. An event whose rules raise (or refuse it) fails alone: its result
@@ -19,6 +20,7 @@ from __future__ import annotations
 import logging
 
 from sqlalchemy.exc import DBAPIError
+from sqlalchemy.orm import Session
 
 from scheduler.core.batch import (
     Batch,
@@ -28,9 +30,14 @@ from scheduler.core.batch import (
     failed,
     outcome_parameters,
 )
+from scheduler.database import pipeline
 from scheduler.types import BatchDispatcher, Clock, Dispatcher, OutboundMessage
 
 logger = logging.getLogger(__name__)
+
+# The set-based checkpoint: a savepoint of its own name, unknown to SQLAlchemy's session
+# (sent ahead of the batch's read, rolled back by name on a failure, ended by the COMMIT).
+CHECKPOINT = "scheduler_set_based"
 
 
 def dispatch_set_based(batch: Batch, dispatcher: Dispatcher, clock: Clock, name: str) -> bool:
@@ -42,12 +49,13 @@ def dispatch_set_based(batch: Batch, dispatcher: Dispatcher, clock: Clock, name:
     if not isinstance(dispatcher, BatchDispatcher) or batch.position != 0 or not batch.events:
         return False
     now = clock.now()  # one time for the batch's decisions and outcomes
-    checkpoint = batch.session.begin_nested()
+    session = batch.session
+    pipeline.defer(session, pipeline.command(f"SAVEPOINT {CHECKPOINT}"))
     try:
-        decisions = dispatcher.decide_batch(batch.session, [e.as_event() for e in batch.events], now)
+        decisions = dispatcher.decide_batch(session, [e.as_event() for e in batch.events], now)
         if decisions is None:
-            # no set-based path for this dispatcher: the savepoint is the per-event checkpoint
-            batch.checkpoint, batch.checkpoint_position, batch.checkpoint_outbound = checkpoint, 0, len(batch.outbound)
+            # no set-based path for this dispatcher: the per-event path takes its own checkpoint
+            _undo(session)
             return False
         planned: list[tuple[EventOutcome, list[OutboundMessage]]] = []
         for event, result in zip(batch.events, decisions.results, strict=True):
@@ -59,19 +67,24 @@ def dispatch_set_based(batch: Batch, dispatcher: Dispatcher, clock: Clock, name:
                 planned.append((failed(event, result.refusal, now), []))
             else:
                 planned.append((dispatched(event, now), list(result.outbound)))
-        decisions.write(batch.session, outcome_parameters([o for o, _ in planned]))
+        decisions.write(session, outcome_parameters([o for o, _ in planned]))
     except Exception as exc:
         if isinstance(exc, DBAPIError) and exc.connection_invalidated:
             raise  # nothing can be recorded on this transaction: the poll fails whole
         logger.warning("%s: the set-based batch failed (%s); its %d event(s) run one by one",
                        name, error_text(exc), len(batch.events))
-        if checkpoint.is_active:
-            checkpoint.rollback()  # ROLLBACK TO SAVEPOINT: the claim's locks predate it
+        _undo(session)
         return False
-    batch.checkpoint = checkpoint  # released at the commit
     batch.planned = planned
     batch.recorded = len(planned)
     return True
+
+
+def _undo(session: Session) -> None:
+    """Undo whatever the set-based run wrote: roll back to its savepoint if it was sent
+    (the claim's row and participant locks predate it and stay held), else drop it unsent."""
+    if not pipeline.discard(session):
+        session.connection().exec_driver_sql(f"ROLLBACK TO SAVEPOINT {CHECKPOINT}")
 
 
 def next_planned(batch: Batch) -> EventOutcome:

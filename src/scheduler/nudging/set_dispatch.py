@@ -28,7 +28,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from scheduler.database.queries import statement
+from scheduler.database import pipeline
 from scheduler.nudging.orchestrator import (
     DEFAULT_MAX_PER_DAY,
     Orchestrator,
@@ -107,10 +107,12 @@ class BatchDecisions:
         }
         for column, name in _NOTIFICATION_ARRAYS:
             params[name] = [n[column] for n in notifications]
-        row = session.execute(statement("write_batch_decisions"), params).one()
+        [rows] = pipeline.send(session, [pipeline.named("write_batch_decisions", params)])
+        row = (rows or [{}])[0]
         expected = (len(new), len(repeated), len(notifications), len(deliveries), len(outcomes["ids"]))
-        wrote = (row.new_keys, row.repeated_keys, row.notifications, row.deliveries, row.outcomes)
-        if tuple(int(n) for n in wrote) != expected:
+        wrote = tuple(row.get(part) for part in ("new_keys", "repeated_keys", "notifications", "deliveries",
+                                                  "outcomes"))
+        if tuple(int(n or 0) for n in wrote) != expected:
             raise SetWriteMismatch(f"the batch's set statement wrote {wrote} rows (keys, repeated keys, "
                                    f"notifications, deliveries, outcomes), not the {expected} decided")
 
@@ -220,15 +222,17 @@ def _read(session: Session, users: list[str], keys: list[str], day_start: dateti
     the keys already taken (with their suppressed_dedup notification, if any)."""
     if not users:
         return {}, {}, {}
-    row = session.execute(statement("read_batch_limits"), {
+    # sent with the checkpoint's SAVEPOINT deferred ahead of it: one round trip for both
+    [rows] = pipeline.send(session, [pipeline.named("read_batch_limits", {
         "user_ids": users, "window_users": users, "window_starts": [day_start] * len(users),
         "window_ends": [day_end] * len(users), "keys": keys,
-    }).one()
+    })])
+    row = (rows or [{}])[0]
     preferences = {
         str(user): Preferences(None if kinds is None else frozenset(kinds), int(cap))
-        for user, kinds, cap in row.preferences
+        for user, kinds, cap in row["preferences"]
     }
-    sent_today = {users[int(n) - 1]: int(count) for n, count in row.sent_today}
-    taken = {str(key): (None if dup is None else str(dup)) for key, dup in row.taken_keys}
+    sent_today = {users[int(n) - 1]: int(count) for n, count in row["sent_today"]}
+    taken = {str(key): (None if dup is None else str(dup)) for key, dup in row["taken_keys"]}
     return preferences, sent_today, taken
 

@@ -2,36 +2,53 @@
 -- Time is always bound as :now; nothing here reads the database clock, so a frozen
 -- clock in the tests and the simulation controls every decision.
 
--- name: claim_due_events
--- Take up to :batch_size due pending rows, oldest first, and lock them for this batch.
-SELECT id, event_type, user_id, community_id, external_key, trigger_at, facts,
-       status, last_error, created_at, updated_at, dispatched_at
-FROM scheduled_events
--- only pending rows: dispatched and failed are terminal (REQ-0065); the partial
--- index ix_scheduled_events_pending_due holds exactly these rows
-WHERE status = 'pending'
-  -- due by the injected clock, never the database's
-  AND trigger_at <= :now
-  -- a later round of the same claim continues after the rows the earlier rounds saw
-  -- (a keyset on the index order; the first round starts at -infinity)
-  AND (trigger_at, id) > (:after_trigger, :after_id)
-  -- participants whose lock an earlier round found busy: their rows stay untouched
-  AND user_id <> ALL(CAST(:busy AS text[]))
--- oldest first; id breaks ties so that the order is total and replayable
-ORDER BY trigger_at, id
--- bounded batch (SCHEDULER_BATCH_SIZE, 20 by default, less what earlier rounds took)
-LIMIT :batch_size
--- the lock is held until the batch commits; rows another replica holds are skipped,
--- so two replicas never take the same row
-FOR UPDATE SKIP LOCKED;
+-- name: participant_lock_key
+-- A fragment, not a statement: a participant's advisory-lock key from its user_id, the first 8 bytes of sha256('nudging-participant:' || user_id) as a signed bigint (participant_locks.participant_lock_key computes the same in Python).
+('x' || left(encode(sha256(convert_to('nudging-participant:' || user_id, 'UTF8')), 'hex'), 16))::bit(64)::bigint
 
--- name: try_lock_participants
--- Try the advisory locks of the given participants without waiting; return those obtained.
--- pg_try_advisory_xact_lock never blocks, so a claim can never wait on a busy participant
--- and no order among locks is needed to rule out deadlocks (DEC-2)
-SELECT t.k AS key
-FROM unnest(CAST(:keys AS bigint[])) AS t(k)
-WHERE pg_try_advisory_xact_lock(t.k);
+-- name: claim_due_events
+-- Take up to :batch_size due pending rows, oldest first, lock them for this batch, and try their participants' locks in the same statement (held: whether this transaction got it).
+-- Every step is a MATERIALIZED CTE, evaluated once and wholly before the step that reads
+-- it: the rows are locked first (exactly the rows returned: the row locks are taken under
+-- the LIMIT), then each of their participants is try-locked exactly once, and never a
+-- participant of a row the claim did not return (DEC-2)
+WITH claimed AS MATERIALIZED (
+    SELECT id, event_type, user_id, community_id, external_key, trigger_at, facts,
+           status, last_error, created_at, updated_at, dispatched_at
+    FROM scheduled_events
+    -- only pending rows: dispatched and failed are terminal (REQ-0065); the partial
+    -- index ix_scheduled_events_pending_due holds exactly these rows
+    WHERE status = 'pending'
+      -- due by the injected clock, never the database's
+      AND trigger_at <= :now
+      -- a later round of the same claim continues after the rows the earlier rounds saw
+      -- (a keyset on the index order; the first round starts at -infinity)
+      AND (trigger_at, id) > (:after_trigger, :after_id)
+      -- participants whose lock an earlier round found busy: their rows stay untouched
+      AND user_id <> ALL(CAST(:busy AS text[]))
+    -- oldest first; id breaks ties so that the order is total and replayable
+    ORDER BY trigger_at, id
+    -- bounded batch (SCHEDULER_BATCH_SIZE, 20 by default, less what earlier rounds took)
+    LIMIT :batch_size
+    -- the lock is held until the batch commits; rows another replica holds are skipped,
+    -- so two replicas never take the same row
+    FOR UPDATE SKIP LOCKED
+), participants AS MATERIALIZED (
+    -- each participant of the claimed rows once
+    SELECT DISTINCT user_id FROM claimed
+), held AS MATERIALIZED (
+    -- pg_try_advisory_xact_lock never blocks, so a claim can never wait on a busy
+    -- participant and no order among locks is needed to rule out deadlocks (DEC-2);
+    -- the aggregate reads every participant, so each is tried, once
+    SELECT coalesce(array_agg(user_id), '{}') AS users
+    FROM participants
+    WHERE pg_try_advisory_xact_lock({{participant_lock_key}})
+)
+SELECT c.id, c.event_type, c.user_id, c.community_id, c.external_key, c.trigger_at, c.facts,
+       c.status, c.last_error, c.created_at, c.updated_at, c.dispatched_at,
+       c.user_id = ANY(h.users) AS held
+FROM claimed AS c CROSS JOIN held AS h
+ORDER BY c.trigger_at, c.id;
 
 -- name: next_pending_trigger
 -- The earliest trigger_at of a pending row still in the future (prompt mode's next wake-up);

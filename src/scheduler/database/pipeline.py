@@ -1,0 +1,153 @@
+"""Statements sent together: psycopg's pipeline mode under a SQLAlchemy session (issue 16 §2).
+
+In pipeline mode psycopg sends several statements without waiting for each one's answer,
+with its implicit ``BEGIN`` ahead of the first, so they cost one round trip instead of one
+each. SQLAlchemy has no pipeline of its own, so ``send`` runs the statements on the
+session's psycopg connection, inside the session's transaction, and tells SQLAlchemy's
+``before_cursor_execute`` / ``after_cursor_execute`` listeners about each of them as if
+SQLAlchemy had sent it (the statement tests, the benchmarks' profile and tracing hooks see
+every statement). A database error is raised as SQLAlchemy raises it (a ``DBAPIError``,
+with ``connection_invalidated`` set and the connection invalidated when it is gone).
+
+``defer`` queues a command (a ``SAVEPOINT``) to travel ahead of the next ``send`` on the
+same session, so it costs no round trip of its own; ``discard`` drops it unsent. A
+statement run through ``Session.execute`` meanwhile would run before the deferred command:
+the callers send nothing else in between (``core.set_based``).
+
+On a connection that is not psycopg's (another driver), ``send`` runs the statements one
+by one through the session: the same results, a round trip each.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+from sqlalchemy import Connection
+from sqlalchemy.orm import Session
+
+from scheduler.database.queries import statement
+
+# Where a session keeps the commands deferred to its next ``send`` (its ``info``).
+_DEFERRED = "scheduler.database.pipeline.deferred"
+
+
+@dataclass(frozen=True)
+class Step:
+    """One statement of a pipeline: a named statement of ``queries.sql`` with its
+    parameters, or a raw command (``SAVEPOINT name``, no parameters); ``fetch``: its rows
+    are wanted (as dicts, in order)."""
+
+    name: str | None = None
+    params: Mapping[str, Any] | None = None
+    fetch: bool = True
+    command: str | None = None
+
+
+def named(name: str, params: Mapping[str, Any], fetch: bool = True) -> Step:
+    """A named statement of ``queries.sql``."""
+    return Step(name=name, params=params, fetch=fetch)
+
+
+def command(sql: str) -> Step:
+    """A raw command without parameters or rows (``SAVEPOINT``, ``ROLLBACK TO SAVEPOINT``)."""
+    return Step(fetch=False, command=sql)
+
+
+def defer(session: Session, step: Step) -> None:
+    """Send ``step`` ahead of the next ``send`` on this session, in the same round trip."""
+    session.info.setdefault(_DEFERRED, []).append(step)
+
+
+def discard(session: Session) -> list[Step]:
+    """Drop the commands deferred and not yet sent; return them."""
+    return list(session.info.pop(_DEFERRED, []))
+
+
+def send(session: Session, steps: Sequence[Step]) -> list[list[dict[str, Any]] | None]:
+    """Run ``steps`` (after the deferred commands) in one round trip in the session's
+    transaction; return each step's rows (``None`` where ``fetch`` is false)."""
+    deferred = discard(session)
+    everything = [*deferred, *steps]
+    conn = session.connection()
+    driver = conn.connection.driver_connection
+    if not isinstance(driver, psycopg.Connection):
+        return _one_by_one(conn, everything)[len(deferred):]
+    compiled = [_compiled(conn, step) for step in everything]
+    results: list[list[dict[str, Any]] | None] = []
+    cursors: list[Any] = []
+    current: tuple[str | None, Any, Any] = (None, None, None)
+    try:
+        # Queued inside the block; the block's end sends them with one Sync and reads every
+        # answer (one round trip); the rows are then read from the cursors.
+        with driver.pipeline() as queue:
+            _begin_in_pipeline(driver, queue)
+            for sql, params in compiled:
+                cursor = driver.cursor(row_factory=dict_row)
+                current = (sql, params, cursor)
+                if conn.dispatch.before_cursor_execute:
+                    conn.dispatch.before_cursor_execute(conn, cursor, sql, params, None, False)
+                cursor.execute(sql, params)
+                cursors.append(cursor)
+        for step, cursor, (sql, params) in zip(everything, cursors, compiled, strict=True):
+            current = (sql, params, cursor)
+            results.append(cursor.fetchall() if step.fetch else None)
+            if conn.dispatch.after_cursor_execute:
+                conn.dispatch.after_cursor_execute(conn, cursor, sql, params, None, False)
+    except psycopg.Error as exc:
+        # SQLAlchemy's own translation: a DBAPIError, and the pool told of a lost connection
+        conn._handle_dbapi_exception(exc, current[0], current[1], current[2], None)
+    finally:
+        for cursor in cursors:
+            cursor.close()
+    return results[len(deferred):]
+
+
+def _begin_in_pipeline(driver: psycopg.Connection[Any], queue: psycopg.Pipeline) -> None:
+    """Queue the transaction's BEGIN ahead of the statements, in the same round trip.
+
+    psycopg begins a transaction itself before a statement, but in pipeline mode it sends
+    its BEGIN with a Sync of its own and waits for it: a round trip for nothing. Queued
+    here first (psycopg's own BEGIN command, its answer checked by the pipeline like any
+    command's), libpq reports the connection busy, so psycopg sends no second BEGIN. Uses
+    two psycopg internals; without them psycopg's own BEGIN goes as before.
+    """
+    if driver.autocommit or driver.pgconn.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+        return
+    begin = getattr(driver, "_get_tx_start_command", None)
+    results = getattr(queue, "result_queue", None)
+    if begin is None or results is None:
+        return
+    driver.pgconn.send_query_params(begin(), None)
+    results.append(None)  # a command's answer: checked, raised if it failed
+
+
+def _compiled(conn: Connection, step: Step) -> tuple[str, Any]:
+    """The statement in the driver's parameter style, and its parameters."""
+    if step.command is not None:
+        return step.command, None
+    assert step.name is not None
+    compiled = _COMPILED.get((step.name, conn.dialect.name))
+    if compiled is None:
+        compiled = _COMPILED[(step.name, conn.dialect.name)] = statement(step.name).compile(dialect=conn.dialect)
+    return compiled.string, compiled.construct_params(dict(step.params or {}))
+
+
+# Each named statement compiled once per dialect (SQLAlchemy caches its own executions alike).
+_COMPILED: dict[tuple[str, str], Any] = {}
+
+
+def _one_by_one(conn: Connection, steps: Sequence[Step]) -> list[list[dict[str, Any]] | None]:
+    results: list[list[dict[str, Any]] | None] = []
+    for step in steps:
+        if step.command is not None:
+            conn.exec_driver_sql(step.command)
+            results.append(None)
+            continue
+        assert step.name is not None
+        result = conn.execute(statement(step.name), dict(step.params or {}))
+        results.append([dict(row) for row in result.mappings()] if step.fetch else None)
+    return results
