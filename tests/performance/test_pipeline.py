@@ -1,0 +1,78 @@
+"""Statements sent together (``scheduler.database.pipeline``): what a poll relies on.
+
+The claim, the set-based read and its savepoint go through psycopg's pipeline mode. These
+tests pin what the callers rely on (PERF-3): the statements run in the session's one
+transaction, BEGIN included, with their rows in order; SQLAlchemy's listeners see each of
+them; a database error is SQLAlchemy's ``DBAPIError`` and leaves the transaction able to
+roll back to a savepoint sent in the same pipeline and go on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, event, text
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.orm import Session, sessionmaker
+
+from scheduler.database import pipeline
+from scheduler.database.queries import load_queries
+
+
+@pytest.fixture
+def session(engine: Engine) -> Iterator[Session]:
+    with sessionmaker(engine)() as s:
+        yield s
+        s.rollback()
+
+
+@pytest.mark.clause("PERF-3")
+def test_pipelined_statements_run_in_the_sessions_one_transaction_and_return_their_rows(
+    session: Session, engine: Engine
+) -> None:
+    """PERF-3: a pipeline opens the session's transaction (its BEGIN sent with the statements);
+    a deferred command goes first; each statement's rows come back in order; the session's
+    later statements run in the same transaction."""
+    seen: list[str] = []
+
+    def listen(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        seen.append(statement.split()[0])
+
+    event.listen(engine, "before_cursor_execute", listen)
+    try:
+        pipeline.defer(session, pipeline.command("SAVEPOINT first"))
+        fragment = load_queries()["participant_lock_key"].sql
+        sent = pipeline.send(session, [
+            pipeline.command("SAVEPOINT second"),
+            pipeline.Step(command="SELECT txid_current() AS tx, 1 AS one"),
+            pipeline.named("claim_due_events", {"now": "2026-01-01T00:00:00Z", "batch_size": 5,
+                                                "after_trigger": "0001-01-02T00:00:00Z", "after_id": "",
+                                                "busy": []}),
+        ])
+    finally:
+        event.remove(engine, "before_cursor_execute", listen)
+    assert seen[:3] == ["SAVEPOINT", "SAVEPOINT", "SELECT"]  # the deferred command first, then the steps
+    assert sent[0] is None and sent[2] == []
+    assert sent[1] is not None and sent[1][0]["one"] == 1
+    tx = sent[1][0]["tx"]
+    assert session.execute(text("SELECT txid_current()")).scalar_one() == tx  # one transaction
+    session.execute(text("RELEASE SAVEPOINT first"))  # both savepoints exist in it
+    assert session.execute(text(f"SELECT {fragment} AS k FROM (SELECT 'u' AS user_id) AS p")).scalar_one()
+
+
+@pytest.mark.clause("PERF-3")
+def test_a_pipelined_error_is_sqlalchemys_and_the_transaction_rolls_back_to_its_savepoint(session: Session) -> None:
+    """PERF-3: a statement that fails in a pipeline raises ``DBAPIError``; the savepoint sent
+    ahead of it in the same round trip is there to roll back to, and the transaction goes on."""
+    session.execute(text("CREATE TEMPORARY TABLE pipeline_probe (n integer)"))
+    pipeline.defer(session, pipeline.command("SAVEPOINT probe"))
+    with pytest.raises(DBAPIError) as raised:
+        pipeline.send(session, [pipeline.Step(command="INSERT INTO pipeline_probe VALUES (1)", fetch=False),
+                                pipeline.Step(command="SELECT 1 / 0", fetch=True)])
+    assert not raised.value.connection_invalidated
+    session.connection().exec_driver_sql("ROLLBACK TO SAVEPOINT probe")
+    assert session.execute(text("SELECT count(*) FROM pipeline_probe")).scalar_one() == 0
+    [rows] = pipeline.send(session, [pipeline.Step(command="SELECT 2 AS two")])
+    assert rows == [{"two": 2}]
