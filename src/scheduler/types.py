@@ -142,13 +142,15 @@ class Dispatcher(Protocol):
 
 class BatchDecisions(Protocol):
     """A batch decided set-based: one result per event (the ``Exception`` its rules raised,
-    for an event that fails alone), and the one write that makes them true."""
+    for an event that fails alone), and the one write that makes them true, sent with the
+    batch's COMMIT."""
 
     results: list[DispatchResult | Exception]
 
-    def write(self, session: Session, outcomes: dict[str, list[Any]]) -> None:
-        """Write every decision and the batch's outcomes (``record_outcomes``'s arrays); raise
-        if what was written differs from what was decided (the caller falls back)."""
+    def write_statement(self, outcomes: dict[str, list[Any]]) -> tuple[str, dict[str, Any]]:
+        """The one statement (its name in ``queries.sql`` and its parameters) that writes every
+        decision and the batch's outcomes (``record_outcomes``'s arrays), and fails if what it
+        writes differs from what was decided (the caller then falls back)."""
         ...
 
 

@@ -230,17 +230,22 @@ def test_a_batch_decided_set_based_gives_each_event_the_dispatch_result_of_the_p
 def test_a_set_statement_that_fails_leaves_the_batch_to_the_per_event_path_with_the_same_rows(
     service: SchedulerService, engine: Engine, platform: NudgingPlatform, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """DEC-1.2: a database error in the set-based write rolls back to the checkpoint; every event
-    then runs per event, and the rows are those of the per-event path."""
+    """DEC-1.2: a database error in the set-based write (sent with the COMMIT, which then does not
+    run) rolls back to the checkpoint; every event then runs per event, and the rows are those
+    of the per-event path."""
     per_event = PerEvent(platform)
     expected_outcomes = run_scenario(service, per_event)
     expected = snapshot(engine)
     reset(engine)
 
-    def failing_write(self: BatchDecisions, session: Session, outcomes: dict[str, list[Any]]) -> None:
-        session.execute(text("SELECT 1 / 0"))  # a database error inside the set statement's savepoint
+    original = set_dispatch.BatchDecisions.write_statement
 
-    monkeypatch.setattr(set_dispatch.BatchDecisions, "write", failing_write)
+    def failing_write(self: BatchDecisions, outcomes: dict[str, list[Any]]) -> tuple[str, dict[str, Any]]:
+        name, params = original(self, outcomes)
+        # a database error inside the set statement (a time PostgreSQL cannot read), with the COMMIT after it
+        return name, {**params, "outcome_times": ["not a time"] * len(params["outcome_times"])}
+
+    monkeypatch.setattr(set_dispatch.BatchDecisions, "write_statement", failing_write)
     calls: list[str] = []
 
     class Counting(NudgingPlatform):

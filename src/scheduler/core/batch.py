@@ -8,7 +8,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session, SessionTransaction
 
-from scheduler.types import DigitalTwinEvent, EventStatus, OutboundMessage
+from scheduler.types import Clock, DigitalTwinEvent, Dispatcher, EventStatus, OutboundMessage
 
 MAX_ERROR_LENGTH = 4000
 
@@ -100,11 +100,15 @@ class Batch:
     checkpoint_position: int = 0
     checkpoint_outbound: int = 0
     replayed: int = 0  # dispatcher calls repeated after a failure rolled back to the checkpoint
-    # The set-based run (``core.set_based``): what the first dispatch decided and wrote for
-    # every event, handed out one per dispatch; ``None`` before it was tried, empty when the
-    # batch runs per event. ``recorded``: how many outcomes its statement already wrote.
+    # The set-based run (``core.set_based``): what the first dispatch decided for every
+    # event, handed out one per dispatch; ``None`` before it was tried, empty when the batch
+    # runs per event. ``set_write``: the statement (name, parameters) that writes it all,
+    # outcomes included, sent with the COMMIT; ``recorded``: how many outcomes it writes.
+    # ``per_event``: the dispatcher, clock and replica name the fallback runs with.
     planned: list[tuple[EventOutcome, list[OutboundMessage]]] | None = None
+    set_write: tuple[str, dict[str, Any]] | None = None
     recorded: int = 0
+    per_event: tuple[Dispatcher, Clock, str] | None = None
 
     @property
     def remaining(self) -> int:

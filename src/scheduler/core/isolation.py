@@ -23,9 +23,9 @@ The outcomes are kept in memory and written with one statement when the batch fi
 just before its commit (DEC-1 in ``specs/decisions.md``).
 
 Set-based. A dispatcher that can decide a whole batch at once does so at the batch's first
-dispatch, under the checkpoint, writing every decision and outcome in one statement
-(``core.set_based``); if that fails as a whole, the checkpoint is rolled back and the batch
-runs per event as above.
+dispatch, under the checkpoint, and the batch's end writes every decision and outcome in
+one statement sent with the COMMIT (``core.set_based``); if either fails as a whole, the
+checkpoint is rolled back and the batch runs per event as above (at its end, for a write).
 """
 
 from __future__ import annotations
@@ -44,7 +44,12 @@ from scheduler.core.batch import (
     failed,
     outcome_parameters,
 )
-from scheduler.core.set_based import dispatch_set_based, next_planned, settle_planned
+from scheduler.core.set_based import (
+    commit_set_based,
+    dispatch_set_based,
+    next_planned,
+    settle_planned,
+)
 from scheduler.database.queries import statement
 from scheduler.types import Clock, Dispatcher
 
@@ -60,6 +65,10 @@ def dispatch_next(batch: Batch, dispatcher: Dispatcher, clock: Clock, name: str)
     """
     if batch.closed:
         raise RuntimeError("batch already finished")
+    return _dispatch_next(batch, dispatcher, clock, name)
+
+
+def _dispatch_next(batch: Batch, dispatcher: Dispatcher, clock: Clock, name: str) -> EventOutcome | None:
     if batch.remaining == 0:
         return None
     if dispatch_set_based(batch, dispatcher, clock, name):
@@ -154,10 +163,15 @@ def commit_batch(batch: Batch) -> None:
     batch.closed = True
     try:
         settle_planned(batch)
+        if batch.set_write is not None and not commit_set_based(batch) and batch.per_event is not None:
+            # the set-based write failed and was rolled back: every event runs per event
+            dispatcher, clock, name = batch.per_event
+            while batch.remaining:
+                _dispatch_next(batch, dispatcher, clock, name)
         unrecorded = batch.outcomes[batch.recorded:]  # the set-based statement wrote its own
         if unrecorded:
             batch.session.execute(statement("record_outcomes"), outcome_parameters(unrecorded))
-        batch.session.commit()
+        batch.session.commit()  # after the set-based write, already committed: nothing is sent
     except BaseException:
         batch.session.rollback()
         raise

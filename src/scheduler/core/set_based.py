@@ -2,17 +2,20 @@
 
 When the dispatcher can decide a batch at once (``BatchDispatcher``, the production
 ``NudgingPlatform`` with only the in-app channel), the batch's first dispatch reads what
-the decisions need in one statement, decides every event in Python in batch order, and
-writes every decision with the batch's outcomes in one more, under a checkpoint savepoint.
-The savepoint travels with the read in one round trip (``database.pipeline``) and is never
-released: the batch's COMMIT ends it. The later dispatches hand out the outcomes already decided, so the harness's
-step API (``claim``, ``dispatch_next``, ``finish``) is unchanged.
+the decisions need in one statement and decides every event in Python in batch order,
+under a checkpoint savepoint; the batch's end writes every decision with the batch's
+outcomes in one more statement, sent with the COMMIT. The savepoint travels with the read
+and the write with the COMMIT, each pair in one round trip (``database.pipeline``); the
+savepoint is never released (the COMMIT ends it). The later dispatches hand out the
+outcomes already decided, so the harness's step API (``claim``, ``dispatch_next``,
+``finish``) is unchanged.
 
 Isolation stays exact. An event whose rules raise (or refuse it) fails alone: its result
 is its error and it writes nothing, as the per-event path would leave it. Anything else
-that goes wrong (a database error, a write that differs from the decisions) rolls back to
-the checkpoint, undoing every set-based write, and the batch takes the per-event path
-from its first event (``core.isolation``).
+that goes wrong (a database error in the read or the write, a write that differs from the
+decisions: the statement fails, so the COMMIT after it does not run) rolls back to the
+checkpoint, undoing every set-based write, and the batch takes the per-event path from its
+first event (``core.isolation``): at its first dispatch, or at its end when the write failed.
 """
 
 from __future__ import annotations
@@ -41,8 +44,9 @@ CHECKPOINT = "scheduler_set_based"
 
 
 def dispatch_set_based(batch: Batch, dispatcher: Dispatcher, clock: Clock, name: str) -> bool:
-    """Decide and write the whole batch set-based, once, before its first event; return
-    whether it did (``False``: the batch runs per event, its checkpoint not yet taken)."""
+    """Decide the whole batch set-based, once, before its first event; return whether it
+    did (``False``: the batch runs per event, its checkpoint not yet taken). The write
+    waits for the batch's end (``commit_set_based``)."""
     if batch.planned is not None:
         return bool(batch.planned)
     batch.planned = []
@@ -67,7 +71,7 @@ def dispatch_set_based(batch: Batch, dispatcher: Dispatcher, clock: Clock, name:
                 planned.append((failed(event, result.refusal, now), []))
             else:
                 planned.append((dispatched(event, now), list(result.outbound)))
-        decisions.write(session, outcome_parameters([o for o, _ in planned]))
+        write = decisions.write_statement(outcome_parameters([o for o, _ in planned]))
     except Exception as exc:
         if isinstance(exc, DBAPIError) and exc.connection_invalidated:
             raise  # nothing can be recorded on this transaction: the poll fails whole
@@ -76,7 +80,35 @@ def dispatch_set_based(batch: Batch, dispatcher: Dispatcher, clock: Clock, name:
         _undo(session)
         return False
     batch.planned = planned
+    batch.set_write = write
     batch.recorded = len(planned)
+    batch.per_event = (dispatcher, clock, name)
+    return True
+
+
+def commit_set_based(batch: Batch) -> bool:
+    """Send the set-based write with the COMMIT, in one round trip; return whether it
+    committed. When the write failed (its statement fails on rows other than decided, so
+    the COMMIT did not run), roll back to the checkpoint and reset the batch to its first
+    event, for the caller to run it per event; return ``False``."""
+    if batch.set_write is None:
+        return False
+    name, params = batch.set_write
+    batch.set_write = None
+    session = batch.session
+    try:
+        pipeline.send(session, [pipeline.named(name, params, fetch=False), pipeline.command("COMMIT")])
+    except Exception as exc:
+        if (isinstance(exc, DBAPIError) and exc.connection_invalidated) or not pipeline.in_failed_transaction(session):
+            raise  # the connection is gone, or the COMMIT itself failed: the poll fails whole
+        replica = batch.per_event[2] if batch.per_event else "scheduler"
+        logger.warning("%s: the set-based write failed (%s); the batch's %d event(s) run one by one",
+                       replica, error_text(exc), len(batch.events))
+        session.connection().exec_driver_sql(f"ROLLBACK TO SAVEPOINT {CHECKPOINT}")
+        batch.position, batch.recorded, batch.planned = 0, 0, []
+        batch.outcomes.clear()
+        batch.outbound.clear()
+        return False
     return True
 
 
@@ -97,7 +129,7 @@ def next_planned(batch: Batch) -> EventOutcome:
 
 
 def settle_planned(batch: Batch) -> None:
-    """Before the commit: outcomes decided and written but not yet handed out (a stop
-    arrived mid-batch) are part of what commits, so they join the batch's report."""
+    """Before the commit: outcomes decided but not yet handed out (a stop arrived
+    mid-batch) are part of what the write commits, so they join the batch's report."""
     while batch.planned and batch.position < len(batch.planned):
         next_planned(batch)

@@ -6,7 +6,8 @@ each. SQLAlchemy has no pipeline of its own, so ``send`` runs the statements on 
 session's psycopg connection, inside the session's transaction, and tells SQLAlchemy's
 ``before_cursor_execute`` / ``after_cursor_execute`` listeners about each of them as if
 SQLAlchemy had sent it (the statement tests, the benchmarks' profile and tracing hooks see
-every statement). A database error is raised as SQLAlchemy raises it (a ``DBAPIError``,
+every statement, and a listener registered with ``retval=True`` may rewrite it, as the
+simulation's broken variants do). A database error is raised as SQLAlchemy raises it (a ``DBAPIError``,
 with ``connection_invalidated`` set and the connection invalidated when it is gone).
 
 ``defer`` queues a command (a ``SAVEPOINT``) to travel ahead of the next ``send`` on the
@@ -85,18 +86,20 @@ def send(session: Session, steps: Sequence[Step]) -> list[list[dict[str, Any]] |
         # answer (one round trip); the rows are then read from the cursors.
         with driver.pipeline() as queue:
             _begin_in_pipeline(driver, queue)
-            for sql, params in compiled:
+            for i, (sql, params) in enumerate(compiled):
                 cursor = driver.cursor(row_factory=dict_row)
+                # as SQLAlchemy does: each listener may rewrite the statement (retval=True)
+                for listener in conn.dispatch.before_cursor_execute:
+                    sql, params = listener(conn, cursor, sql, params, None, False)
+                compiled[i] = (sql, params)
                 current = (sql, params, cursor)
-                if conn.dispatch.before_cursor_execute:
-                    conn.dispatch.before_cursor_execute(conn, cursor, sql, params, None, False)
                 cursor.execute(sql, params)
                 cursors.append(cursor)
         for step, cursor, (sql, params) in zip(everything, cursors, compiled, strict=True):
             current = (sql, params, cursor)
             results.append(cursor.fetchall() if step.fetch else None)
-            if conn.dispatch.after_cursor_execute:
-                conn.dispatch.after_cursor_execute(conn, cursor, sql, params, None, False)
+            for after in conn.dispatch.after_cursor_execute:
+                after(conn, cursor, sql, params, None, False)
     except psycopg.Error as exc:
         # SQLAlchemy's own translation: a DBAPIError, and the pool told of a lost connection
         conn._handle_dbapi_exception(exc, current[0], current[1], current[2], None)
@@ -104,6 +107,15 @@ def send(session: Session, steps: Sequence[Step]) -> list[list[dict[str, Any]] |
         for cursor in cursors:
             cursor.close()
     return results[len(deferred):]
+
+
+def in_failed_transaction(session: Session) -> bool:
+    """True when the session's transaction is open but failed (a statement of it raised):
+    it can still roll back to a savepoint. False when it ended (a COMMIT that failed)."""
+    driver = session.connection().connection.driver_connection
+    if not isinstance(driver, psycopg.Connection):
+        return True
+    return driver.pgconn.transaction_status == psycopg.pq.TransactionStatus.INERROR
 
 
 def _begin_in_pipeline(driver: psycopg.Connection[Any], queue: psycopg.Pipeline) -> None:

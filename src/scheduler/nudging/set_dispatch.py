@@ -6,13 +6,13 @@ participant's preferences, today's sent count) is read once for the batch
 (``read_batch_limits``); the decisions are then taken in Python in batch order, by the
 same rules as ``Orchestrator.decide``, carrying forward what earlier events of the batch
 did (a key they claimed, a delivery they sent); and everything is written by one statement
-(``write_batch_decisions``), the batch's outcomes included.
+(``write_batch_decisions``), the batch's outcomes included, sent with the batch's COMMIT.
 
 Exactness rests on the claim: every participant of the batch is locked by it (DEC-2), and
 a deduplication key names its participant, so nothing another transaction commits can
-change what was read until the batch ends. The write statement still reports every row it
-wrote; any difference from what was decided raises ``SetWriteMismatch``, and the caller
-rolls back to its checkpoint and takes the per-event path (DEC-1).
+change what was read until the batch ends. The write statement still counts every row it
+wrote and fails on any difference from what was decided, and the caller rolls back to its
+checkpoint and takes the per-event path (DEC-1).
 
 Only the built-in in-app channel is written set-based; an orchestrator with other
 channels returns ``None`` from ``plan`` and the caller takes the per-event path.
@@ -41,10 +41,6 @@ from scheduler.nudging.orchestrator import (
 from scheduler.nudging.rule_engine import Candidate, RuleRefusal, evaluate
 from scheduler.nudging.rules import Catalogue
 from scheduler.types import DigitalTwinEvent, DispatchOutcome, DispatchResult, NotificationStatus
-
-
-class SetWriteMismatch(RuntimeError):
-    """The set statement wrote other rows than the batch decided: the per-event path decides."""
 
 
 @dataclass
@@ -78,9 +74,10 @@ class BatchDecisions:
     keys: dict[str, _Key]
     writes: _Writes
 
-    def write(self, session: Session, outcomes: dict[str, list[Any]]) -> None:
-        """Send the batch's one write statement, with ``outcomes`` (``record_outcomes``'s
-        arrays); raise ``SetWriteMismatch`` when it wrote other rows than decided."""
+    def write_statement(self, outcomes: dict[str, list[Any]]) -> tuple[str, dict[str, Any]]:
+        """The batch's one write statement and its parameters, with ``outcomes``
+        (``record_outcomes``'s arrays) and the row counts decided: the statement fails when
+        it writes other rows than these (the caller sends it with the batch's COMMIT)."""
         new = [(k, s) for k, s in self.keys.items() if not s.taken_before]
         repeated = [(k, s) for k, s in self.keys.items() if s.taken_before and s.duplicates]
         notifications = self.writes.notifications
@@ -104,17 +101,15 @@ class BatchDecisions:
             "outcome_statuses": outcomes["statuses"],
             "outcome_errors": outcomes["errors"],
             "outcome_times": outcomes["times"],
+            "expected_new_keys": len(new),
+            "expected_repeated_keys": len(repeated),
+            "expected_notifications": len(notifications),
+            "expected_deliveries": len(deliveries),
+            "expected_outcomes": len(outcomes["ids"]),
         }
         for column, name in _NOTIFICATION_ARRAYS:
             params[name] = [n[column] for n in notifications]
-        [rows] = pipeline.send(session, [pipeline.named("write_batch_decisions", params)])
-        row = (rows or [{}])[0]
-        expected = (len(new), len(repeated), len(notifications), len(deliveries), len(outcomes["ids"]))
-        wrote = tuple(row.get(part) for part in ("new_keys", "repeated_keys", "notifications", "deliveries",
-                                                  "outcomes"))
-        if tuple(int(n or 0) for n in wrote) != expected:
-            raise SetWriteMismatch(f"the batch's set statement wrote {wrote} rows (keys, repeated keys, "
-                                   f"notifications, deliveries, outcomes), not the {expected} decided")
+        return "write_batch_decisions", params
 
 
 # (row column, write parameter) of the notification arrays

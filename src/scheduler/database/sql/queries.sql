@@ -245,8 +245,9 @@ SELECT
 
 -- name: write_batch_decisions
 -- A set-based batch's writes in one statement: new keys, repeated keys, notifications, web deliveries and the outcomes.
--- every part reports how many rows it wrote; the caller compares them with what it decided
--- and falls back to the per-event path on any difference (DEC-1)
+-- every part counts the rows it wrote; any difference from what the caller decided (the expected_ parameters)
+-- fails the statement, so the COMMIT sent after it in the same round trip does not run: the
+-- caller rolls back to its checkpoint and takes the per-event path (DEC-1.2)
 WITH new_keys AS (
     -- the keys first claimed in this batch, with the duplicates the batch itself made of them
     INSERT INTO dedup_keys (key, notification_id, created_at, duplicate_count, last_duplicate_at,
@@ -308,12 +309,26 @@ WITH new_keys AS (
                 CAST(:outcome_errors AS text[]), CAST(:outcome_times AS timestamptz[])) AS o(id, status, error, at)
     WHERE e.id = o.id
     RETURNING e.id
+), wrote AS (
+    SELECT (SELECT count(*) FROM new_keys) AS new_keys,
+           (SELECT count(*) FROM repeated_keys) AS repeated_keys,
+           (SELECT count(*) FROM notification) AS notifications,
+           (SELECT count(*) FROM delivery) AS deliveries,
+           (SELECT count(*) FROM outcome) AS outcomes
 )
-SELECT (SELECT count(*) FROM new_keys) AS new_keys,
-       (SELECT count(*) FROM repeated_keys) AS repeated_keys,
-       (SELECT count(*) FROM notification) AS notifications,
-       (SELECT count(*) FROM delivery) AS deliveries,
-       (SELECT count(*) FROM outcome) AS outcomes;
+SELECT w.*,
+       -- CASE runs only the branch it takes; the cast of a text that is no number is the
+       -- error (its message names the counts), raised only when the counts differ
+       CASE WHEN (w.new_keys, w.repeated_keys, w.notifications, w.deliveries, w.outcomes)
+                 = (CAST(:expected_new_keys AS bigint), CAST(:expected_repeated_keys AS bigint),
+                    CAST(:expected_notifications AS bigint), CAST(:expected_deliveries AS bigint),
+                    CAST(:expected_outcomes AS bigint))
+            THEN 0
+            ELSE CAST(format('the set-based write differs from the decisions: wrote %s keys, %s repeated keys, '
+                             '%s notifications, %s deliveries, %s outcomes', w.new_keys, w.repeated_keys,
+                             w.notifications, w.deliveries, w.outcomes) AS integer)
+       END AS differs
+FROM wrote AS w;
 
 -- name: list_notifications
 -- Participants' notifications for an operator, newest first.
