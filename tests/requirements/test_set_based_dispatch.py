@@ -243,7 +243,10 @@ def test_a_set_statement_that_fails_leaves_the_batch_to_the_per_event_path_with_
     def failing_write(self: BatchDecisions, outcomes: dict[str, list[Any]]) -> tuple[str, dict[str, Any]]:
         name, params = original(self, outcomes)
         # a database error inside the set statement (a time PostgreSQL cannot read), with the COMMIT after it
-        return name, {**params, "outcome_times": ["not a time"] * len(params["outcome_times"])}
+        batch = json.loads(params["batch"])
+        for outcome in batch["outcomes"]:
+            outcome["at"] = "not a time"
+        return name, {**params, "batch": json.dumps(batch)}
 
     monkeypatch.setattr(set_dispatch.BatchDecisions, "write_statement", failing_write)
     calls: list[str] = []

@@ -20,6 +20,7 @@ channels returns ``None`` from ``plan`` and the caller takes the per-event path.
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -76,49 +77,31 @@ class BatchDecisions:
 
     def write_statement(self, outcomes: dict[str, list[Any]]) -> tuple[str, dict[str, Any]]:
         """The batch's one write statement and its parameters, with ``outcomes``
-        (``record_outcomes``'s arrays) and the row counts decided: the statement fails when
-        it writes other rows than these (the caller sends it with the batch's COMMIT)."""
+        (``record_outcomes``'s arrays): every part as one JSON document, whose array lengths
+        are what was decided; the statement fails when it writes other rows than these (the
+        caller sends it with the batch's COMMIT)."""
         new = [(k, s) for k, s in self.keys.items() if not s.taken_before]
         repeated = [(k, s) for k, s in self.keys.items() if s.taken_before and s.duplicates]
-        notifications = self.writes.notifications
-        deliveries = self.writes.deliveries
-        params: dict[str, Any] = {
-            "key_keys": [k for k, _ in new],
-            "key_notification_ids": [s.notification_id for _, s in new],
-            "key_times": [s.created_at for _, s in new],
-            "key_duplicates": [s.duplicates for _, s in new],
-            "key_last_duplicates": [s.last_duplicate_at for _, s in new],
-            "key_duplicate_ids": [s.new_duplicate_notification_id for _, s in new],
-            "repeat_keys": [k for k, _ in repeated],
-            "repeat_counts": [s.duplicates for _, s in repeated],
-            "repeat_times": [s.last_duplicate_at for _, s in repeated],
-            "repeat_notification_ids": [s.new_duplicate_notification_id for _, s in repeated],
-            "channel": self.channel,
-            "delivery_notification_ids": [d["notification_id"] for d in deliveries],
-            "delivery_user_ids": [d["user_id"] for d in deliveries],
-            "delivery_times": [d["now"] for d in deliveries],
-            "outcome_ids": outcomes["ids"],
-            "outcome_statuses": outcomes["statuses"],
-            "outcome_errors": outcomes["errors"],
-            "outcome_times": outcomes["times"],
-            "expected_new_keys": len(new),
-            "expected_repeated_keys": len(repeated),
-            "expected_notifications": len(notifications),
-            "expected_deliveries": len(deliveries),
-            "expected_outcomes": len(outcomes["ids"]),
+        batch = {
+            "new_keys": [{"key": k, "notification_id": s.notification_id, "at": s.created_at,
+                          "duplicates": s.duplicates, "last_duplicate_at": s.last_duplicate_at,
+                          "duplicate_notification_id": s.new_duplicate_notification_id} for k, s in new],
+            "repeated_keys": [{"key": k, "duplicates": s.duplicates, "at": s.last_duplicate_at,
+                               "notification_id": s.new_duplicate_notification_id} for k, s in repeated],
+            "notifications": self.writes.notifications,
+            "deliveries": self.writes.deliveries,
+            "outcomes": [{"id": i, "status": st, "error": er, "at": at} for i, st, er, at in
+                         zip(outcomes["ids"], outcomes["statuses"], outcomes["errors"], outcomes["times"],
+                             strict=True)],
         }
-        for column, name in _NOTIFICATION_ARRAYS:
-            params[name] = [n[column] for n in notifications]
-        return "write_batch_decisions", params
+        return "write_batch_decisions", {"batch": json.dumps(batch, default=_json_time), "channel": self.channel}
 
 
-# (row column, write parameter) of the notification arrays
-_NOTIFICATION_ARRAYS = (
-    ("id", "ids"), ("user_id", "user_ids"), ("community_id", "community_ids"), ("rule_id", "rule_ids"),
-    ("kind", "kinds"), ("scenario", "scenarios"), ("time_scope", "time_scopes"), ("dedup_key", "dedup_keys"),
-    ("title", "titles"), ("body", "bodies"), ("status", "statuses"), ("reason", "reasons"),
-    ("source", "sources"), ("scheduled_event_id", "scheduled_event_ids"), ("now", "times"),
-)
+def _json_time(value: object) -> str:
+    """A time in the write's JSON: ISO 8601 with its offset and microseconds (exact as timestamptz)."""
+    if isinstance(value, datetime):
+        return value.isoformat()
+    raise TypeError(f"{type(value).__name__} in a set-based write")
 
 
 def web_only(orchestrator: Orchestrator) -> WebChannel | None:

@@ -245,69 +245,61 @@ SELECT
 
 -- name: write_batch_decisions
 -- A set-based batch's writes in one statement: new keys, repeated keys, notifications, web deliveries and the outcomes.
--- every part counts the rows it wrote; any difference from what the caller decided (the expected_ parameters)
--- fails the statement, so the COMMIT sent after it in the same round trip does not run: the
--- caller rolls back to its checkpoint and takes the per-event path (DEC-1.2)
+-- :batch is one JSON document with an array per part (one parameter to send instead of some
+-- thirty arrays); the notifications and deliveries go in in batch order (their ids too).
+-- Every part counts the rows it wrote; any difference from the lengths of those arrays
+-- (what the caller decided) fails the statement, so the COMMIT sent after it in the same
+-- round trip does not run: the caller rolls back to its checkpoint and takes the per-event
+-- path (DEC-1.2)
 WITH new_keys AS (
     -- the keys first claimed in this batch, with the duplicates the batch itself made of them
     INSERT INTO dedup_keys (key, notification_id, created_at, duplicate_count, last_duplicate_at,
                             duplicate_notification_id)
-    SELECT k.key, k.notification_id, k.at, k.duplicates, k.last_duplicate_at, k.duplicate_notification_id
-    FROM unnest(CAST(:key_keys AS text[]), CAST(:key_notification_ids AS text[]),
-                CAST(:key_times AS timestamptz[]), CAST(:key_duplicates AS integer[]),
-                CAST(:key_last_duplicates AS timestamptz[]), CAST(:key_duplicate_ids AS text[]))
-         AS k(key, notification_id, at, duplicates, last_duplicate_at, duplicate_notification_id)
+    SELECT k->>'key', k->>'notification_id', CAST(k->>'at' AS timestamptz), CAST(k->>'duplicates' AS integer),
+           CAST(k->>'last_duplicate_at' AS timestamptz), k->>'duplicate_notification_id'
+    FROM jsonb_array_elements(CAST(:batch AS jsonb)->'new_keys') AS k
     -- the key's primary key still arbitrates: a key taken meanwhile is not counted below
     ON CONFLICT (key) DO NOTHING
     RETURNING key
 ), repeated_keys AS (
     -- keys taken before this batch: count the batch's duplicates, link the one suppressed_dedup row
     UPDATE dedup_keys AS d
-    SET duplicate_count = d.duplicate_count + r.duplicates,
-        last_duplicate_at = r.at,
-        duplicate_notification_id = coalesce(d.duplicate_notification_id, r.notification_id)
-    FROM unnest(CAST(:repeat_keys AS text[]), CAST(:repeat_counts AS integer[]),
-                CAST(:repeat_times AS timestamptz[]), CAST(:repeat_notification_ids AS text[]))
-         AS r(key, duplicates, at, notification_id)
+    SET duplicate_count = d.duplicate_count + CAST(r->>'duplicates' AS integer),
+        last_duplicate_at = CAST(r->>'at' AS timestamptz),
+        duplicate_notification_id = coalesce(d.duplicate_notification_id, r->>'notification_id')
+    FROM jsonb_array_elements(CAST(:batch AS jsonb)->'repeated_keys') AS r
     -- only as the read saw it: a new suppressed_dedup row exactly when the key had none
-    WHERE d.key = r.key
-      AND (d.duplicate_notification_id IS NULL) = (r.notification_id IS NOT NULL)
+    WHERE d.key = r->>'key'
+      AND (d.duplicate_notification_id IS NULL) = (r->>'notification_id' IS NOT NULL)
     RETURNING d.key
 ), notification AS (
     INSERT INTO notifications (id, user_id, community_id, rule_id, kind, scenario, time_scope,
                                dedup_key, title, body, status, reason, source,
                                scheduled_event_id, created_at)
-    SELECT n.id, n.user_id, n.community_id, n.rule_id, n.kind, n.scenario, n.time_scope,
-           n.dedup_key, n.title, n.body, n.status, n.reason, n.source, n.scheduled_event_id, n.at
-    FROM unnest(CAST(:ids AS text[]), CAST(:user_ids AS text[]), CAST(:community_ids AS text[]),
-                CAST(:rule_ids AS text[]), CAST(:kinds AS text[]), CAST(:scenarios AS text[]),
-                CAST(:time_scopes AS text[]), CAST(:dedup_keys AS text[]), CAST(:titles AS text[]),
-                CAST(:bodies AS text[]), CAST(:statuses AS text[]), CAST(:reasons AS text[]),
-                CAST(:sources AS text[]), CAST(:scheduled_event_ids AS text[]),
-                CAST(:times AS timestamptz[]))
-         WITH ORDINALITY AS n(id, user_id, community_id, rule_id, kind, scenario, time_scope, dedup_key,
-                              title, body, status, reason, source, scheduled_event_id, at, ord)
+    SELECT n.e->>'id', n.e->>'user_id', n.e->>'community_id', n.e->>'rule_id', n.e->>'kind',
+           n.e->>'scenario', n.e->>'time_scope', n.e->>'dedup_key', n.e->>'title', n.e->>'body',
+           n.e->>'status', n.e->>'reason', n.e->>'source', n.e->>'scheduled_event_id',
+           CAST(n.e->>'now' AS timestamptz)
+    FROM jsonb_array_elements(CAST(:batch AS jsonb)->'notifications') WITH ORDINALITY AS n(e, ord)
     ORDER BY n.ord
     RETURNING id
 ), delivery AS (
     -- the in-app (web) deliveries of the sent notifications, in batch order (their ids too);
     -- the foreign key to the notifications above is checked at the end of the statement
     INSERT INTO deliveries (notification_id, user_id, channel, status, detail, created_at)
-    SELECT d.notification_id, d.user_id, :channel, 'sent', NULL, d.at
-    FROM unnest(CAST(:delivery_notification_ids AS text[]), CAST(:delivery_user_ids AS text[]),
-                CAST(:delivery_times AS timestamptz[])) WITH ORDINALITY AS d(notification_id, user_id, at, ord)
+    SELECT d.e->>'notification_id', d.e->>'user_id', :channel, 'sent', NULL, CAST(d.e->>'now' AS timestamptz)
+    FROM jsonb_array_elements(CAST(:batch AS jsonb)->'deliveries') WITH ORDINALITY AS d(e, ord)
     ORDER BY d.ord
     RETURNING id
 ), outcome AS (
     -- as record_outcomes: dispatched with its time and no error, or failed with the reason
     UPDATE scheduled_events AS e
-    SET status = o.status,
-        dispatched_at = CASE WHEN o.status = 'dispatched' THEN o.at END,
-        last_error = o.error,
-        updated_at = o.at
-    FROM unnest(CAST(:outcome_ids AS text[]), CAST(:outcome_statuses AS text[]),
-                CAST(:outcome_errors AS text[]), CAST(:outcome_times AS timestamptz[])) AS o(id, status, error, at)
-    WHERE e.id = o.id
+    SET status = o->>'status',
+        dispatched_at = CASE WHEN o->>'status' = 'dispatched' THEN CAST(o->>'at' AS timestamptz) END,
+        last_error = o->>'error',
+        updated_at = CAST(o->>'at' AS timestamptz)
+    FROM jsonb_array_elements(CAST(:batch AS jsonb)->'outcomes') AS o
+    WHERE e.id = o->>'id'
     RETURNING e.id
 ), wrote AS (
     SELECT (SELECT count(*) FROM new_keys) AS new_keys,
@@ -315,20 +307,25 @@ WITH new_keys AS (
            (SELECT count(*) FROM notification) AS notifications,
            (SELECT count(*) FROM delivery) AS deliveries,
            (SELECT count(*) FROM outcome) AS outcomes
+), decided AS (
+    SELECT jsonb_array_length(b->'new_keys') AS new_keys,
+           jsonb_array_length(b->'repeated_keys') AS repeated_keys,
+           jsonb_array_length(b->'notifications') AS notifications,
+           jsonb_array_length(b->'deliveries') AS deliveries,
+           jsonb_array_length(b->'outcomes') AS outcomes
+    FROM (SELECT CAST(:batch AS jsonb) AS b) AS batch
 )
 SELECT w.*,
        -- CASE runs only the branch it takes; the cast of a text that is no number is the
        -- error (its message names the counts), raised only when the counts differ
        CASE WHEN (w.new_keys, w.repeated_keys, w.notifications, w.deliveries, w.outcomes)
-                 = (CAST(:expected_new_keys AS bigint), CAST(:expected_repeated_keys AS bigint),
-                    CAST(:expected_notifications AS bigint), CAST(:expected_deliveries AS bigint),
-                    CAST(:expected_outcomes AS bigint))
+                 = (d.new_keys, d.repeated_keys, d.notifications, d.deliveries, d.outcomes)
             THEN 0
             ELSE CAST(format('the set-based write differs from the decisions: wrote %s keys, %s repeated keys, '
                              '%s notifications, %s deliveries, %s outcomes', w.new_keys, w.repeated_keys,
                              w.notifications, w.deliveries, w.outcomes) AS integer)
        END AS differs
-FROM wrote AS w;
+FROM wrote AS w CROSS JOIN decided AS d;
 
 -- name: list_notifications
 -- Participants' notifications for an operator, newest first.
