@@ -202,8 +202,7 @@ def _read(session: Session, users: list[str], keys: list[str], day_start: dateti
         return {}, {}, {}
     # sent with the checkpoint's SAVEPOINT deferred ahead of it: one round trip for both
     [rows] = pipeline.send(session, [pipeline.named("read_batch_limits", {
-        "user_ids": users, "window_users": users, "window_starts": [day_start] * len(users),
-        "window_ends": [day_end] * len(users), "keys": keys,
+        "user_ids": users, "day_start": day_start, "day_end": day_end, "keys": keys,
     })])
     row = (rows or [{}])[0]
     preferences = {

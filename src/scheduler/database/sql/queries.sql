@@ -229,15 +229,15 @@ SELECT
     (SELECT coalesce(json_agg(json_build_array(p.user_id, p.enabled_kinds, p.max_per_day)), '[]')
      FROM participant_preferences AS p
      WHERE p.user_id = ANY(CAST(:user_ids AS text[]))) AS preferences,
-    -- one count per (participant, day) window, by the window's position in the arrays;
-    -- the same predicate as claim_dedup_key_with_limits (ix_deliveries_sent_by_user)
+    -- one count per participant in the batch's UTC day (its events share one now), by the
+    -- participant's position in :user_ids; the same predicate as claim_dedup_key_with_limits
+    -- (ix_deliveries_sent_by_user)
     (SELECT coalesce(json_agg(json_build_array(
                 w.n,
                 (SELECT count(*) FROM deliveries AS d
                  WHERE d.user_id = w.user_id AND d.status = 'sent'
-                   AND d.created_at >= w.day_start AND d.created_at < w.day_end))), '[]')
-     FROM unnest(CAST(:window_users AS text[]), CAST(:window_starts AS timestamptz[]),
-                 CAST(:window_ends AS timestamptz[])) WITH ORDINALITY AS w(user_id, day_start, day_end, n)
+                   AND d.created_at >= :day_start AND d.created_at < :day_end))), '[]')
+     FROM unnest(CAST(:user_ids AS text[])) WITH ORDINALITY AS w(user_id, n)
     ) AS sent_today,
     (SELECT coalesce(json_agg(json_build_array(k.key, k.duplicate_notification_id)), '[]')
      FROM dedup_keys AS k
