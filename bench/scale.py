@@ -310,12 +310,13 @@ def run(server: Server, *, sizes: list[int], samples: int, budget: float, page_s
 
             _round_robin(sizes, page_samples, budget, page_round)
             for size in sizes:
-                figures = {name: _summary(values[3:]) for name, values in pages[size].items()}  # warm-up dropped
+                page_figures: dict[str, dict[str, float]] = {  # the warm-up dropped
+                    name: _summary(values[3:]) for name, values in pages[size].items()}
                 started = time.perf_counter()
                 _get(clients[size], UNSERVED_PAGE[1])
-                figures[UNSERVED_PAGE[0]] = {"samples": 1, "median_ms": (time.perf_counter() - started) * 1000}
-                by[str(size)]["pages"] = figures
-                progress(f"scale: {size:,} rows: " + ", ".join(f"{n} {f['median_ms']:.1f} ms" for n, f in figures.items()))
+                page_figures[UNSERVED_PAGE[0]] = {"samples": 1, "median_ms": (time.perf_counter() - started) * 1000}
+                by[str(size)]["pages"] = page_figures
+                progress(f"scale: {size:,} rows: " + ", ".join(f"{n} {f['median_ms']:.1f} ms" for n, f in page_figures.items()))
 
         progress("scale: each hot statement alone, and its plan")
         hot = hot_statements()
