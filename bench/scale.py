@@ -42,6 +42,7 @@ from starlette.testclient import TestClient
 
 from bench.claim import BATCH, PENDING, percentile
 from bench.env import DAY, NOW, Server, bench_engine, bench_sql, checkpoint, progress
+from scheduler.application.counts import COUNT_CAP
 from scheduler.application.events import EventQuery
 from scheduler.config import Settings
 from scheduler.core.claim import claim_params
@@ -82,9 +83,9 @@ def hot_statements() -> dict[str, tuple[str, dict[str, Any]]]:
         "claim": ("claim_due_events", claim_params(NOW, BATCH)),
         "next due (prompt mode)": ("next_pending_trigger", {"now": NOW}),
         "metrics: backlog": ("backlog_gauges", {"now": NOW}),
-        "metrics, overview: failed count": ("count_failed", {}),
+        "metrics, overview: failed count": ("count_failed", {"cap": COUNT_CAP}),
         "metrics: replicas": ("count_replicas_by_state", {"now": NOW}),
-        "overview: pending count": ("count_pending", {}),
+        "overview: pending count": ("count_pending", {"cap": COUNT_CAP}),
         "overview: status estimate": ("estimate_events_by_status", {}),
         "overview: lateness, last hour": ("lateness_percentiles", {"since": NOW - timedelta(hours=1), "now": NOW}),
         "overview: failures by kind, 24 h": ("failures_by_kind", {"since": NOW - timedelta(hours=24),

@@ -3,7 +3,8 @@
 Counters and histograms are fed by a ``Scheduler.poll_hooks`` hook from the poll's report
 (``EventOutcome.event_type`` and ``.lateness``), so they count this process's work only.
 Gauges that need the database are computed at scrape time from the partial indexes
-(backlog, oldest overdue, failed rows) and cached for ``cache_seconds`` of the injected
+(backlog, oldest overdue, failed rows: exact up to ``counts.COUNT_CAP`` of them, the
+planner's estimate past it, so a scrape's cost stays bounded at any size) and cached for ``cache_seconds`` of the injected
 clock, so a scraper polling every second costs one set of index-only reads per window.
 Labels never carry participant ids; ``event_type`` is capped at ``MAX_EVENT_TYPES`` values
 (then ``other``), since senders choose it.
@@ -22,7 +23,7 @@ from prometheus_client.registry import Collector
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
-from scheduler.application.counts import indexed_count
+from scheduler.application.counts import counted_or_estimated
 from scheduler.core.loop import PollReport, Scheduler
 from scheduler.database.queries import statement
 from scheduler.types import Clock, EventStatus
@@ -40,7 +41,7 @@ def database_gauges(sessions: sessionmaker[Session], now: datetime) -> dict[str,
     and replicas by state (from the heartbeats)."""
     with sessions.begin() as session:
         backlog = session.execute(statement("backlog_gauges"), {"now": now}).mappings().one()
-        failed = indexed_count(session, EventStatus.FAILED)
+        failed, _ = counted_or_estimated(session, EventStatus.FAILED)
         replicas = {str(r["state"]): float(r["count"])
                     for r in session.execute(statement("count_replicas_by_state"), {"now": now}).mappings()}
     oldest = backlog["oldest_trigger_at"]
@@ -86,7 +87,7 @@ class _DatabaseGauges(Collector):
             ("scheduler_backlog_events", "backlog", "pending rows whose trigger_at has passed"),
             ("scheduler_oldest_overdue_seconds", "oldest_overdue_seconds",
              "age of the oldest due pending row (0 when none)"),
-            ("scheduler_failed_events", "failed", "rows in status failed"),
+            ("scheduler_failed_events", "failed", "rows in status failed (past 100,000, the planner's estimate)"),
         ):
             gauge = GaugeMetricFamily(name, doc)
             gauge.add_metric([], values[key])

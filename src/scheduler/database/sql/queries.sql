@@ -258,12 +258,26 @@ WHERE status = 'pending'
   AND trigger_at <= :now;
 
 -- name: count_failed
--- How many rows are failed, read from the failed partial index only.
-SELECT count(*) FROM scheduled_events WHERE status = 'failed';
+-- How many rows are failed, read from the failed partial index only, at most :cap + 1 of them (past :cap the caller estimates).
+SELECT count(*) FROM (
+    SELECT 1 FROM scheduled_events WHERE status = 'failed'
+    -- the index's own order: a walk of ix_scheduled_events_failed that stops at the cap, never
+    -- a scan of the table that stops after cap failed rows among however many others
+    ORDER BY updated_at, id
+    -- failed rows are never deleted by retention, so they pile up: counting stops past the
+    -- cap, and the count's cost is bounded whatever the table holds (issue 16 §4)
+    LIMIT :cap + 1
+) AS counted;
 
 -- name: count_pending
--- How many rows are pending (due or not), read from the pending partial index only.
-SELECT count(*) FROM scheduled_events WHERE status = 'pending';
+-- How many rows are pending (due or not), read from the pending partial index only, at most :cap + 1 of them (past :cap the caller estimates).
+SELECT count(*) FROM (
+    SELECT 1 FROM scheduled_events WHERE status = 'pending'
+    -- the order of ix_scheduled_events_pending_due: a walk of that index, stopped at the cap
+    ORDER BY trigger_at, id
+    -- reminders scheduled months ahead are pending too: counting stops past the cap
+    LIMIT :cap + 1
+) AS counted;
 
 -- name: count_events_by_status
 -- How many rows are in each status of :statuses (the EventStatus enum), zero included: one GROUP BY (small tables only: it reads them whole).
