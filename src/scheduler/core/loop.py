@@ -43,6 +43,7 @@ from sqlalchemy.orm import Session, SessionTransaction, sessionmaker
 
 from scheduler.core.participant_locks import participant_lock_key, try_lock_participants
 from scheduler.database.queries import statement
+from scheduler.observability.observer import Observer
 from scheduler.types import (
     Clock,
     DigitalTwinEvent,
@@ -97,6 +98,7 @@ class ClaimedEvent:
     community_id: str | None
     trigger_at: datetime
     facts: dict[str, Any]
+    traceparent: str | None = None  # the storing request's trace context (observability)
 
     def as_event(self) -> DigitalTwinEvent:
         """The stored facts become a DigitalTwinEvent, exactly as a live event would (REQ-0066)."""
@@ -262,6 +264,9 @@ class Scheduler:
         self.waiting = False
         self._state = threading.Condition()
         self.last_poll_seconds: float | None = None  # how long the last poll of the loop took
+        # Observability (issue 17): spans around each poll and each event's dispatch, and
+        # the event id in log lines; the service sets a tracing observer when tracing is on.
+        self.observer: Observer = Observer()
 
     # -- phases -------------------------------------------------------------------------
 
@@ -316,6 +321,7 @@ class Scheduler:
                         community_id=r["community_id"],
                         trigger_at=r["trigger_at"],
                         facts=dict(r["facts"]),
+                        traceparent=r["traceparent"],
                     )
                 )
             # Fewer rows than asked: nothing more is due. None skipped: the batch is full.
@@ -477,13 +483,25 @@ class Scheduler:
         batch = self.claim()
         try:
             while batch.remaining and not (should_stop and should_stop()):
-                self.dispatch_next(batch)
+                # observability: one span per event, linked to the request that stored it
+                with self.observer.dispatch(batch.events[batch.position]) as dispatched:
+                    dispatched(self.dispatch_next(batch))
             return self.finish(batch)
         finally:
             self.abort(batch)
 
     def _poll_guarded(self, should_stop: Callable[[], bool]) -> PollReport | None:
         """One poll that never raises an ``Exception``; ``None`` when it failed."""
+        # observability: one span per poll of the loop, its statements and hooks inside
+        with self.observer.poll(self.name, str(self.mode)) as observed:
+            report = self._poll_unobserved(should_stop)
+            if report is None:
+                observed.failed(self.health.last_error)
+            else:
+                observed.completed(report)
+            return report
+
+    def _poll_unobserved(self, should_stop: Callable[[], bool]) -> PollReport | None:
         with self._wake_lock:
             self._announced = None  # this poll sees every row committed before its claim
         report: PollReport | None = None

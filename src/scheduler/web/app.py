@@ -38,6 +38,8 @@ from scheduler.nudging.dispatch import NudgingPlatform
 from scheduler.nudging.facts import ContractViolation, FactsMissing, check_facts_contract
 from scheduler.nudging.publishers import LoggingPublisher
 from scheduler.nudging.rules import Catalogue, load_catalogue
+from scheduler.observability.observer import Observer
+from scheduler.observability.tracing import observe
 from scheduler.operations.retention import Retention
 from scheduler.types import (
     Clock,
@@ -111,6 +113,7 @@ class SchedulerService:
         publisher: Publisher | None = None,
         run_scheduler: bool | None = None,
         loop_engine: Engine | None = None,
+        observer: Observer | None = None,
     ) -> None:
         self.settings = settings or Settings.from_env()
         # Engines this service creates are its own to dispose when it stops; an engine the
@@ -182,6 +185,9 @@ class SchedulerService:
             lifespan=self.lifespan,
         )
         self.app.state.service = self
+        # Observability (issue 17): spans for requests, statements, polls and dispatches when
+        # OTEL_TRACES_EXPORTER asks (or ``observer`` traces); log context either way.
+        self.observer = observe(self, observer)
 
     def _check_security(self) -> None:
         settings = self.settings
@@ -327,6 +333,8 @@ class SchedulerService:
             facts=body.facts,
             now=self.clock.now(),
             actor=actor_of(request),
+            # observability: the storing request's trace context, for the dispatch's link
+            traceparent=self.observer.storing_traceparent(request.headers.get("traceparent")),
         )
         return respond(ScheduledEventOut.model_validate(row), 201)
 
@@ -362,8 +370,10 @@ class SchedulerService:
         return body
 
     def _dispatch_live(self, event: DigitalTwinEvent, now: datetime) -> DispatchResult:
-        with self.sessions() as session:
+        # observability: the live dispatch's span (its statements inside)
+        with self.observer.live_dispatch(event.event_type) as dispatched, self.sessions() as session:
             result = self.dispatcher(session, event, now)
+            dispatched(result)
             if result.refusal is not None:
                 session.rollback()
                 return result
