@@ -9,6 +9,7 @@ import getpass
 import importlib
 import json
 import logging
+import os
 import secrets
 import signal
 import socket
@@ -16,7 +17,8 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from scheduler.config import ConfigError, Settings
+from scheduler.config import ConfigError, Settings, log_format_of
+from scheduler.observability.logs import configure_logging
 
 Command = Callable[[argparse.Namespace, Settings], int]
 
@@ -53,8 +55,8 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
         settings.data_dir.mkdir(parents=True, exist_ok=True)
         settings.secret_file.write_text(secrets.token_urlsafe(48))
         settings.secret_file.chmod(0o600)
-        print(f"generated a development JWT secret in {settings.secret_file}; "
-              "`scheduler token --scope nudging.admin` mints tokens for it", file=sys.stderr)
+        _say(settings, f"generated a development JWT secret in {settings.secret_file}; "
+             "`scheduler token --scope nudging.admin` mints tokens for it")
     # Bind first: a port that is taken is a clear message before anything else starts.
     try:
         listener = bind_listener(args.host, args.port)
@@ -66,8 +68,11 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
     try:
         _engine(settings).dispose()  # migrate; the service opens (and disposes) its own engines
         app = create_app(settings)
+        # JSON logs: uvicorn configures no formatter of its own, its lines reach ours
+        log_config = uvicorn.config.LOGGING_CONFIG if settings.log_format == "text" else None
         server = _announcing_server(
-            uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=10), announce
+            uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=10, log_config=log_config),
+            lambda: _say(settings, announce),
         )
         with _graceful_signals():
             server.run(sockets=[listener])
@@ -100,7 +105,16 @@ def _bind_problem(exc: OSError) -> str:
     return str(exc)
 
 
-def _announcing_server(config: Any, announce: str) -> Any:
+def _say(settings: Settings, message: str) -> None:
+    """What ``serve`` tells its operator: a plain line on stderr, or with JSON logs a log
+    line like every other (a collector expects nothing else on the stream)."""
+    if settings.log_format == "json":
+        logging.getLogger("scheduler.serve").info(message)
+    else:
+        print(message, file=sys.stderr, flush=True)
+
+
+def _announcing_server(config: Any, announce: Callable[[], None]) -> Any:
     """uvicorn's server, saying ``announce`` only once the socket is served and the lifespan
     (the polling loop) has started. (uvicorn is imported here: only ``serve`` needs it.)"""
     import uvicorn
@@ -109,7 +123,7 @@ def _announcing_server(config: Any, announce: str) -> Any:
         async def startup(self, sockets: list[socket.socket] | None = None) -> None:
             await super().startup(sockets=sockets)
             if not self.should_exit:
-                print(announce, file=sys.stderr, flush=True)
+                announce()
 
     return AnnouncingServer(config)
 
@@ -451,8 +465,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     # A read prints only its answer: the embedded server's and Alembic's INFO lines appear
     # with --verbose; serve keeps INFO, since its log is what an operator watches.
     quiet = logging.INFO if args.command == "serve" else logging.WARNING
-    logging.basicConfig(level=logging.DEBUG if args.verbose else quiet,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # SCHEDULER_LOG_FORMAT (text or json, secrets redacted in both); a bad value logs as
+    # text and is reported by run_command as the configuration error it is.
+    try:
+        log_format = log_format_of(os.environ)
+    except ConfigError:
+        log_format = "text"
+    configure_logging(logging.DEBUG if args.verbose else quiet, log_format)
     # pgserver narrates every pg_ctl call at INFO; keep its warnings only.
     logging.getLogger("pgserver").setLevel(logging.DEBUG if args.verbose else logging.WARNING)
     return run_command(args)

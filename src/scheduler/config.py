@@ -57,6 +57,17 @@ def _bool(env: Mapping[str, str], name: str, default: bool) -> bool:
     raise ConfigError(f"{name} must be true or false, got {raw!r}")
 
 
+LOG_FORMATS = ("text", "json")
+
+
+def log_format_of(env: Mapping[str, str]) -> str:
+    """``SCHEDULER_LOG_FORMAT``: ``text`` (the default) or ``json``."""
+    raw = (env.get("SCHEDULER_LOG_FORMAT") or "text").strip().lower()
+    if raw not in LOG_FORMATS:
+        raise ConfigError(f"SCHEDULER_LOG_FORMAT must be text or json, got {raw!r}")
+    return raw
+
+
 @dataclass(frozen=True)
 class Settings:
     """Everything the service reads from its environment (see the README's table)."""
@@ -83,6 +94,7 @@ class Settings:
     transaction_pooling: bool = False
     metrics_require_admin: bool = False  # GET /metrics needs the admin permission (issue 9)
     console_refresh_seconds: float = 2.0  # how often the console's overview stream sends
+    log_format: str = "text"  # text or json: one JSON object a line (issue 17)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -123,6 +135,7 @@ class Settings:
             transaction_pooling=_bool(env, "SCHEDULER_TRANSACTION_POOLING", False),
             metrics_require_admin=_bool(env, "SCHEDULER_METRICS_REQUIRE_ADMIN", False),
             console_refresh_seconds=_float(env, "SCHEDULER_CONSOLE_REFRESH_SECONDS", 2.0, 0.1),
+            log_format=log_format_of(env),
         )
 
     def with_(self, **changes: object) -> Settings:
