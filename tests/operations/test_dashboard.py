@@ -110,7 +110,8 @@ def exposition(service: SchedulerService, client: TestClient, clock: ManualClock
     loop_step(service)
     response = client.get("/metrics")
     assert response.status_code == 200, response.text
-    return response.text
+    text: str = response.text
+    return text
 
 
 @pytest.mark.clause("DASH-1")
