@@ -95,6 +95,7 @@ def every_recorded_value(span: ReadableSpan) -> Iterator[str]:
 
 
 @pytest.mark.clause("TRACE-1")
+@pytest.mark.clause("DEC-OBS-2")
 def test_a_dispatch_span_links_to_the_span_of_the_post_that_stored_the_event(
     traced: SchedulerService, traced_client: TestClient, clock: ManualClock, engine: Engine,
     spans: InMemorySpanExporter,
@@ -139,6 +140,7 @@ def test_a_dispatch_span_links_to_the_span_of_the_post_that_stored_the_event(
 
 
 @pytest.mark.clause("TRACE-1")
+@pytest.mark.clause("DEC-OBS-2")
 def test_a_rewrite_by_external_key_links_the_dispatch_to_the_latest_storing_request(
     traced: SchedulerService, traced_client: TestClient, clock: ManualClock, spans: InMemorySpanExporter,
 ) -> None:
@@ -270,6 +272,7 @@ BLOCK_OPENTELEMETRY = """
 
 
 @pytest.mark.clause("TRACE-5")
+@pytest.mark.clause("DEC-OBS-1")
 @pytest.mark.parametrize("exporter", [None, "none"])
 def test_with_tracing_off_opentelemetry_is_never_imported(database_url: str, exporter: str | None) -> None:
     """TRACE-5: OTEL_TRACES_EXPORTER unset or ``none``: a service that serves a request and
