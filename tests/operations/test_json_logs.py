@@ -95,7 +95,8 @@ def test_a_json_line_carries_the_event_id_and_the_replica_of_a_dispatch_that_log
         loop_step(service)
     lines = json_lines.parsed()
     assert lines and all(line.keys() >= FIELDS for line in lines)
-    failure = next(line for line in lines if line["logger"] == "scheduler.core.loop" and line["level"] == "ERROR")
+    failure = next(line for line in lines
+                   if line["logger"].startswith("scheduler.core.") and line["level"] == "ERROR")
     assert failure["event_id"] == event_id
     assert failure["replica"] == service.operations.heartbeat.replica_id
     assert "RuntimeError" in failure["exception"] and "\n" in failure["exception"]

@@ -256,7 +256,7 @@ BUILD_AND_SERVE = """
     service = SchedulerService(Settings.from_env(), run_scheduler=False)
     with TestClient(service.app) as client:
         assert client.get("/health").status_code == 200
-        service.scheduler._poll_guarded(lambda: False)
+        service.scheduler.poll_guarded(lambda: False)
     print(sorted(m for m in sys.modules if m.split(".")[0] == "opentelemetry"))
 """
 
@@ -291,7 +291,7 @@ def test_without_the_extra_the_service_runs_and_asking_for_traces_names_the_extr
     assert untraced.returncode == 0, untraced.stderr
     asked = _run(BLOCK_OPENTELEMETRY + BUILD_AND_SERVE, database_url, OTEL_TRACES_EXPORTER="otlp")
     assert asked.returncode != 0
-    assert "ConfigError" in asked.stderr and "scheduler[otel]" in asked.stderr, asked.stderr
+    assert "ConfigError" in asked.stderr and "nudging-scheduler[otel]" in asked.stderr, asked.stderr
 
 
 @pytest.mark.clause("TRACE-6")

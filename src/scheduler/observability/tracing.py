@@ -47,7 +47,7 @@ def observer_from_env(env: Mapping[str, str] | None = None) -> Observer:
     except ImportError as exc:
         raise ConfigError(
             f"OTEL_TRACES_EXPORTER={','.join(exporters)} needs the otel extra "
-            f"(pip install 'scheduler[otel]'): {exc}"
+            f"(pip install 'nudging-scheduler[otel]'): {exc}"
         ) from None
     return TracingObserver.from_env(exporters, env)
 
