@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -82,6 +83,20 @@ def _scrub_url(span: trace.Span, scope: dict[str, Any]) -> None:
             span.set_attribute(key, "")
 
 
+_LEADING_LINE_COMMENTS = re.compile(r"^(?:\s*--[^\n]*\n)+")
+
+
+class _StatementTracer(EngineTracer):
+    """The package's per-engine tracer, naming a span by its statement's first word even
+    when ``--`` comments come first (ours explain themselves: ``sql/queries.sql``); the
+    package skips only ``/* */`` comments and would call the span ``--``."""
+
+    def _operation_name(self, db_name: Any, statement: Any) -> Any:
+        if isinstance(statement, str):
+            statement = _LEADING_LINE_COMMENTS.sub("", statement)
+        return super()._operation_name(db_name, statement)  # type: ignore[no-untyped-call]  # untyped package
+
+
 def span_context_of(stored: str | None) -> SpanContext | None:
     """The remote span context a stored ``traceparent`` names, for a link."""
     parsed = w3c.parse(stored)
@@ -136,7 +151,7 @@ class TracingObserver(Observer):
                 continue  # the loop may share the requests' engine
             connections = metrics.get_meter(__name__).create_up_down_counter(
                 "db.client.connections.usage", unit="connections")
-            EngineTracer(self._sql_tracer, engine, connections)  # type: ignore[no-untyped-call]  # untyped package
+            _StatementTracer(self._sql_tracer, engine, connections)  # type: ignore[no-untyped-call]  # untyped base
             self._instrumented_engines.append(engine)
 
     # -- the loop --------------------------------------------------------------------------
