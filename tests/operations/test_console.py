@@ -9,9 +9,11 @@ since the count untouched) are recorded in the audit trail, listed on a page and
 
 from __future__ import annotations
 
+import html
 import re
 import time
 from datetime import timedelta
+from urllib.parse import parse_qs, urlsplit
 
 import jwt
 import pytest
@@ -320,3 +322,96 @@ def test_past_the_exact_limit_the_dispatched_count_is_the_estimate_marked_approx
     assert "dispatched (≈, estimated)" in client.get("/console").text
     monkeypatch.setattr(overview, "EXACT_LIMIT", 200_000)
     assert overview.overview(service.sessions, service.clock.now())["dispatched_approximate"] is False
+
+
+# Where a `next` could send an operator after sign-in, other than a page of this console:
+# other hosts in every spelling browsers accept, encodings, control characters, paths beside
+# or above the console. Each must land on the console itself.
+HOSTILE_NEXT = [
+    "//evil.example/console", "//evil.example", "///evil.example/console", "////evil.example",
+    "/\\evil.example/console", "\\\\evil.example", "/\\/evil.example", "\\/evil.example",
+    "https://evil.example/console", "HTTPS://evil.example", "http:evil.example", "https:/evil.example",
+    "javascript:alert(document.cookie)", "data:text/html,<script>alert(1)</script>",
+    "%2F%2Fevil.example", "%2f%2fevil.example/console", "/%2F%2Fevil.example", "%5C%5Cevil.example",
+    " //evil.example", "\t//evil.example", "/\t/evil.example", "/console\r\nSet-Cookie: x=1",
+    "/admin/scheduled-events", "/inbox", "/", "/consolex", "/console.evil.example", "/console@evil.example",
+    "/console/../inbox", "/console/./../admin", "/console/%2e%2e/inbox", "/console/%2E%2e%2Finbox",
+    "/console/..%2f..%2finbox", "/console/.%2e/admin",
+]
+
+
+def sign_in_with_next(client: TestClient, next_value: str, prefix: str = "") -> str:
+    """Follow a link to the sign-in page carrying ``next``, sign in; the redirect's target."""
+    page = client.get(f"{prefix}/console/sign-in", params={"next": next_value})
+    nonce = re.search(r'name="nonce" value="([^"]+)"', page.text)
+    carried = re.search(r'name="next" value="([^"]*)"', page.text)
+    assert nonce and carried, page.text
+    response = client.post(f"{prefix}/console/sign-in", follow_redirects=False, data={
+        "nonce": nonce[1], "token": token("nudging.admin"), "next": html.unescape(carried[1])})
+    assert response.status_code == 303, response.text
+    return response.headers["location"]
+
+
+def on_this_site(location: str, console: str) -> bool:
+    parts = urlsplit(location)
+    return not parts.scheme and not parts.netloc and "\\" not in location and (
+        parts.path == console or parts.path.startswith(console + "/"))
+
+
+@pytest.mark.clause("CON-10")
+def test_sign_in_follows_only_a_next_inside_this_console_and_otherwise_lands_on_the_console(
+    client: TestClient,
+) -> None:
+    """CON-10: every hostile `next` (another host in any spelling, an encoding, a control
+    character, a path beside or above the console), sent through the sign-in page's link or
+    posted directly, lands on /console; a page of the console is followed."""
+    for hostile in HOSTILE_NEXT:
+        assert sign_in_with_next(client, hostile) == "/console", hostile
+        nonce = re.search(r'name="nonce" value="([^"]+)"', client.get("/console/sign-in").text)[1]  # type: ignore[index]
+        direct = client.post("/console/sign-in", follow_redirects=False,
+                             data={"nonce": nonce, "token": token("nudging.admin"), "next": hostile})
+        assert direct.headers["location"] == "/console", hostile
+    for good in ("/console", "/console/audit", "/console/events?status=failed&after_id=x", "/console/events/abc"):
+        assert sign_in_with_next(client, good) == good
+
+
+@pytest.mark.clause("CON-10")
+def test_mounted_under_a_prefix_sign_in_follows_only_a_next_inside_the_mounted_console(
+    service: SchedulerService,
+) -> None:
+    """CON-10: embedded at /nudging, the console is /nudging/console: a `next` to the host
+    app's own /console, or beside the mount, lands on /nudging/console."""
+    from starlette.applications import Starlette
+    from starlette.routing import Mount
+
+    host = Starlette(routes=[Mount("/nudging", app=service.app)])
+    with TestClient(host) as client:
+        for hostile in [*HOSTILE_NEXT, "/console/audit", "/nudging/consolex", "/nudging/console/../admin"]:
+            assert sign_in_with_next(client, hostile, prefix="/nudging") == "/nudging/console", hostile
+        assert sign_in_with_next(client, "/nudging/console/audit", prefix="/nudging") == "/nudging/console/audit"
+
+
+@pytest.mark.clause("CON-10")
+def test_every_other_console_redirect_stays_on_this_site_inside_the_console(
+    client: TestClient, service: SchedulerService
+) -> None:
+    """CON-10: the other redirects that carry something of the request (the sign-in redirect
+    remembering the page asked for, the reset's return to its event page, sign-out) point at
+    a page of this console, and the `next` they carry is itself one the sign-in follows."""
+    for path in ("/console/events/x%5Cevil.example", "/console/events?q=//evil.example",
+                 "/console/events/%2e%2e", "/console/audit?before_id=//evil.example"):
+        client.cookies.clear()  # signed out
+        response = client.get(path, follow_redirects=False)
+        assert response.status_code == 303, path
+        location = response.headers["location"]
+        assert on_this_site(location, "/console") and location.startswith("/console/sign-in?next="), location
+        carried = sign_in_with_next(client, parse_qs(urlsplit(location).query)["next"][0])
+        assert on_this_site(carried, "/console"), (path, carried)
+    client.cookies.clear()
+    csrf = sign_in(client)
+    row = post_event(client, user_id="anna")
+    reset = client.post(f"/console/events/{row['id']}/reset", data={"csrf": csrf}, follow_redirects=False)
+    assert on_this_site(reset.headers["location"], "/console") and reset.headers["location"].startswith(
+        f"/console/events/{row['id']}")
+    out = client.post("/console/sign-out", data={"csrf": csrf}, follow_redirects=False)
+    assert out.headers["location"] == "/console/sign-in"
