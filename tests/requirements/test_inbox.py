@@ -337,3 +337,45 @@ def test_two_participants_streams_on_two_replicas_each_carry_only_their_own_noti
         finally:
             for stream in streams.values():
                 stream.close()
+
+
+def csp_of(header: str) -> dict[str, set[str]]:
+    """A Content-Security-Policy header as directive -> set of sources."""
+    policy: dict[str, set[str]] = {}
+    for part in header.split(";"):
+        words = part.split()
+        if words:
+            policy[words[0].lower()] = set(words[1:])
+    return policy
+
+
+@pytest.mark.clause("INBOX-10")
+def test_the_inbox_page_sends_a_policy_as_strict_as_the_consoles_and_may_not_be_framed(client: TestClient) -> None:
+    """INBOX-10: /inbox (which holds a participant's token and shows what senders wrote) sends
+    a Content-Security-Policy allowing nothing the console's does not, except the hashes of its
+    own inline script and style (no 'unsafe-inline', no other host), frame-ancestors 'none' and
+    X-Frame-Options: DENY; every inline script and style of the page is allowed by its hash, and
+    the page has no inline event handler (which no hash allows)."""
+    import base64
+    import hashlib
+    import re
+
+    page = client.get("/inbox")
+    console = client.get("/console/sign-in")
+    assert page.status_code == 200 and "content-security-policy" in page.headers, dict(page.headers)
+    mine, theirs = csp_of(page.headers["content-security-policy"]), csp_of(console.headers["content-security-policy"])
+    assert set(theirs) <= set(mine), f"missing directives: {set(theirs) - set(mine)}"
+    for directive, sources in mine.items():
+        allowed = theirs.get(directive, theirs.get("default-src", set()))
+        extra = {s for s in sources if s not in allowed and not re.fullmatch(r"'sha256-[A-Za-z0-9+/]+=*'", s)}
+        assert not extra, f"{directive} allows {extra}, the console does not"
+    assert mine["default-src"] == {"'none'"} and mine["frame-ancestors"] == {"'none'"}
+    assert mine["base-uri"] == {"'none'"} and mine["connect-src"] == {"'self'"}
+    assert page.headers["x-frame-options"] == "DENY" and page.headers["x-content-type-options"] == "nosniff"
+    for tag, directive in (("script", "script-src"), ("style", "style-src")):
+        bodies = re.findall(rf"<{tag}>(.*?)</{tag}>", page.text, flags=re.DOTALL)
+        assert bodies, tag
+        for body in bodies:
+            digest = base64.b64encode(hashlib.sha256(body.encode()).digest()).decode()
+            assert f"'sha256-{digest}'" in mine[directive], f"the page's own {tag} would be blocked"
+    assert not re.search(r"<[^>]+\son[a-z]+\s*=", page.text, flags=re.IGNORECASE), "an inline event handler"

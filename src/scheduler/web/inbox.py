@@ -25,10 +25,12 @@ the table on a short timer instead: later by at most that interval, nothing lost
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import hashlib
 import json
 import logging
+import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import datetime
@@ -58,6 +60,30 @@ CHANNEL = "scheduler_inbox"
 STREAM_LOCK_KEY = int.from_bytes(hashlib.blake2b(b"nudging-inbox-stream", digest_size=8).digest(), "big", signed=True)
 PAGE = Path(__file__).parent / "pages" / "inbox.html"
 REPLAY_LIMIT = 500
+
+
+def page_headers(html: str) -> dict[str, str]:
+    """The ``/inbox`` page's headers: a Content-Security-Policy as strict as the console's.
+
+    The page holds a participant's token and shows text a sender wrote, so nothing but its
+    own inline script and style may run (allowed by their hashes, not ``'unsafe-inline'``),
+    it talks only to its own origin, and no other site may frame it.
+    """
+
+    def hashes(tag: str) -> str:
+        found = re.findall(rf"<{tag}>(.*?)</{tag}>", html, flags=re.DOTALL)
+        digests = (base64.b64encode(hashlib.sha256(body.encode()).digest()).decode() for body in found)
+        return " ".join(f"'sha256-{d}'" for d in digests) or "'none'"
+
+    return {
+        "Content-Security-Policy": f"default-src 'none'; script-src {hashes('script')}; style-src {hashes('style')}; "
+                                   "img-src 'self'; connect-src 'self'; form-action 'self'; "
+                                   "frame-ancestors 'none'; base-uri 'none'",
+        "X-Frame-Options": "DENY",
+        "X-Content-Type-Options": "nosniff",
+        "Referrer-Policy": "no-referrer",
+        "Cache-Control": "no-store",
+    }
 
 
 class StreamPublisher:
@@ -387,9 +413,12 @@ def inbox_routes(service: SchedulerService) -> list[BaseRoute]:
         headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
         return StreamingResponse(sse_stream(inbox, user_id, after), media_type="text/event-stream", headers=headers)
 
+    page_html = PAGE.read_text()
+    headers = page_headers(page_html)
+
     async def page(request: Request) -> Response:
         """The participant's page: it holds no data; the token it is given reads the rest."""
-        return HTMLResponse(PAGE.read_text())
+        return HTMLResponse(page_html, headers=headers)
 
     return [
         Route("/me/notifications", my_notifications, methods=["GET"]),
