@@ -256,10 +256,13 @@ def test_the_overview_shows_counts_backlog_lateness_replicas_and_failures_and_st
     assert re.search(r'data-field="oldest_overdue_seconds" data-format="duration">5 min 0 s<', page)
     assert re.search(r'data-field="lateness.p50" data-format="duration">2 min 0 s<', page)
     assert "missing_or_invalid_time_scope" in page and "state-ok" in page
+    # The test client reads a response to its end: a stream that ignored ?once=1 would end only
+    # after stream_seconds; cut that to seconds, so such a bug fails here quickly (two events).
+    service.operations.console.stream_seconds = 3.0
     with client.stream("GET", "/console/stream?once=1") as stream:
         assert stream.headers["content-type"].startswith("text/event-stream")
         body = "".join(stream.iter_text())
-    assert body.startswith("event: overview\ndata: {")
+    assert body.startswith("event: overview\ndata: {") and body.count("event: overview") == 1
     assert '"failed": 1' in body and '"backlog": 1' in body
 
 
