@@ -379,3 +379,42 @@ def test_the_inbox_page_sends_a_policy_as_strict_as_the_consoles_and_may_not_be_
             digest = base64.b64encode(hashlib.sha256(body.encode()).digest()).decode()
             assert f"'sha256-{digest}'" in mine[directive], f"the page's own {tag} would be blocked"
     assert not re.search(r"<[^>]+\son[a-z]+\s*=", page.text, flags=re.IGNORECASE), "an inline event handler"
+
+
+@pytest.mark.clause("INBOX-1")
+def test_pages_of_notifications_delivered_at_one_instant_lose_and_repeat_nothing(
+    client: TestClient, service: SchedulerService
+) -> None:
+    """INBOX-1: three notifications delivered by one poll share their created_at; pages of one
+    each still give all three, once each (the cursor breaks the tie by id), then no next."""
+    for day in ("2026-12-01", "2026-12-02", "2026-12-03"):  # three distinct reminders, one instant
+        post_event(client, trigger_at=service.clock.now(), facts=reminder_facts(day))
+    assert service.scheduler.poll_once().dispatched == 3
+    seen: list[dict[str, Any]] = []
+    params: dict[str, Any] = {"limit": 1}
+    for _ in range(4):
+        page = client.get(ME, params=params, headers=PARTICIPANT).json()
+        seen += page["items"]
+        if page["next"] is None:
+            break
+        params = {"limit": 1, "before": page["next"]}
+    assert len({n["created_at"] for n in seen}) == 1
+    assert len(seen) == 3 and len({n["id"] for n in seen}) == 3
+
+
+@pytest.mark.clause("INBOX-3")
+def test_a_replay_longer_than_one_read_of_the_table_misses_nothing(
+    client: TestClient, service: SchedulerService, replica_b: SchedulerService, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """INBOX-3: the replay reads the table a page at a time; with pages of two, five missed
+    notifications still come back, each once and in order, and the stream then goes live."""
+    import scheduler.web.inbox as inbox_module
+
+    monkeypatch.setattr(inbox_module, "REPLAY_LIMIT", 2)
+    deliver(client, service, n=5)
+    missed = [r["stream_seq"] for r in rows(service.engine, "SELECT stream_seq FROM notifications ORDER BY stream_seq")]
+    with serve(replica_b) as base_b, httpx.Client() as http:
+        with open_stream(base_b, {**PARTICIPANT, "Last-Event-ID": "0"}, http) as stream:
+            assert [stream.next_event()[0] for _ in range(5)] == missed
+            deliver(client, service)
+            assert stream.next_event()[0] > missed[-1]
