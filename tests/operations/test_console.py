@@ -18,6 +18,7 @@ from urllib.parse import parse_qs, urlsplit
 import jwt
 import pytest
 from sqlalchemy import Engine
+from sqlalchemy import text as sql_text
 from starlette.testclient import TestClient
 
 from scheduler.application import audit
@@ -418,3 +419,66 @@ def test_every_other_console_redirect_stays_on_this_site_inside_the_console(
         f"/console/events/{row['id']}")
     out = client.post("/console/sign-out", data={"csrf": csrf}, follow_redirects=False)
     assert out.headers["location"] == "/console/sign-in"
+
+
+@pytest.mark.clause("CON-2")
+def test_another_sessions_csrf_token_or_sign_in_nonce_is_403_and_changes_nothing(
+    service: SchedulerService, engine: Engine
+) -> None:
+    """CON-2: two operators in two browsers: Bob's reset, bulk reset and sign-out carrying Ann's
+    (valid, but not his) CSRF token are 403 and change nothing; a sign-in posting the nonce
+    another browser was given is 403."""
+    with TestClient(service.app) as ann, TestClient(service.app) as bob:
+        [bad] = _failed(ann, service, ["anna"])
+        ann_csrf = sign_in(ann, subject="operator-ann")
+        bob_csrf = sign_in(bob, subject="operator-bob")
+        assert ann_csrf != bob_csrf
+        assert bob.post(f"/console/events/{bad}/reset", data={"csrf": ann_csrf}).status_code == 403
+        assert bob.post("/console/bulk-reset", data={"csrf": ann_csrf, "status": "failed", "reason": "x",
+                                                     "expected": "1", "as_of": T0.isoformat()}).status_code == 403
+        assert bob.post("/console/sign-out", data={"csrf": ann_csrf}, follow_redirects=False).status_code == 403
+        assert event_row(engine, bad)["status"] == "failed"
+        assert rows(engine, "SELECT * FROM operator_actions") == []
+        assert bob.get("/console", follow_redirects=False).status_code == 200  # still signed in
+        ann.cookies.clear()
+        bob.cookies.clear()
+        ann_nonce = re.search(r'name="nonce" value="([^"]+)"', ann.get("/console/sign-in").text)
+        assert ann_nonce and bob.get("/console/sign-in").status_code == 200  # bob has a nonce of his own
+        stolen = bob.post("/console/sign-in", data={"nonce": ann_nonce[1], "token": token("nudging.admin")},
+                          follow_redirects=False)
+        assert stolen.status_code == 403 and "set-cookie" not in {k.lower() for k in stolen.headers}
+
+
+@pytest.mark.clause("CON-4")
+def test_rows_changed_at_one_instant_page_by_keyset_without_losing_or_repeating_one(
+    client: TestClient, service: SchedulerService, engine: Engine
+) -> None:
+    """CON-4: 60 rows dispatched by polls at one frozen instant share their updated_at; the
+    dispatched page and the unfiltered one still come as 50 and 10 with every row once (the
+    keyset breaks the tie by id). And `_` in the error text is literal, like `%`."""
+    for n in range(60):
+        post_event(client, user_id=f"user-{n:02d}")
+    drain(service)
+    assert len({r["updated_at"] for r in rows(engine, "SELECT updated_at FROM scheduled_events")}) == 1
+    sign_in(client)
+
+    def pages(query: str) -> list[list[str]]:
+        found: list[list[str]] = []
+        link: str | None = query
+        while link is not None and len(found) < 5:
+            page = client.get("/console/events?" + link).text
+            found.append(re.findall(r'<tr class="status-\w+" data-id="([^"]+)"', page))
+            more = re.search(r'href="/console/events\?([^"]+)" id="next-page"', page)
+            link = more[1].replace("&amp;", "&") if more else None
+        return found
+
+    everything = {r["id"] for r in rows(engine, "SELECT id FROM scheduled_events")}
+    for query in ("status=dispatched", ""):
+        got = pages(query)
+        assert [len(p) for p in got] == [50, 10], query
+        assert sorted(i for p in got for i in p) == sorted(everything), query
+    with engine.begin() as conn:
+        conn.execute(sql_text("UPDATE scheduled_events SET status = 'failed', last_error = 'timeXscope: x' "
+                              "WHERE user_id = 'user-00'"))
+    assert pages("status=failed&error_contains=time_scope") == [[]]  # `_` is not a wildcard
+    assert len(pages("status=failed&error_contains=TIMEXSCOPE")[0]) == 1

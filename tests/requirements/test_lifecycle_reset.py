@@ -50,17 +50,21 @@ def assert_pending_then_dispatched_again(service: SchedulerService, engine: Engi
 
 
 def reset_and_check(client: TestClient, service: SchedulerService, engine: Engine, clock: ManualClock,
-                    reset: Callable[[str], Any], actor: str) -> None:
+                    reset: Callable[[str], Any], actor: str, source: str) -> None:
     event_id = dispatched_row(client, service, engine, clock)
     reset(event_id)
+    trail = client.get("/admin/audit?limit=1", headers=ADMIN).json()  # CON-6: on record, whatever the adapter
+    assert [(a["action"], a["event_id"], a["actor"], a["source"], a["count"]) for a in trail] == [
+        ("reset", event_id, actor, source, 1)]
     assert_pending_then_dispatched_again(service, engine, clock, event_id, actor)
 
 
 @pytest.mark.clause("LIFE-9")
+@pytest.mark.clause("CON-6")
 def test_a_dispatched_row_reset_through_the_api_is_pending_without_dispatched_at_then_dispatched_again(
     client: TestClient, service: SchedulerService, engine: Engine, clock: ManualClock
 ) -> None:
-    """LIFE-9: the API's reset of a dispatched row answers it pending, with neither
+    """LIFE-9, CON-6: the API's reset of a dispatched row answers it pending, with neither
     dispatched_at nor last_error; the next poll dispatches it at that poll's time."""
 
     def reset(event_id: str) -> None:
@@ -69,14 +73,15 @@ def test_a_dispatched_row_reset_through_the_api_is_pending_without_dispatched_at
         body = answer.json()
         assert (body["status"], body["dispatched_at"], body["last_error"]) == ("pending", None, None)
 
-    reset_and_check(client, service, engine, clock, reset, actor="local-operator")
+    reset_and_check(client, service, engine, clock, reset, actor="local-operator", source="api")
 
 
 @pytest.mark.clause("LIFE-9")
+@pytest.mark.clause("CON-6")
 def test_a_dispatched_row_reset_on_the_console_is_pending_without_dispatched_at_then_dispatched_again(
     client: TestClient, service: SchedulerService, engine: Engine, clock: ManualClock
 ) -> None:
-    """LIFE-9: the console's reset form on the event page does the same."""
+    """LIFE-9, CON-6: the console's reset form on the event page does the same."""
     csrf = sign_in(client, subject="operator-ann")
 
     def reset(event_id: str) -> None:
@@ -84,19 +89,20 @@ def test_a_dispatched_row_reset_on_the_console_is_pending_without_dispatched_at_
                              follow_redirects=False)
         assert answer.status_code == 303, answer.text
 
-    reset_and_check(client, service, engine, clock, reset, actor="operator-ann")
+    reset_and_check(client, service, engine, clock, reset, actor="operator-ann", source="console")
 
 
 @pytest.mark.clause("LIFE-9")
+@pytest.mark.clause("CON-6")
 def test_a_dispatched_row_reset_by_the_cli_is_pending_without_dispatched_at_then_dispatched_again(
     client: TestClient, service: SchedulerService, engine: Engine, clock: ManualClock, database_url: str,
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """LIFE-9: ``scheduler events reset ID`` does the same."""
+    """LIFE-9, CON-6: ``scheduler events reset ID`` does the same."""
     monkeypatch.setenv("DATABASE_URL", database_url)
 
     def reset(event_id: str) -> None:
         assert main(["events", "reset", event_id, "--actor", "ops-cli"]) == 0
         assert "pending again" in capsys.readouterr().out
 
-    reset_and_check(client, service, engine, clock, reset, actor="ops-cli")
+    reset_and_check(client, service, engine, clock, reset, actor="ops-cli", source="cli")
