@@ -353,7 +353,7 @@ def sign_in_with_next(client: TestClient, next_value: str, prefix: str = "") -> 
     response = client.post(f"{prefix}/console/sign-in", follow_redirects=False, data={
         "nonce": nonce[1], "token": token("nudging.admin"), "next": html.unescape(carried[1])})
     assert response.status_code == 303, response.text
-    return response.headers["location"]
+    return str(response.headers["location"])
 
 
 def on_this_site(location: str, console: str) -> bool:
@@ -482,3 +482,17 @@ def test_rows_changed_at_one_instant_page_by_keyset_without_losing_or_repeating_
                               "WHERE user_id = 'user-00'"))
     assert pages("status=failed&error_contains=time_scope") == [[]]  # `_` is not a wildcard
     assert len(pages("status=failed&error_contains=TIMEXSCOPE")[0]) == 1
+
+
+@pytest.mark.clause("CON-1")
+def test_a_forged_or_garbage_session_cookie_is_no_session(client: TestClient) -> None:
+    """CON-1: a cookie that is not a session this service gave (garbage, an admin token signed
+    with another secret, an expired admin token) leads to sign-in like no cookie at all."""
+    forged = token("nudging.admin", secret="another-secret-entirely-0123456789abcdef0123")
+    expired = token("nudging.admin", ttl_seconds=-60)
+    for value in ("garbage", forged, expired, ""):
+        client.cookies.clear()
+        client.cookies.set("scheduler_console", value, path="/console")
+        for path in ("/console", "/console/audit"):
+            response = client.get(path, follow_redirects=False)
+            assert response.status_code == 303 and response.headers["location"].startswith("/console/sign-in"), value

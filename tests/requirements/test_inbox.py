@@ -13,7 +13,6 @@ Heartbeats keep an idle stream open through proxies.
 from __future__ import annotations
 
 import asyncio
-import json
 import threading
 from collections.abc import Iterator, Mapping
 from datetime import timedelta
@@ -413,8 +412,8 @@ def test_a_replay_longer_than_one_read_of_the_table_misses_nothing(
     monkeypatch.setattr(inbox_module, "REPLAY_LIMIT", 2)
     deliver(client, service, n=5)
     missed = [r["stream_seq"] for r in rows(service.engine, "SELECT stream_seq FROM notifications ORDER BY stream_seq")]
-    with serve(replica_b) as base_b, httpx.Client() as http:
-        with open_stream(base_b, {**PARTICIPANT, "Last-Event-ID": "0"}, http) as stream:
-            assert [stream.next_event()[0] for _ in range(5)] == missed
-            deliver(client, service)
-            assert stream.next_event()[0] > missed[-1]
+    with serve(replica_b) as base_b, httpx.Client() as http, \
+            open_stream(base_b, {**PARTICIPANT, "Last-Event-ID": "0"}, http) as stream:
+        assert [stream.next_event()[0] for _ in range(5)] == missed
+        deliver(client, service)
+        assert stream.next_event()[0] > missed[-1]
