@@ -496,3 +496,19 @@ def test_a_forged_or_garbage_session_cookie_is_no_session(client: TestClient) ->
         for path in ("/console", "/console/audit"):
             response = client.get(path, follow_redirects=False)
             assert response.status_code == 303 and response.headers["location"].startswith("/console/sign-in"), value
+
+
+@pytest.mark.clause("CON-7")
+def test_an_operators_hostile_reason_shows_as_text_on_the_audit_and_event_pages(
+    client: TestClient, service: SchedulerService
+) -> None:
+    """CON-7: the reason an operator types is stored text too: markup in it is escaped on the
+    event page and the audit page, never a tag."""
+    hostile = '<script>alert("x")</script><img src=x onerror=alert(1)>'
+    [bad] = _failed(client, service, ["anna"])
+    csrf = sign_in(client)
+    client.post(f"/console/events/{bad}/reset", data={"csrf": csrf, "reason": hostile})
+    for path in (f"/console/events/{bad}", "/console/audit"):
+        page = client.get(path).text
+        assert "&lt;script&gt;alert(&#34;x&#34;)&lt;/script&gt;" in page, path
+        assert "<script>alert" not in page and "<img src=x" not in page, path

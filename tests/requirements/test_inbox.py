@@ -417,3 +417,19 @@ def test_a_replay_longer_than_one_read_of_the_table_misses_nothing(
         assert [stream.next_event()[0] for _ in range(5)] == missed
         deliver(client, service)
         assert stream.next_event()[0] > missed[-1]
+
+
+@pytest.mark.clause("INBOX-3")
+def test_a_last_event_id_past_the_newest_number_still_receives_what_comes_next(
+    client: TestClient, service: SchedulerService, replica_b: SchedulerService
+) -> None:
+    """INBOX-3: a client remembering a number the database never gave (a restored database, a
+    client of another deployment) reconnects with it: the stream starts from the newest number
+    instead, so the next notification still arrives (it is not hidden as already seen)."""
+    deliver(client, service)
+    with serve(replica_b) as base_b, httpx.Client() as http, \
+            open_stream(base_b, {**PARTICIPANT, "Last-Event-ID": str(10**15)}, http) as stream:
+        stream.until_connected()
+        deliver(client, service)
+        seq, note = stream.next_event()
+        assert note["user_id"] == "participant-1" and seq < 10**15
