@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from sqlalchemy import Engine
     from starlette.applications import Starlette
 
-    from scheduler.core.loop import ClaimedEvent, EventOutcome, PollReport
+    from scheduler.core.batch import ClaimedEvent, EventOutcome, PollReport
     from scheduler.types import DispatchResult
 
 DispatchDone = Callable[["EventOutcome | None"], None]

@@ -45,7 +45,7 @@ from scheduler.observability.log_context import event_scope
 from scheduler.observability.observer import DispatchDone, LiveDone, Observer, PollRecord
 
 if TYPE_CHECKING:
-    from scheduler.core.loop import ClaimedEvent, EventOutcome, PollReport
+    from scheduler.core.batch import ClaimedEvent, EventOutcome, PollReport
     from scheduler.types import DispatchResult
 
 TRACER_NAME = "scheduler"

@@ -10,7 +10,7 @@ configuration error naming the extra.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from scheduler.config import ConfigError
@@ -18,7 +18,10 @@ from scheduler.observability import log_context
 from scheduler.observability.observer import Observer
 
 if TYPE_CHECKING:
-    from scheduler.web.app import SchedulerService
+    from sqlalchemy import Engine
+    from starlette.applications import Starlette
+
+    from scheduler.core.loop import Scheduler
 
 EXPORTERS = ("console", "otlp")
 _TRUE = {"1", "true", "yes", "on"}
@@ -52,12 +55,12 @@ def observer_from_env(env: Mapping[str, str] | None = None) -> Observer:
     return TracingObserver.from_env(exporters, env)
 
 
-def observe(service: SchedulerService, observer: Observer | None = None) -> Observer:
-    """Wire observability into a built service: its loop's observer, spans for its requests
-    and statements (when tracing), and its replica id in log lines. ``observer`` defaults to
-    the environment's."""
-    observer = observer if observer is not None else observer_from_env()
-    service.scheduler.observer = observer
-    observer.instrument(service.app, [service.engine, service.loop_engine])
-    log_context.set_replica(service.operations.heartbeat.replica_id)
+def observe(observer: Observer, *, app: Starlette, engines: Sequence[Engine], loop: Scheduler,
+            replica_id: str) -> Observer:
+    """Wire ``observer`` into a built service's parts (the composition root hands them over):
+    the loop's observer, spans for the app's requests and the engines' statements (when
+    tracing), and the replica id in log lines."""
+    loop.observer = observer
+    observer.instrument(app, engines)
+    log_context.set_replica(replica_id)
     return observer
