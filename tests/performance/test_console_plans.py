@@ -160,11 +160,11 @@ def test_the_plan_check_fails_without_the_updated_at_index(settled_table: Engine
     assert any(UPDATED_AT in p for p in problems(plan, UPDATED_AT, 50))
 
 
-@pytest.mark.clause("CON-10")
+@pytest.mark.clause("CON-16")
 def test_past_the_exact_limit_the_status_counts_read_no_row_of_the_table(
     settled_table: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """CON-10: in a big table the estimate of each status reads the catalogue only, the exact pending
+    """CON-16: in a big table the estimate of each status reads the catalogue only, the exact pending
     and failed counts their partial indexes, and the estimates land near the truth."""
     with settled_table.connect() as conn:
         estimate = explain(conn, "estimate_events_by_status", {})

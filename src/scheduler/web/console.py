@@ -16,7 +16,7 @@ from datetime import datetime
 from importlib.resources import files
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import unquote, urlencode, urlsplit
 
 import jwt
 from jinja2 import Environment, FileSystemLoader, select_autoescape
@@ -280,11 +280,22 @@ def _field(form: Any, name: str) -> str | None:
 
 
 def _safe_next(request: Request, raw: str | None) -> str:
-    """Only a path inside the console (never another host) is followed after sign-in."""
+    """Only a path inside the console (never another host) is followed after sign-in.
+
+    Anything else lands on the console: another scheme or host (``https://h/``, ``//h/``,
+    ``/\\h``, which browsers read as ``//h``), control characters (which browsers strip),
+    a path beside the console (``/console.evil``, ``/consolex``) or one that climbs out of it
+    with dot segments, literal or percent-encoded (browsers resolve ``%2e%2e`` as ``..``).
+    """
     console = base_path(request) + "/console"
-    if raw and raw.startswith(console) and not raw.startswith("//") and "\\" not in raw:
-        return raw
-    return console
+    if not raw or "\\" in raw or any(ord(c) < 0x20 or ord(c) == 0x7F for c in raw):
+        return console
+    parts = urlsplit(raw)
+    if parts.scheme or parts.netloc or not (parts.path == console or parts.path.startswith(console + "/")):
+        return console
+    if any(segment in (".", "..") for segment in unquote(parts.path).split("/")):
+        return console
+    return raw
 
 
 def _when(value: Any) -> str:

@@ -48,6 +48,7 @@ STREAM_LOCK_KEY = int.from_bytes(hashlib.blake2b(b"nudging-inbox-stream", digest
 REPLAY_LIMIT = 500
 
 
+
 class StreamPublisher:
     """After commit: number a delivered web notification for the stream and NOTIFY every
     replica; then hand the message to ``inner`` (the configured publisher)."""

@@ -8,6 +8,9 @@ inbox; an admin may name another (``?user_id=``).
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import re
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -27,6 +30,30 @@ from scheduler.web.inbox import Inbox, sse_stream, stream_head
 from scheduler.web.schemas import InboxPageOut
 
 PAGE = Path(__file__).parent / "pages" / "inbox.html"
+
+
+def page_headers(html: str) -> dict[str, str]:
+    """The ``/inbox`` page's headers: a Content-Security-Policy as strict as the console's.
+
+    The page holds a participant's token and shows text a sender wrote, so nothing but its
+    own inline script and style may run (allowed by their hashes, not ``'unsafe-inline'``),
+    it talks only to its own origin, and no other site may frame it.
+    """
+
+    def hashes(tag: str) -> str:
+        found = re.findall(rf"<{tag}>(.*?)</{tag}>", html, flags=re.DOTALL)
+        digests = (base64.b64encode(hashlib.sha256(body.encode()).digest()).decode() for body in found)
+        return " ".join(f"'sha256-{d}'" for d in digests) or "'none'"
+
+    return {
+        "Content-Security-Policy": f"default-src 'none'; script-src {hashes('script')}; style-src {hashes('style')}; "
+                                   "img-src 'self'; connect-src 'self'; form-action 'self'; "
+                                   "frame-ancestors 'none'; base-uri 'none'",
+        "X-Frame-Options": "DENY",
+        "X-Content-Type-Options": "nosniff",
+        "Referrer-Policy": "no-referrer",
+        "Cache-Control": "no-store",
+    }
 
 
 def _whose(request: Request) -> str:
@@ -105,9 +132,12 @@ def inbox_routes(*, sessions: sessionmaker[Session], inbox: Inbox) -> list[BaseR
         headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
         return StreamingResponse(sse_stream(inbox, user_id, after), media_type="text/event-stream", headers=headers)
 
+    page_html = PAGE.read_text()
+    headers = page_headers(page_html)
+
     async def page(request: Request) -> Response:
         """The participant's page: it holds no data; the token it is given reads the rest."""
-        return HTMLResponse(PAGE.read_text())
+        return HTMLResponse(page_html, headers=headers)
 
     return [
         Route("/me/notifications", my_notifications, methods=["GET"]),
