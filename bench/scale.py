@@ -99,7 +99,8 @@ def hot_statements() -> dict[str, tuple[str, dict[str, Any]]]:
             "id": "bench-new-event", "event_type": "commitment", "user_id": "user-new", "community_id": None,
             "external_key": "bench-new-key", "trigger_at": NOW + timedelta(days=1),
             "facts": json.dumps({"facts_version": "1", "scenario": "commitment_reminder",
-                                 "commitment": "water the plants", "date": DAY}), "now": NOW}),
+                                 "commitment": "water the plants", "date": DAY}), "now": NOW,
+            "traceparent": None}),
         "retention: one batch": ("delete_expired_events", {"cutoff": NOW + timedelta(days=1), "batch_size": 500}),
     }
 

@@ -29,6 +29,7 @@ UPDATED_AT = "ix_scheduled_events_updated_at"
 # retention's partial index (issue 10) holds exactly the dispatched and cancelled rows by
 # updated_at: as good a window for the lateness of the last hour, and smaller
 FINISHED = "ix_scheduled_events_finished"
+USER = "ix_scheduled_events_user_id"
 
 
 def explain(conn: Connection, name: str, params: dict[str, Any], *, generic: bool = False) -> dict[str, Any]:
@@ -211,3 +212,18 @@ def test_the_pending_and_failed_counts_stop_at_the_cap_and_are_estimated_past_it
     assert abs(database_gauges(sessions, NOW)["failed"] - truth["failed"]) <= truth["failed"] * 0.1
     monkeypatch.setattr(counts, "COUNT_CAP", 10_000)
     assert database_gauges(sessions, NOW)["failed"] == truth["failed"] + 1_000
+
+
+@pytest.mark.clause("PERF-5")
+@pytest.mark.parametrize("user_id", ["user-42", "nobody"], ids=["some-rows", "no-row"])
+def test_a_participants_rows_are_read_from_the_participant_index_one_page_at_most(
+    settled_table: Engine, user_id: str
+) -> None:
+    """PERF-5: the console's events page and the API's list filtered by participant read
+    ix_scheduled_events_user_id and that participant's rows only (one page at most), whether the
+    participant has rows or none: never a walk of the whole table."""
+    with settled_table.connect() as conn:
+        for name, order_note in (("filter_events_page", "console"), ("list_events", "api")):
+            params = {**EventQuery(user_id=user_id).params(), "after_at": None, "after_id": "", "limit": 51}
+            plan = explain(conn, name, params)
+            assert problems(plan, USER, 51) == [], (order_note, json.dumps(plan, indent=1))
