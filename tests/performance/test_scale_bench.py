@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from bench import cli, report, scale
+from bench import cli, participant_index, report, scale
 from bench.claim import PENDING
 from bench.env import Server
+from sqlalchemy import Engine, text
 
 from tests.conftest import PgServer, libpq_url
 
@@ -72,3 +73,18 @@ def test_the_scale_command_takes_its_sizes_and_stays_out_of_all() -> None:
     assert args.bench_names == ("scale",) and args.rows == [10_000, 10_000_000] and args.quick
     assert "scale" not in parser.parse_args(["all"]).bench_names
     assert cli.FULL.scale_sizes == (10_000, 1_000_000, 10_000_000)
+
+
+@pytest.mark.clause("PERF-3")
+def test_the_participant_index_write_cost_measure_runs(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """PERF-3: ``python -m bench.participant_index`` (the write cost of migration 0007's index) times a
+    store and a batch's outcomes with and without the index, and leaves the index in place."""
+    monkeypatch.setattr(participant_index, "ROUNDS", 1)
+    scale._load(engine, 2_000)
+    with engine.connect() as conn:
+        result = participant_index.measure(conn)
+        indexes = set(conn.execute(text("SELECT indexname FROM pg_indexes WHERE tablename = 'scheduled_events'"))
+                      .scalars())
+    assert set(result) == {"with index", "without index"}
+    assert all(set(figures) == {"store", "outcome"} for figures in result.values())
+    assert "ix_scheduled_events_user_id" in indexes
