@@ -83,6 +83,8 @@ class Settings:
     transaction_pooling: bool = False
     metrics_require_admin: bool = False  # GET /metrics needs the admin permission (issue 9)
     console_refresh_seconds: float = 2.0  # how often the console's overview stream sends
+    session_max_seconds: int = 8 * 3600  # a session's absolute lifetime (never past its token's exp)
+    session_idle_seconds: int = 30 * 60  # a session unused this long ends
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -123,6 +125,8 @@ class Settings:
             transaction_pooling=_bool(env, "SCHEDULER_TRANSACTION_POOLING", False),
             metrics_require_admin=_bool(env, "SCHEDULER_METRICS_REQUIRE_ADMIN", False),
             console_refresh_seconds=_float(env, "SCHEDULER_CONSOLE_REFRESH_SECONDS", 2.0, 0.1),
+            session_max_seconds=_int(env, "SCHEDULER_SESSION_MAX_SECONDS", 8 * 3600, 60),
+            session_idle_seconds=_int(env, "SCHEDULER_SESSION_IDLE_SECONDS", 30 * 60, 60),
         )
 
     def with_(self, **changes: object) -> Settings:

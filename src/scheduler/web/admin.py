@@ -26,6 +26,7 @@ from scheduler.web.auth import TokenVerifier, require
 from scheduler.web.console import Console
 from scheduler.web.http import Unprocessable, respond
 from scheduler.web.schemas import OperatorActionOut, ReplicaOut
+from scheduler.web.sessions import SessionStore, session_routes
 
 
 class Operations:
@@ -39,7 +40,11 @@ class Operations:
         # On the loop's own pool: requests that hold every API connection never delay it.
         self.heartbeat = Heartbeat(scheduler.sessions, clock)
         self.metrics = Metrics(sessions, clock, loop_alive)
-        self.console = Console(sessions, clock, verifier, refresh_seconds=settings.console_refresh_seconds)
+        # Signed-in browsers (the console's, the inbox page's), in the database: any replica serves them.
+        self.session_store = SessionStore(sessions, clock, max_seconds=settings.session_max_seconds,
+                                          idle_seconds=settings.session_idle_seconds)
+        self.console = Console(sessions, clock, verifier, self.session_store,
+                               refresh_seconds=settings.console_refresh_seconds)
         scheduler.poll_hooks.extend([self.heartbeat, self.metrics])
 
     def routes(self) -> list[BaseRoute]:
@@ -48,6 +53,7 @@ class Operations:
             Route("/metrics", metrics, methods=["GET"]),
             Route("/admin/replicas", self.replicas, methods=["GET"]),
             Route("/admin/audit", self.audit_trail, methods=["GET"]),
+            *session_routes(self.session_store),
             *[_hidden(r) for r in self.console.routes],
         ]
 

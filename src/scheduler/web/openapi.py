@@ -33,13 +33,14 @@ from scheduler.web.schemas import (
     ScheduledEventOut,
     SchedulerHealthOut,
     ValidationErrorOut,
+    WebSessionOut,
 )
 
 MODELS: tuple[type[BaseModel], ...] = (
     ScheduledEventIn, LiveEventIn, PreferencesIn, ScheduledEventOut, NotificationOut,
     IngestOut, DuplicateOut, PreferencesOut, SchedulerHealthOut, HealthOut, ErrorOut,
     ValidationErrorOut, FactsContractErrorOut, RuleRefusalOut, ReplicaOut, OperatorActionOut,
-    HistoryEntryOut, CancelConflictOut, InboxNotificationOut, InboxPageOut,
+    HistoryEntryOut, CancelConflictOut, InboxNotificationOut, InboxPageOut, WebSessionOut,
 )
 
 
@@ -193,6 +194,21 @@ OPERATIONS.update({
     ("/inbox", "get"): {
         "summary": "The participant's inbox page (signs in with a participant token, shows the stream)",
         "responses": {"200": {"description": "an HTML page", "content": {"text/html": {"schema": {"type": "string"}}}}},
+    },
+})
+
+# Issue 17: sessions of the console and the inbox page.
+OPERATIONS.update({
+    ("/admin/sessions", "get"): {
+        "summary": "The open browser sessions (console and inbox), most recently seen first (permission: admin)",
+        "parameters": ["kind"],
+        "parameter_schemas": {"kind": {"type": "string", "enum": ["admin", "participant"]}},
+        "responses": {"200": _json(WebSessionOut, "open sessions", many=True), **ERRORS},
+    },
+    ("/admin/sessions/{session_id}", "delete"): {
+        "summary": "End a session now: every replica refuses its cookie from the next request (permission: admin)",
+        "responses": {"200": _json(WebSessionOut, "the session, ended"),
+                      "404": _json(ErrorOut, "no session with that id (never, or already ended)"), **ERRORS},
     },
 })
 

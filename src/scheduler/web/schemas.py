@@ -261,6 +261,20 @@ class OperatorActionOut(_Out):
     reason: str | None
 
 
+class WebSessionOut(_Out):
+    """A signed-in browser (``GET /admin/sessions``); ``id`` names it, its secret is never shown."""
+
+    id: str
+    subject: str = Field(description="the token's sub at sign-in")
+    kind: Literal["admin", "participant"] = Field(description="admin: the console; participant: the inbox page")
+    created_at: Timestamp
+    expires_at: Timestamp = Field(description="the absolute end: the token's exp or SCHEDULER_SESSION_MAX_SECONDS")
+    last_seen_at: Timestamp
+    idle_seconds: int = Field(description="the session ends when unused this long (SCHEDULER_SESSION_IDLE_SECONDS)")
+    ends_at: Timestamp = Field(description="when it ends if unused from now: min(expires_at, last_seen_at + idle)")
+    user_agent: str | None
+
+
 class HealthOut(_Out):
     status: Literal["ok"]
 
