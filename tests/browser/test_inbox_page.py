@@ -92,3 +92,45 @@ def test_the_page_on_replica_b_shows_a_reminder_dispatched_by_replica_a_and_what
             assert titles == ["Reminder: charge the car at 13:00", "Reminder: run the dishwasher at noon"]
         finally:
             browser.close()
+
+
+@pytest.mark.clause("INBOX-11")
+def test_the_page_forgets_the_token_at_sign_in_keeps_the_session_over_a_reload_and_signs_out_for_good(
+    service: SchedulerService, engine: Engine, clock: ManualClock
+) -> None:
+    """INBOX-11: after sign-in the text box is empty and the token is nowhere in the page, its URL or
+    a script-readable cookie; a reload stays signed in; after sign-out the replayed cookie is refused."""
+    executable = chromium_or_skip()
+    from playwright import sync_api
+
+    participant = token(None, subject="participant-1")
+    with serve(service) as base, sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page()
+            requested: list[str] = []
+            page.on("request", lambda request: requested.append(request.url))
+            page.goto(f"{base}/inbox")
+            page.fill("#token", participant)
+            page.click("button[type=submit]")
+            page.wait_for_selector("#status[data-state=live]", timeout=20_000)
+            assert page.input_value("#token") == ""
+            assert participant not in page.content() and participant not in page.url
+            assert all(participant not in url for url in requested)
+            assert page.evaluate("document.cookie") == ""  # HttpOnly: no script reads the session
+            sync_api.expect(page.locator("#who")).to_have_text("participant-1")
+
+            page.reload()
+            page.wait_for_selector("#status[data-state=live]", timeout=20_000)
+            sync_api.expect(page.locator("#who")).to_have_text("participant-1")
+
+            [copied] = [c for c in page.context.cookies() if c["name"] == "scheduler_inbox"]
+            page.click("#sign-out")
+            page.wait_for_selector("#status[data-state=signed-out]", timeout=20_000)
+            assert rows(engine, "SELECT id FROM web_sessions") == []
+            page.context.add_cookies([copied])  # the replay: the old cookie, exactly as it was
+            page.reload()
+            page.wait_for_selector("#signin:not([hidden])", timeout=20_000)
+            assert page.evaluate("fetch('me/notifications').then((r) => r.status)") == 401
+        finally:
+            browser.close()

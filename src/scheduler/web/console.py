@@ -169,8 +169,10 @@ class Console:
 
     async def stream(self, request: Request) -> Response:
         """Server-sent events: the overview every ``refresh_seconds``; ``?once=1`` sends one.
-        A stream ends after ``stream_seconds`` (the browser's EventSource reconnects)."""
+        A stream ends after ``stream_seconds`` (the browser's EventSource reconnects), or as
+        soon as its session has ended."""
         once = request.query_params.get("once") == "1"
+        secret = console_session(request).secret
 
         async def events() -> Any:
             loop = asyncio.get_running_loop()
@@ -182,6 +184,9 @@ class Console:
                     return
                 await asyncio.sleep(self.refresh_seconds)
                 if await request.is_disconnected():
+                    return
+                # a session signed out or ended elsewhere stops its stream (not counted as use)
+                if not await run_in_threadpool(self.store.is_open, secret, "admin"):
                     return
 
         return StreamingResponse(events(), media_type="text/event-stream",

@@ -29,7 +29,7 @@ import contextlib
 import hashlib
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -47,6 +47,7 @@ from scheduler.database.queries import statement
 from scheduler.types import OutboundMessage, Publisher
 from scheduler.web.auth import PARTICIPANT, Principal, require
 from scheduler.web.http import Unprocessable, respond, text_param
+from scheduler.web.inbox_session import inbox_session_routes, session_check, with_inbox_session
 from scheduler.web.schemas import InboxPageOut
 
 if TYPE_CHECKING:
@@ -283,8 +284,11 @@ def _event(row: dict[str, Any]) -> str:
     return f"id: {row['stream_seq']}\nevent: notification\ndata: {data}\n\n"
 
 
-async def sse_stream(inbox: Inbox, user_id: str, after: int) -> AsyncIterator[str]:
-    """The stream of one client: what it missed after ``after``, then live rows, heartbeats."""
+async def sse_stream(inbox: Inbox, user_id: str, after: int,
+                     still_open: Callable[[], Awaitable[bool]] | None = None) -> AsyncIterator[str]:
+    """The stream of one client: what it missed after ``after``, then live rows, heartbeats.
+    ``still_open`` (a stream opened by a session cookie) is asked before each live row and
+    heartbeat: the stream of a session that has ended (signed out, ended, expired) stops."""
     subscriber = await inbox.subscribe(user_id)  # first, so nothing committed from now on is missed
     try:
         yield "retry: 1000\n: connected\n\n"
@@ -302,8 +306,12 @@ async def sse_stream(inbox: Inbox, user_id: str, after: int) -> AsyncIterator[st
             try:
                 row = await asyncio.wait_for(subscriber.queue.get(), timeout=inbox.heartbeat_seconds)
             except TimeoutError:
+                if still_open is not None and not await still_open():
+                    return
                 yield ": heartbeat\n\n"
                 continue
+            if still_open is not None and not await still_open():
+                return
             if int(row["stream_seq"]) > last:  # the replay may already have sent it
                 last = int(row["stream_seq"])
                 yield _event(row)
@@ -346,8 +354,10 @@ def _seq(name: str, raw: str | None) -> int:
 
 
 def inbox_routes(service: SchedulerService) -> list[BaseRoute]:
-    """``/me/notifications``, its stream, and the ``/inbox`` page, for ``service``'s inbox."""
+    """``/me/notifications``, its stream, the ``/inbox`` page and its session, for ``service``'s inbox.
+    The ``/me`` routes take a bearer token or the inbox page's session cookie."""
     inbox: Inbox = service.inbox
+    store = service.operations.session_store
 
     @require(PARTICIPANT)
     async def my_notifications(request: Request) -> Response:
@@ -385,16 +395,18 @@ def inbox_routes(service: SchedulerService) -> list[BaseRoute]:
         if after < 0 or after > head:
             after = head
         headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-        return StreamingResponse(sse_stream(inbox, user_id, after), media_type="text/event-stream", headers=headers)
+        return StreamingResponse(sse_stream(inbox, user_id, after, session_check(store, request)),
+                                 media_type="text/event-stream", headers=headers)
 
     async def page(request: Request) -> Response:
         """The participant's page: it holds no data; the token it is given reads the rest."""
         return HTMLResponse(PAGE.read_text())
 
     return [
-        Route("/me/notifications", my_notifications, methods=["GET"]),
-        Route("/me/notifications/stream", my_stream, methods=["GET"]),
+        Route("/me/notifications", with_inbox_session(store, my_notifications), methods=["GET"]),
+        Route("/me/notifications/stream", with_inbox_session(store, my_stream), methods=["GET"]),
         Route("/inbox", page, methods=["GET"]),
+        *inbox_session_routes(store, service.verifier, service.settings.max_body_bytes),
     ]
 
 

@@ -136,6 +136,14 @@ class PreferencesIn(BaseModel):
         return value
 
 
+class InboxSignInIn(BaseModel):
+    """``POST /inbox/session``: the participant's token, checked once (the page then forgets it)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    token: str = Field(min_length=1, max_length=8192, description="a valid token; its sub is the participant")
+
+
 # -- responses ----------------------------------------------------------------------------
 # Every answer is built from one of these (``scheduler.web.http.respond``), so /openapi.json
 # describes exactly what is sent. Times keep Python's ISO 8601 form (``+00:00``).
@@ -273,6 +281,15 @@ class WebSessionOut(_Out):
     idle_seconds: int = Field(description="the session ends when unused this long (SCHEDULER_SESSION_IDLE_SECONDS)")
     ends_at: Timestamp = Field(description="when it ends if unused from now: min(expires_at, last_seen_at + idle)")
     user_agent: str | None
+
+
+class InboxSessionOut(_Out):
+    """The inbox page's session (``/inbox/session``): whose it is, when it ends, its CSRF token."""
+
+    subject: str
+    expires_at: Timestamp
+    idle_seconds: int
+    csrf: str = Field(description="send as X-CSRF-Token to sign out")
 
 
 class HealthOut(_Out):

@@ -126,6 +126,15 @@ class SessionStore:
         return WebSession(row["id"], row["subject"], row["kind"], row["created_at"], row["expires_at"],
                           row["last_seen_at"], row["idle_seconds"], secret)
 
+    def is_open(self, secret: str, kind: SessionKind) -> bool:
+        """Whether the session of a cookie is still open, without counting this as use: a
+        long stream checks it as it runs, so a signed-out session's stream ends and an idle
+        one is not kept alive by the stream alone."""
+        with self.sessions.begin() as session:
+            return session.execute(statement("web_session_open"), {
+                "secret_hash": secret_hash(secret), "kind": kind, "now": self.clock.now(),
+            }).first() is not None
+
     def sign_out(self, secret: str) -> bool:
         """Delete the session of a cookie; True if there was one."""
         with self.sessions.begin() as session:

@@ -562,6 +562,14 @@ WHERE secret_hash = :secret_hash
   AND last_seen_at + idle_seconds * interval '1 second' > :now
 RETURNING id, subject, kind, created_at, expires_at, last_seen_at, idle_seconds, user_agent;
 
+-- name: web_session_open
+-- Whether a session is still open, without marking it seen (an open stream checks this as it runs).
+SELECT 1 FROM web_sessions
+WHERE secret_hash = :secret_hash
+  AND kind = :kind
+  AND expires_at > :now
+  AND last_seen_at + idle_seconds * interval '1 second' > :now;
+
 -- name: delete_web_session_by_hash
 -- Sign-out: delete the session of a cookie, so the cookie is refused by every replica from now on.
 DELETE FROM web_sessions WHERE secret_hash = :secret_hash RETURNING id;
