@@ -128,7 +128,8 @@ def test_the_page_forgets_the_token_at_sign_in_keeps_the_session_over_a_reload_a
             page.click("#sign-out")
             page.wait_for_selector("#status[data-state=signed-out]", timeout=20_000)
             assert rows(engine, "SELECT id FROM web_sessions") == []
-            page.context.add_cookies([copied])  # the replay: the old cookie, exactly as it was
+            # the replay: the old cookie's value, put back for this site
+            page.context.add_cookies([{"name": copied["name"], "value": copied["value"], "url": base + "/"}])
             page.reload()
             page.wait_for_selector("#signin:not([hidden])", timeout=20_000)
             assert page.evaluate("fetch('me/notifications').then((r) => r.status)") == 401
