@@ -274,3 +274,46 @@ def test_an_expired_session_leads_the_browser_to_sign_in(
     page.click("#sign-in")
     expect(page.locator("#audit")).to_be_visible()
     assert page.url.endswith("/console/audit")
+
+
+@pytest.mark.clause("CON-14")
+@pytest.mark.clause("CON-15")
+def test_an_operator_cancels_one_event_from_its_page_and_the_rest_by_filter_after_the_dry_run(
+    page: Any, site: str, client: TestClient, service: SchedulerService, engine: Engine, tmp_path: Path
+) -> None:
+    """CON-14, CON-15: in Chromium, one pending reminder is cancelled from its page with a reason; then
+    the dry run counts the participant's other cancellable rows and the confirmed cancel takes them all."""
+    from playwright.sync_api import expect
+
+    later = T0 + timedelta(hours=2)
+    pending = [post_event(client, user_id="mia", external_key=f"mia-{n}", trigger_at=later)["id"] for n in range(3)]
+    failed = post_event(client, user_id="mia", facts=BAD_FACTS)["id"]
+    other = post_event(client, user_id="noah", trigger_at=later)["id"]
+    drain(service)
+    browser_sign_in(page, site)
+    expect(page.locator("#who")).to_have_text("operator-ann")
+
+    page.goto(f"{site}/console/events/{pending[0]}")
+    page.fill("#cancel-reason", "asked by the participant")
+    screenshot(page, "cancel", tmp_path)
+    page.click("#cancel")
+    expect(page.locator("#done")).to_contain_text("Cancelled")
+    expect(page.locator("#history")).to_contain_text("asked by the participant")
+    expect(page.locator("#cancel-form")).to_have_count(0)
+    assert event_row(engine, pending[0])["status"] == "cancelled"
+
+    page.goto(site + "/console/events")
+    page.fill("#f-user", "mia")
+    page.click("#apply-filter")
+    expect(page.locator("#events tbody tr")).to_have_count(4)
+    page.click("#bulk-cancel")
+    expect(page.locator("#dry-run-count")).to_have_text("3")  # the cancelled one is not counted again
+    page.fill("#reason", "participant left the programme")
+    screenshot(page, "bulk-cancel", tmp_path)
+    page.click("#confirm-bulk-cancel")
+    expect(page.locator("#bulk-cancel-count")).to_have_text("3")
+    assert [event_row(engine, i)["status"] for i in [*pending, failed]] == ["cancelled"] * 4
+    assert event_row(engine, other)["status"] == "pending"
+    page.click("text=Audit")
+    expect(page.locator("#audit tbody tr")).to_have_count(2)
+    expect(page.locator("#audit tbody tr").first).to_contain_text("bulk_cancel")

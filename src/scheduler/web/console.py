@@ -2,7 +2,8 @@
 
 Overview (live over server-sent events), events with filters and keyset pagination, an
 event's detail with its notifications and action history, reset and bulk reset (dry-run
-count first, a required reason), and the audit trail. Sign-in and CSRF: ``console_auth``.
+count first, a required reason), cancel and bulk cancel (``console_cancel``), the audit trail
+and the open sessions. Sign-in, sessions and CSRF: ``console_auth`` and ``sessions``.
 Pages are sent with a Content-Security-Policy that allows only the package's own script
 and style, so even a bug in escaping could not run injected script.
 """
@@ -13,6 +14,7 @@ import asyncio
 import json
 import secrets
 import time
+from collections.abc import Callable
 from datetime import datetime
 from importlib.resources import files
 from pathlib import Path
@@ -35,6 +37,7 @@ from scheduler.types import Clock, EventStatus
 from scheduler.web.auth import TokenVerifier, token_problem
 from scheduler.web.console_auth import (
     CSRF_FIELD,
+    ConsoleEndpoint,
     NotAdmin,
     base_path,
     clear_session_cookie,
@@ -46,9 +49,11 @@ from scheduler.web.console_auth import (
     signin_nonce_ok,
     verify_admin,
 )
+from scheduler.web.console_cancel import cancel_routes
 from scheduler.web.lifecycle import event_history
 from scheduler.web.sessions import SessionStore
 
+ConsoleGuard = Callable[[ConsoleEndpoint], ConsoleEndpoint]
 PACKAGE = Path(str(files("scheduler.web")))
 STATIC = PACKAGE / "static"
 STATIC_TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8"}
@@ -87,6 +92,7 @@ class Console:
             Route("/console/events/{event_id}/reset", guard(self.reset), methods=["POST"]),
             Route("/console/bulk-reset", guard(self.bulk_page), methods=["GET"]),
             Route("/console/bulk-reset", guard(self.bulk_reset), methods=["POST"]),
+            *cancel_routes(self, guard),
             Route("/console/audit", guard(self.audit_page), methods=["GET"]),
             Route("/console/sessions", guard(self.sessions_page), methods=["GET"]),
             Route("/console/sessions/{session_id}/end", guard(self.end_session), methods=["POST"]),
@@ -152,13 +158,13 @@ class Console:
         """Delete the session: its cookie is refused by every replica from now on."""
         form = await request.form()
         if not csrf_ok(console_session(request), _field(form, CSRF_FIELD)):
-            return self._csrf_refused(request)
+            return self.csrf_refused(request)
         await run_in_threadpool(self.store.sign_out, console_session(request).secret)
         response = RedirectResponse(base_path(request) + "/console/sign-in", status_code=303)
         clear_session_cookie(request, response)
         return response
 
-    def _csrf_refused(self, request: Request) -> Response:
+    def csrf_refused(self, request: Request) -> Response:
         return self.page(request, "error.html", {"message": "missing or wrong CSRF token: reload the page and try again"}, 403)
 
     # -- overview ----------------------------------------------------------------------
@@ -245,7 +251,7 @@ class Console:
         form = await request.form()
         session = console_session(request)
         if not csrf_ok(session, _field(form, CSRF_FIELD)):
-            return self._csrf_refused(request)
+            return self.csrf_refused(request)
         event_id = request.path_params["event_id"]
         reason = (_field(form, "reason") or "").strip()[:2000] or None
         row = await run_in_threadpool(audit.reset_one, self.sessions, event_id, self.clock.now(),
@@ -272,7 +278,7 @@ class Console:
         form = await request.form()
         session = console_session(request)
         if not csrf_ok(session, _field(form, CSRF_FIELD)):
-            return self._csrf_refused(request)
+            return self.csrf_refused(request)
         fields = {k: str(v) for k, v in form.items()}
         try:
             where = audit.EventFilter.from_mapping(fields)
@@ -315,7 +321,7 @@ class Console:
         form = await request.form()
         session = console_session(request)
         if not csrf_ok(session, _field(form, CSRF_FIELD)):
-            return self._csrf_refused(request)
+            return self.csrf_refused(request)
         ended = await run_in_threadpool(self.store.end, str(request.path_params["session_id"]))
         if ended is None:
             return self.page(request, "error.html", {"message": "no open session with that id"}, 404)

@@ -382,6 +382,53 @@ FROM chunk
 WHERE e.id = chunk.id
 RETURNING e.id;
 
+-- name: count_cancellable_events
+-- How many rows match the filter and can still be cancelled (pending or failed): a bulk cancel's dry run, capped at :cap + 1.
+SELECT count(*) FROM (
+    SELECT 1 FROM scheduled_events
+    WHERE (CAST(:status AS text) IS NULL OR status = :status)
+      AND (CAST(:event_type AS text) IS NULL OR event_type = :event_type)
+      AND (CAST(:user_id AS text) IS NULL OR user_id = :user_id)
+      AND (CAST(:external_key AS text) IS NULL OR external_key = :external_key)
+      AND (CAST(:community_id AS text) IS NULL OR community_id = :community_id)
+      AND (CAST(:trigger_from AS timestamptz) IS NULL OR trigger_at >= :trigger_from)
+      AND (CAST(:trigger_to AS timestamptz) IS NULL OR trigger_at < :trigger_to)
+      AND (CAST(:error_like AS text) IS NULL OR last_error ILIKE :error_like)
+      -- a dispatched row stays dispatched and a cancelled one has nothing left to cancel
+      AND status IN ('pending', 'failed')
+    LIMIT :cap + 1
+) AS matching;
+
+-- name: cancel_filtered_chunk
+-- Cancel the next chunk of pending or failed rows that still match the filter, skipping rows a poll holds.
+WITH chunk AS (
+    SELECT id FROM scheduled_events
+    -- the filter is evaluated again here: a row that stopped matching since the count is not touched
+    WHERE (CAST(:status AS text) IS NULL OR status = :status)
+      AND (CAST(:event_type AS text) IS NULL OR event_type = :event_type)
+      AND (CAST(:user_id AS text) IS NULL OR user_id = :user_id)
+      AND (CAST(:external_key AS text) IS NULL OR external_key = :external_key)
+      AND (CAST(:community_id AS text) IS NULL OR community_id = :community_id)
+      AND (CAST(:trigger_from AS timestamptz) IS NULL OR trigger_at >= :trigger_from)
+      AND (CAST(:trigger_to AS timestamptz) IS NULL OR trigger_at < :trigger_to)
+      AND (CAST(:error_like AS text) IS NULL OR last_error ILIKE :error_like)
+      AND status IN ('pending', 'failed')
+      -- only rows as the dry run saw them: a row stored again or changed since then was not in its count
+      AND updated_at <= :as_of
+      -- keyset over id, so each row is visited once
+      AND id > :after_id
+    ORDER BY id
+    LIMIT :chunk
+    -- a row a replica is dispatching right now is skipped, never waited for: the loop is not
+    -- held up, and that row ends dispatched (or failed), never both dispatched and cancelled
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE scheduled_events AS e
+SET status = 'cancelled', dispatched_at = NULL, updated_at = :now
+FROM chunk
+WHERE e.id = chunk.id
+RETURNING e.id;
+
 -- name: insert_operator_action
 -- Record one operator action in the audit trail and return its id.
 INSERT INTO operator_actions (at, actor, source, action, event_id, filter, count, reason)
