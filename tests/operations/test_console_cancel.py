@@ -28,6 +28,7 @@ LATER = T0 + timedelta(hours=1)
 
 
 @pytest.mark.clause("CON-14")
+@pytest.mark.clause("DEC-CANCEL-1")
 def test_an_events_page_cancels_it_with_a_reason_and_the_cancel_is_audited(
     client: TestClient, service: SchedulerService, engine: Engine
 ) -> None:
@@ -112,6 +113,7 @@ def test_cancel_by_filter_counts_first_needs_a_reason_and_cancels_what_was_count
 
 
 @pytest.mark.clause("CON-15")
+@pytest.mark.clause("DEC-CANCEL-1")
 def test_cancel_by_filter_works_in_chunks_up_to_the_cap_and_skips_rows_a_poll_holds(
     client: TestClient, service: SchedulerService, engine: Engine, clock: ManualClock
 ) -> None:

@@ -36,6 +36,7 @@ def _open(client: TestClient, path: str = "/console") -> int:
 
 
 @pytest.mark.clause("CON-10")
+@pytest.mark.clause("DEC-SESS-1")
 def test_the_cookie_is_an_opaque_session_id_whose_hash_alone_is_stored(
     client: TestClient, service: SchedulerService, engine: Engine
 ) -> None:
@@ -94,6 +95,7 @@ def test_a_session_ends_after_its_idle_timeout_on_the_services_clock(
 
 
 @pytest.mark.clause("CON-12")
+@pytest.mark.clause("DEC-SESS-1")
 def test_a_session_ends_with_its_token_or_at_the_maximum_lifetime_whichever_is_sooner(
     client: TestClient, service: SchedulerService, clock: ManualClock
 ) -> None:

@@ -66,6 +66,7 @@ def test_a_token_posted_once_opens_a_session_whose_cookie_reads_the_participants
 
 
 @pytest.mark.clause("INBOX-9")
+@pytest.mark.clause("DEC-SESS-1")
 def test_the_inbox_cookie_holds_a_participants_powers_only_and_only_under_me(
     client: TestClient, service: SchedulerService
 ) -> None:
