@@ -22,6 +22,7 @@ from scheduler.core.clock import ManualClock
 from scheduler.web.app import SchedulerService
 from tests.conftest import ADMIN, INGEST, T0, bearer
 from tests.helpers import later, post_event, reminder_facts
+from tests.operations.support import sign_in
 
 
 def history(client: TestClient, event_id: str) -> list[dict[str, Any]]:
@@ -147,7 +148,7 @@ def test_the_consoles_event_page_shows_the_rows_changes(
                               "external_key": "k-console", "trigger_at": (T0 + later()).isoformat(),
                               "facts": reminder_facts()})
     assert moved.status_code == 201
-    client.cookies.set("scheduler_console", bearer("nudging.admin")["Authorization"].split()[1], path="/console")
+    sign_in(client)
     page = client.get(f"/console/events/{stored['id']}")
     assert page.status_code == 200, page.text
     changes = page.text.split('<table id="changes">', 1)[1].split("</table>", 1)[0]
