@@ -120,7 +120,7 @@ def test_a_session_ends_with_its_token_or_at_the_maximum_lifetime_whichever_is_s
 def test_an_admin_lists_and_ends_sessions_by_api_and_the_old_cookie_is_refused(
     client: TestClient, service: SchedulerService, engine: Engine
 ) -> None:
-    """CON-13: GET /admin/sessions lists open sessions without their secrets; DELETE ends one at once."""
+    """CON-13: GET /admin/sessions lists open sessions without their secrets; DELETE ends one at once, audited."""
     sign_in(client, subject="operator-ann")
     with TestClient(service.app) as other:
         sign_in(other, subject="operator-bob")
@@ -138,6 +138,10 @@ def test_an_admin_lists_and_ends_sessions_by_api_and_the_old_cookie_is_refused(
         assert ended.status_code == 200 and ended.json()["subject"] == "operator-bob"
         assert _open(other) == 303
         assert client.delete(f"/admin/sessions/{bob['id']}", headers=ADMIN).status_code == 404
+        [audited] = client.get("/admin/audit", headers=ADMIN).json()
+        assert (audited["action"], audited["actor"], audited["source"], audited["count"]) == (
+            "end_session", "local-operator", "api", 1)
+        assert audited["filter"] == {"session_id": bob["id"], "subject": "operator-bob", "kind": "admin"}
     assert _open(client) == 200
     assert [s["subject"] for s in client.get("/admin/sessions", headers=ADMIN).json()] == ["operator-ann"]
 
@@ -158,6 +162,7 @@ def test_the_sessions_page_lists_sessions_and_ends_one_with_its_csrf_token(
         done = client.post(f"/console/sessions/{ids['operator-bob']}/end", data={"csrf": csrf}, follow_redirects=False)
         assert (done.status_code, done.headers["location"]) == (303, "/console/sessions?done=ended")
         assert _open(other) == 303
+        assert client.get("/admin/audit", headers=ADMIN).json()[0]["actor"] == "operator-ann"
     mine = client.post(f"/console/sessions/{ids['operator-ann']}/end", data={"csrf": csrf}, follow_redirects=False)
     assert mine.headers["location"] == "/console/sign-in"
     assert _open(client) == 303

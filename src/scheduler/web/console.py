@@ -322,7 +322,8 @@ class Console:
         session = console_session(request)
         if not csrf_ok(session, _field(form, CSRF_FIELD)):
             return self.csrf_refused(request)
-        ended = await run_in_threadpool(self.store.end, str(request.path_params["session_id"]))
+        ended = await run_in_threadpool(lambda: self.store.end(
+            str(request.path_params["session_id"]), actor=session.subject, source="console"))
         if ended is None:
             return self.page(request, "error.html", {"message": "no open session with that id"}, 404)
         if ended["id"] == session.id:  # the operator ended their own session: signed out

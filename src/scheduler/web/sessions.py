@@ -36,6 +36,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
+from scheduler.application.audit import _record
 from scheduler.database.queries import statement
 from scheduler.types import Clock
 from scheduler.web.auth import require
@@ -141,12 +142,18 @@ class SessionStore:
             return session.execute(statement("delete_web_session_by_hash"),
                                    {"secret_hash": secret_hash(secret)}).first() is not None
 
-    def end(self, session_id: str) -> dict[str, Any] | None:
-        """An admin ends a session by its public id; its row as it was, or None if unknown."""
+    def end(self, session_id: str, *, actor: str, source: str) -> dict[str, Any] | None:
+        """An admin ends a session by its public id, recorded in the audit trail in the same
+        transaction; its row as it was, or None if unknown."""
         now = self.clock.now()
         with self.sessions.begin() as session:
             row = session.execute(statement("delete_web_session"), {"id": session_id}).mappings().first()
-            return None if row is None else _out(row, now)
+            if row is None:
+                return None
+            _record(session, now=now, actor=actor, source=source, action="end_session", event_id=None,
+                    filter={"session_id": row["id"], "subject": row["subject"], "kind": row["kind"]},
+                    count=1, reason=None)
+            return _out(row, now)
 
     def list_open(self, *, kind: SessionKind | None = None, limit: int = 200) -> list[dict[str, Any]]:
         """The sessions that have not ended, most recently seen first."""
@@ -171,10 +178,11 @@ def session_routes(store: SessionStore) -> list[BaseRoute]:
 
     @require("admin")
     async def end_session(request: Request) -> Response:
-        """End a session now: its cookie is refused by every replica from the next request."""
+        """End a session now (audited): its cookie is refused by every replica from the next request."""
         session_id = text_param("session_id", str(request.path_params["session_id"]))
         assert session_id is not None
-        row = await run_in_threadpool(store.end, session_id)
+        actor = request.user.display_name
+        row = await run_in_threadpool(lambda: store.end(session_id, actor=actor, source="api"))
         if row is None:
             raise HTTPException(404, "no session with that id")
         return respond(WebSessionOut.model_validate(row))
