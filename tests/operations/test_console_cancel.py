@@ -16,8 +16,9 @@ import pytest
 from sqlalchemy import Engine, text
 from starlette.testclient import TestClient
 
-from scheduler.application import audit, cancel
+from scheduler.application import commands, events
 from scheduler.core.clock import ManualClock
+from scheduler.types import EventStatus
 from scheduler.web.app import SchedulerService
 from tests.conftest import ADMIN, T0
 from tests.helpers import drain, event_row, post_event, rows
@@ -119,18 +120,18 @@ def test_cancel_by_filter_works_in_chunks_up_to_the_cap_and_skips_rows_a_poll_ho
 ) -> None:
     """CON-15: 25 pending rows in chunks of 10, capped at 20; a row locked by a running poll is skipped, not waited for."""
     ids = [post_event(client, user_id=f"user-{n:02d}", trigger_at=LATER)["id"] for n in range(25)]
-    where = audit.EventFilter(status="pending")
-    assert cancel.count_cancellable(service.sessions, where, cap=20) == 21  # "more than the cap"
+    where = events.EventQuery(status=EventStatus.PENDING)
+    assert commands.count_matching(service.sessions, where, commands.CANCELLABLE, cap=20) == 21  # "more than the cap"
     locked = sorted(ids)[0]
     with engine.connect() as holder:
         holder.execute(text("SELECT 1 FROM scheduled_events WHERE id = :id FOR UPDATE"), {"id": locked})
-        result = cancel.bulk_cancel(service.sessions, where, now=clock.now(), as_of=clock.now(), expected=25,
-                                    actor="ops", source="cli", reason="programme closed", cap=20, chunk=10)
+        result = commands.bulk_cancel(service.sessions, where, now=clock.now(), as_of=clock.now(), expected=25,
+                                      actor=commands.Actor("ops", "cli"), reason="programme closed", cap=20, chunk=10)
         holder.rollback()
-    assert (result.cancelled, result.chunks) == (20, 2)
+    assert (result.changed, result.chunks) == (20, 2)
     assert event_row(engine, locked)["status"] == "pending"
     linked = rows(engine, "SELECT event_id FROM operator_action_events WHERE action_id = :a", a=result.action_id)
     assert len(linked) == 20 and locked not in {r["event_id"] for r in linked}
-    with pytest.raises(audit.FilterError, match="reason"):
-        cancel.bulk_cancel(service.sessions, where, now=clock.now(), as_of=clock.now(), expected=5,
-                           actor="ops", source="cli", reason="  ")
+    with pytest.raises(events.QueryError, match="reason"):
+        commands.bulk_cancel(service.sessions, where, now=clock.now(), as_of=clock.now(), expected=5,
+                             actor=commands.Actor("ops", "cli"), reason="  ")

@@ -35,12 +35,12 @@ def _open(client: TestClient, path: str = "/console") -> int:
     return status
 
 
-@pytest.mark.clause("CON-10")
+@pytest.mark.clause("CON-17")
 @pytest.mark.clause("DEC-SESS-1")
 def test_the_cookie_is_an_opaque_session_id_whose_hash_alone_is_stored(
     client: TestClient, service: SchedulerService, engine: Engine
 ) -> None:
-    """CON-10: the cookie is neither the token nor a JWT; the table holds its SHA-256 only; the API refuses it."""
+    """CON-17: the cookie is neither the token nor a JWT; the table holds its SHA-256 only; the API refuses it."""
     admin = token("nudging.admin", subject="operator-ann")
     sign_in(client)
     cookie = _cookie(client)

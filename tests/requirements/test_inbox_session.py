@@ -1,4 +1,4 @@
-"""INBOX-9, INBOX-10 — the inbox page's session (issue 17 §3); tests/browser/test_inbox_page.py drives it in Chromium.
+"""INBOX-12, INBOX-13 — the inbox page's session (issue 17 §3); tests/browser/test_inbox_page.py drives it in Chromium.
 
 In our words: the page posts the token once; the service opens a participant session in the
 database and sets an HttpOnly cookie holding only its random id; that cookie reads the
@@ -25,7 +25,7 @@ from scheduler.database.engine import make_engine
 from scheduler.web.app import SchedulerService
 from tests.conftest import ADMIN, token
 from tests.helpers import rows
-from tests.requirements.test_inbox import Stream, deliver
+from tests.requirements.test_inbox import deliver, open_stream
 from tests.servers import serve
 
 SESSION = "/inbox/session"
@@ -39,11 +39,11 @@ def _sign_in(client: TestClient, scope: str | None = None, subject: str = "parti
     return body
 
 
-@pytest.mark.clause("INBOX-9")
+@pytest.mark.clause("INBOX-12")
 def test_a_token_posted_once_opens_a_session_whose_cookie_reads_the_participants_own_inbox(
     client: TestClient, service: SchedulerService, engine: Engine
 ) -> None:
-    """INBOX-9: 201 and an HttpOnly, SameSite=Strict cookie that is not the token; /me answers to it alone."""
+    """INBOX-12: 201 and an HttpOnly, SameSite=Strict cookie that is not the token; /me answers to it alone."""
     deliver(client, service, "participant-1")
     deliver(client, service, "someone-else")
     participant = token(None, subject="participant-1")
@@ -65,12 +65,12 @@ def test_a_token_posted_once_opens_a_session_whose_cookie_reads_the_participants
     assert client.get(SESSION).json()["csrf"] == response.json()["csrf"]
 
 
-@pytest.mark.clause("INBOX-9")
+@pytest.mark.clause("INBOX-12")
 @pytest.mark.clause("DEC-SESS-1")
 def test_the_inbox_cookie_holds_a_participants_powers_only_and_only_under_me(
     client: TestClient, service: SchedulerService
 ) -> None:
-    """INBOX-9: even an admin's token signed in here gives a cookie that reads only its own inbox:
+    """INBOX-12: even an admin's token signed in here gives a cookie that reads only its own inbox:
     no admin route, no other participant's inbox, no console page. Bad sign-ins open nothing."""
     _sign_in(client, scope="nudging.admin", subject="ops-admin")
     assert client.get(ME).status_code == 200
@@ -85,11 +85,11 @@ def test_the_inbox_cookie_holds_a_participants_powers_only_and_only_under_me(
     assert client.get(ME).status_code == 401
 
 
-@pytest.mark.clause("INBOX-10")
+@pytest.mark.clause("INBOX-13")
 def test_sign_out_needs_the_csrf_token_and_then_every_replica_refuses_the_cookie(
     client: TestClient, service: SchedulerService, engine: Engine, clock: ManualClock
 ) -> None:
-    """INBOX-10: DELETE /inbox/session with X-CSRF-Token deletes the session; the replayed cookie is 401 here and on replica B."""
+    """INBOX-13: DELETE /inbox/session with X-CSRF-Token deletes the session; the replayed cookie is 401 here and on replica B."""
     session = _sign_in(client)
     old = client.cookies["scheduler_inbox"]
     replica_b = SchedulerService(service.settings, engine=engine, clock=clock, run_scheduler=False)
@@ -108,11 +108,11 @@ def test_sign_out_needs_the_csrf_token_and_then_every_replica_refuses_the_cookie
     assert rows(engine, "SELECT id FROM web_sessions") == []
 
 
-@pytest.mark.clause("INBOX-10")
+@pytest.mark.clause("INBOX-13")
 def test_an_idle_inbox_session_ends_and_an_admin_sees_and_ends_participant_sessions(
     client: TestClient, service: SchedulerService, clock: ManualClock
 ) -> None:
-    """INBOX-10: unused past SCHEDULER_SESSION_IDLE_SECONDS (the service's clock) it is 401; an admin lists
+    """INBOX-13: unused past SCHEDULER_SESSION_IDLE_SECONDS (the service's clock) it is 401; an admin lists
     participant sessions and ends one."""
     _sign_in(client)
     clock.advance(timedelta(seconds=service.settings.session_idle_seconds + 1))
@@ -125,11 +125,11 @@ def test_an_idle_inbox_session_ends_and_an_admin_sees_and_ends_participant_sessi
     assert client.get(ME).status_code == 401
 
 
-@pytest.mark.clause("INBOX-10")
+@pytest.mark.clause("INBOX-13")
 def test_a_stream_opened_by_the_cookie_ends_when_its_session_is_signed_out(
     database_url: str, settings: Settings, clock: ManualClock
 ) -> None:
-    """INBOX-10: the open stream of a session checks it as it runs: after sign-out it ends at the next heartbeat."""
+    """INBOX-13: the open stream of a session checks it as it runs: after sign-out it ends at the next heartbeat."""
     engine_b = make_engine(database_url, Settings(lock_timeout_ms=0, statement_timeout_ms=60_000))
     replica = SchedulerService(settings, engine=engine_b, clock=clock, run_scheduler=False)
     replica.inbox.heartbeat_seconds = 0.05
@@ -137,7 +137,7 @@ def test_a_stream_opened_by_the_cookie_ends_when_its_session_is_signed_out(
         with serve(replica) as base, httpx.Client(base_url=base, timeout=20) as http:
             signed_in = http.post(SESSION, json={"token": token(None, subject="participant-1")})
             assert signed_in.status_code == 201
-            stream = Stream(base, {}, http)  # the client's cookie jar carries the session
+            stream = open_stream(base, {}, http)  # the client's cookie jar carries the session
             stream.until_connected()
             assert stream.next_block() == [": heartbeat"]
             assert http.delete(SESSION, headers={"X-CSRF-Token": signed_in.json()["csrf"]}).status_code == 204

@@ -1,8 +1,10 @@
 """Issue 9's part of the service: heartbeats, metrics, the operator API and the console.
 
-``SchedulerService`` creates one ``Operations`` and mounts ``operations.routes()``; it
-attaches the heartbeat and the metrics to the loop's ``poll_hooks``, so an embedding app
-gets all of it by mounting ``service.app``.
+The composition root (``scheduler.web.app``) creates one ``Operations`` with the
+settings, the sessionmaker, the clock, the loop, the token verifier and the web sessions'
+store, and mounts
+``operations.routes()``; ``Operations`` attaches the heartbeat and the metrics to the
+loop's ``poll_hooks``, so an embedding app gets all of it by mounting ``service.app``.
 """
 
 from __future__ import annotations
@@ -33,16 +35,16 @@ class Operations:
     """What an operator watches and does: wired to one service's database, clock and loop."""
 
     def __init__(self, settings: Settings, sessions: sessionmaker[Session], clock: Clock,
-                 scheduler: Scheduler, verifier: TokenVerifier, loop_alive: Callable[[], bool]) -> None:
+                 scheduler: Scheduler, verifier: TokenVerifier, session_store: SessionStore,
+                 loop_alive: Callable[[], bool]) -> None:
         self.settings = settings
         self.sessions = sessions
         self.clock = clock
         # On the loop's own pool: requests that hold every API connection never delay it.
         self.heartbeat = Heartbeat(scheduler.sessions, clock)
         self.metrics = Metrics(sessions, clock, loop_alive)
-        # Signed-in browsers (the console's, the inbox page's), in the database: any replica serves them.
-        self.session_store = SessionStore(sessions, clock, max_seconds=settings.session_max_seconds,
-                                          idle_seconds=settings.session_idle_seconds)
+        # The signed-in browsers (console and inbox page): ended and listed by /admin/sessions.
+        self.session_store = session_store
         self.console = Console(sessions, clock, verifier, self.session_store,
                                refresh_seconds=settings.console_refresh_seconds)
         scheduler.poll_hooks.extend([self.heartbeat, self.metrics])

@@ -32,6 +32,7 @@ SIGNIN_COOKIE = "scheduler_console_signin"
 CSRF_FIELD = "csrf"
 
 ConsoleEndpoint = Callable[[Request], Awaitable[Response]]
+ConsoleGuard = Callable[[ConsoleEndpoint], ConsoleEndpoint]
 
 
 @dataclass(frozen=True)
@@ -99,7 +100,7 @@ def console_session(request: Request) -> WebSession:
     return session
 
 
-def console_admin(store: SessionStore) -> Callable[[ConsoleEndpoint], ConsoleEndpoint]:
+def console_admin(store: SessionStore) -> ConsoleGuard:
     """Guard a console page: without an open admin session (no cookie, an unknown, signed-out,
     ended, expired or idle one) it redirects to sign-in.
 

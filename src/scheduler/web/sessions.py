@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import secrets
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -36,7 +37,6 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from scheduler.application.audit import _record
 from scheduler.database.queries import statement
 from scheduler.types import Clock
 from scheduler.web.auth import require
@@ -150,9 +150,11 @@ class SessionStore:
             row = session.execute(statement("delete_web_session"), {"id": session_id}).mappings().first()
             if row is None:
                 return None
-            _record(session, now=now, actor=actor, source=source, action="end_session", event_id=None,
-                    filter={"session_id": row["id"], "subject": row["subject"], "kind": row["kind"]},
-                    count=1, reason=None)
+            # the audit trail's row (no scheduled event: the filter names the session)
+            session.execute(statement("insert_operator_action"), {
+                "now": now, "actor": actor, "source": source, "action": "end_session", "event_id": None,
+                "filter": json.dumps({"session_id": row["id"], "subject": row["subject"], "kind": row["kind"]}),
+                "count": 1, "reason": None})
             return _out(row, now)
 
     def list_open(self, *, kind: SessionKind | None = None, limit: int = 200) -> list[dict[str, Any]]:
