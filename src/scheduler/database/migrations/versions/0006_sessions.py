@@ -9,14 +9,14 @@ of them at once. A session ends at ``expires_at`` (absolute) or ``idle_seconds``
 ``last_seen_at`` (idle), whichever comes first.
 
 Revision ID: 0006_sessions
-Revises: 0005
+Revises: 0006_trace_context (chained after the tracing branch's 0006, which main holds)
 """
 
 import sqlalchemy as sa
 from alembic import op
 
 revision = "0006_sessions"
-down_revision = "0005"
+down_revision = "0006_trace_context"
 branch_labels = None
 depends_on = None
 
