@@ -15,13 +15,13 @@ finds it and does nothing)::
         ON scheduled_events (user_id, updated_at, id);
 
 Revision ID: 0007_participant_index
-Revises: 0006_trace_context
+Revises: 0006_sessions
 """
 
 from alembic import op
 
 revision = "0007_participant_index"
-down_revision = "0006_trace_context"
+down_revision = "0006_sessions"
 branch_labels = None
 depends_on = None
 
