@@ -42,7 +42,7 @@ MODES = ("literal", "prompt", "mixed")
 
 
 # Replicas and clients wait as long as it takes: the harness, not a timeout, ends a wait.
-NO_TIMEOUTS = Settings(statement_timeout_ms=0, lock_timeout_ms=0)
+NO_TIMEOUTS = Settings(statement_timeout_ms=0, lock_timeout_ms=0, idle_in_transaction_timeout_ms=0)
 
 
 class Violation(AssertionError):

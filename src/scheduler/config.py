@@ -83,6 +83,15 @@ class Settings:
     transaction_pooling: bool = False
     metrics_require_admin: bool = False  # GET /metrics needs the admin permission (issue 9)
     console_refresh_seconds: float = 2.0  # how often the console's overview stream sends
+    # A session idle inside a transaction longer than this is ended by PostgreSQL, releasing
+    # its locks (a frozen replica, issue 14); 0 disables. Why 10 s: specs/decisions.md DEC-11.
+    idle_in_transaction_timeout_ms: int = 10_000
+    # Dead peers on the client's TCP connections: keepalive probes after this much silence,
+    # and unacknowledged data for at most tcp_user_timeout_ms (libpq; Unix sockets ignore both).
+    tcp_keepalives_idle_seconds: int = 30
+    tcp_user_timeout_ms: int = 30_000
+    # The log warns (once) when the host clock is further than this from the database's.
+    clock_skew_warn_seconds: float = 1.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -123,6 +132,10 @@ class Settings:
             transaction_pooling=_bool(env, "SCHEDULER_TRANSACTION_POOLING", False),
             metrics_require_admin=_bool(env, "SCHEDULER_METRICS_REQUIRE_ADMIN", False),
             console_refresh_seconds=_float(env, "SCHEDULER_CONSOLE_REFRESH_SECONDS", 2.0, 0.1),
+            idle_in_transaction_timeout_ms=_int(env, "SCHEDULER_IDLE_IN_TRANSACTION_TIMEOUT_MS", 10_000, 0),
+            tcp_keepalives_idle_seconds=_int(env, "SCHEDULER_TCP_KEEPALIVES_IDLE_SECONDS", 30, 1),
+            tcp_user_timeout_ms=_int(env, "SCHEDULER_TCP_USER_TIMEOUT_MS", 30_000, 0),
+            clock_skew_warn_seconds=_float(env, "SCHEDULER_CLOCK_SKEW_WARN_SECONDS", 1.0, 0.0),
         )
 
     def with_(self, **changes: object) -> Settings:

@@ -23,7 +23,8 @@ import threading
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import psycopg
 from psycopg import sql
@@ -65,8 +66,12 @@ class Listener:
         probe_seconds: float = 2.0,
         retry_seconds: float = 1.0,
         reprobe_seconds: float = 60.0,
+        connect_args: Mapping[str, Any] | None = None,
     ) -> None:
         self.conninfo = conninfo
+        # libpq parameters of the LISTEN connection (TCP keepalives: a vanished database
+        # host is noticed on this long-lived idle connection too)
+        self.connect_args = dict(connect_args or {})
         self.name = name
         self.probe_engine = probe_engine
         self.probe_seconds = probe_seconds
@@ -124,7 +129,8 @@ class Listener:
         while not self._stop.is_set():
             try:
                 # No prepared statements: harmless here, and safe behind a transaction pooler.
-                with psycopg.connect(self.conninfo, autocommit=True, connect_timeout=10, prepare_threshold=None) as conn:
+                with psycopg.connect(self.conninfo, autocommit=True, connect_timeout=10, prepare_threshold=None,
+                                     **self.connect_args) as conn:
                     self._listen(conn)
                     self.connects += 1
                     if self.connects > 1:
