@@ -44,7 +44,7 @@ def test_the_production_clock_tells_the_database_time_whatever_the_host_clock_sa
 ) -> None:
     """REL-12: after one reading, now() lies between two readings of the server's clock taken
     around it (it lags by at most a round trip, never leads), and the measured offset is the
-    host's skew."""
+    host's skew, whichever way it goes."""
     clock = skewed_clock(engine, skew)
     assert clock.now() - database_time(engine) > skew - timedelta(seconds=5)  # unsynced: the host's time
     offset = clock.sync()
@@ -55,8 +55,6 @@ def test_the_production_clock_tells_the_database_time_whatever_the_host_clock_sa
         after = database_time(engine)
         assert now <= after, "the clock leads the database's"
         assert now >= before - timedelta(seconds=1)
-    readings = [clock.now() for _ in range(200)]
-    assert readings == sorted(readings)  # never backwards
 
 
 @pytest.mark.clause("REL-12")

@@ -70,8 +70,7 @@ class DatabaseClock:
     at all: a host clock that is minutes off, or that NTP steps, changes nothing. The
     anchor is the server's time paired with the monotonic time *after* the answer arrived,
     so ``now()`` can only lag the server by up to one round trip, never lead it: a
-    reminder never leaves before its trigger by the database's clock. ``now()`` never goes
-    backwards, even when a new measurement is a little behind the last reading.
+    reminder never leaves before its trigger by the database's clock.
 
     Before the first successful sync (the database unreachable at start) ``now()`` is the
     host's clock, and ``synced`` says so. ``offset_seconds`` (server minus host wall clock,
@@ -93,7 +92,6 @@ class DatabaseClock:
         self.warn_seconds = warn_seconds
         self._lock = threading.Lock()
         self._anchor: tuple[datetime, float] | None = None
-        self._last: datetime | None = None
         self.offset_seconds: float | None = None
         self.round_trip_seconds: float | None = None
         self.synced_at: datetime | None = None
@@ -135,11 +133,7 @@ class DatabaseClock:
             if self._anchor is None:
                 return self.host.now()
             server, at = self._anchor
-            current = server + timedelta(seconds=max(self.monotonic() - at, 0.0))
-            if self._last is not None and current < self._last:
-                current = self._last
-            self._last = current
-            return current
+        return server + timedelta(seconds=self.monotonic() - at)
 
     def details(self) -> dict[str, Any]:
         """What ``/health/scheduler`` shows an admin about this clock."""
