@@ -37,12 +37,13 @@ def skewed_clock(engine: Engine, skew: timedelta) -> DatabaseClock:
     return DatabaseClock(partial(database_time, engine), host=OffsetClock(SystemClock(), skew))
 
 
+@pytest.mark.clause("DEC-10")
 @pytest.mark.clause("REL-12")
 @pytest.mark.parametrize("skew", [SKEW, -SKEW], ids=["host-ahead", "host-behind"])
 def test_the_production_clock_tells_the_database_time_whatever_the_host_clock_says(
     engine: Engine, skew: timedelta,
 ) -> None:
-    """REL-12: after one reading, now() lies between two readings of the server's clock taken
+    """REL-12, DEC-10: after one reading, now() lies between two readings of the server's clock taken
     around it (it lags by at most a round trip, never leads), and the measured offset is the
     host's skew, whichever way it goes."""
     clock = skewed_clock(engine, skew)
@@ -57,12 +58,13 @@ def test_the_production_clock_tells_the_database_time_whatever_the_host_clock_sa
         assert now >= before - timedelta(seconds=1)
 
 
+@pytest.mark.clause("DEC-10")
 @pytest.mark.clause("REL-12")
 @pytest.mark.parametrize("skew", [SKEW, -SKEW], ids=["host-ahead", "host-behind"])
 def test_a_replica_with_a_skewed_host_clock_claims_and_records_by_the_database_clock(
     engine: Engine, skew: timedelta,
 ) -> None:
-    """REL-12: with the host five minutes ahead, a row due in a minute by the database's
+    """REL-12, DEC-10: with the host five minutes ahead, a row due in a minute by the database's
     clock is not claimed; with it five minutes behind, a row due a second ago is; the row's
     dispatched_at and updated_at are the database's time."""
     clock = skewed_clock(engine, skew)
@@ -112,9 +114,10 @@ def test_the_measured_offset_is_a_metric_and_in_the_health_details_and_warned_ab
     assert len(warnings) == 1 and "behind the database's" in warnings[0].getMessage()
 
 
+@pytest.mark.clause("DEC-10")
 @pytest.mark.clause("REL-12")
 def test_an_injected_clock_is_used_as_it_is_and_has_no_offset(service: SchedulerService, clock: ManualClock) -> None:
-    """REL-12: tests and the simulation keep their injected clock: the service never
+    """REL-12, DEC-10: tests and the simulation keep their injected clock: the service never
     replaces it, reports it as injected, and exports no offset for it."""
     assert service.clock is clock
     with TestClient(service.app) as client:

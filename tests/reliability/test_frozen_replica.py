@@ -32,11 +32,12 @@ def _backend_alive(engine: Engine, pid: int) -> bool:
         return bool(conn.execute(text("SELECT count(*) FROM pg_stat_activity WHERE pid = :pid"), {"pid": pid}).scalar_one())
 
 
+@pytest.mark.clause("DEC-11")
 @pytest.mark.clause("REL-11")
 def test_a_batch_left_idle_past_the_timeout_is_ended_by_the_database_and_another_replica_takes_its_rows(
     database_url: str, engine: Engine,
 ) -> None:
-    """REL-11: the frozen replica's session is ended by the server (its transaction rolled
+    """REL-11, DEC-11: the frozen replica's session is ended by the server (its transaction rolled
     back, its locks released); the other replica dispatches every row the frozen one held;
     the frozen one's batch then fails as a whole, publishes nothing, and its loop goes on."""
     ids = store_due(engine, ["anna", "ben", "cleo"], T0)
@@ -78,9 +79,10 @@ def test_a_batch_left_idle_past_the_timeout_is_ended_by_the_database_and_another
         healthy_engine.dispose()
 
 
+@pytest.mark.clause("DEC-11")
 @pytest.mark.clause("REL-11")
 def test_the_idle_timeout_is_set_inside_every_transaction_behind_a_transaction_pooler(database_url: str) -> None:
-    """REL-11: with SCHEDULER_TRANSACTION_POOLING the bound travels with each transaction
+    """REL-11, DEC-11: with SCHEDULER_TRANSACTION_POOLING the bound travels with each transaction
     (SET LOCAL), so it holds on whichever server session PgBouncer lends; outside a
     transaction nothing of it is left on the session."""
     pooled = make_engine(database_url, Settings(transaction_pooling=True, idle_in_transaction_timeout_ms=4321),
