@@ -159,14 +159,17 @@ def _watch(engine: Engine, ids: list[str], timeout: float) -> dict[str, tuple[da
     stop = threading.Event()
     while len(seen) < len(ids) and time.monotonic() < deadline:
         with engine.connect() as conn:
+            # statement_timestamp() precedes the statement's snapshot, clock_timestamp() (read
+            # while it runs) follows it: a row first visible here committed between the two
             rows = conn.execute(text(
-                "SELECT now() AS at, id FROM (SELECT 1) AS one LEFT JOIN scheduled_events "
+                "SELECT statement_timestamp() AS started, clock_timestamp() AS at, id "
+                "FROM (SELECT 1) AS one LEFT JOIN scheduled_events "
                 "ON status = 'dispatched' AND id = ANY(:ids)"), {"ids": ids}).all()
-        at = rows[0].at
+        at = max(row.at for row in rows)
         for row in rows:
             if row.id is not None and row.id not in seen:
                 seen[row.id] = (last, at)
-        last = at
+        last = rows[0].started
         stop.wait(0.02)
     return seen
 

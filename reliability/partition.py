@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     variants = VARIANTS if args.variant == "both" else (args.variant,)
     problems: list[str] = []
     figures: dict[str, Any] = {"seed": args.seed, "replicas": args.replicas,
-                               "idle_timeout_ms": args.idle_timeout_ms or 10_000}
+                               "idle_timeout_ms": 10_000 if args.idle_timeout_ms is None else args.idle_timeout_ms}
     lost = 0
     for variant in variants:
         lost += _run_variant(args, variant, figures, problems)
@@ -113,6 +113,7 @@ def _run_variant(args: argparse.Namespace, variant: str, figures: dict[str, Any]
                 watch.look()
                 threading.Event().wait(0.2)
             drain_and_check(c.engine, args.timeout, mine, survivors=[victim, *others])
+            watch.look()  # the participants' rows go out in the backlog's order, with the drain
             drained = time.monotonic() - started
             audit = audit_backlog(c.engine, backlog)
             mine.extend(audit.problems)
