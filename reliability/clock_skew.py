@@ -67,6 +67,8 @@ def run(args: argparse.Namespace) -> int:
                                 FAKETIME=f"{'+' if name == 'ahead' else '-'}{args.skew_seconds}s")
             for index, name in ((1, "ahead"), (2, "behind"))
         }
+        for replica in hosts.values():
+            replica.log_path.unlink(missing_ok=True)  # a kept earlier run's log would count twice
         # the token is minted with iat an hour back, so the host behind accepts it too
         headers = {"Authorization": f"Bearer {_token(c.secret)}"}
         lateness: list[float] = []
