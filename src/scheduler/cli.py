@@ -216,8 +216,7 @@ def cmd_events_show(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_events_reset(args: argparse.Namespace, settings: Settings) -> int:
     from scheduler.application import audit
-    from scheduler.core.clock import SystemClock
-    from scheduler.database.engine import make_sessionmaker
+    from scheduler.database.engine import make_sessionmaker, synced_database_clock
 
     filters = {"status": args.status, "event_type": args.event_type, "error_contains": args.error_contains}
     if args.id is not None and any(filters.values()):
@@ -227,10 +226,10 @@ def cmd_events_reset(args: argparse.Namespace, settings: Settings) -> int:
         print("give an ID, or a filter (--status, --event-type, --error-contains) to reset every matching row",
               file=sys.stderr)
         return 2
-    clock = SystemClock()
     engine = _engine(settings)
     sessions = make_sessionmaker(engine)
     try:
+        clock = synced_database_clock(engine, warn_seconds=settings.clock_skew_warn_seconds)  # DEC-10
         if args.id is not None:
             if args.dry_run:
                 print(f"dry run: would reset {args.id}")
@@ -265,13 +264,13 @@ def cmd_events_reset(args: argparse.Namespace, settings: Settings) -> int:
     finally:
         engine.dispose()
 def cmd_events_cancel(args: argparse.Namespace, settings: Settings) -> int:
-    from scheduler.core.clock import SystemClock
-    from scheduler.database.engine import make_sessionmaker
+    from scheduler.database.engine import make_sessionmaker, synced_database_clock
     from scheduler.web.lifecycle import cancel_event
 
     engine = _engine(settings)
     try:
-        result = cancel_event(make_sessionmaker(engine), now=SystemClock().now(),
+        now = synced_database_clock(engine, warn_seconds=settings.clock_skew_warn_seconds).now()  # DEC-10
+        result = cancel_event(make_sessionmaker(engine), now=now,
                               event_id=None if args.key else args.id,
                               external_key=args.id if args.key else None, actor=_cli_actor(args))
     finally:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import warnings
 from datetime import datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlparse
@@ -20,6 +21,7 @@ from sqlalchemy import Connection, Engine, create_engine, event, make_url, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from scheduler.config import Settings
+from scheduler.core.clock import DatabaseClock
 from scheduler.database.queries import statement
 
 logger = logging.getLogger(__name__)
@@ -222,6 +224,14 @@ def database_time(engine: Engine) -> datetime:
     if not isinstance(value, datetime):
         raise TypeError(f"clock_timestamp() returned {value!r}")
     return value
+
+
+def synced_database_clock(engine: Engine, *, warn_seconds: float = 1.0) -> DatabaseClock:
+    """Production's clock for a short-lived command (``scheduler events reset``, ``cancel``):
+    the database's, read once now (DEC-10)."""
+    clock = DatabaseClock(partial(database_time, engine), warn_seconds=warn_seconds)
+    clock.sync()
+    return clock
 
 
 def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
