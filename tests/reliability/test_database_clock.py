@@ -19,7 +19,7 @@ from sqlalchemy import Engine, text
 from starlette.testclient import TestClient
 
 from scheduler.config import Settings
-from scheduler.core.clock import DatabaseClock, ManualClock, OffsetClock, SystemClock
+from scheduler.core.clock import ClockNotReady, DatabaseClock, ManualClock, OffsetClock, SystemClock
 from scheduler.core.loop import Scheduler
 from scheduler.database.engine import database_time, make_sessionmaker
 from scheduler.nudging.dispatch import NudgingPlatform
@@ -84,6 +84,24 @@ def test_a_replica_with_a_skewed_host_clock_claims_and_records_by_the_database_c
         row = conn.execute(text("SELECT dispatched_at, updated_at FROM scheduled_events WHERE id = :id"),
                            {"id": due}).one()
     assert before <= row.dispatched_at <= after and row.updated_at == row.dispatched_at
+
+
+@pytest.mark.clause("REL-12")
+@pytest.mark.clause("DEC-10")
+def test_no_claim_is_judged_by_the_host_clock_before_the_database_clock_was_read(engine: Engine) -> None:
+    """REL-12, DEC-10: until production's clock has read the database's time once (the
+    database unreachable at start), a claim refuses and the poll fails; after the reading
+    the same scheduler claims by the database's clock."""
+    clock = skewed_clock(engine, SKEW)  # the host five minutes ahead
+    [later] = store_due(engine, ["anna"], database_time(engine) + timedelta(minutes=1, seconds=1))
+    scheduler = Scheduler(make_sessionmaker(engine), NudgingPlatform(load_catalogue()), clock)
+    with pytest.raises(ClockNotReady):
+        scheduler.poll_once()
+    assert scheduler.poll_guarded(lambda: False) is None
+    assert "ClockNotReady" in (scheduler.health.last_error or "")
+    clock.sync()
+    assert scheduler.poll_once().claimed == 0  # not due by the database's clock
+    assert statuses(engine) == {later: "pending"}
 
 
 @pytest.fixture

@@ -61,6 +61,17 @@ class OffsetClock:
         return self.base.now() + self.offset
 
 
+class ClockNotReady(RuntimeError):
+    """Production's clock has not read the database's time yet: nothing may be judged due."""
+
+
+def ensure_ready(clock: Clock) -> None:
+    """Refuse to go on while ``clock`` is a ``DatabaseClock`` that has never read the
+    database's time (its ``now()`` would be the host's); every other clock is ready."""
+    if isinstance(clock, DatabaseClock) and not clock.synced:
+        raise ClockNotReady("the database's clock has not been read yet (DEC-10); the claim waits for it")
+
+
 class DatabaseClock:
     """The database server's clock, as this process measures it (DEC-10).
 
