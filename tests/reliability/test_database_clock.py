@@ -10,9 +10,11 @@ never reads the host's wall clock after that. The host's skew here is an ``Offse
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Iterator
 from datetime import datetime, timedelta
 from functools import partial
+from pathlib import Path
 
 import pytest
 from sqlalchemy import Engine, text
@@ -22,6 +24,7 @@ from scheduler.config import Settings
 from scheduler.core.clock import ClockNotReady, DatabaseClock, ManualClock, OffsetClock, SystemClock
 from scheduler.core.loop import Scheduler
 from scheduler.database.engine import database_time, make_sessionmaker
+from scheduler.database.queries import load_queries
 from scheduler.nudging.dispatch import NudgingPlatform
 from scheduler.nudging.rules import load_catalogue
 from scheduler.operations.metrics import parse_exposition
@@ -141,6 +144,25 @@ def test_an_injected_clock_is_used_as_it_is_and_has_no_offset(service: Scheduler
     with TestClient(service.app) as client:
         assert client.get("/health/scheduler").json()["clock"]["source"] == "injected"
         assert "scheduler_clock_offset_seconds" not in client.get("/metrics").text
+
+
+DATABASE_CLOCK_FUNCTIONS = re.compile(
+    r"\b(now|clock_timestamp|statement_timestamp|transaction_timestamp|timeofday)\s*\(|"
+    r"\b(current_timestamp|current_date|current_time|localtimestamp|localtime)\b", re.IGNORECASE)
+MIGRATIONS = Path(__file__).resolve().parents[2] / "src" / "scheduler" / "database" / "migrations"
+
+
+@pytest.mark.clause("REL-12")
+@pytest.mark.clause("DEC-10")
+def test_no_scheduler_statement_reads_the_database_clock_but_the_clocks_own_reading() -> None:
+    """REL-12, DEC-10: every statement binds :now from the injected clock, so a frozen clock
+    controls every decision in the tests and the simulation; only ``database_clock``, which
+    production's clock measures with, reads the server's time (nor do the migrations'
+    triggers and defaults)."""
+    readers = sorted(name for name, query in load_queries().items() if DATABASE_CLOCK_FUNCTIONS.search(query.sql))
+    assert readers == ["database_clock"]
+    for migration in sorted(MIGRATIONS.rglob("*.py")):
+        assert not DATABASE_CLOCK_FUNCTIONS.search(migration.read_text()), migration.name
 
 
 @pytest.mark.clause("REL-12")
