@@ -1,28 +1,32 @@
 """The replica simulation harness: several production schedulers, one PostgreSQL, one frozen clock.
 
-``Simulation`` runs explicit steps (posts, claims, dispatches, commits, crashes, kills, clock
-jumps) across replicas and compares the database with an in-memory model after each one;
-``driver.run_random`` drives it from a seed; ``broken.VARIANTS`` are schedulers with one
+``Simulation`` runs explicit steps (posts, claims, dispatches, commits, crashes, kills,
+freezes, clock jumps and skews) across replicas and compares the database with an in-memory
+model after each one; ``driver.run_random`` drives it from a seed; ``broken.VARIANTS`` are schedulers with one
 deliberate bug each, which the invariants must catch. See docs/simulation.md.
 
 One concept per module:
 
 - ``simulation``: a run, its step API (what the drivers call) and its bookkeeping;
+- ``types``: ``RunContext``, what the steps see of a run (``Simulation`` is one), and ``Violation``;
 - ``posts``: the API side (posts in one or two steps, resets by hand, cancels);
 - ``phases``: a replica's claim, dispatch, finish and stop, one phase per step;
 - ``run_steps``: a replica running the production loop (literal or prompt mode);
-- ``replica_faults``: a poll armed to fail, a crash, a killed backend;
+- ``replica_faults``: a poll armed to fail, a crash, a killed backend, a replica frozen
+  mid-batch past the idle-in-transaction timeout;
+- ``clocks``: each replica's host clock (skewed by a step) and the clock its scheduler reads;
 - ``settle``: waiting until every actor has finished or waits on a lock;
 - ``oracle``: the whole-database invariants, checked after every step;
 - ``teardown``: ending a run in any state, and what it suppresses;
 - ``model``, ``observer``, ``actors``, ``faults``, ``broken``, ``driver``, ``cli``: the model
   of REQ-0063 to REQ-0067, the observer's connection, the actor threads, event faults, the
-  broken variants (their SQL rewrites and the guard that fails when the SQL they target
-  changes), the random driver, and ``scheduler simulate``.
+  broken variants (their SQL rewrites, built when a run asks for the variant, and the guard
+  that fails when the SQL they target changes), the random driver, and ``scheduler simulate``.
 """
 
 from harness.broken import VARIANTS, Variant
 from harness.settle import HarnessError
-from harness.simulation import T0, Simulation, Violation
+from harness.simulation import T0, Simulation
+from harness.types import Violation
 
 __all__ = ["T0", "VARIANTS", "HarnessError", "Simulation", "Variant", "Violation"]

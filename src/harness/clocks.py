@@ -6,7 +6,7 @@ A replica's host clock is that reference shifted by the replica's offset (``skew
 a host whose time is wrong or was stepped). The production scheduler measures the
 reference (``DatabaseClock`` reading it, anchored to a monotonic clock that runs with it)
 and so claims and records by it whatever its host says; the broken variant ``host-clock``
-reads its host clock instead and is caught by SIM-9.
+reads its host clock instead and is caught by SIM-10.
 """
 
 from __future__ import annotations
@@ -14,13 +14,13 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
+from harness.types import RunContext
 from scheduler.core.clock import DatabaseClock, ManualClock, OffsetClock
 from scheduler.core.loop import EventOutcome
 from scheduler.types import Clock
 
 if TYPE_CHECKING:
     from harness.actors import Replica
-    from harness.simulation import Simulation
 
 _EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
 
@@ -42,16 +42,18 @@ def scheduler_clock(reference: ManualClock, host: OffsetClock, *, trusts_host: b
 
 
 class ClockFaults:
-    """The ``skew_clock`` step and the SIM-9 checks of one run."""
+    """The ``skew_clock`` step and the SIM-10 checks of one run (``types.ClockChecks``);
+    ``reference`` is the run's one clock, which stands for the database server's."""
 
-    def __init__(self, sim: Simulation) -> None:
+    def __init__(self, sim: RunContext, reference: ManualClock) -> None:
         self.sim = sim
+        self.reference = reference
         self.hosts: dict[int, OffsetClock] = {}
 
     def host(self, replica: int) -> OffsetClock:
         """Replica ``replica``'s host wall clock (correct until a skew step shifts it)."""
         if replica not in self.hosts:
-            self.hosts[replica] = OffsetClock(self.sim.clock)
+            self.hosts[replica] = OffsetClock(self.reference)
         return self.hosts[replica]
 
     def skew_clock(self, replica: int, minutes: int) -> bool:
@@ -70,31 +72,31 @@ class ClockFaults:
         return True
 
     def check_not_early(self, r: Replica, event_ids: list[str]) -> None:
-        """SIM-9: no row is claimed (to be dispatched) before its trigger by the reference."""
+        """SIM-10: no row is claimed (to be dispatched) before its trigger by the reference."""
         sim = self.sim
-        sim._check("SIM-9")
+        sim._check("SIM-10")
         now = sim.now()
         for event_id in event_ids:
             row = sim.model.rows.get(event_id)
             if row is not None and row.content.trigger_at > now:
                 offset = self.host(r.index).offset
-                raise sim.fail("SIM-9", f"{r.name} took {event_id} due {row.content.trigger_at:%d %H:%M} at "
+                raise sim.fail("SIM-10", f"{r.name} took {event_id} due {row.content.trigger_at:%d %H:%M} at "
                                         f"{now:%d %H:%M} by the reference clock, before its trigger "
                                         f"(its host clock is {offset} off)")
 
     def check_claim_time(self, r: Replica, claimed_at: datetime | None) -> None:
-        """SIM-9: a claim judges "due" by the reference clock: not early (a row before its
+        """SIM-10: a claim judges "due" by the reference clock: not early (a row before its
         trigger), not late (a due row left pending because the host's clock is behind)."""
         sim = self.sim
-        sim._check("SIM-9")
+        sim._check("SIM-10")
         if claimed_at is not None and claimed_at != sim.now():
-            raise sim.fail("SIM-9", f"{r.name} claimed by the time {claimed_at:%d %H:%M}, not the reference "
+            raise sim.fail("SIM-10", f"{r.name} claimed by the time {claimed_at:%d %H:%M}, not the reference "
                                     f"clock's {sim.now():%d %H:%M}: rows leave before their trigger or stay late")
 
     def check_recorded_time(self, r: Replica, outcome: EventOutcome) -> None:
-        """SIM-9: the time recorded for an outcome (dispatched_at, updated_at) is the reference's."""
+        """SIM-10: the time recorded for an outcome (dispatched_at, updated_at) is the reference's."""
         sim = self.sim
-        sim._check("SIM-9")
+        sim._check("SIM-10")
         if outcome.finished_at is not None and outcome.finished_at != sim.now():
-            raise sim.fail("SIM-9", f"{r.name} recorded {outcome.id} at {outcome.finished_at:%d %H:%M}, "
+            raise sim.fail("SIM-10", f"{r.name} recorded {outcome.id} at {outcome.finished_at:%d %H:%M}, "
                                     f"not the reference clock's {sim.now():%d %H:%M}")

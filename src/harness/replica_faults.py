@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import contextlib
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from harness.actors import Replica
 from harness.settle import HarnessError
+from harness.types import RunContext
 from scheduler.core.loop import Batch
 from scheduler.database.queries import statement
 from scheduler.nudging.publishers import RecordingPublisher
@@ -20,14 +21,11 @@ from scheduler.nudging.publishers import RecordingPublisher
 # (SCHEDULER_IDLE_IN_TRANSACTION_TIMEOUT_MS, 10 s) shortened so that a step need not wait.
 FREEZE_TIMEOUT_MS = 50
 
-if TYPE_CHECKING:
-    from harness.simulation import Simulation
-
 
 class ReplicaFaults:
     """The ``fail_next_poll``, ``crash`` and ``kill`` steps of one run."""
 
-    def __init__(self, sim: Simulation) -> None:
+    def __init__(self, sim: RunContext) -> None:
         self.sim = sim
         self.published_at_freeze: dict[int, int] = {}
 
@@ -99,7 +97,7 @@ class ReplicaFaults:
         (``set_local_timeouts``, as behind a transaction pooler, here 50 ms), the replica
         goes quiet, and the database itself ends the session, rolling the transaction back
         and releasing its locks. The replica does not know yet: it still holds its Batch and
-        finds out at its next statement (SIM-10)."""
+        finds out at its next statement (SIM-11)."""
         sim = self.sim
         r = sim.replicas[replica]
         if r.op is not None or r.batch is None or r.zombie or r.pid is None:
@@ -122,7 +120,7 @@ class ReplicaFaults:
         if error is not None:
             raise HarnessError(f"bounding {r.name}'s idle time failed: {error!r}")
         sim.observer.wait_gone(pid)  # the server ends the idle session by itself
-        sim._check("SIM-10")
+        sim._check("SIM-11")
         r.zombie = True
         sim.model.discard(r.index)
 
@@ -132,11 +130,11 @@ class ReplicaFaults:
         return len(publisher.messages) if isinstance(publisher, RecordingPublisher) else 0
 
     def check_nothing_published(self, r: Replica) -> None:
-        """SIM-10: a frozen replica's batch, failed on resuming, pushed nothing."""
+        """SIM-11: a frozen replica's batch, failed on resuming, pushed nothing."""
         before = self.published_at_freeze.pop(r.index, None)
         if before is None:
             return
-        self.sim._check("SIM-10")
+        self.sim._check("SIM-11")
         if self.published(r) != before:
-            raise self.sim.fail("SIM-10", f"{r.name} published notifications of the batch the database "
+            raise self.sim.fail("SIM-11", f"{r.name} published notifications of the batch the database "
                                           "ended while it was frozen")

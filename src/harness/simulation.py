@@ -26,6 +26,7 @@ from harness.replica_faults import ReplicaFaults
 from harness.run_steps import LiteralRun, PromptRun
 from harness.settle import Settler
 from harness.teardown import close_run
+from harness.types import Violation
 from scheduler.config import Settings
 from scheduler.core import store
 from scheduler.core.clock import ManualClock
@@ -44,16 +45,6 @@ MODES = ("literal", "prompt", "mixed")
 
 # Replicas and clients wait as long as it takes: the harness, not a timeout, ends a wait.
 NO_TIMEOUTS = Settings(statement_timeout_ms=0, lock_timeout_ms=0, idle_in_transaction_timeout_ms=0)
-
-
-class Violation(AssertionError):
-    """An invariant of specs/simulation.md does not hold."""
-
-    def __init__(self, clause: str, message: str, step: int = 0) -> None:
-        super().__init__(f"{clause} violated at step {step}: {message}")
-        self.clause = clause
-        self.message = message
-        self.step = step
 
 
 def _minutes(n: int) -> timedelta:
@@ -87,6 +78,7 @@ class Simulation:
         self.seed = seed
         self.batch_size = batch_size
         self.variant = variant(scheduler)
+        self.rewrites = self.variant.build_rewrites()  # fails here if its target SQL is gone
         if self.variant.modes is not None:
             self.modes = self.variant.modes
         self.check_every_step = check_every_step
@@ -102,13 +94,13 @@ class Simulation:
         self.posts = Posts(self)
         self.phases = Phases(self)
         self.replica_faults = ReplicaFaults(self)
-        self.clock_faults = ClockFaults(self)
         if clean:
             self.observer.truncate()
         self.caps = {f"p{i}": 1 + i % 3 for i in range(participants)}
         self.participants = participants
         self.model = Model(self.caps)
         self.clock = ManualClock(start)
+        self.clock_faults = ClockFaults(self, self.clock)
         self.catalogue = load_catalogue()
         self.replicas: list[Replica] = []
         self.clients: list[Client] = []
@@ -136,7 +128,7 @@ class Simulation:
 
     def _make_replica(self, index: int) -> Replica:
         engine = make_engine(self.url, NO_TIMEOUTS, pool_size=1, max_overflow=0)
-        install_rewrites(engine, list(self.variant.rewrites))
+        install_rewrites(engine, self.rewrites)
         dispatcher = FaultyDispatcher(NudgingPlatform(self.catalogue), index)
         return Replica(f"replica-{index}", index, engine, dispatcher, self._make_scheduler)
 

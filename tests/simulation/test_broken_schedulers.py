@@ -187,10 +187,10 @@ FOUND_BY_RANDOM_DRIVER = {
 @pytest.mark.clause("SIM-4")
 @pytest.mark.clause("SIM-5")
 @pytest.mark.clause("SIM-6")
-@pytest.mark.clause("SIM-9")
+@pytest.mark.clause("SIM-10")
 @pytest.mark.parametrize("name", sorted(FOUND_BY_RANDOM_DRIVER))
 def test_the_random_driver_finds_every_broken_scheduler_by_itself(database_url: str, name: str) -> None:
-    """SIM-1, SIM-2, SIM-4, SIM-5, SIM-6, SIM-9: each broken variant is caught by its named
+    """SIM-1, SIM-2, SIM-4, SIM-5, SIM-6, SIM-10: each broken variant is caught by its named
     invariant (the prompt-mode variant runs its replicas in prompt mode; the host-clock
     variant with skewed host clocks among the faults)."""
     seed, steps = FOUND_BY_RANDOM_DRIVER[name]
@@ -238,7 +238,7 @@ def test_a_prompt_mode_replica_polls_again_after_each_full_batch_and_agrees_with
 def test_a_broken_variant_whose_target_sql_is_gone_fails_loudly() -> None:
     """SIM-1: a rewrite aimed at SQL that production no longer contains refuses to build, so a
     variant can never pass silently as a correct scheduler."""
-    from harness.broken import VariantNoLongerApplies, _replace
+    from harness.broken import Replace, VariantNoLongerApplies
 
     with pytest.raises(VariantNoLongerApplies, match=r"matches no statement of queries\.sql"):
-        _replace(r"FOR SHARE NOWAIT", "FOR UPDATE", claim_only=False)
+        Replace(r"FOR SHARE NOWAIT", "FOR UPDATE", claim_only=False).build()

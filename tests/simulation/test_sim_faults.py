@@ -1,11 +1,11 @@
-"""SIM-9, SIM-10: the faults of a real deployment, in the simulation (issue 14).
+"""SIM-10, SIM-11: the faults of a real deployment, in the simulation (issue 14).
 
-SIM-9: each replica has its own host clock, which a step can set minutes off the reference
+SIM-10: each replica has its own host clock, which a step can set minutes off the reference
 (the simulation's one clock, standing for the database's). The production scheduler reads
 the database's clock (``DatabaseClock``), so a skewed host changes nothing; the broken
 variant that reads its host clock is caught taking a row before its trigger.
 
-SIM-10: a replica frozen mid-batch past the idle-in-transaction timeout: the database ends
+SIM-11: a replica frozen mid-batch past the idle-in-transaction timeout: the database ends
 its session (its transaction rolls back, its locks go) while the replica still runs; other
 replicas take its rows; when it goes on, its batch fails as a whole and pushes nothing, and
 its loop carries on. The oracle's checks after every step are the proof that nothing is
@@ -22,11 +22,11 @@ from harness import Simulation, Violation
 from harness.driver import run_random
 
 
-@pytest.mark.clause("SIM-9")
+@pytest.mark.clause("SIM-10")
 def test_replicas_whose_host_clocks_are_minutes_off_claim_and_record_by_the_reference_clock(
     database_url: str,
 ) -> None:
-    """SIM-9: one replica's host runs 60 minutes ahead, another's 60 behind; each claim takes
+    """SIM-10: one replica's host runs 60 minutes ahead, another's 60 behind; each claim takes
     exactly the rows due by the reference clock, each outcome records the reference's time."""
     with Simulation(database_url, replicas=2, batch_size=5) as sim:
         sim.skew_clock(0, 60)
@@ -42,14 +42,14 @@ def test_replicas_whose_host_clocks_are_minutes_off_claim_and_record_by_the_refe
         sim.finish(1)
         sim.drain()
         assert sim.summary()["events_dispatched"] == 2
-        assert sim.stats.checks["SIM-9"] >= 4
+        assert sim.stats.checks["SIM-10"] >= 4
 
 
-@pytest.mark.clause("SIM-9")
+@pytest.mark.clause("SIM-10")
 def test_a_scheduler_that_trusts_its_host_clock_is_caught_taking_a_row_before_its_trigger(
     database_url: str,
 ) -> None:
-    """SIM-9: the broken variant ``host-clock`` on a host five minutes ahead claims a row
+    """SIM-10: the broken variant ``host-clock`` on a host five minutes ahead claims a row
     due in three minutes by the reference."""
     with Simulation(database_url, replicas=1, batch_size=5, scheduler="host-clock") as sim:
         def program(sim: Simulation) -> None:
@@ -59,15 +59,15 @@ def test_a_scheduler_that_trusts_its_host_clock_is_caught_taking_a_row_before_it
 
         with pytest.raises(Violation) as info:
             program(sim)
-    assert info.value.clause == "SIM-9"
+    assert info.value.clause == "SIM-10"
     assert "before its trigger" in info.value.message
 
 
-@pytest.mark.clause("SIM-10")
+@pytest.mark.clause("SIM-11")
 def test_a_replica_frozen_mid_batch_past_the_timeout_loses_nothing_and_its_loop_goes_on(
     database_url: str,
 ) -> None:
-    """SIM-10: replica 0 dispatches one of its three rows and freezes; the database ends its
+    """SIM-11: replica 0 dispatches one of its three rows and freezes; the database ends its
     session; replica 1 claims and dispatches all three; replica 0 resumes, its next dispatch
     fails its whole poll (nothing committed, nothing pushed), and its next run works."""
     with Simulation(database_url, replicas=2, batch_size=5) as sim:
@@ -86,13 +86,13 @@ def test_a_replica_frozen_mid_batch_past_the_timeout_loses_nothing_and_its_loop_
         sim.run(0)  # its loop goes on
         sim.drain()
         assert sim.summary()["events_dispatched"] == 4
-        assert sim.stats.checks["SIM-10"] >= 2
+        assert sim.stats.checks["SIM-11"] >= 2
 
 
-@pytest.mark.clause("SIM-9")
 @pytest.mark.clause("SIM-10")
+@pytest.mark.clause("SIM-11")
 def test_random_programs_with_skewed_clocks_and_frozen_replicas_agree_with_the_model(database_url: str) -> None:
-    """SIM-9, SIM-10: the seeded random driver with every fault, skews and freezes included,
+    """SIM-10, SIM-11: the seeded random driver with every fault, skews and freezes included,
     runs the production scheduler clean and drains with nothing lost."""
     with Simulation(database_url, seed=14, replicas=3, batch_size=3, participants=3, modes="mixed") as sim:
         run_random(sim, 300, random.Random(14), frozenset({"event-errors", "crash", "kill", "stop", "clock",

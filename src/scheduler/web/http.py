@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from enum import StrEnum
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -116,3 +117,35 @@ def text_param(name: str, value: str | None) -> str | None:
     except ValueError as exc:
         raise Unprocessable.field(name, str(exc)) from None
     return value
+
+
+def path_param(request: Request, name: str) -> str:
+    """A path parameter, bounded and storable (see ``text_param``)."""
+    value = str(request.path_params[name])
+    text_param(name, value)
+    return value
+
+
+def limit_param(request: Request, default: int = 100, high: int = 1000) -> int:
+    """``?limit=``: a whole number from 1 to ``high``, else a 422 naming it."""
+    raw = request.query_params.get("limit")
+    if raw is None:
+        return default
+    if not raw.isdigit() or not 1 <= int(raw) <= high:
+        raise Unprocessable.field("limit", f"must be a whole number from 1 to {high}")
+    return int(raw)
+
+
+StatusT = TypeVar("StatusT", bound=StrEnum)
+
+
+def status_param(request: Request, statuses: type[StatusT]) -> StatusT | None:
+    """The ``status`` query parameter as one of ``statuses``, or a 422 naming them."""
+    raw = request.query_params.get("status") or None
+    if raw is None:
+        return None
+    try:
+        return statuses(raw)
+    except ValueError:
+        expected = ", ".join(statuses)
+        raise Unprocessable.field("status", f"unknown status {raw!r}; expected one of {expected}") from None

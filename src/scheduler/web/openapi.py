@@ -66,6 +66,14 @@ def _enum(values: type[StrEnum]) -> dict[str, Any]:
 # Query parameters' schemas, by name (a route may override one with "parameter_schemas").
 QUERY_SCHEMAS: dict[str, dict[str, Any]] = {"limit": {"type": "integer", "minimum": 1, "maximum": 1000}}
 
+# A list paged by keyset: the body stays a plain list; the next page is named in headers.
+PAGE_HEADERS = {
+    "X-Next-Cursor": {"description": "the cursor of the next page; absent on the last page",
+                      "schema": {"type": "string"}},
+    "Link": {"description": 'the next page\'s URL, rel="next" (RFC 8288); absent on the last page',
+             "schema": {"type": "string"}},
+}
+
 ERRORS = {
     "401": _json(ErrorOut, "missing, expired, malformed or invalid bearer token"),
     "403": _json(ErrorOut, "the token lacks the permission this route needs"),
@@ -96,10 +104,19 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
                       "422": _one_of((ValidationErrorOut, ErrorOut, FactsContractErrorOut), MISSING_FACTS)},
     },
     ("/admin/scheduled-events", "get"): {
-        "summary": "List scheduled events (permission: admin)",
-        "parameters": ["status", "user_id", "external_key", "limit"],
-        "parameter_schemas": {"status": _enum(EventStatus)},
-        "responses": {"200": _json(ScheduledEventOut, "rows, newest change first", many=True), **ERRORS},
+        "summary": "List scheduled events by the one query model, newest change first, a page at a time (permission: admin)",
+        "parameters": ["status", "event_type", "user_id", "external_key", "community_id", "trigger_from",
+                       "trigger_to", "error_contains", "cursor", "limit"],
+        "parameter_schemas": {
+            "status": _enum(EventStatus),
+            "trigger_from": {"type": "string", "format": "date-time", "description": "trigger_at at or after (with a zone)"},
+            "trigger_to": {"type": "string", "format": "date-time", "description": "trigger_at before (with a zone)"},
+            "error_contains": {"type": "string", "maxLength": MAX_STRING, "description": "in last_error, any case"},
+            "cursor": {"type": "string", "maxLength": 4 * MAX_STRING,
+                       "description": "the X-Next-Cursor of the previous page (same filters)"},
+        },
+        "responses": {"200": {**_json(ScheduledEventOut, "rows, newest change first (then by id)", many=True),
+                              "headers": PAGE_HEADERS}, **ERRORS},
     },
     ("/admin/scheduled-events/{event_id}", "get"): {
         "summary": "One scheduled event (permission: admin)",
