@@ -17,9 +17,11 @@ from functools import partial
 from pathlib import Path
 
 import pytest
+from freezegun import freeze_time
 from sqlalchemy import Engine, text
 from starlette.testclient import TestClient
 
+from scheduler.cli import main
 from scheduler.config import Settings
 from scheduler.core.clock import ClockNotReady, DatabaseClock, ManualClock, OffsetClock, SystemClock
 from scheduler.core.loop import Scheduler
@@ -171,3 +173,29 @@ def test_a_database_clock_needs_an_aware_server_time() -> None:
     clock = DatabaseClock(lambda: datetime(2026, 1, 1))
     with pytest.raises(ValueError, match="timezone-aware"):
         clock.sync()
+
+
+@pytest.mark.clause("DEC-10")
+def test_the_cli_reset_and_cancel_record_the_database_time_whatever_the_host_clock_says(
+    engine: Engine, database_url: str, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest,
+) -> None:
+    """DEC-10: ``scheduler events reset`` and ``cancel`` run the application's audited commands
+    with the database's time (``synced_database_clock``), not the host's: on a host three
+    days ahead, the rows' ``updated_at`` and the audit trail's ``at`` are the server's now."""
+    server_now = database_time(engine)
+    reset_id, cancel_id = store_due(engine, ["ann", "bob"], server_now - timedelta(minutes=1))
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE scheduled_events SET status = 'failed' WHERE id = :id"), {"id": reset_id})
+    monkeypatch.setenv("DATABASE_URL", database_url)
+    host = freeze_time(server_now + timedelta(days=3))
+    host.start()
+    request.addfinalizer(host.stop)
+    assert main(["events", "reset", reset_id, "--reason", "retry"]) == 0
+    assert main(["events", "cancel", cancel_id]) == 0
+    after = database_time(engine)
+    with engine.connect() as conn:
+        rows = {r.id: r.updated_at for r in conn.execute(text("SELECT id, updated_at FROM scheduled_events"))}
+        audited = conn.execute(text("SELECT at FROM operator_actions ORDER BY id")).scalars().all()
+    assert len(audited) == 2
+    for recorded in [rows[reset_id], rows[cancel_id], *audited]:
+        assert server_now <= recorded <= after, (recorded, server_now, after)
