@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
+import subprocess
+import sys
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
@@ -301,6 +304,20 @@ def check_clock_skew_warn_seconds(env: Env) -> None:
             assert clock.warned is warns, value
 
 
+def check_log_format(env: Env) -> None:
+    """The CLI's log lines (here Alembic's, with --verbose) are JSON objects, or text."""
+    for value in ("json", "text"):
+        done = subprocess.run([sys.executable, "-m", "scheduler", "--verbose", "migrate"], capture_output=True,
+                              text=True, timeout=120, env={**os.environ, **env.base(SCHEDULER_LOG_FORMAT=value)})
+        assert done.returncode == 0, done.stderr
+        lines = [line for line in done.stderr.splitlines() if line.strip()]
+        assert any("alembic" in line for line in lines), done.stderr
+        if value == "json":
+            assert all(json.loads(line)["logger"] for line in lines), done.stderr
+        else:
+            assert not any(line.startswith("{") for line in lines), done.stderr
+
+
 CHECKS: dict[str, Callable[[Env], None]] = {
     "database_url": check_database_url,
     "data_dir": check_data_dir,
@@ -328,6 +345,7 @@ CHECKS: dict[str, Callable[[Env], None]] = {
     "tcp_keepalives_idle_seconds": check_tcp_keepalives_idle_seconds,
     "tcp_user_timeout_ms": check_tcp_user_timeout_ms,
     "clock_skew_warn_seconds": check_clock_skew_warn_seconds,
+    "log_format": check_log_format,
 }
 
 
