@@ -124,6 +124,11 @@ class Settings(BaseSettings):
         1.0, "SCHEDULER_CLOCK_SKEW_WARN_SECONDS",
         "the log warns once when this host's clock is further than this from the database's (the service "
         "uses the database's clock either way, DEC-10)", ge=0.0)
+    session_max_seconds: int = _setting(
+        8 * 3600, "SCHEDULER_SESSION_MAX_SECONDS",
+        "a browser session's (console, inbox page) absolute lifetime (8 h; never past its token's `exp`)", ge=60)
+    session_idle_seconds: int = _setting(
+        30 * 60, "SCHEDULER_SESSION_IDLE_SECONDS", "a browser session unused this long ends (30 min)", ge=60)
     log_format: LogFormat = _setting(
         "text", "SCHEDULER_LOG_FORMAT",
         "`json`: one JSON object a line (`time`, `level`, `logger`, `message`, and `event_id`, `replica`, "
