@@ -98,7 +98,7 @@ DESCRIPTIONS = {
              "and events pages, the /metrics scrape, each hot statement with its EXPLAIN (ANALYZE, BUFFERS), and "
              "retention, at 10k, 1M and 10M rows (--quick: 10k and 100k; --rows N ... to choose), loaded "
              "set-based and sampled side by side; ratio largest / smallest. Not part of `all`: at 10M rows "
-             "it needs about 15 GB of disk and half an hour on two cores",
+             "it needs about 8 GB of disk and 20 minutes on two cores",
 }
 ORDER = ("claim", "mechanics", "fullpath", "http", "shutdown", "memory", "profile", "burst", "console", "history",
          "inbox")

@@ -1,6 +1,6 @@
 """``python -m bench scale`` stays runnable: its whole path on two small tables (PERF-3).
 
-The 10M-row run takes half an hour and 15 GB; this runs the same code (the chunked
+The 10M-row run takes about 20 minutes and 8 GB; this runs the same code (the chunked
 set-based load, the claim side by side, the console's pages and the /metrics scrape signed
 in, every hot statement's plan, retention) on a few thousand rows, so a schema, a page or
 a statement that changes under it fails here instead of in the next long run. Only the
