@@ -124,3 +124,27 @@ def test_a_replica_that_stops_cleanly_leaves_the_list_instead_of_going_stale(
         assert service.scheduler.wait_for(lambda: service.scheduler.health.polls >= 1, 30)
         assert [r["name"] for r in _replicas(engine)] == ["scheduler"]
     assert _replicas(engine) == []
+
+
+@pytest.mark.clause("OBS-2")
+def test_of_two_replicas_the_one_that_stops_leaves_the_list_and_the_other_stays(
+    settings: Settings, engine: Engine, clock: ManualClock
+) -> None:
+    """OBS-2: two replicas (both named `scheduler`, as replicas of one deployment are) run their
+    loops on one database; each is listed. The first stops cleanly: only its own row goes; the
+    other is still listed, `ok`, and goes when it stops in turn."""
+    from scheduler.web.app import create_app
+    from tests.servers import wait_for
+
+    apps = [create_app(settings.with_(poll_seconds=3600.0), engine=engine, clock=clock) for _ in range(2)]
+    first, second = (app.state.service for app in apps)
+    ids = [first.operations.heartbeat.replica_id, second.operations.heartbeat.replica_id]
+    assert ids[0] != ids[1]
+    with TestClient(apps[1]) as client:
+        with TestClient(apps[0]):
+            wait_for(lambda: len(_replicas(engine)) == 2, what="both replicas' first heartbeat")
+            assert sorted(str(r["replica_id"]) for r in _replicas(engine)) == sorted(ids)
+        assert [r["replica_id"] for r in _replicas(engine)] == [ids[1]]
+        assert [(r["name"], r["state"]) for r in client.get("/admin/replicas", headers=ADMIN).json()] == [
+            ("scheduler", "ok")]
+    assert _replicas(engine) == []
