@@ -502,3 +502,23 @@ def test_wake_ups_for_several_posts_keep_the_earliest_trigger_whatever_their_ord
         assert scheduler.wait_for(lambda: scheduler.health.polls == 3 and scheduler.waiting, DEADLINE)
     assert (statuses(engine)[five], statuses(engine)[thirty]) == ("dispatched", "pending")
     assert scheduler.waiting_until == at[30]
+
+
+@pytest.mark.clause("PROMPT-5")
+def test_a_pending_row_rewritten_to_fall_due_now_wakes_the_loop_at_once(
+    engine: Engine, clock: ManualClock, running: list[LoopThread]
+) -> None:
+    """PROMPT-5: a row stays pending while its sender moves it. The loop waits for a row due in
+    an hour; its sender re-posts the same key due now (REQ-0064: the same row, rewritten, never
+    having left `pending`). That wakes the loop at once, which dispatches it, an hour early
+    by the old trigger: a wake-up only for rows *becoming* pending would leave it waiting."""
+    with api(engine, clock) as client:
+        row = post_event(client, user_id="moved", external_key="k-moved", trigger_at=T0 + timedelta(hours=1))
+        scheduler = start(running, make_service(engine, clock))
+        assert scheduler.wait_for(lambda: scheduler.waiting_until == T0 + timedelta(hours=1) and scheduler.waiting,
+                                  DEADLINE)
+        again = post_event(client, user_id="moved", external_key="k-moved", trigger_at=T0)
+        assert again["id"] == row["id"]
+        assert scheduler.wait_for(lambda: scheduler.health.dispatched == 1, DEADLINE), "the rewrite woke nobody"
+    assert statuses(engine)[row["id"]] == "dispatched"
+    assert scheduler.health.polls == 2
