@@ -223,3 +223,30 @@ def test_each_rows_history_holds_its_own_changes_only_among_rows_changed_at_the_
         assert page.status_code == 200, page.text
         table = page.text.split('<table id="changes">', 1)[1].split("</table>", 1)[0]
         assert table.count("<tr><td>") == len(changes), (event_id, table)
+
+
+@pytest.mark.clause("HIST-1")
+def test_a_bulk_action_in_several_chunks_names_its_change_and_operator_in_every_rows_history(
+    client: TestClient, service: SchedulerService, clock: ManualClock, engine: Engine
+) -> None:
+    """HIST-1: a bulk cancel of five pending rows and a bulk reset of five failed rows, each
+    in chunks of two (three transactions each): every row's newest entry is `reset` or
+    `cancelled` by the operator, whichever chunk's transaction changed it (not an anonymous
+    `updated` for the chunks after the first)."""
+    from scheduler.application import commands
+    from scheduler.application.events import EventQuery
+    from scheduler.types import EventStatus
+
+    failing = [post_event(client, user_id=f"f-{n}", facts=reminder_facts(day="soon"))["id"] for n in range(5)]
+    waiting = [post_event(client, user_id=f"w-{n}", trigger_at=T0 + later(24))["id"] for n in range(5)]
+    clock.advance(later())
+    assert service.scheduler.poll_once().failed == 5
+    operator = commands.Actor("op-zoë", "cli")
+    for command, status in ((commands.bulk_cancel, EventStatus.PENDING), (commands.bulk_reset, EventStatus.FAILED)):
+        result = command(service.sessions, EventQuery(status=status), now=clock.now(), as_of=clock.now(),
+                         expected=5, actor=operator, reason="audit", chunk=2)
+        assert (result.changed, result.chunks) == (5, 3)
+    for ids, change in ((failing, "reset"), (waiting, "cancelled")):
+        for event_id in ids:
+            last = history(client, event_id)[-1]
+            assert (last["change"], last["actor"], last["at"]) == (change, "op-zoë", clock.now().isoformat()), event_id
