@@ -148,3 +148,30 @@ def test_of_two_replicas_the_one_that_stops_leaves_the_list_and_the_other_stays(
         assert [(r["name"], r["state"]) for r in client.get("/admin/replicas", headers=ADMIN).json()] == [
             ("scheduler", "ok")]
     assert _replicas(engine) == []
+
+
+@pytest.mark.clause("OBS-1")
+def test_a_recovery_is_written_at_once_too_and_the_next_beats_wait_their_second(
+    service: SchedulerService, engine: Engine, clock: ManualClock
+) -> None:
+    """OBS-1: the failure state changes both ways. Within one second of the clock: a poll
+    succeeds (written), the next fails (written at once), the next succeeds again (written at
+    once: the replica must not stay `failing` after it recovered), and one more success in
+    that second is not written; a second later it is."""
+    real_claim = service.scheduler.claim
+
+    def broken_claim() -> None:
+        raise RuntimeError("database said no")
+
+    def step(works: bool) -> dict[str, object]:
+        service.scheduler.claim = real_claim if works else broken_claim  # type: ignore[assignment,method-assign]
+        loop_step(service)
+        [row] = _replicas(engine)
+        return {"polls": row["polls"], "failures": row["consecutive_failures"], "error": row["last_error"]}
+
+    assert step(True) == {"polls": 1, "failures": 0, "error": None}
+    assert step(False) == {"polls": 1, "failures": 1, "error": "RuntimeError: database said no"}
+    assert step(True) == {"polls": 2, "failures": 0, "error": None}
+    assert step(True) == {"polls": 2, "failures": 0, "error": None}  # same second: not written
+    clock.advance(timedelta(seconds=1))
+    assert step(True) == {"polls": 4, "failures": 0, "error": None}
