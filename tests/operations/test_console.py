@@ -575,3 +575,27 @@ def test_the_overviews_windows_follow_the_clock_and_failures_group_by_kind(
         ("missing_or_invalid_time_scope", 1), ("Zeitüberschreitung beim Versand — ohne Doppelpunkt", 1)}
     assert later["failures_total"] == 2
     assert later["lateness"]["dispatched"] == 0
+
+
+@pytest.mark.clause("CON-4")
+def test_pending_rows_due_at_one_instant_page_next_due_first_without_losing_or_repeating_one(
+    client: TestClient, service: SchedulerService, engine: Engine
+) -> None:
+    """CON-4: the pending list pages by `(trigger_at, id)`, next due first. Five rows due at
+    five earlier instants and fifty-five due at one later instant: the first page opens with
+    the five in trigger order, and the two pages (50 and 10) hold every row once (the tie at
+    one trigger_at is broken by id)."""
+    early = [post_event(client, user_id=f"early-{n}", trigger_at=T0 + timedelta(minutes=n + 1))["id"] for n in range(5)]
+    for n in range(55):
+        post_event(client, user_id=f"tied-{n:02d}", trigger_at=T0 + timedelta(hours=2))
+    sign_in(client)
+    found: list[list[str]] = []
+    link: str | None = "status=pending"
+    while link is not None and len(found) < 5:
+        page = client.get("/console/events?" + link).text
+        found.append(re.findall(r'<tr class="status-\w+" data-id="([^"]+)"', page))
+        more = re.search(r'href="/console/events\?([^"]+)" id="next-page"', page)
+        link = more[1].replace("&amp;", "&") if more else None
+    assert [len(p) for p in found] == [50, 10]
+    assert found[0][:5] == early
+    assert sorted(i for p in found for i in p) == sorted(r["id"] for r in rows(engine, "SELECT id FROM scheduled_events"))
