@@ -1,9 +1,9 @@
 """The composition root: ``SchedulerService`` builds the service's parts and wires them.
 
 It creates the engines, the clock, the catalogue and dispatch path, the loop and its
-LISTEN connection, the inbox hub, retention and the operations (heartbeat, metrics,
-console), then hands each route module only what it uses: the sessionmaker, the clock,
-the dispatch path, the token verifier, the loop. No route module knows this class, so
+LISTEN connection, the inbox hub, retention, the web sessions' store and the operations
+(heartbeat, metrics, console), then hands each route module only what it uses: the
+sessionmaker, the clock, the dispatch path, the token verifier, the sessions' store, the loop. No route module knows this class, so
 nothing imports back into it. ``create_app`` is the standalone service; another Starlette
 app embeds the same thing by mounting ``service.app`` and entering ``service.lifespan``
 (see README).
@@ -34,6 +34,8 @@ from scheduler.database.listener import Listener, conninfo_of
 from scheduler.nudging.dispatch import NudgingPlatform
 from scheduler.nudging.publishers import LoggingPublisher
 from scheduler.nudging.rules import Catalogue, load_catalogue
+from scheduler.observability.observer import Observer
+from scheduler.observability.tracing import observe, observer_from_env
 from scheduler.operations.retention import Retention
 from scheduler.types import Clock, Dispatcher, Publisher, SchedulerMode
 from scheduler.web.admin import Operations
@@ -45,6 +47,7 @@ from scheduler.web.inbox_routes import inbox_routes
 from scheduler.web.ingest import IngestRoutes
 from scheduler.web.participants import ParticipantRoutes
 from scheduler.web.scheduled_events import EventRoutes
+from scheduler.web.sessions import SessionStore
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +68,7 @@ class SchedulerService:
         publisher: Publisher | None = None,
         run_scheduler: bool | None = None,
         loop_engine: Engine | None = None,
+        observer: Observer | None = None,
     ) -> None:
         self.settings = settings or Settings.from_env()
         # Engines this service creates are its own to dispose when it stops; an engine the
@@ -114,15 +118,21 @@ class SchedulerService:
         self._task: asyncio.Task[None] | None = None
         self._stop: asyncio.Event | None = None
         # Heartbeats, metrics, the operator API and the console (issue 9).
+        # Signed-in browsers (the console's, the inbox page's), in the database: any replica serves them.
+        self.web_sessions = SessionStore(self.sessions, self.clock, max_seconds=self.settings.session_max_seconds,
+                                         idle_seconds=self.settings.session_idle_seconds)
         self.operations = Operations(self.settings, self.sessions, self.clock, self.scheduler, self.verifier,
-                                     lambda: self.loop_alive)
+                                     self.web_sessions, lambda: self.loop_alive)
         # The route modules, each with what it uses and nothing else.
         self.health = HealthRoutes(scheduler=self.scheduler, clock=self.clock, listener=listener,
                                    settings=self.settings, loop_alive=lambda: self.loop_alive,
                                    mounted=lambda: self.app.routes)
+        # Observability (issue 17): spans for requests, statements, polls and dispatches when
+        # OTEL_TRACES_EXPORTER asks (or ``observer`` traces); log context either way.
+        self.observer = observer if observer is not None else observer_from_env()
         self.ingest = IngestRoutes(sessions=self.sessions, clock=self.clock, dispatcher=self.dispatcher,
                                    publisher=StreamPublisher(self.sessions, inner_publisher),
-                                   max_body_bytes=self.settings.max_body_bytes)
+                                   max_body_bytes=self.settings.max_body_bytes, observer=self.observer)
         self.events = EventRoutes(sessions=self.sessions, clock=self.clock)
         self.participants = ParticipantRoutes(sessions=self.sessions, clock=self.clock,
                                               max_body_bytes=self.settings.max_body_bytes)
@@ -135,6 +145,9 @@ class SchedulerService:
             lifespan=self.lifespan,
         )
         self.app.state.service = self
+        # observability: the loop's observer, the Starlette and SQLAlchemy instrumentation
+        observe(self.observer, app=self.app, engines=[self.engine, self.loop_engine], loop=self.scheduler,
+                replica_id=self.operations.heartbeat.replica_id)
 
     # The live path's publisher and the process's LISTEN connection can be replaced after
     # wiring (a test's witness, a listener with another probe): the root re-wires its parts.
@@ -184,7 +197,8 @@ class SchedulerService:
             *self.ingest.routes(),
             *self.events.routes(),
             *self.participants.routes(),
-            *inbox_routes(sessions=self.sessions, inbox=self.inbox),
+            *inbox_routes(sessions=self.sessions, inbox=self.inbox, store=self.web_sessions, verifier=self.verifier,
+                          max_body_bytes=self.settings.max_body_bytes),
             *self.operations.routes(),
         ]
 
