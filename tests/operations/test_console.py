@@ -550,13 +550,13 @@ def test_the_overviews_windows_follow_the_clock_and_failures_group_by_kind(
         assert service.scheduler.poll_once().dispatched == 1
 
     def figures() -> dict[str, Any]:
+        sign_in(client)  # a fresh session: the clock moves on by hours, past an idle session's end (CON-12)
         with client.stream("GET", "/console/stream?once=1") as stream:
             body = "".join(stream.iter_text())
         figures: dict[str, Any] = json.loads(body.split("data: ", 1)[1].split("\n", 1)[0])
         return figures
 
     service.operations.console.stream_seconds = 3.0  # a stream that ignores once=1 fails in seconds
-    sign_in(client)
     _failed(client, service, ["old-1", "old-2"])  # missing_or_invalid_time_scope, at T0
     dispatch("early", timedelta(minutes=2))  # at T0, 2 min late
     clock.advance(timedelta(hours=1, minutes=1))
