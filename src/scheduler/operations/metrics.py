@@ -76,6 +76,14 @@ class _DatabaseGauges(Collector):
         running = GaugeMetricFamily("scheduler_loop_running", "1 while this process's polling loop task runs")
         running.add_metric([], 1.0 if self.metrics.loop_alive() else 0.0)
         yield running
+        offset = getattr(self.metrics.clock, "offset_seconds", None)
+        if isinstance(offset, float):
+            # Only production's clock measures one (DEC-10); an injected clock has none.
+            gauge = GaugeMetricFamily("scheduler_clock_offset_seconds",
+                                      "the database's clock minus this host's, as last measured; "
+                                      "the scheduler uses the database's")
+            gauge.add_metric([], offset)
+            yield gauge
         values = self._values()
         up = GaugeMetricFamily("scheduler_database_up", "1 when the scrape-time queries succeeded")
         up.add_metric([], 0.0 if values is None else 1.0)

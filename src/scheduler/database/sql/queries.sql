@@ -1,6 +1,12 @@
 -- Every SQL statement of the scheduler, each a named block with a one-line description.
--- Time is always bound as :now; nothing here reads the database clock, so a frozen
--- clock in the tests and the simulation controls every decision.
+-- Time is always bound as :now; no statement but database_clock reads the database clock,
+-- so a frozen clock in the tests and the simulation controls every decision. In production
+-- :now comes from the database's clock anyway (DatabaseClock, DEC-10), measured with
+-- database_clock.
+
+-- name: database_clock
+-- The server's current time (not the transaction's): production's clock measures its offset with it.
+SELECT clock_timestamp();
 
 -- name: claim_due_events
 -- Take up to :batch_size due pending rows, oldest first, and lock them for this batch.
@@ -42,7 +48,9 @@ WHERE status = 'pending' AND trigger_at > :now;
 -- name: set_local_timeouts
 -- Apply the service's timeouts to this transaction only (behind a transaction-pooling proxy,
 -- where the options startup parameter is refused and a session SET would leak to others).
-SELECT set_config('statement_timeout', :statement, true), set_config('lock_timeout', :lock, true);
+SELECT set_config('statement_timeout', :statement, true), set_config('lock_timeout', :lock, true),
+       -- a session frozen inside this transaction is ended by the server, releasing its locks
+       set_config('idle_in_transaction_session_timeout', :idle, true);
 
 -- name: lock_participant
 -- Take one participant's advisory lock until the end of the transaction (re-entrant).
