@@ -15,7 +15,7 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from pydantic import Field, JsonValue, ValidationError, field_validator
 from pydantic.fields import FieldInfo
@@ -30,6 +30,7 @@ from pydantic_settings import (
 from scheduler.types import SchedulerMode
 
 Environment = Literal["development", "production"]
+LogFormat = Literal["text", "json"]
 
 
 class ConfigError(ValueError):
@@ -106,6 +107,32 @@ class Settings(BaseSettings):
         False, "SCHEDULER_METRICS_REQUIRE_ADMIN", "`GET /metrics` needs an admin token")
     console_refresh_seconds: float = _setting(
         2.0, "SCHEDULER_CONSOLE_REFRESH_SECONDS", "how often the console's overview updates", ge=0.1)
+    # A frozen peer holds nothing for long (issue 14): DEC-11 says why 10 s.
+    idle_in_transaction_timeout_ms: int = _setting(
+        10_000, "SCHEDULER_IDLE_IN_TRANSACTION_TIMEOUT_MS",
+        "PostgreSQL ends a session idle inside a transaction this long (a frozen replica), releasing its "
+        "batch's locks to the other replicas; per transaction behind a pooler; `0` disables (DEC-11)", ge=0)
+    tcp_keepalives_idle_seconds: int = _setting(
+        30, "SCHEDULER_TCP_KEEPALIVES_IDLE_SECONDS",
+        "TCP keepalive probes on every database connection after this much silence (then every 10 s, "
+        "3 times); TCP connections only", ge=1)
+    tcp_user_timeout_ms: int = _setting(
+        30_000, "SCHEDULER_TCP_USER_TIMEOUT_MS",
+        "libpq's `tcp_user_timeout`: a send unacknowledged this long ends the connection (`0`: the "
+        "kernel's default)", ge=0)
+    clock_skew_warn_seconds: float = _setting(
+        1.0, "SCHEDULER_CLOCK_SKEW_WARN_SECONDS",
+        "the log warns once when this host's clock is further than this from the database's (the service "
+        "uses the database's clock either way, DEC-10)", ge=0.0)
+    session_max_seconds: int = _setting(
+        8 * 3600, "SCHEDULER_SESSION_MAX_SECONDS",
+        "a browser session's (console, inbox page) absolute lifetime (8 h; never past its token's `exp`)", ge=60)
+    session_idle_seconds: int = _setting(
+        30 * 60, "SCHEDULER_SESSION_IDLE_SECONDS", "a browser session unused this long ends (30 min)", ge=60)
+    log_format: LogFormat = _setting(
+        "text", "SCHEDULER_LOG_FORMAT",
+        "`json`: one JSON object a line (`time`, `level`, `logger`, `message`, and `event_id`, `replica`, "
+        "`trace_id` where they exist); secrets are redacted in both formats")
 
     if not TYPE_CHECKING:  # mypy keeps the typed signature pydantic's plugin writes
 
@@ -128,7 +155,7 @@ class Settings(BaseSettings):
         environment; ``from_env`` is the one place that reads it."""
         return (init_settings,)
 
-    @field_validator("environment", "mode", mode="before")
+    @field_validator("environment", "mode", "log_format", mode="before")
     @classmethod
     def _lower(cls, value: object) -> object:
         return value.strip().lower() if isinstance(value, str) else value
@@ -161,6 +188,13 @@ class Settings(BaseSettings):
         if self.secret_file.is_file():
             return self.secret_file.read_text().strip() or None
         return None
+
+
+def log_format_of(env: Mapping[str, str]) -> str:
+    """The log format to start logging in, before the settings are validated: a value that
+    is not ``text`` or ``json`` logs as text (``Settings.from_env`` then refuses it)."""
+    raw = (env.get("SCHEDULER_LOG_FORMAT") or "").strip().lower()
+    return raw if raw in get_args(LogFormat) else "text"
 
 
 class _Environment(EnvSettingsSource):

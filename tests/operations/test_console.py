@@ -9,13 +9,18 @@ since the count untouched) are recorded in the audit trail, listed on a page and
 
 from __future__ import annotations
 
+import html
+import json
 import re
 import time
 from datetime import timedelta
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import jwt
 import pytest
 from sqlalchemy import Engine
+from sqlalchemy import text as sql_text
 from starlette.testclient import TestClient
 
 from scheduler.application import commands
@@ -82,8 +87,9 @@ def test_an_ingest_or_participant_token_is_refused_at_sign_in(client: TestClient
                         "another-secret-entirely-0123456789abcdef", algorithm="HS256")
     nonce = re.search(r'name="nonce" value="([^"]+)"', response.text)[1]  # type: ignore[index]
     assert client.post("/console/sign-in", data={"nonce": nonce, "token": forged}).status_code == 401
+    # A token put in the cookie by hand is not a session (the cookie holds a session id): sign-in again.
     client.cookies.set("scheduler_console", token(scope), path="/console")
-    assert client.get("/console", follow_redirects=False).status_code == 403
+    assert client.get("/console", follow_redirects=False).status_code == 303
 
 
 @pytest.mark.clause("CON-2")
@@ -256,10 +262,13 @@ def test_the_overview_shows_counts_backlog_lateness_replicas_and_failures_and_st
     assert re.search(r'data-field="oldest_overdue_seconds" data-format="duration">5 min 0 s<', page)
     assert re.search(r'data-field="lateness.p50" data-format="duration">2 min 0 s<', page)
     assert "missing_or_invalid_time_scope" in page and "state-ok" in page
+    # The test client reads a response to its end: a stream that ignored ?once=1 would end only
+    # after stream_seconds; cut that to seconds, so such a bug fails here quickly (two events).
+    service.operations.console.stream_seconds = 3.0
     with client.stream("GET", "/console/stream?once=1") as stream:
         assert stream.headers["content-type"].startswith("text/event-stream")
         body = "".join(stream.iter_text())
-    assert body.startswith("event: overview\ndata: {")
+    assert body.startswith("event: overview\ndata: {") and body.count("event: overview") == 1
     assert '"failed": 1' in body and '"backlog": 1' in body
 
 
@@ -298,11 +307,11 @@ def test_the_console_works_mounted_under_a_prefix_of_a_host_app(service: Schedul
         assert client.get("/nudging/console/static/console.css").status_code == 200
 
 
-@pytest.mark.clause("CON-10")
+@pytest.mark.clause("CON-16")
 def test_the_overview_counts_every_status_and_past_the_exact_limit_estimates_finished_rows_by_status(
     client: TestClient, service: SchedulerService, engine: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """CON-10: every status is counted, cancelled included, exactly in a small table; in a big one
+    """CON-16: every status is counted, cancelled included, exactly in a small table; in a big one
     pending and failed stay exact and dispatched and cancelled are the planner's estimate of each
     status (never the table's estimate minus the others), named as estimates on the page."""
     from scheduler.operations import overview
@@ -335,3 +344,259 @@ def test_the_overview_counts_every_status_and_past_the_exact_limit_estimates_fin
     assert "dispatched (≈, estimated)" in page and "cancelled (≈, estimated)" in page
     monkeypatch.setattr(overview, "EXACT_LIMIT", 200_000)
     assert overview.overview(service.sessions, service.clock.now())["counts"]["cancelled"] == 0
+
+
+# Where a `next` could send an operator after sign-in, other than a page of this console:
+# other hosts in every spelling browsers accept, encodings, control characters, paths beside
+# or above the console. Each must land on the console itself.
+HOSTILE_NEXT = [
+    "//evil.example/console", "//evil.example", "///evil.example/console", "////evil.example",
+    "/\\evil.example/console", "\\\\evil.example", "/\\/evil.example", "\\/evil.example",
+    "https://evil.example/console", "HTTPS://evil.example", "http:evil.example", "https:/evil.example",
+    "javascript:alert(document.cookie)", "data:text/html,<script>alert(1)</script>",
+    "%2F%2Fevil.example", "%2f%2fevil.example/console", "/%2F%2Fevil.example", "%5C%5Cevil.example",
+    " //evil.example", "\t//evil.example", "/\t/evil.example", "/console\r\nSet-Cookie: x=1",
+    "/admin/scheduled-events", "/inbox", "/", "/consolex", "/console.evil.example", "/console@evil.example",
+    "/console/../inbox", "/console/./../admin", "/console/%2e%2e/inbox", "/console/%2E%2e%2Finbox",
+    "/console/..%2f..%2finbox", "/console/.%2e/admin",
+]
+
+
+def sign_in_with_next(client: TestClient, next_value: str, prefix: str = "") -> str:
+    """Follow a link to the sign-in page carrying ``next``, sign in; the redirect's target."""
+    page = client.get(f"{prefix}/console/sign-in", params={"next": next_value})
+    nonce = re.search(r'name="nonce" value="([^"]+)"', page.text)
+    carried = re.search(r'name="next" value="([^"]*)"', page.text)
+    assert nonce and carried, page.text
+    response = client.post(f"{prefix}/console/sign-in", follow_redirects=False, data={
+        "nonce": nonce[1], "token": token("nudging.admin"), "next": html.unescape(carried[1])})
+    assert response.status_code == 303, response.text
+    return str(response.headers["location"])
+
+
+def on_this_site(location: str, console: str) -> bool:
+    parts = urlsplit(location)
+    return not parts.scheme and not parts.netloc and "\\" not in location and (
+        parts.path == console or parts.path.startswith(console + "/"))
+
+
+@pytest.mark.clause("CON-10")
+def test_sign_in_follows_only_a_next_inside_this_console_and_otherwise_lands_on_the_console(
+    client: TestClient,
+) -> None:
+    """CON-10: every hostile `next` (another host in any spelling, an encoding, a control
+    character, a path beside or above the console), sent through the sign-in page's link or
+    posted directly, lands on /console; a page of the console is followed."""
+    for hostile in HOSTILE_NEXT:
+        assert sign_in_with_next(client, hostile) == "/console", hostile
+        nonce = re.search(r'name="nonce" value="([^"]+)"', client.get("/console/sign-in").text)[1]  # type: ignore[index]
+        direct = client.post("/console/sign-in", follow_redirects=False,
+                             data={"nonce": nonce, "token": token("nudging.admin"), "next": hostile})
+        assert direct.headers["location"] == "/console", hostile
+    for good in ("/console", "/console/audit", "/console/events?status=failed&after_id=x", "/console/events/abc"):
+        assert sign_in_with_next(client, good) == good
+
+
+@pytest.mark.clause("CON-10")
+def test_mounted_under_a_prefix_sign_in_follows_only_a_next_inside_the_mounted_console(
+    service: SchedulerService,
+) -> None:
+    """CON-10: embedded at /nudging, the console is /nudging/console: a `next` to the host
+    app's own /console, or beside the mount, lands on /nudging/console."""
+    from starlette.applications import Starlette
+    from starlette.routing import Mount
+
+    host = Starlette(routes=[Mount("/nudging", app=service.app)])
+    with TestClient(host) as client:
+        for hostile in [*HOSTILE_NEXT, "/console/audit", "/nudging/consolex", "/nudging/console/../admin"]:
+            assert sign_in_with_next(client, hostile, prefix="/nudging") == "/nudging/console", hostile
+        assert sign_in_with_next(client, "/nudging/console/audit", prefix="/nudging") == "/nudging/console/audit"
+
+
+@pytest.mark.clause("CON-10")
+def test_every_other_console_redirect_stays_on_this_site_inside_the_console(
+    client: TestClient, service: SchedulerService
+) -> None:
+    """CON-10: the other redirects that carry something of the request (the sign-in redirect
+    remembering the page asked for, the reset's return to its event page, sign-out) point at
+    a page of this console, and the `next` they carry is itself one the sign-in follows."""
+    for path in ("/console/events/x%5Cevil.example", "/console/events?q=//evil.example",
+                 "/console/events/%2e%2e", "/console/audit?before_id=//evil.example"):
+        client.cookies.clear()  # signed out
+        response = client.get(path, follow_redirects=False)
+        assert response.status_code == 303, path
+        location = response.headers["location"]
+        assert on_this_site(location, "/console") and location.startswith("/console/sign-in?next="), location
+        carried = sign_in_with_next(client, parse_qs(urlsplit(location).query)["next"][0])
+        assert on_this_site(carried, "/console"), (path, carried)
+    client.cookies.clear()
+    csrf = sign_in(client)
+    row = post_event(client, user_id="anna")
+    reset = client.post(f"/console/events/{row['id']}/reset", data={"csrf": csrf}, follow_redirects=False)
+    assert on_this_site(reset.headers["location"], "/console") and reset.headers["location"].startswith(
+        f"/console/events/{row['id']}")
+    out = client.post("/console/sign-out", data={"csrf": csrf}, follow_redirects=False)
+    assert out.headers["location"] == "/console/sign-in"
+
+
+@pytest.mark.clause("CON-2")
+def test_another_sessions_csrf_token_or_sign_in_nonce_is_403_and_changes_nothing(
+    service: SchedulerService, engine: Engine
+) -> None:
+    """CON-2: two operators in two browsers: Bob's reset, bulk reset and sign-out carrying Ann's
+    (valid, but not his) CSRF token are 403 and change nothing; a sign-in posting the nonce
+    another browser was given is 403."""
+    with TestClient(service.app) as ann, TestClient(service.app) as bob:
+        [bad] = _failed(ann, service, ["anna"])
+        ann_csrf = sign_in(ann, subject="operator-ann")
+        bob_csrf = sign_in(bob, subject="operator-bob")
+        assert ann_csrf != bob_csrf
+        assert bob.post(f"/console/events/{bad}/reset", data={"csrf": ann_csrf}).status_code == 403
+        assert bob.post("/console/bulk-reset", data={"csrf": ann_csrf, "status": "failed", "reason": "x",
+                                                     "expected": "1", "as_of": T0.isoformat()}).status_code == 403
+        assert bob.post("/console/sign-out", data={"csrf": ann_csrf}, follow_redirects=False).status_code == 403
+        assert event_row(engine, bad)["status"] == "failed"
+        assert rows(engine, "SELECT * FROM operator_actions") == []
+        assert bob.get("/console", follow_redirects=False).status_code == 200  # still signed in
+        ann.cookies.clear()
+        bob.cookies.clear()
+        ann_nonce = re.search(r'name="nonce" value="([^"]+)"', ann.get("/console/sign-in").text)
+        assert ann_nonce and bob.get("/console/sign-in").status_code == 200  # bob has a nonce of his own
+        stolen = bob.post("/console/sign-in", data={"nonce": ann_nonce[1], "token": token("nudging.admin")},
+                          follow_redirects=False)
+        assert stolen.status_code == 403 and "set-cookie" not in {k.lower() for k in stolen.headers}
+
+
+@pytest.mark.clause("CON-4")
+def test_rows_changed_at_one_instant_page_by_keyset_without_losing_or_repeating_one(
+    client: TestClient, service: SchedulerService, engine: Engine
+) -> None:
+    """CON-4: 60 rows dispatched by polls at one frozen instant share their updated_at; the
+    dispatched page and the unfiltered one still come as 50 and 10 with every row once (the
+    keyset breaks the tie by id). And `_` in the error text is literal, like `%`."""
+    for n in range(60):
+        post_event(client, user_id=f"user-{n:02d}")
+    drain(service)
+    assert len({r["updated_at"] for r in rows(engine, "SELECT updated_at FROM scheduled_events")}) == 1
+    sign_in(client)
+
+    def pages(query: str) -> list[list[str]]:
+        found: list[list[str]] = []
+        link: str | None = query
+        while link is not None and len(found) < 5:
+            page = client.get("/console/events?" + link).text
+            found.append(re.findall(r'<tr class="status-\w+" data-id="([^"]+)"', page))
+            more = re.search(r'href="/console/events\?([^"]+)" id="next-page"', page)
+            link = more[1].replace("&amp;", "&") if more else None
+        return found
+
+    everything = {r["id"] for r in rows(engine, "SELECT id FROM scheduled_events")}
+    for query in ("status=dispatched", ""):
+        got = pages(query)
+        assert [len(p) for p in got] == [50, 10], query
+        assert sorted(i for p in got for i in p) == sorted(everything), query
+    with engine.begin() as conn:
+        conn.execute(sql_text("UPDATE scheduled_events SET status = 'failed', last_error = 'timeXscope: x' "
+                              "WHERE user_id = 'user-00'"))
+    assert pages("status=failed&error_contains=time_scope") == [[]]  # `_` is not a wildcard
+    assert len(pages("status=failed&error_contains=TIMEXSCOPE")[0]) == 1
+
+
+@pytest.mark.clause("CON-1")
+def test_a_forged_or_garbage_session_cookie_is_no_session(client: TestClient) -> None:
+    """CON-1: a cookie that is not a session this service gave (garbage, an admin token signed
+    with another secret, an expired admin token) leads to sign-in like no cookie at all."""
+    forged = token("nudging.admin", secret="another-secret-entirely-0123456789abcdef0123")
+    expired = token("nudging.admin", ttl_seconds=-60)
+    for value in ("garbage", forged, expired, ""):
+        client.cookies.clear()
+        client.cookies.set("scheduler_console", value, path="/console")
+        for path in ("/console", "/console/audit"):
+            response = client.get(path, follow_redirects=False)
+            assert response.status_code == 303 and response.headers["location"].startswith("/console/sign-in"), value
+
+
+@pytest.mark.clause("CON-7")
+def test_an_operators_hostile_reason_shows_as_text_on_the_audit_and_event_pages(
+    client: TestClient, service: SchedulerService
+) -> None:
+    """CON-7: the reason an operator types is stored text too: markup in it is escaped on the
+    event page and the audit page, never a tag."""
+    hostile = '<script>alert("x")</script><img src=x onerror=alert(1)>'
+    [bad] = _failed(client, service, ["anna"])
+    csrf = sign_in(client)
+    client.post(f"/console/events/{bad}/reset", data={"csrf": csrf, "reason": hostile})
+    for path in (f"/console/events/{bad}", "/console/audit"):
+        page = client.get(path).text
+        assert "&lt;script&gt;alert(&#34;x&#34;)&lt;/script&gt;" in page, path
+        assert "<script>alert" not in page and "<img src=x" not in page, path
+
+
+@pytest.mark.clause("CON-3")
+def test_the_overviews_windows_follow_the_clock_and_failures_group_by_kind(
+    client: TestClient, service: SchedulerService, clock: ManualClock, engine: Engine
+) -> None:
+    """CON-3: figures over windows of the clock, at several instants. Lateness is over the last
+    hour's dispatches only: one dispatched 2 min late an hour and a minute ago no longer counts
+    beside one 10 s late now. Failures are the last 24 hours', grouped by the text before the
+    first colon of `last_error` (a whole text without a colon, non-ASCII, is its own kind):
+    two failures of one kind 25 hours ago have left the window, the two kinds of the last day
+    stay, each with its count."""
+    from tests.helpers import reminder_facts
+
+    def dispatch(user: str, late: timedelta) -> None:
+        when = clock.now() - late
+        post_event(client, user_id=user, trigger_at=when, facts=reminder_facts(when.date().isoformat()))
+        assert service.scheduler.poll_once().dispatched == 1
+
+    def figures() -> dict[str, Any]:
+        sign_in(client)  # a fresh session: the clock moves on by hours, past an idle session's end (CON-12)
+        with client.stream("GET", "/console/stream?once=1") as stream:
+            body = "".join(stream.iter_text())
+        figures: dict[str, Any] = json.loads(body.split("data: ", 1)[1].split("\n", 1)[0])
+        return figures
+
+    service.operations.console.stream_seconds = 3.0  # a stream that ignores once=1 fails in seconds
+    _failed(client, service, ["old-1", "old-2"])  # missing_or_invalid_time_scope, at T0
+    dispatch("early", timedelta(minutes=2))  # at T0, 2 min late
+    clock.advance(timedelta(hours=1, minutes=1))
+    dispatch("now", timedelta(seconds=10))
+    now = figures()
+    assert (now["lateness"]["p50"], now["lateness"]["dispatched"]) == (10, 1)
+    clock.advance(timedelta(hours=22))  # T0 + 23 h 1 min: two more failures, one of another kind
+    recent = _failed(client, service, ["new-1", "new-2"])
+    with engine.begin() as conn:
+        conn.execute(sql_text("UPDATE scheduled_events SET last_error = :e WHERE id = :id"),
+                     {"e": "Zeitüberschreitung beim Versand — ohne Doppelpunkt", "id": recent[1]})
+    assert {(f["kind"], f["count"]) for f in figures()["failures"]} == {
+        ("missing_or_invalid_time_scope", 3), ("Zeitüberschreitung beim Versand — ohne Doppelpunkt", 1)}
+    clock.advance(timedelta(hours=2))  # T0 + 25 h 1 min: the two failures of T0 are a day old
+    later = figures()
+    assert {(f["kind"], f["count"]) for f in later["failures"]} == {
+        ("missing_or_invalid_time_scope", 1), ("Zeitüberschreitung beim Versand — ohne Doppelpunkt", 1)}
+    assert later["failures_total"] == 2
+    assert later["lateness"]["dispatched"] == 0
+
+
+@pytest.mark.clause("CON-4")
+def test_pending_rows_due_at_one_instant_page_next_due_first_without_losing_or_repeating_one(
+    client: TestClient, service: SchedulerService, engine: Engine
+) -> None:
+    """CON-4: the pending list pages by `(trigger_at, id)`, next due first. Five rows due at
+    five earlier instants and fifty-five due at one later instant: the first page opens with
+    the five in trigger order, and the two pages (50 and 10) hold every row once (the tie at
+    one trigger_at is broken by id)."""
+    early = [post_event(client, user_id=f"early-{n}", trigger_at=T0 + timedelta(minutes=n + 1))["id"] for n in range(5)]
+    for n in range(55):
+        post_event(client, user_id=f"tied-{n:02d}", trigger_at=T0 + timedelta(hours=2))
+    sign_in(client)
+    found: list[list[str]] = []
+    link: str | None = "status=pending"
+    while link is not None and len(found) < 5:
+        page = client.get("/console/events?" + link).text
+        found.append(re.findall(r'<tr class="status-\w+" data-id="([^"]+)"', page))
+        more = re.search(r'href="/console/events\?([^"]+)" id="next-page"', page)
+        link = more[1].replace("&amp;", "&") if more else None
+    assert [len(p) for p in found] == [50, 10]
+    assert found[0][:5] == early
+    assert sorted(i for p in found for i in p) == sorted(r["id"] for r in rows(engine, "SELECT id FROM scheduled_events"))

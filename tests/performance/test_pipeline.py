@@ -1,7 +1,7 @@
 """Statements sent together (``scheduler.database.pipeline``): what a poll relies on.
 
 The claim, the set-based read and its savepoint go through psycopg's pipeline mode. These
-tests pin what the callers rely on (PERF-3): the statements run in the session's one
+tests pin what the callers rely on (PERF-6): the statements run in the session's one
 transaction, BEGIN included, with their rows in order; SQLAlchemy's listeners see each of
 them; a database error is SQLAlchemy's ``DBAPIError`` and leaves the transaction able to
 roll back to a savepoint sent in the same pipeline and go on.
@@ -28,11 +28,11 @@ def session(engine: Engine) -> Iterator[Session]:
         s.rollback()
 
 
-@pytest.mark.clause("PERF-3")
+@pytest.mark.clause("PERF-6")
 def test_pipelined_statements_run_in_the_sessions_one_transaction_and_return_their_rows(
     session: Session, engine: Engine
 ) -> None:
-    """PERF-3: a pipeline opens the session's transaction (its BEGIN sent with the statements);
+    """PERF-6: a pipeline opens the session's transaction (its BEGIN sent with the statements);
     a deferred command goes first; each statement's rows come back in order; the session's
     later statements run in the same transaction."""
     seen: list[str] = []
@@ -62,9 +62,9 @@ def test_pipelined_statements_run_in_the_sessions_one_transaction_and_return_the
     assert session.execute(text(f"SELECT {fragment} AS k FROM (SELECT 'u' AS user_id) AS p")).scalar_one()
 
 
-@pytest.mark.clause("PERF-3")
+@pytest.mark.clause("PERF-6")
 def test_a_pipelined_error_is_sqlalchemys_and_the_transaction_rolls_back_to_its_savepoint(session: Session) -> None:
-    """PERF-3: a statement that fails in a pipeline raises ``DBAPIError``; the savepoint sent
+    """PERF-6: a statement that fails in a pipeline raises ``DBAPIError``; the savepoint sent
     ahead of it in the same round trip is there to roll back to, and the transaction goes on."""
     session.execute(text("CREATE TEMPORARY TABLE pipeline_probe (n integer)"))
     pipeline.defer(session, pipeline.command("SAVEPOINT probe"))

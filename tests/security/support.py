@@ -17,7 +17,7 @@ from starlette.routing import Route
 from tests.conftest import TEST_SECRET
 
 ROUTES_SPEC = Path(__file__).resolve().parents[2] / "specs" / "routes.md"
-PERMISSIONS = ("open", "participant", "ingest", "admin", "console")
+PERMISSIONS = ("open", "participant", "ingest", "admin", "console", "inbox")
 _ROW = re.compile(r"^\|\s*`?(GET|POST|PUT|PATCH|DELETE)`?\s*\|\s*`([^`]+)`\s*\|\s*`?(\w+)`?\s*\|")
 
 
@@ -50,7 +50,7 @@ def app_table(routes: list[Any]) -> list[RouteEntry]:
         assert isinstance(route, Route), f"unexpected route type {type(route).__name__}: {route!r}"
         permission = getattr(route.endpoint, "permission", "open")
         for method in sorted((route.methods or set()) - {"HEAD"}):
-            entries.append(RouteEntry(method, route.path, permission))
+            entries.append(RouteEntry(method, route.path_format, permission))
     return sorted(entries)
 
 

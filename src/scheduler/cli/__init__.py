@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
 
@@ -24,7 +25,8 @@ from scheduler.cli.events import (
     cmd_rules_list,
 )
 from scheduler.cli.serve import cmd_migrate, cmd_serve, cmd_token
-from scheduler.config import ConfigError, Settings
+from scheduler.config import ConfigError, Settings, log_format_of
+from scheduler.observability.logs import configure_logging
 
 Command = Callable[[argparse.Namespace, Settings], int]
 
@@ -136,8 +138,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     # A read prints only its answer: the embedded server's and Alembic's INFO lines appear
     # with --verbose; serve keeps INFO, since its log is what an operator watches.
     quiet = logging.INFO if args.command == "serve" else logging.WARNING
-    logging.basicConfig(level=logging.DEBUG if args.verbose else quiet,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # SCHEDULER_LOG_FORMAT (text or json, secrets redacted in both); a bad value logs as
+    # text and is reported by run_command as the configuration error it is.
+    configure_logging(logging.DEBUG if args.verbose else quiet, log_format_of(os.environ))
     # pgserver narrates every pg_ctl call at INFO; keep its warnings only.
     logging.getLogger("pgserver").setLevel(logging.DEBUG if args.verbose else logging.WARNING)
     return run_command(args)

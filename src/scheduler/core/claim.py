@@ -21,10 +21,6 @@ from scheduler.core.batch import ClaimedEvent
 from scheduler.core.participant_locks import participant_lock_key, remember_participant_locks
 from scheduler.database import pipeline
 
-# A claim that finds busy participants takes further rounds past them, at most this many,
-# so that one participant's held lock cannot empty the batch (DEC-2).
-MAX_CLAIM_ROUNDS = 4
-
 # The start of the claim's keyset: before every row.
 _BEFORE_ALL = (datetime(1, 1, 2, tzinfo=UTC), "")
 
@@ -43,7 +39,13 @@ def claim_rounds(session: Session, now: datetime, batch_size: int) -> tuple[list
     events: list[ClaimedEvent] = []
     skipped: list[str] = []
     after = _BEFORE_ALL
-    for _ in range(MAX_CLAIM_ROUNDS):
+    # Rounds go on until the batch is full or nothing more is due: however many participants
+    # are busy at the head of the queue, the rest of the batch goes ahead (BUSY-1, DEC-2).
+    # This ends: each further round starts after the last row seen (no row is read twice) and
+    # follows a round that skipped rows, i.e. found at least one participant busy for the first
+    # time (rows of known busy participants are excluded), so a poll takes at most one round
+    # per busy participant, plus one.
+    while True:
         wanted = batch_size - len(events)
         params = {**claim_params(now, wanted), "after_trigger": after[0], "after_id": after[1],
                   "busy": sorted(busy)}
@@ -69,6 +71,7 @@ def claim_rounds(session: Session, now: datetime, batch_size: int) -> tuple[list
                     community_id=r["community_id"],
                     trigger_at=r["trigger_at"],
                     facts=dict(r["facts"]),
+                    traceparent=r["traceparent"],
                 )
             )
         # Fewer rows than asked: nothing more is due. None skipped: the batch is full.

@@ -37,7 +37,8 @@ from scheduler.core.batch import (
     error_text,
     outcome_parameters,
 )
-from scheduler.core.claim import MAX_CLAIM_ROUNDS, claim_params, claim_rounds
+from scheduler.core.claim import claim_params, claim_rounds
+from scheduler.core.clock import ensure_ready
 from scheduler.core.health import SchedulerHealth
 from scheduler.core.isolation import abort_batch, commit_batch
 from scheduler.core.isolation import dispatch_next as dispatch_in_batch
@@ -52,10 +53,11 @@ from scheduler.core.runner import (
     run_to_completion,
 )
 from scheduler.database.queries import statement
+from scheduler.observability.observer import Observer
 from scheduler.types import Clock, Dispatcher, Publisher, SchedulerMode
 
 __all__ = [
-    "BUSY_RETRY_SECONDS", "DUE_CHANNEL", "MAX_CLAIM_ROUNDS", "MAX_ERROR_LENGTH", "STOP_SLICE_SECONDS",
+    "BUSY_RETRY_SECONDS", "DUE_CHANNEL", "MAX_ERROR_LENGTH", "STOP_SLICE_SECONDS",
     "Batch", "ClaimedEvent", "EventOutcome", "PollReport", "Scheduler", "SchedulerHealth",
     "claim_params", "error_text", "outcome_parameters",
 ]
@@ -108,12 +110,18 @@ class Scheduler:
         self.last_poll_seconds: float | None = None  # how long the last poll of the loop took
         self.pacing = Pacing()  # prompt mode's wake-ups and the wait they imply
         self.state = LoopState()  # whether the loop waits, observable without sleeping
+        # Observability (issue 17): spans around each poll and each event's dispatch, and
+        # the event id in log lines; the service sets a tracing observer when tracing is on.
+        self.observer: Observer = Observer()
 
     # -- the poll's phases ----------------------------------------------------------------
 
     def claim(self) -> Batch:
         """Open a transaction and lock up to ``batch_size`` due pending rows, oldest first,
-        whose participants' locks are free; never wait for a lock (DEC-2, ``core.claim``)."""
+        whose participants' locks are free; never wait for a lock (DEC-2, ``core.claim``).
+        "Due" is judged by the database's clock in production: before production's clock
+        has read it once, the claim refuses (the poll fails and is retried, DEC-10)."""
+        ensure_ready(self.clock)
         now = self.clock.now()
         self.last_claimed_at = now
         session = self.sessions()
@@ -153,7 +161,9 @@ class Scheduler:
         batch = self.claim()
         try:
             while batch.remaining and not (should_stop and should_stop()):
-                self.dispatch_next(batch)
+                # observability: one span per event, linked to the request that stored it
+                with self.observer.dispatch(batch.events[batch.position]) as dispatched:
+                    dispatched(self.dispatch_next(batch))
             return self.finish(batch)
         finally:
             self.abort(batch)
@@ -161,6 +171,16 @@ class Scheduler:
     def poll_guarded(self, should_stop: Callable[[], bool]) -> PollReport | None:
         """The loop's poll: one poll that never raises an ``Exception`` (``None`` when it
         failed), then the poll hooks."""
+        # observability: one span per poll of the loop, its statements and hooks inside
+        with self.observer.poll(self.name, str(self.mode)) as observed:
+            report = self._poll_unobserved(should_stop)
+            if report is None:
+                observed.failed(self.health.last_error)
+            else:
+                observed.completed(report)
+            return report
+
+    def _poll_unobserved(self, should_stop: Callable[[], bool]) -> PollReport | None:
         self.pacing.poll_starts()  # this poll sees every row committed before its claim
         report: PollReport | None = None
         started = time.perf_counter()

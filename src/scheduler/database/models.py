@@ -32,6 +32,7 @@ NAMING = {
 
 ID_LENGTH = 64
 NAME_LENGTH = 200
+TRACEPARENT_LENGTH = 55  # version 00: 2 + 1 + 32 + 1 + 16 + 1 + 2
 
 
 class Base(DeclarativeBase):
@@ -69,6 +70,9 @@ class ScheduledEvent(Base):
         # The console's events page, newest change first, and the last hour's dispatches
         # for its lateness percentiles (a dispatched row's updated_at is its dispatched_at).
         Index("ix_scheduled_events_updated_at", "updated_at", "id"),
+        # One participant's rows, newest change first: the console's and the API's user_id
+        # filter reads one page of them at any table size (issue 16 §4, migration 0007).
+        Index("ix_scheduled_events_user_id", "user_id", "updated_at", "id"),
     )
 
     id: Mapped[str] = mapped_column(String(ID_LENGTH), primary_key=True)
@@ -83,6 +87,9 @@ class ScheduledEvent(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     dispatched_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # The W3C traceparent of the request that stored the row (migration 0006): the dispatch
+    # span links to it. Never shown by the API; NULL when the request carried none.
+    traceparent: Mapped[str | None] = mapped_column(String(TRACEPARENT_LENGTH))
 
 
 class Notification(Base):
@@ -247,3 +254,27 @@ class OperatorActionEvent(Base):
         BigInteger, ForeignKey("operator_actions.id", ondelete="CASCADE"), primary_key=True
     )
     event_id: Mapped[str] = mapped_column(String(ID_LENGTH), primary_key=True)
+
+
+class WebSession(Base):
+    """A signed-in browser (the console's admin, the inbox's participant): migration 0006.
+
+    The cookie holds a random session id; only its SHA-256 (``secret_hash``) is stored.
+    ``id`` is a public handle for lists and for ending a session.
+    """
+
+    __tablename__ = "web_sessions"
+    __table_args__ = (
+        CheckConstraint("kind IN ('admin', 'participant')", name="kind"),
+        Index("ix_web_sessions_expires_at", "expires_at"),
+    )
+
+    id: Mapped[str] = mapped_column(String(ID_LENGTH), primary_key=True)
+    secret_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    subject: Mapped[str] = mapped_column(String(NAME_LENGTH))
+    kind: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    last_seen_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    idle_seconds: Mapped[int] = mapped_column(Integer)
+    user_agent: Mapped[str | None] = mapped_column(String(NAME_LENGTH))

@@ -1,7 +1,8 @@
 """Issue 9's part of the service: heartbeats, metrics, the operator API and the console.
 
 The composition root (``scheduler.web.app``) creates one ``Operations`` with the
-settings, the sessionmaker, the clock, the loop and the token verifier, and mounts
+settings, the sessionmaker, the clock, the loop, the token verifier and the web sessions'
+store, and mounts
 ``operations.routes()``; ``Operations`` attaches the heartbeat and the metrics to the
 loop's ``poll_hooks``, so an embedding app gets all of it by mounting ``service.app``.
 """
@@ -27,20 +28,25 @@ from scheduler.web.auth import TokenVerifier, require
 from scheduler.web.console import Console
 from scheduler.web.http import Unprocessable, respond
 from scheduler.web.schemas import OperatorActionOut, ReplicaOut
+from scheduler.web.sessions import SessionStore, session_routes
 
 
 class Operations:
     """What an operator watches and does: wired to one service's database, clock and loop."""
 
     def __init__(self, settings: Settings, sessions: sessionmaker[Session], clock: Clock,
-                 scheduler: Scheduler, verifier: TokenVerifier, loop_alive: Callable[[], bool]) -> None:
+                 scheduler: Scheduler, verifier: TokenVerifier, session_store: SessionStore,
+                 loop_alive: Callable[[], bool]) -> None:
         self.settings = settings
         self.sessions = sessions
         self.clock = clock
         # On the loop's own pool: requests that hold every API connection never delay it.
         self.heartbeat = Heartbeat(scheduler.sessions, clock)
         self.metrics = Metrics(sessions, clock, loop_alive)
-        self.console = Console(sessions, clock, verifier, refresh_seconds=settings.console_refresh_seconds)
+        # The signed-in browsers (console and inbox page): ended and listed by /admin/sessions.
+        self.session_store = session_store
+        self.console = Console(sessions, clock, verifier, self.session_store,
+                               refresh_seconds=settings.console_refresh_seconds)
         scheduler.poll_hooks.extend([self.heartbeat, self.metrics])
 
     def routes(self) -> list[BaseRoute]:
@@ -49,6 +55,7 @@ class Operations:
             Route("/metrics", metrics, methods=["GET"]),
             Route("/admin/replicas", self.replicas, methods=["GET"]),
             Route("/admin/audit", self.audit_trail, methods=["GET"]),
+            *session_routes(self.session_store),
             *[_hidden(r) for r in self.console.routes],
         ]
 

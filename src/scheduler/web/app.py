@@ -1,9 +1,9 @@
 """The composition root: ``SchedulerService`` builds the service's parts and wires them.
 
 It creates the engines, the clock, the catalogue and dispatch path, the loop and its
-LISTEN connection, the inbox hub, retention and the operations (heartbeat, metrics,
-console), then hands each route module only what it uses: the sessionmaker, the clock,
-the dispatch path, the token verifier, the loop. No route module knows this class, so
+LISTEN connection, the inbox hub, retention, the web sessions' store and the operations
+(heartbeat, metrics, console), then hands each route module only what it uses: the
+sessionmaker, the clock, the dispatch path, the token verifier, the sessions' store, the loop. No route module knows this class, so
 nothing imports back into it. ``create_app`` is the standalone service; another Starlette
 app embeds the same thing by mounting ``service.app`` and entering ``service.lifespan``
 (see README).
@@ -16,9 +16,14 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator
 from datetime import datetime
+from functools import partial
 from typing import Any
 
+import anyio.to_thread
+from anyio import CapacityLimiter
 from sqlalchemy import Engine
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.middleware import Middleware
@@ -27,13 +32,21 @@ from starlette.routing import BaseRoute
 from starlette.types import ASGIApp
 
 from scheduler.config import ConfigError, Settings
-from scheduler.core.clock import SystemClock
+from scheduler.core.clock import DatabaseClock
 from scheduler.core.loop import DUE_CHANNEL, Scheduler
-from scheduler.database.engine import make_engine, make_sessionmaker, resolve_database_url
+from scheduler.database.engine import (
+    database_time,
+    make_engine,
+    make_sessionmaker,
+    resolve_database_url,
+    tcp_parameters,
+)
 from scheduler.database.listener import Listener, conninfo_of
 from scheduler.nudging.dispatch import NudgingPlatform
 from scheduler.nudging.publishers import LoggingPublisher
 from scheduler.nudging.rules import Catalogue, load_catalogue
+from scheduler.observability.observer import Observer
+from scheduler.observability.tracing import observe, observer_from_env
 from scheduler.operations.retention import Retention
 from scheduler.types import Clock, Dispatcher, Publisher, SchedulerMode
 from scheduler.web.admin import Operations
@@ -45,10 +58,15 @@ from scheduler.web.inbox_routes import inbox_routes
 from scheduler.web.ingest import IngestRoutes
 from scheduler.web.participants import ParticipantRoutes
 from scheduler.web.scheduled_events import EventRoutes
+from scheduler.web.sessions import SessionStore
 
 logger = logging.getLogger(__name__)
 
 LOOP_POOL_SIZE = 2
+# How often production's clock measures the database's time again (DEC-10), and how soon
+# it tries again while it has never succeeded (the database unreachable at start).
+CLOCK_SYNC_SECONDS = 5.0
+CLOCK_RETRY_SECONDS = 1.0
 
 
 class SchedulerService:
@@ -65,6 +83,7 @@ class SchedulerService:
         publisher: Publisher | None = None,
         run_scheduler: bool | None = None,
         loop_engine: Engine | None = None,
+        observer: Observer | None = None,
     ) -> None:
         self.settings = settings or Settings.from_env()
         # Engines this service creates are its own to dispose when it stops; an engine the
@@ -82,7 +101,11 @@ class SchedulerService:
         self.engine = engine
         self.loop_engine = loop_engine or engine
         self.sessions = make_sessionmaker(engine)
-        self.clock = clock or SystemClock()
+        # One clock in production: the database server's, measured (DEC-10). An injected
+        # clock (tests, the simulation) is used as it is.
+        self.clock: Clock = clock or DatabaseClock(partial(database_time, self.loop_engine),
+                                                   warn_seconds=self.settings.clock_skew_warn_seconds)
+        self._clock_task: asyncio.Task[None] | None = None
         self.catalogue = catalogue or load_catalogue(self.settings.rules_dir)
         self.dispatcher: Dispatcher = dispatcher or NudgingPlatform(self.catalogue)
         # After commit: number web notifications for the inbox stream and NOTIFY the
@@ -103,7 +126,8 @@ class SchedulerService:
         )
         # One LISTEN connection for the process, started with the loop when anything
         # subscribed: prompt mode's wake-ups (below) and whatever else fans out by NOTIFY.
-        listener = Listener(conninfo_of(engine), name="scheduler", probe_engine=engine)
+        listener = Listener(conninfo_of(engine), name="scheduler", probe_engine=engine,
+                            connect_args=tcp_parameters(self.settings))
         if self.settings.mode is SchedulerMode.PROMPT and self.settings.listen and self.run_scheduler:
             listener.subscribe(DUE_CHANNEL, self._on_due)
         # The participants' live inbox: fan-out by the process's LISTEN connection.
@@ -114,15 +138,21 @@ class SchedulerService:
         self._task: asyncio.Task[None] | None = None
         self._stop: asyncio.Event | None = None
         # Heartbeats, metrics, the operator API and the console (issue 9).
+        # Signed-in browsers (the console's, the inbox page's), in the database: any replica serves them.
+        self.web_sessions = SessionStore(self.sessions, self.clock, max_seconds=self.settings.session_max_seconds,
+                                         idle_seconds=self.settings.session_idle_seconds)
         self.operations = Operations(self.settings, self.sessions, self.clock, self.scheduler, self.verifier,
-                                     lambda: self.loop_alive)
+                                     self.web_sessions, lambda: self.loop_alive)
         # The route modules, each with what it uses and nothing else.
         self.health = HealthRoutes(scheduler=self.scheduler, clock=self.clock, listener=listener,
                                    settings=self.settings, loop_alive=lambda: self.loop_alive,
                                    mounted=lambda: self.app.routes)
+        # Observability (issue 17): spans for requests, statements, polls and dispatches when
+        # OTEL_TRACES_EXPORTER asks (or ``observer`` traces); log context either way.
+        self.observer = observer if observer is not None else observer_from_env()
         self.ingest = IngestRoutes(sessions=self.sessions, clock=self.clock, dispatcher=self.dispatcher,
                                    publisher=StreamPublisher(self.sessions, inner_publisher),
-                                   max_body_bytes=self.settings.max_body_bytes)
+                                   max_body_bytes=self.settings.max_body_bytes, observer=self.observer)
         self.events = EventRoutes(sessions=self.sessions, clock=self.clock)
         self.participants = ParticipantRoutes(sessions=self.sessions, clock=self.clock,
                                               max_body_bytes=self.settings.max_body_bytes)
@@ -135,6 +165,9 @@ class SchedulerService:
             lifespan=self.lifespan,
         )
         self.app.state.service = self
+        # observability: the loop's observer, the Starlette and SQLAlchemy instrumentation
+        observe(self.observer, app=self.app, engines=[self.engine, self.loop_engine], loop=self.scheduler,
+                replica_id=self.operations.heartbeat.replica_id)
 
     # The live path's publisher and the process's LISTEN connection can be replaced after
     # wiring (a test's witness, a listener with another probe): the root re-wires its parts.
@@ -184,7 +217,8 @@ class SchedulerService:
             *self.ingest.routes(),
             *self.events.routes(),
             *self.participants.routes(),
-            *inbox_routes(sessions=self.sessions, inbox=self.inbox),
+            *inbox_routes(sessions=self.sessions, inbox=self.inbox, store=self.web_sessions, verifier=self.verifier,
+                          max_body_bytes=self.settings.max_body_bytes),
             *self.operations.routes(),
         ]
 
@@ -198,7 +232,7 @@ class SchedulerService:
 
         Re-entrant: entered while the service already runs (started by an embedding app's
         own lifespan, or a test), it neither starts a second loop nor stops the first."""
-        already_running = self._task is not None or self.listener.running
+        already_running = self._task is not None or self.listener.running or self._clock_task is not None
         await self.start()
         try:
             yield
@@ -215,6 +249,10 @@ class SchedulerService:
         self.scheduler.announce(trigger_at)
 
     async def start(self) -> None:
+        if isinstance(self.clock, DatabaseClock) and self._clock_task is None:
+            # The first reading before the loop's first claim; then every few seconds.
+            await self._sync_clock(self.clock, CapacityLimiter(1))
+            self._clock_task = asyncio.create_task(self._keep_clock_synced(self.clock), name="scheduler-clock")
         if self.listener.has_subscribers and not self.listener.running:
             await run_in_threadpool(self.listener.start)
         if not self.run_scheduler or self._task is not None:
@@ -223,9 +261,31 @@ class SchedulerService:
         self._task = asyncio.create_task(self.scheduler.run(self._stop), name="scheduler-loop")
         self._task.add_done_callback(_report_exit)
 
+    async def _sync_clock(self, clock: DatabaseClock, limiter: CapacityLimiter) -> bool:
+        try:
+            await anyio.to_thread.run_sync(clock.sync, limiter=limiter)
+        except (DBAPIError, PoolTimeout) as exc:
+            # Unreachable database: the loop's polls fail too and say why; keep trying.
+            logger.debug("reading the database's clock failed: %s", type(exc).__name__)
+            return False
+        return True
+
+    async def _keep_clock_synced(self, clock: DatabaseClock) -> None:
+        """Measure the database's time every CLOCK_SYNC_SECONDS, on a thread limiter of its
+        own (requests filling the threadpool cannot hold it up); cancelled by ``stop``."""
+        limiter = CapacityLimiter(1)
+        while True:
+            await asyncio.sleep(CLOCK_SYNC_SECONDS if clock.synced else CLOCK_RETRY_SECONDS)
+            await self._sync_clock(clock, limiter)
+
     async def stop(self) -> None:
         """Set the loop's stop event and wait for the loop to return (it is never cancelled);
         then stop the listener and dispose of the engines this service created."""
+        if self._clock_task is not None:
+            self._clock_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._clock_task
+            self._clock_task = None
         if self._task is not None and self._stop is not None:
             self._stop.set()
             with contextlib.suppress(Exception):

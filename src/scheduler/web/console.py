@@ -2,7 +2,8 @@
 
 Overview (live over server-sent events), events with filters and keyset pagination, an
 event's detail with its notifications and action history, reset and bulk reset (dry-run
-count first, a required reason), and the audit trail. Sign-in and CSRF: ``console_auth``.
+count first, a required reason), cancel and bulk cancel (``console_cancel``), the audit trail
+and the open sessions. Sign-in, sessions and CSRF: ``console_auth`` and ``sessions``.
 Pages are sent with a Content-Security-Policy that allows only the package's own script
 and style, so even a bug in escaping could not run injected script.
 """
@@ -12,11 +13,12 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
+import time
 from datetime import datetime
 from importlib.resources import files
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import unquote, urlencode, urlsplit
 
 import jwt
 from jinja2 import Environment, FileSystemLoader, select_autoescape
@@ -38,11 +40,13 @@ from scheduler.web.console_auth import (
     console_admin,
     console_session,
     csrf_ok,
-    session_from_token,
     set_session_cookie,
     set_signin_nonce,
     signin_nonce_ok,
+    verify_admin,
 )
+from scheduler.web.console_cancel import cancel_routes
+from scheduler.web.sessions import SessionStore
 
 PACKAGE = Path(str(files("scheduler.web")))
 STATIC = PACKAGE / "static"
@@ -61,18 +65,19 @@ HEADERS = {
 class Console:
     """The console's routes, bound to the service's database, clock and token verifier."""
 
-    def __init__(self, sessions: sessionmaker[Session], clock: Clock, verifier: TokenVerifier,
+    def __init__(self, sessions: sessionmaker[Session], clock: Clock, verifier: TokenVerifier, store: SessionStore,
                  *, refresh_seconds: float = 2.0, stream_seconds: float = 300.0) -> None:
         self.sessions = sessions
         self.clock = clock
         self.verifier = verifier
+        self.store = store
         self.refresh_seconds = refresh_seconds
         self.stream_seconds = stream_seconds
         self.env = Environment(loader=FileSystemLoader(PACKAGE / "templates" / "console"),
                                autoescape=select_autoescape(default=True), auto_reload=False)
         self.env.filters["duration"] = duration
         self.env.filters["when"] = _when
-        guard = console_admin(lambda: self.verifier, lambda r, m: self.page(r, "error.html", {"message": m}, 403))
+        guard = console_admin(store)
         self.routes = [
             Route("/console", guard(self.overview_page), methods=["GET"]),
             Route("/console/stream", guard(self.stream), methods=["GET"]),
@@ -81,7 +86,10 @@ class Console:
             Route("/console/events/{event_id}/reset", guard(self.reset), methods=["POST"]),
             Route("/console/bulk-reset", guard(self.bulk_page), methods=["GET"]),
             Route("/console/bulk-reset", guard(self.bulk_reset), methods=["POST"]),
+            *cancel_routes(self, guard),
             Route("/console/audit", guard(self.audit_page), methods=["GET"]),
+            Route("/console/sessions", guard(self.sessions_page), methods=["GET"]),
+            Route("/console/sessions/{session_id}/end", guard(self.end_session), methods=["POST"]),
             Route("/console/sign-out", guard(self.sign_out), methods=["POST"]),
             Route("/console/sign-in", self.sign_in_page, methods=["GET"]),
             Route("/console/sign-in", self.sign_in, methods=["POST"]),
@@ -124,27 +132,33 @@ class Console:
         token = (_field(form, "token") or "").strip()
         error, status = None, 200
         try:
-            session = await session_from_token(self.verifier, token)
+            # the token is checked once, here, against the verifier's own clock (its exp)
+            admin = await verify_admin(self.verifier, token, time.time())
         except jwt.PyJWTError as exc:
             error, status = f"this token is not valid here: {token_problem(exc)}", 401
         except NotAdmin:
             error, status = "this token lacks the admin permission (nudging.admin)", 403
         if error is not None:
             return self._sign_in_form(request, _field(form, "next") or "", error, status)
+        session = await run_in_threadpool(lambda: self.store.create(
+            admin.subject, "admin", token_seconds_left=admin.seconds_left,
+            user_agent=request.headers.get("user-agent")))
         target = _safe_next(request, _field(form, "next"))
         response = RedirectResponse(target, status_code=303)
         set_session_cookie(request, response, session)
         return response
 
     async def sign_out(self, request: Request) -> Response:
+        """Delete the session: its cookie is refused by every replica from now on."""
         form = await request.form()
         if not csrf_ok(console_session(request), _field(form, CSRF_FIELD)):
-            return self._csrf_refused(request)
+            return self.csrf_refused(request)
+        await run_in_threadpool(self.store.sign_out, console_session(request).secret)
         response = RedirectResponse(base_path(request) + "/console/sign-in", status_code=303)
         clear_session_cookie(request, response)
         return response
 
-    def _csrf_refused(self, request: Request) -> Response:
+    def csrf_refused(self, request: Request) -> Response:
         return self.page(request, "error.html", {"message": "missing or wrong CSRF token: reload the page and try again"}, 403)
 
     # -- overview ----------------------------------------------------------------------
@@ -155,8 +169,10 @@ class Console:
 
     async def stream(self, request: Request) -> Response:
         """Server-sent events: the overview every ``refresh_seconds``; ``?once=1`` sends one.
-        A stream ends after ``stream_seconds`` (the browser's EventSource reconnects)."""
+        A stream ends after ``stream_seconds`` (the browser's EventSource reconnects), or as
+        soon as its session has ended."""
         once = request.query_params.get("once") == "1"
+        secret = console_session(request).secret
 
         async def events() -> Any:
             loop = asyncio.get_running_loop()
@@ -168,6 +184,9 @@ class Console:
                     return
                 await asyncio.sleep(self.refresh_seconds)
                 if await request.is_disconnected():
+                    return
+                # a session signed out or ended elsewhere stops its stream (not counted as use)
+                if not await run_in_threadpool(self.store.is_open, secret, "admin"):
                     return
 
         return StreamingResponse(events(), media_type="text/event-stream",
@@ -214,7 +233,7 @@ class Console:
         form = await request.form()
         session = console_session(request)
         if not csrf_ok(session, _field(form, CSRF_FIELD)):
-            return self._csrf_refused(request)
+            return self.csrf_refused(request)
         event_id = request.path_params["event_id"]
         actor = commands.Actor(session.subject, "console")
         result = await run_in_threadpool(lambda: commands.reset(
@@ -241,7 +260,7 @@ class Console:
         form = await request.form()
         session = console_session(request)
         if not csrf_ok(session, _field(form, CSRF_FIELD)):
-            return self._csrf_refused(request)
+            return self.csrf_refused(request)
         fields = {k: str(v) for k, v in form.items() if k in events.FILTER_FIELDS or k in ("as_of", "expected", "reason")}
         try:
             where = events.EventQuery.from_mapping(fields)
@@ -273,6 +292,29 @@ class Console:
         rows = rows[:PAGE_SIZE]
         return self.page(request, "audit.html", {"rows": rows, "next_before": rows[-1]["id"] if more else None})
 
+    # -- sessions ----------------------------------------------------------------------
+
+    async def sessions_page(self, request: Request) -> Response:
+        """The open sessions of the console and the inbox, each with a button that ends it."""
+        rows = await run_in_threadpool(self.store.list_open)
+        return self.page(request, "sessions.html", {"rows": rows, "mine": console_session(request).id,
+                                                    "done": request.query_params.get("done")})
+
+    async def end_session(self, request: Request) -> Response:
+        form = await request.form()
+        session = console_session(request)
+        if not csrf_ok(session, _field(form, CSRF_FIELD)):
+            return self.csrf_refused(request)
+        ended = await run_in_threadpool(lambda: self.store.end(
+            str(request.path_params["session_id"]), actor=session.subject, source="console"))
+        if ended is None:
+            return self.page(request, "error.html", {"message": "no open session with that id"}, 404)
+        if ended["id"] == session.id:  # the operator ended their own session: signed out
+            response = RedirectResponse(base_path(request) + "/console/sign-in", status_code=303)
+            clear_session_cookie(request, response)
+            return response
+        return RedirectResponse(f"{base_path(request)}/console/sessions?done=ended", status_code=303)
+
 
 def _field(form: Any, name: str) -> str | None:
     value = form.get(name)
@@ -280,11 +322,22 @@ def _field(form: Any, name: str) -> str | None:
 
 
 def _safe_next(request: Request, raw: str | None) -> str:
-    """Only a path inside the console (never another host) is followed after sign-in."""
+    """Only a path inside the console (never another host) is followed after sign-in.
+
+    Anything else lands on the console: another scheme or host (``https://h/``, ``//h/``,
+    ``/\\h``, which browsers read as ``//h``), control characters (which browsers strip),
+    a path beside the console (``/console.evil``, ``/consolex``) or one that climbs out of it
+    with dot segments, literal or percent-encoded (browsers resolve ``%2e%2e`` as ``..``).
+    """
     console = base_path(request) + "/console"
-    if raw and raw.startswith(console) and not raw.startswith("//") and "\\" not in raw:
-        return raw
-    return console
+    if not raw or "\\" in raw or any(ord(c) < 0x20 or ord(c) == 0x7F for c in raw):
+        return console
+    parts = urlsplit(raw)
+    if parts.scheme or parts.netloc or not (parts.path == console or parts.path.startswith(console + "/")):
+        return console
+    if any(segment in (".", "..") for segment in unquote(parts.path).split("/")):
+        return console
+    return raw
 
 
 def _when(value: Any) -> str:

@@ -16,6 +16,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from scheduler.config import Settings
+from scheduler.core.clock import clock_details
 from scheduler.core.loop import Scheduler
 from scheduler.database.listener import Listener
 from scheduler.types import Clock, SchedulerMode
@@ -61,6 +62,7 @@ class HealthRoutes:
         snapshot["poll_seconds"] = self.scheduler.poll_seconds
         snapshot["mode"] = str(self.scheduler.mode)
         snapshot["wakeups"] = self.wakeups()
+        snapshot["clock"] = clock_details(self.clock)
         healthy = alive and not stale and self.scheduler.health.consecutive_failures == 0
         return respond(SchedulerHealthOut.model_validate(snapshot), 200 if healthy else 503)
 

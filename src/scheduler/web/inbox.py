@@ -30,7 +30,7 @@ import contextlib
 import hashlib
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,6 +46,7 @@ logger = logging.getLogger(__name__)
 CHANNEL = "scheduler_inbox"
 STREAM_LOCK_KEY = int.from_bytes(hashlib.blake2b(b"nudging-inbox-stream", digest_size=8).digest(), "big", signed=True)
 REPLAY_LIMIT = 500
+
 
 
 class StreamPublisher:
@@ -271,8 +272,11 @@ def _event(row: dict[str, Any]) -> str:
     return f"id: {row['stream_seq']}\nevent: notification\ndata: {data}\n\n"
 
 
-async def sse_stream(inbox: Inbox, user_id: str, after: int) -> AsyncIterator[str]:
-    """The stream of one client: what it missed after ``after``, then live rows, heartbeats."""
+async def sse_stream(inbox: Inbox, user_id: str, after: int,
+                     still_open: Callable[[], Awaitable[bool]] | None = None) -> AsyncIterator[str]:
+    """The stream of one client: what it missed after ``after``, then live rows, heartbeats.
+    ``still_open`` (a stream opened by a session cookie) is asked before each live row and
+    heartbeat: the stream of a session that has ended (signed out, ended, expired) stops."""
     subscriber = await inbox.subscribe(user_id)  # first, so nothing committed from now on is missed
     try:
         yield "retry: 1000\n: connected\n\n"
@@ -290,8 +294,12 @@ async def sse_stream(inbox: Inbox, user_id: str, after: int) -> AsyncIterator[st
             try:
                 row = await asyncio.wait_for(subscriber.queue.get(), timeout=inbox.heartbeat_seconds)
             except TimeoutError:
+                if still_open is not None and not await still_open():
+                    return
                 yield ": heartbeat\n\n"
                 continue
+            if still_open is not None and not await still_open():
+                return
             if int(row["stream_seq"]) > last:  # the replay may already have sent it
                 last = int(row["stream_seq"])
                 yield _event(row)

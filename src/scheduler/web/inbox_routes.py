@@ -1,13 +1,18 @@
-"""The participant's inbox routes: ``/me/notifications``, its live stream, the ``/inbox`` page.
+"""The participant's inbox routes: ``/me/notifications``, its live stream, the ``/inbox`` page
+and the page's session (``/inbox/session``, ``scheduler.web.inbox_session``).
 
 A page reads the caller's delivered notifications newest first (keyset ``?before=``); the
 stream replays what the client missed (``Last-Event-ID`` or ``?after=``) and then follows
 the process's ``Inbox`` hub (``scheduler.web.inbox``). A participant reads their own
-inbox; an admin may name another (``?user_id=``).
+inbox; an admin may name another (``?user_id=``). The ``/me`` routes take a bearer token or
+the inbox page's session cookie; a stream opened by the cookie stops when its session ends.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import re
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -21,12 +26,38 @@ from starlette.routing import BaseRoute, Route
 
 from scheduler.core.store import _jsonable
 from scheduler.database.queries import statement
-from scheduler.web.auth import PARTICIPANT, Principal, require
+from scheduler.web.auth import PARTICIPANT, Principal, TokenVerifier, require
 from scheduler.web.http import Unprocessable, respond, text_param
 from scheduler.web.inbox import Inbox, sse_stream, stream_head
+from scheduler.web.inbox_session import inbox_session_routes, session_check, with_inbox_session
 from scheduler.web.schemas import InboxPageOut
+from scheduler.web.sessions import SessionStore
 
 PAGE = Path(__file__).parent / "pages" / "inbox.html"
+
+
+def page_headers(html: str) -> dict[str, str]:
+    """The ``/inbox`` page's headers: a Content-Security-Policy as strict as the console's.
+
+    The page signs a participant in with a token and shows text a sender wrote, so nothing but its
+    own inline script and style may run (allowed by their hashes, not ``'unsafe-inline'``),
+    it talks only to its own origin, and no other site may frame it.
+    """
+
+    def hashes(tag: str) -> str:
+        found = re.findall(rf"<{tag}>(.*?)</{tag}>", html, flags=re.DOTALL)
+        digests = (base64.b64encode(hashlib.sha256(body.encode()).digest()).decode() for body in found)
+        return " ".join(f"'sha256-{d}'" for d in digests) or "'none'"
+
+    return {
+        "Content-Security-Policy": f"default-src 'none'; script-src {hashes('script')}; style-src {hashes('style')}; "
+                                   "img-src 'self'; connect-src 'self'; form-action 'self'; "
+                                   "frame-ancestors 'none'; base-uri 'none'",
+        "X-Frame-Options": "DENY",
+        "X-Content-Type-Options": "nosniff",
+        "Referrer-Policy": "no-referrer",
+        "Cache-Control": "no-store",
+    }
 
 
 def _whose(request: Request) -> str:
@@ -63,9 +94,10 @@ def _seq(name: str, raw: str | None) -> int:
     return int(raw)
 
 
-def inbox_routes(*, sessions: sessionmaker[Session], inbox: Inbox) -> list[BaseRoute]:
-    """``/me/notifications``, its stream, and the ``/inbox`` page, over ``sessions`` and the
-    process's ``inbox`` hub."""
+def inbox_routes(*, sessions: sessionmaker[Session], inbox: Inbox, store: SessionStore, verifier: TokenVerifier,
+                 max_body_bytes: int) -> list[BaseRoute]:
+    """``/me/notifications``, its stream, the ``/inbox`` page and its session, over
+    ``sessions``, the process's ``inbox`` hub and the web sessions' ``store``."""
 
     @require(PARTICIPANT)
     async def my_notifications(request: Request) -> Response:
@@ -103,15 +135,20 @@ def inbox_routes(*, sessions: sessionmaker[Session], inbox: Inbox) -> list[BaseR
         if after < 0 or after > head:
             after = head
         headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-        return StreamingResponse(sse_stream(inbox, user_id, after), media_type="text/event-stream", headers=headers)
+        return StreamingResponse(sse_stream(inbox, user_id, after, session_check(store, request)),
+                                 media_type="text/event-stream", headers=headers)
+
+    page_html = PAGE.read_text()
+    headers = page_headers(page_html)
 
     async def page(request: Request) -> Response:
         """The participant's page: it holds no data; the token it is given reads the rest."""
-        return HTMLResponse(PAGE.read_text())
+        return HTMLResponse(page_html, headers=headers)
 
     return [
-        Route("/me/notifications", my_notifications, methods=["GET"]),
-        Route("/me/notifications/stream", my_stream, methods=["GET"]),
+        Route("/me/notifications", with_inbox_session(store, my_notifications), methods=["GET"]),
+        Route("/me/notifications/stream", with_inbox_session(store, my_stream), methods=["GET"]),
         Route("/inbox", page, methods=["GET"]),
+        *inbox_session_routes(store, verifier, max_body_bytes),
     ]
 

@@ -21,6 +21,8 @@ from scheduler.web.schemas import (
     HistoryEntryOut,
     InboxNotificationOut,
     InboxPageOut,
+    InboxSessionOut,
+    InboxSignInIn,
     IngestOut,
     LiveEventIn,
     NotificationOut,
@@ -33,13 +35,15 @@ from scheduler.web.schemas import (
     ScheduledEventOut,
     SchedulerHealthOut,
     ValidationErrorOut,
+    WebSessionOut,
 )
 
 MODELS: tuple[type[BaseModel], ...] = (
     ScheduledEventIn, LiveEventIn, PreferencesIn, ScheduledEventOut, NotificationOut,
     IngestOut, DuplicateOut, PreferencesOut, SchedulerHealthOut, HealthOut, ErrorOut,
     ValidationErrorOut, FactsContractErrorOut, RuleRefusalOut, ReplicaOut, OperatorActionOut,
-    HistoryEntryOut, CancelConflictOut, InboxNotificationOut, InboxPageOut,
+    HistoryEntryOut, CancelConflictOut, InboxNotificationOut, InboxPageOut, WebSessionOut,
+    InboxSignInIn, InboxSessionOut,
 )
 
 
@@ -213,6 +217,47 @@ OPERATIONS.update({
     },
 })
 
+# Issue 17: sessions of the console and the inbox page.
+OPERATIONS.update({
+    ("/admin/sessions", "get"): {
+        "summary": "The open browser sessions (console and inbox), most recently seen first (permission: admin)",
+        "parameters": ["kind"],
+        "parameter_schemas": {"kind": {"type": "string", "enum": ["admin", "participant"]}},
+        "responses": {"200": _json(WebSessionOut, "open sessions", many=True), **ERRORS},
+    },
+    ("/admin/sessions/{session_id}", "delete"): {
+        "summary": "End a session now: every replica refuses its cookie from the next request (permission: admin)",
+        "responses": {"200": _json(WebSessionOut, "the session, ended"),
+                      "404": _json(ErrorOut, "no session with that id (never, or already ended)"), **ERRORS},
+    },
+    ("/inbox/session", "post"): {
+        "summary": "The inbox page signs in: a valid token opens a participant session; the answer sets its "
+                   "HttpOnly cookie (scheduler_inbox), which the routes under /me accept",
+        "request": InboxSignInIn,
+        "responses": {
+            "201": _json(InboxSessionOut, "signed in: the cookie holds the session's id, never the token"),
+            "401": _json(ErrorOut, "the token is malformed, expired or not valid here"),
+            "413": TOO_LARGE["413"],
+            "415": _json(ErrorOut, "the body is not sent as application/json"),
+            "422": _json(ValidationErrorOut, "malformed body; errors names each field"),
+            "503": ERRORS["503"],
+        },
+    },
+    ("/inbox/session", "get"): {
+        "summary": "The inbox page's open session (by its cookie), with its CSRF token",
+        "responses": {"200": _json(InboxSessionOut, "the open session"),
+                      "401": _json(ErrorOut, "no open session: no cookie, or signed out, ended or expired"),
+                      "503": ERRORS["503"]},
+    },
+    ("/inbox/session", "delete"): {
+        "summary": "Sign out of the inbox page (header X-CSRF-Token): every replica refuses the cookie from now on",
+        "responses": {"204": {"description": "signed out; the cookie is cleared"},
+                      "401": _json(ErrorOut, "no open session"),
+                      "403": _json(ErrorOut, "missing or wrong X-CSRF-Token"),
+                      "503": ERRORS["503"]},
+    },
+})
+
 
 def openapi_document(routes: Sequence[BaseRoute], root_path: str = "") -> dict[str, Any]:
     """OpenAPI 3.1 for the routes actually mounted (an undocumented route is an error).
@@ -229,9 +274,9 @@ def openapi_document(routes: Sequence[BaseRoute], root_path: str = "") -> dict[s
         if not isinstance(route, Route) or not route.include_in_schema:
             continue
         for method in sorted((route.methods or set()) - {"HEAD"}):
-            key = (route.path, method.lower())
+            key = (route.path_format, method.lower())
             if key not in OPERATIONS:
-                raise KeyError(f"route {method} {route.path} has no OpenAPI description")
+                raise KeyError(f"route {method} {route.path_format} has no OpenAPI description")
             spec = dict(OPERATIONS[key])
             operation: dict[str, Any] = {"summary": spec["summary"], "responses": spec["responses"]}
             params = [
@@ -251,9 +296,9 @@ def openapi_document(routes: Sequence[BaseRoute], root_path: str = "") -> dict[s
                     "required": True,
                     "content": {"application/json": {"schema": _ref(spec["request"])}},
                 }
-            if route.path.startswith(("/admin", "/me")):
+            if route.path_format.startswith(("/admin", "/me")):
                 operation["security"] = [{"bearer": []}]
-            paths.setdefault(route.path, {})[method.lower()] = operation
+            paths.setdefault(route.path_format, {})[method.lower()] = operation
     document: dict[str, Any] = {
         "openapi": "3.1.0",
         "info": {"title": "scheduler", "version": "0.1.0",

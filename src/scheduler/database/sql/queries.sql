@@ -1,6 +1,12 @@
 -- Every SQL statement of the scheduler, each a named block with a one-line description.
--- Time is always bound as :now; nothing here reads the database clock, so a frozen
--- clock in the tests and the simulation controls every decision.
+-- Time is always bound as :now; no statement but database_clock reads the database clock,
+-- so a frozen clock in the tests and the simulation controls every decision. In production
+-- :now comes from the database's clock anyway (DatabaseClock, DEC-10), measured with
+-- database_clock.
+
+-- name: database_clock
+-- The server's current time (not the transaction's): production's clock measures its offset with it.
+SELECT clock_timestamp();
 
 -- name: participant_lock_key
 -- A fragment, not a statement: a participant's advisory-lock key from its user_id, the first 8 bytes of sha256('nudging-participant:' || user_id) as a signed bigint (participant_locks.participant_lock_key computes the same in Python).
@@ -14,7 +20,7 @@
 -- participant of a row the claim did not return (DEC-2)
 WITH claimed AS MATERIALIZED (
     SELECT id, event_type, user_id, community_id, external_key, trigger_at, facts,
-           status, last_error, created_at, updated_at, dispatched_at
+           status, last_error, created_at, updated_at, dispatched_at, traceparent
     FROM scheduled_events
     -- only pending rows: dispatched and failed are terminal (REQ-0065); the partial
     -- index ix_scheduled_events_pending_due holds exactly these rows
@@ -45,7 +51,7 @@ WITH claimed AS MATERIALIZED (
     WHERE pg_try_advisory_xact_lock({{participant_lock_key}})
 )
 SELECT c.id, c.event_type, c.user_id, c.community_id, c.external_key, c.trigger_at, c.facts,
-       c.status, c.last_error, c.created_at, c.updated_at, c.dispatched_at,
+       c.status, c.last_error, c.created_at, c.updated_at, c.dispatched_at, c.traceparent,
        c.user_id = ANY(h.users) AS held
 FROM claimed AS c CROSS JOIN held AS h
 ORDER BY c.trigger_at, c.id;
@@ -59,7 +65,9 @@ WHERE status = 'pending' AND trigger_at > :now;
 -- name: set_local_timeouts
 -- Apply the service's timeouts to this transaction only (behind a transaction-pooling proxy,
 -- where the options startup parameter is refused and a session SET would leak to others).
-SELECT set_config('statement_timeout', :statement, true), set_config('lock_timeout', :lock, true);
+SELECT set_config('statement_timeout', :statement, true), set_config('lock_timeout', :lock, true),
+       -- a session frozen inside this transaction is ended by the server, releasing its locks
+       set_config('idle_in_transaction_session_timeout', :idle, true);
 
 -- name: lock_participant
 -- Take one participant's advisory lock until the end of the transaction (re-entrant).
@@ -89,17 +97,17 @@ WHERE id = :id;
 -- name: insert_event
 -- Store a new scheduled event without an external key (two posts are two rows).
 INSERT INTO scheduled_events (id, event_type, user_id, community_id, external_key,
-                              trigger_at, facts, status, created_at, updated_at)
+                              trigger_at, facts, status, created_at, updated_at, traceparent)
 VALUES (:id, :event_type, :user_id, :community_id, NULL,
-        :trigger_at, CAST(:facts AS jsonb), 'pending', :now, :now)
+        :trigger_at, CAST(:facts AS jsonb), 'pending', :now, :now, :traceparent)
 RETURNING *;
 
 -- name: upsert_event_by_key
 -- Store or rewrite the row of an external key in one atomic statement (REQ-0064).
 INSERT INTO scheduled_events (id, event_type, user_id, community_id, external_key,
-                              trigger_at, facts, status, created_at, updated_at)
+                              trigger_at, facts, status, created_at, updated_at, traceparent)
 VALUES (:id, :event_type, :user_id, :community_id, :external_key,
-        :trigger_at, CAST(:facts AS jsonb), 'pending', :now, :now)
+        :trigger_at, CAST(:facts AS jsonb), 'pending', :now, :now, :traceparent)
 -- the unique constraint arbitrates between concurrent posts of one key; a row that a
 -- replica is dispatching is locked, so this waits for that batch, then rewrites the
 -- newest version
@@ -112,7 +120,9 @@ SET event_type = EXCLUDED.event_type,
     status = 'pending',
     dispatched_at = NULL,
     last_error = NULL,
-    updated_at = EXCLUDED.updated_at
+    updated_at = EXCLUDED.updated_at,
+    -- the rewrite's request is the one a dispatch now links to
+    traceparent = EXCLUDED.traceparent
 RETURNING *;
 
 -- name: get_event
@@ -381,12 +391,26 @@ WHERE status = 'pending'
   AND trigger_at <= :now;
 
 -- name: count_failed
--- How many rows are failed, read from the failed partial index only.
-SELECT count(*) FROM scheduled_events WHERE status = 'failed';
+-- How many rows are failed, read from the failed partial index only, at most :cap + 1 of them (past :cap the caller estimates).
+SELECT count(*) FROM (
+    SELECT 1 FROM scheduled_events WHERE status = 'failed'
+    -- the index's own order: a walk of ix_scheduled_events_failed that stops at the cap, never
+    -- a scan of the table that stops after cap failed rows among however many others
+    ORDER BY updated_at, id
+    -- failed rows are never deleted by retention, so they pile up: counting stops past the
+    -- cap, and the count's cost is bounded whatever the table holds (issue 16 §4)
+    LIMIT :cap + 1
+) AS counted;
 
 -- name: count_pending
--- How many rows are pending (due or not), read from the pending partial index only.
-SELECT count(*) FROM scheduled_events WHERE status = 'pending';
+-- How many rows are pending (due or not), read from the pending partial index only, at most :cap + 1 of them (past :cap the caller estimates).
+SELECT count(*) FROM (
+    SELECT 1 FROM scheduled_events WHERE status = 'pending'
+    -- the order of ix_scheduled_events_pending_due: a walk of that index, stopped at the cap
+    ORDER BY trigger_at, id
+    -- reminders scheduled months ahead are pending too: counting stops past the cap
+    LIMIT :cap + 1
+) AS counted;
 
 -- name: count_events_by_status
 -- How many rows are in each status of :statuses (the EventStatus enum), zero included: one GROUP BY (small tables only: it reads them whole).
@@ -691,3 +715,54 @@ WHERE user_id = :user_id
        OR (created_at, id) < (CAST(:before_at AS timestamptz), CAST(:before_id AS text)))
 ORDER BY created_at DESC, id DESC
 LIMIT :limit;
+
+-- Sessions (issue 17 §3): the console's and the inbox's signed-in browsers.
+-- ---------------------------------------------------------------------------------------
+
+-- name: insert_web_session
+-- Store a new session: only the hash of its secret id, with its absolute expiry and idle timeout.
+INSERT INTO web_sessions (id, secret_hash, subject, kind, created_at, expires_at, last_seen_at, idle_seconds, user_agent)
+VALUES (:id, :secret_hash, :subject, :kind, :now, :expires_at, :now, :idle_seconds, :user_agent);
+
+-- name: touch_web_session
+-- Resolve a cookie: the session of that hash and kind if neither expired nor idle too long, marked seen now.
+UPDATE web_sessions
+SET last_seen_at = greatest(last_seen_at, :now)
+WHERE secret_hash = :secret_hash
+  AND kind = :kind
+  AND expires_at > :now
+  AND last_seen_at + idle_seconds * interval '1 second' > :now
+RETURNING id, subject, kind, created_at, expires_at, last_seen_at, idle_seconds, user_agent;
+
+-- name: web_session_open
+-- Whether a session is still open, without marking it seen (an open stream checks this as it runs).
+SELECT 1 FROM web_sessions
+WHERE secret_hash = :secret_hash
+  AND kind = :kind
+  AND expires_at > :now
+  AND last_seen_at + idle_seconds * interval '1 second' > :now;
+
+-- name: delete_web_session_by_hash
+-- Sign-out: delete the session of a cookie, so the cookie is refused by every replica from now on.
+DELETE FROM web_sessions WHERE secret_hash = :secret_hash RETURNING id;
+
+-- name: delete_web_session
+-- An admin ends a session by its public id.
+DELETE FROM web_sessions WHERE id = :id
+RETURNING id, subject, kind, created_at, expires_at, last_seen_at, idle_seconds, user_agent;
+
+-- name: list_web_sessions
+-- The sessions still open (neither expired nor idle too long), most recently seen first.
+SELECT id, subject, kind, created_at, expires_at, last_seen_at, idle_seconds, user_agent
+FROM web_sessions
+WHERE expires_at > :now
+  AND last_seen_at + idle_seconds * interval '1 second' > :now
+  AND (CAST(:kind AS text) IS NULL OR kind = :kind)
+ORDER BY last_seen_at DESC, id
+LIMIT :limit;
+
+-- name: purge_web_sessions
+-- Delete sessions that ended by expiry or idleness (at each sign-in; the table stays small).
+DELETE FROM web_sessions
+WHERE expires_at <= :now
+   OR last_seen_at + idle_seconds * interval '1 second' <= :now;
