@@ -46,7 +46,7 @@ WITH claimed AS MATERIALIZED (
     -- pg_try_advisory_xact_lock never blocks, so a claim can never wait on a busy
     -- participant and no order among locks is needed to rule out deadlocks (DEC-2);
     -- the aggregate reads every participant, so each is tried, once
-    SELECT coalesce(array_agg(user_id), '{}') AS users
+    SELECT coalesce(array_agg(user_id), CAST(ARRAY[] AS text[])) AS users
     FROM participants
     WHERE pg_try_advisory_xact_lock({{participant_lock_key}})
 )
