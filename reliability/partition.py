@@ -22,6 +22,7 @@ import argparse
 import signal
 import threading
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -172,6 +173,13 @@ def _batch_of(engine: Engine, name: str) -> tuple[int, str] | None:
     return (int(row.pid), str(row.xid)) if row else None
 
 
+def _waits_on_client(engine: Engine, pid: int) -> bool:
+    """The backend runs nothing the client sent: it waits for the client (or is gone)."""
+    with engine.connect() as conn:
+        state = conn.execute(text("SELECT state FROM pg_stat_activity WHERE pid = :pid"), {"pid": pid}).scalar()
+    return state != "active"
+
+
 def _held_rows(engine: Engine, xid: str) -> tuple[list[str], list[str]]:
     """Pending rows the frozen batch holds: its own (locked by its transaction), and the
     other pending rows of their participants (whose advisory locks it holds, so that every
@@ -199,6 +207,10 @@ def _freeze_mid_batch(c: Cluster, victim: Replica, proxy: TcpProxy | None,
             assert victim.process is not None
             victim.process.send_signal(signal.SIGSTOP)
         frozen_at = time.monotonic()
+        # What the victim sent before the freeze still runs (the set-based write with its
+        # COMMIT is one round trip): wait until its backend has finished it, then look.
+        wait_for(partial(_waits_on_client, c.engine, pid), 10, f"{victim.name}'s backend to finish what it was sent",
+                 interval=0.002)
         held = _held_rows(c.engine, xid)
         if held[0]:
             return held, pid, frozen_at

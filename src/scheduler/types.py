@@ -7,7 +7,7 @@ dispatcher that runs one stored event through the platform.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
@@ -162,5 +162,5 @@ class BatchDispatcher(Protocol):
 
     def __call__(self, session: Session, event: DigitalTwinEvent, now: datetime) -> DispatchResult: ...
 
-    def decide_batch(self, session: Session, events: Sequence[DigitalTwinEvent],
-                     now: datetime) -> BatchDecisions | None: ...
+    def decide_batch(self, session: Session, events: Sequence[DigitalTwinEvent], now: datetime,
+                     stop: Callable[[], bool] | None = None) -> BatchDecisions | None: ...

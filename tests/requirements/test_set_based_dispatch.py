@@ -86,8 +86,8 @@ class SetBased(NudgingPlatform):
         super().__init__(inner.catalogue, inner.orchestrator)
         self.results: dict[str, DispatchResult | Exception] = {}
 
-    def decide_batch(self, session: Session, events: Any, now: Any) -> BatchDecisions | None:
-        decisions = super().decide_batch(session, events, now)
+    def decide_batch(self, session: Session, events: Any, now: Any, stop: Any = None) -> BatchDecisions | None:
+        decisions = super().decide_batch(session, events, now, stop)
         assert decisions is not None
         for event, result in zip(events, decisions.results, strict=True):
             self.results[str(event.scheduled_event_id)] = result

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -110,6 +111,9 @@ class Batch:
     set_write: tuple[str, dict[str, Any]] | None = None
     recorded: int = 0
     per_event: tuple[Dispatcher, Clock, str] | None = None
+    # The poll's stop (``Scheduler.poll_once``): the set-based run asks it between events'
+    # rules, so a stop mid-batch leaves the events not reached untouched (DEC-7).
+    should_stop: Callable[[], bool] | None = None
 
     @property
     def remaining(self) -> int:

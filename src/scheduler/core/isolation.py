@@ -163,10 +163,11 @@ def commit_batch(batch: Batch) -> None:
     batch.closed = True
     try:
         settle_planned(batch)
-        if batch.set_write is not None and not commit_set_based(batch) and batch.per_event is not None:
-            # the set-based write failed and was rolled back: every event runs per event
+        decided = commit_set_based(batch) if batch.set_write is not None else None
+        if decided is not None and batch.per_event is not None:
+            # the set-based write failed and was rolled back: the events it decided run per event
             dispatcher, clock, name = batch.per_event
-            while batch.remaining:
+            while batch.position < decided:
                 _dispatch_next(batch, dispatcher, clock, name)
         unrecorded = batch.outcomes[batch.recorded:]  # the set-based statement wrote its own
         if unrecorded:

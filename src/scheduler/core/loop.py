@@ -159,6 +159,7 @@ class Scheduler:
     def poll_once(self, should_stop: Callable[[], bool] | None = None) -> PollReport:
         """One full poll. Stops between events when ``should_stop`` says so."""
         batch = self.claim()
+        batch.should_stop = should_stop
         try:
             while batch.remaining and not (should_stop and should_stop()):
                 # observability: one span per event, linked to the request that stored it

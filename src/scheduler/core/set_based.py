@@ -56,13 +56,14 @@ def dispatch_set_based(batch: Batch, dispatcher: Dispatcher, clock: Clock, name:
     session = batch.session
     pipeline.defer(session, pipeline.command(f"SAVEPOINT {CHECKPOINT}"))
     try:
-        decisions = dispatcher.decide_batch(session, [e.as_event() for e in batch.events], now)
+        decisions = dispatcher.decide_batch(session, [e.as_event() for e in batch.events], now, batch.should_stop)
         if decisions is None:
             # no set-based path for this dispatcher: the per-event path takes its own checkpoint
             _undo(session)
             return False
         planned: list[tuple[EventOutcome, list[OutboundMessage]]] = []
-        for event, result in zip(batch.events, decisions.results, strict=True):
+        # fewer results than events: a stop arrived, the rest stay untouched (DEC-7)
+        for event, result in zip(batch.events[:len(decisions.results)], decisions.results, strict=True):
             if isinstance(result, Exception):
                 logger.error("%s: dispatch of scheduled event %s failed: %s", name, event.id, error_text(result),
                              exc_info=result)
@@ -86,13 +87,13 @@ def dispatch_set_based(batch: Batch, dispatcher: Dispatcher, clock: Clock, name:
     return True
 
 
-def commit_set_based(batch: Batch) -> bool:
-    """Send the set-based write with the COMMIT, in one round trip; return whether it
+def commit_set_based(batch: Batch) -> int | None:
+    """Send the set-based write with the COMMIT, in one round trip; ``None`` when it
     committed. When the write failed (its statement fails on rows other than decided, so
     the COMMIT did not run), roll back to the checkpoint and reset the batch to its first
-    event, for the caller to run it per event; return ``False``."""
+    event; return how many of its events the caller runs per event (those decided)."""
     if batch.set_write is None:
-        return False
+        return None
     name, params = batch.set_write
     batch.set_write = None
     session = batch.session
@@ -105,11 +106,12 @@ def commit_set_based(batch: Batch) -> bool:
         logger.warning("%s: the set-based write failed (%s); the batch's %d event(s) run one by one",
                        replica, error_text(exc), len(batch.events))
         session.connection().exec_driver_sql(f"ROLLBACK TO SAVEPOINT {CHECKPOINT}")
+        decided = len(batch.planned or [])
         batch.position, batch.recorded, batch.planned = 0, 0, []
         batch.outcomes.clear()
         batch.outbound.clear()
-        return False
-    return True
+        return decided
+    return None
 
 
 def _undo(session: Session) -> None:
@@ -119,9 +121,13 @@ def _undo(session: Session) -> None:
         session.connection().exec_driver_sql(f"ROLLBACK TO SAVEPOINT {CHECKPOINT}")
 
 
-def next_planned(batch: Batch) -> EventOutcome:
-    """Hand out the next event's outcome decided set-based (its pushes join the batch's)."""
-    outcome, outbound = (batch.planned or [])[batch.position]
+def next_planned(batch: Batch) -> EventOutcome | None:
+    """Hand out the next event's outcome decided set-based (its pushes join the batch's);
+    ``None`` past the events decided (a stop cut the batch short: it ends there)."""
+    planned = batch.planned or []
+    if batch.position >= len(planned):
+        return None
+    outcome, outbound = planned[batch.position]
     batch.position += 1
     batch.outcomes.append(outcome)
     batch.outbound.extend(outbound)

@@ -85,6 +85,8 @@ def send(session: Session, steps: Sequence[Step]) -> list[list[dict[str, Any]] |
         # Queued inside the block; the block's end sends them with one Sync and reads every
         # answer (one round trip); the rows are then read from the cursors.
         with driver.pipeline() as queue:
+            _no_flush_after_sync(queue)
+            held_back = _hold_back_sends(queue)
             _begin_in_pipeline(driver, queue)
             for i, (sql, params) in enumerate(compiled):
                 cursor = driver.cursor(row_factory=dict_row)
@@ -95,6 +97,9 @@ def send(session: Session, steps: Sequence[Step]) -> list[list[dict[str, Any]] |
                 current = (sql, params, cursor)
                 cursor.execute(sql, params)
                 cursors.append(cursor)
+            if held_back:
+                del queue._communicate_gen  # psycopg's own again, for the pipeline's end
+            _send_with_sync(driver, queue)
         for step, cursor, (sql, params) in zip(everything, cursors, compiled, strict=True):
             current = (sql, params, cursor)
             results.append(cursor.fetchall() if step.fetch else None)
@@ -135,6 +140,63 @@ def _begin_in_pipeline(driver: psycopg.Connection[Any], queue: psycopg.Pipeline)
         return
     driver.pgconn.send_query_params(begin(), None)
     results.append(None)  # a command's answer: checked, raised if it failed
+
+
+def _no_flush_after_sync(queue: psycopg.Pipeline) -> None:
+    """Read the pipeline's answers without sending a Flush message after its last Sync.
+
+    psycopg ends a pipeline with a Sync, then a Flush request before reading. PostgreSQL
+    arms ``idle_in_transaction_session_timeout`` when it answers a Sync, and disarms it when
+    the next message arrives; a Flush does not arm it again. So after a pipeline that leaves
+    the transaction open (the claim, the set-based read) the backend would sit "idle in
+    transaction" with no timeout at all, and a replica frozen there would hold its batch's
+    locks until it woke (reliability's partition scenario, REL-13). Every read here follows
+    a Sync, which makes the server send everything before it, so no Flush is needed. Uses
+    the pipeline's ``_fetch_gen`` (a psycopg internal); without it psycopg reads as before.
+    """
+    fetch = getattr(queue, "_fetch_gen", None)
+    if fetch is None:
+        return
+
+    def fetch_after_sync(*, flush: bool) -> Any:
+        return fetch(flush=False)
+
+    queue._fetch_gen = fetch_after_sync  # type: ignore[method-assign]
+
+
+def _hold_back_sends(queue: psycopg.Pipeline) -> bool:
+    """Keep psycopg from sending each statement as it is queued (it flushes one by one);
+    ``_send_with_sync`` then sends them all with their Sync in one write. True when held."""
+    if not hasattr(queue, "_communicate_gen") or not hasattr(queue, "command_queue"):
+        return False
+
+    def nothing_yet() -> Any:
+        return iter(())
+
+    queue._communicate_gen = nothing_yet  # type: ignore[method-assign]
+    return True
+
+
+def _send_with_sync(driver: psycopg.Connection[Any], queue: psycopg.Pipeline) -> None:
+    """Hand every queued statement to libpq and end them with a Sync, flushed in one write.
+
+    psycopg sends a pipeline's commands one at a time, flushing each (held back here by
+    ``_hold_back_sends``), and its Sync last; the server runs each statement as it arrives. A replica frozen between the two (a paused VM,
+    a partition) would leave its backend in the middle of the pipeline: no Sync, so not
+    "idle in transaction", so ``idle_in_transaction_session_timeout`` never ends it and its
+    locks stay held (reliability's partition scenario). libpq buffers pipeline commands and
+    its Sync flushes them together: the server has the Sync with the statements. psycopg's
+    own Sync at the pipeline's end then follows, answered in the same round trip. Uses the
+    pipeline's ``command_queue`` and ``result_queue`` (psycopg internals, like the BEGIN).
+    """
+    commands = getattr(queue, "command_queue", None)
+    results = getattr(queue, "result_queue", None)
+    if commands is None or results is None:
+        return
+    while commands:
+        commands.popleft()()
+    driver.pgconn.pipeline_sync()
+    results.append(None)  # the Sync's answer, consumed like psycopg's own
 
 
 def _compiled(conn: Connection, step: Step) -> tuple[str, Any]:

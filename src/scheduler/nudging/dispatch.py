@@ -9,7 +9,7 @@ set-based (``decide_batch``, ``set_dispatch``): the same results, fewer statemen
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 
 from sqlalchemy.orm import Session
@@ -54,9 +54,10 @@ class NudgingPlatform:
         return result
 
 
-    def decide_batch(self, session: Session, events: Sequence[DigitalTwinEvent], now: datetime) -> BatchDecisions | None:
+    def decide_batch(self, session: Session, events: Sequence[DigitalTwinEvent], now: datetime,
+                     stop: Callable[[], bool] | None = None) -> BatchDecisions | None:
         """Decide a claimed batch set-based: each event's result as ``__call__`` would give it,
         one after the other at ``now``, read in one statement; the writes are left to
         ``BatchDecisions.write``. ``None`` when only the per-event path applies (channels
         other than the built-in in-app one)."""
-        return plan(self.catalogue, self.orchestrator, session, events, now)
+        return plan(self.catalogue, self.orchestrator, session, events, now, stop)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -113,9 +113,14 @@ def web_only(orchestrator: Orchestrator) -> WebChannel | None:
 
 
 def plan(catalogue: Catalogue, orchestrator: Orchestrator, session: Session,
-         events: Sequence[DigitalTwinEvent], now: datetime) -> BatchDecisions | None:
+         events: Sequence[DigitalTwinEvent], now: datetime,
+         stop: Callable[[], bool] | None = None) -> BatchDecisions | None:
     """Decide every event of a batch as ``NudgingPlatform`` would one by one, in order, at
     ``now``, with one read; ``None`` when the orchestrator has channels other than web.
+
+    ``stop`` is asked after each event's rules ran: when it says so (a stop arrived), only
+    the events evaluated so far are decided, as the per-event path would have stopped after
+    the event in hand (DEC-7); ``results`` is then shorter than ``events``.
 
     A rule that raises fails its own event only (its result is the exception); a database
     error propagates (the caller falls back to the per-event path).
@@ -133,6 +138,9 @@ def plan(catalogue: Catalogue, orchestrator: Orchestrator, session: Session,
                                             detail={"error": refusal.reason, "detail": refusal.detail}))
         except Exception as exc:  # noqa: BLE001 - an evaluator's own error: this event fails, alone (REQ-0067)
             evaluated.append(exc)
+        if stop is not None and len(evaluated) < len(events) and stop():
+            break
+    events = events[:len(evaluated)]
     day_start, day_end = utc_day(now)
     users = sorted({e.user_id for e, ev in zip(events, evaluated, strict=True) if isinstance(ev, list) and ev})
     keys = sorted({key for ev in evaluated if isinstance(ev, list) for _, key in ev})

@@ -255,7 +255,7 @@ SELECT
 
 -- name: write_batch_decisions
 -- A set-based batch's writes in one statement: new keys, repeated keys, notifications, web deliveries and the outcomes.
--- :batch is one JSON document with an array per part (one parameter to send instead of some
+-- the batch parameter is one JSON document with an array per part (one parameter to send instead of some
 -- thirty arrays); the notifications and deliveries go in in batch order (their ids too).
 -- Every part counts the rows it wrote; any difference from the lengths of those arrays
 -- (what the caller decided) fails the statement, so the COMMIT sent after it in the same
