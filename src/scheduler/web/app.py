@@ -58,11 +58,11 @@ from scheduler.web.http import (
     parse_body,
     read_json,
     respond,
-    text_param,
 )
 from scheduler.web.inbox import Inbox, StreamPublisher, inbox_routes
 from scheduler.web.lifecycle import actor_of, lifecycle_routes
 from scheduler.web.openapi import openapi_document
+from scheduler.web.params import Param, declares, query, text_param
 from scheduler.web.schemas import (
     DuplicateOut,
     ErrorOut,
@@ -81,6 +81,7 @@ from scheduler.web.schemas import (
 logger = logging.getLogger(__name__)
 
 EventBodyT = TypeVar("EventBodyT", ScheduledEventIn, LiveEventIn)
+LIMIT = Param.integer(1, 1000, default=100, description="at most this many rows")
 
 MISSING_FACTS_SCHEDULED = "Missing facts in scheduled event"
 MISSING_FACTS_LIVE = "Missing facts in event"
@@ -277,9 +278,11 @@ class SchedulerService:
 
     # -- open routes -------------------------------------------------------------------
 
+    @declares()
     async def health(self, request: Request) -> Response:
         return respond(HealthOut(status="ok"))
 
+    @declares()
     async def scheduler_health(self, request: Request) -> Response:
         """Liveness of the loop: 503 once the task has exited, its last poll failed (the
         error is in ``last_error``), or polls have stopped; 200 again after a good poll."""
@@ -304,6 +307,7 @@ class SchedulerService:
             return {"by": "listen", "next_wake_at": _iso(self.scheduler.waiting_until)}
         return {"by": "timer", "reason": self.listener.reason, "next_wake_at": _iso(self.scheduler.waiting_until)}
 
+    @declares()
     async def openapi(self, request: Request) -> Response:
         """The OpenAPI document; under a mount (or ``--root-path``) its ``servers`` entry
         names the prefix, so clients call the mounted URLs."""
@@ -312,6 +316,7 @@ class SchedulerService:
     # -- ingest ------------------------------------------------------------------------
 
     @require("ingest")
+    @declares()
     async def create_scheduled_event(self, request: Request) -> Response:
         """Store an event for later (REQ-0063, REQ-0064). Validated now, not when it fires."""
         body = await self._event_body(request, ScheduledEventIn, MISSING_FACTS_SCHEDULED)
@@ -331,6 +336,7 @@ class SchedulerService:
         return respond(ScheduledEventOut.model_validate(row), 201)
 
     @require("ingest")
+    @declares()
     async def ingest_event(self, request: Request) -> Response:
         """The live path: the same engine and orchestrator a scheduled event goes through."""
         body = await self._event_body(request, LiveEventIn, MISSING_FACTS_LIVE)
@@ -378,20 +384,21 @@ class SchedulerService:
     # -- admin -------------------------------------------------------------------------
 
     @require("admin")
+    @declares(status=Param.enum(EventStatus), user_id=Param.string(), external_key=Param.string(), limit=LIMIT)
     async def list_scheduled_events(self, request: Request) -> Response:
-        status = _status_param(request, EventStatus)
-        limit = _limit(request)
+        q = query(request)
         rows = await run_in_threadpool(
             store.list_events,
             self.sessions,
-            status=status,
-            user_id=text_param("user_id", request.query_params.get("user_id") or None),
-            limit=limit,
-            external_key=text_param("external_key", request.query_params.get("external_key") or None),
+            status=q["status"],
+            user_id=q["user_id"],
+            limit=q["limit"],
+            external_key=q["external_key"],
         )
         return respond([ScheduledEventOut.model_validate(r) for r in rows])
 
     @require("admin")
+    @declares()
     async def get_scheduled_event(self, request: Request) -> Response:
         event_id = _path_param(request, "event_id")
         row = await run_in_threadpool(store.get_event, self.sessions, event_id)
@@ -400,6 +407,7 @@ class SchedulerService:
         return respond(ScheduledEventOut.model_validate(row))
 
     @require("admin")
+    @declares()
     async def reset_scheduled_event(self, request: Request) -> Response:
         """The reset by hand: a failed (or dispatched) row goes back to pending."""
         event_id = _path_param(request, "event_id")
@@ -411,18 +419,20 @@ class SchedulerService:
         return respond(ScheduledEventOut.model_validate(row))
 
     @require("admin")
+    @declares(user_id=Param.string(), status=Param.enum(NotificationStatus), limit=LIMIT)
     async def list_notifications(self, request: Request) -> Response:
-        status = _status_param(request, NotificationStatus)
+        q = query(request)
         rows = await run_in_threadpool(
             store.list_notifications,
             self.sessions,
-            user_id=text_param("user_id", request.query_params.get("user_id") or None),
-            status=status,
-            limit=_limit(request),
+            user_id=q["user_id"],
+            status=q["status"],
+            limit=q["limit"],
         )
         return respond([NotificationOut.model_validate(r) for r in rows])
 
     @require("admin")
+    @declares()
     async def set_preferences(self, request: Request) -> Response:
         user_id = _path_param(request, "user_id")
         body = parse_body(PreferencesIn, await read_json(request, self.settings.max_body_bytes))
@@ -439,30 +449,6 @@ class SchedulerService:
 
 def _iso(value: datetime | None) -> str | None:
     return value.isoformat() if value else None
-
-
-def _limit(request: Request) -> int:
-    raw = request.query_params.get("limit")
-    if raw is None:
-        return 100
-    if not raw.isdigit() or not 1 <= int(raw) <= 1000:
-        raise Unprocessable.field("limit", "must be a whole number from 1 to 1000")
-    return int(raw)
-
-
-StatusT = TypeVar("StatusT", EventStatus, NotificationStatus)
-
-
-def _status_param(request: Request, statuses: type[StatusT]) -> StatusT | None:
-    """The ``status`` query parameter as one of ``statuses``, or a 422 naming them."""
-    raw = request.query_params.get("status") or None
-    if raw is None:
-        return None
-    try:
-        return statuses(raw)
-    except ValueError:
-        expected = ", ".join(statuses)
-        raise Unprocessable.field("status", f"unknown status {raw!r}; expected one of {expected}") from None
 
 
 async def _refused(request: Request, exc: Exception) -> Response:

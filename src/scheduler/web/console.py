@@ -10,6 +10,7 @@ and style, so even a bug in escaping could not run injected script.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import secrets
 from datetime import datetime
@@ -46,11 +47,14 @@ from scheduler.web.console_auth import (
     signin_nonce_ok,
 )
 from scheduler.web.lifecycle import event_history
+from scheduler.web.params import Endpoint, Param, Unprocessable, declares, query, text_param
 
 PACKAGE = Path(str(files("scheduler.web")))
 STATIC = PACKAGE / "static"
 STATIC_TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8"}
 PAGE_SIZE = 50
+# The events page's and the bulk reset's filter (audit.EventFilter reads their meaning).
+FILTER = {name: Param.string() for name in audit.EventFilter.FIELDS}
 HEADERS = {
     "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
                                "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
@@ -75,7 +79,11 @@ class Console:
                                autoescape=select_autoescape(default=True), auto_reload=False)
         self.env.filters["duration"] = duration
         self.env.filters["when"] = _when
-        guard = console_admin(lambda: self.verifier, lambda r, m: self.page(r, "error.html", {"message": m}, 403))
+        admin = console_admin(lambda: self.verifier, lambda r, m: self.page(r, "error.html", {"message": m}, 403))
+
+        def guard(endpoint: Endpoint) -> Endpoint:
+            return admin(self.refusals_as_page(endpoint))
+
         self.routes = [
             Route("/console", guard(self.overview_page), methods=["GET"]),
             Route("/console/stream", guard(self.stream), methods=["GET"]),
@@ -86,9 +94,9 @@ class Console:
             Route("/console/bulk-reset", guard(self.bulk_reset), methods=["POST"]),
             Route("/console/audit", guard(self.audit_page), methods=["GET"]),
             Route("/console/sign-out", guard(self.sign_out), methods=["POST"]),
-            Route("/console/sign-in", self.sign_in_page, methods=["GET"]),
-            Route("/console/sign-in", self.sign_in, methods=["POST"]),
-            Route("/console/static/{name}", self.static, methods=["GET"]),
+            Route("/console/sign-in", self.refusals_as_page(self.sign_in_page), methods=["GET"]),
+            Route("/console/sign-in", self.refusals_as_page(self.sign_in), methods=["POST"]),
+            Route("/console/static/{name}", self.refusals_as_page(self.static), methods=["GET"]),
         ]
 
     # -- rendering ---------------------------------------------------------------------
@@ -101,6 +109,19 @@ class Console:
         )
         return HTMLResponse(html, status_code=status, headers=HEADERS)
 
+    def refusals_as_page(self, endpoint: Endpoint) -> Endpoint:
+        """A malformed query parameter or path segment is the 422 error page, naming each field."""
+
+        @functools.wraps(endpoint)
+        async def wrapper(request: Request) -> Response:
+            try:
+                return await endpoint(request)
+            except Unprocessable as exc:
+                return self.page(request, "error.html", {"message": f"malformed request: {exc.detail}"}, 422)
+
+        return wrapper
+
+    @declares()
     async def static(self, request: Request) -> Response:
         name = request.path_params["name"]
         path = STATIC / name
@@ -111,8 +132,9 @@ class Console:
 
     # -- sign in and out ---------------------------------------------------------------
 
+    @declares(next=Param.string("the console page to show after sign-in", max_length=4000))
     async def sign_in_page(self, request: Request) -> Response:
-        return self._sign_in_form(request, request.query_params.get("next", ""), None, 200)
+        return self._sign_in_form(request, query(request)["next"] or "", None, 200)
 
     def _sign_in_form(self, request: Request, next_path: str, error: str | None, status: int) -> Response:
         nonce = secrets.token_urlsafe(24)
@@ -120,6 +142,7 @@ class Console:
         set_signin_nonce(request, page, nonce)
         return page
 
+    @declares()
     async def sign_in(self, request: Request) -> Response:
         form = await request.form()
         if not signin_nonce_ok(request, _field(form, "nonce")):
@@ -139,6 +162,7 @@ class Console:
         set_session_cookie(request, response, session)
         return response
 
+    @declares()
     async def sign_out(self, request: Request) -> Response:
         form = await request.form()
         if not csrf_ok(console_session(request), _field(form, CSRF_FIELD)):
@@ -152,14 +176,16 @@ class Console:
 
     # -- overview ----------------------------------------------------------------------
 
+    @declares()
     async def overview_page(self, request: Request) -> Response:
         data = await run_in_threadpool(overview, self.sessions, self.clock.now())
         return self.page(request, "overview.html", {"o": data, "refresh_ms": int(self.refresh_seconds * 1000)})
 
+    @declares(once=Param.flag("send one overview and end"))
     async def stream(self, request: Request) -> Response:
         """Server-sent events: the overview every ``refresh_seconds``; ``?once=1`` sends one.
         A stream ends after ``stream_seconds`` (the browser's EventSource reconnects)."""
-        once = request.query_params.get("once") == "1"
+        once = query(request)["once"]
 
         async def events() -> Any:
             loop = asyncio.get_running_loop()
@@ -178,25 +204,27 @@ class Console:
 
     # -- events ------------------------------------------------------------------------
 
+    @declares(**FILTER, after_at=Param.time("the previous page's last time"),
+              after_id=Param.string("the previous page's last id"))
     async def events_page(self, request: Request) -> Response:
+        q = query(request)
         try:
-            where = audit.EventFilter.from_mapping(request.query_params)
-            after_at = audit.parse_time("after_at", request.query_params.get("after_at"))
+            where = audit.EventFilter.from_mapping(_filter_fields(q))
         except audit.FilterError as exc:
             return self.page(request, "error.html", {"message": str(exc)}, 422)
-        after_id = request.query_params.get("after_id") or ""
+        after_at, after_id = q["after_at"], q["after_id"] or ""
         rows = await run_in_threadpool(self._events, where, after_at, after_id)
         more = len(rows) > PAGE_SIZE
         rows = rows[:PAGE_SIZE]
-        query = where.as_json()
+        chosen = where.as_json()
         next_link = None
         if more:
             last = rows[-1]
             key = "trigger_at" if where.status == EventStatus.PENDING else "updated_at"
-            next_link = urlencode({**query, "after_at": last[key].isoformat(), "after_id": last["id"]})
+            next_link = urlencode({**chosen, "after_at": last[key].isoformat(), "after_id": last["id"]})
         return self.page(request, "events.html", {
-            "rows": rows, "f": query, "statuses": audit.FILTER_STATUSES, "next_link": next_link,
-            "filter_query": urlencode(query), "first_page": after_at is None, "pending": where.status == EventStatus.PENDING,
+            "rows": rows, "f": chosen, "statuses": audit.FILTER_STATUSES, "next_link": next_link,
+            "filter_query": urlencode(chosen), "first_page": after_at is None, "pending": where.status == EventStatus.PENDING,
         })
 
     def _events(self, where: audit.EventFilter, after_at: datetime | None, after_id: str) -> list[dict[str, Any]]:
@@ -208,8 +236,9 @@ class Console:
                 **where.params(), "after_at": after_at, "after_id": after_id, "limit": PAGE_SIZE + 1,
             }).mappings()]
 
+    @declares(done=Param.string("the action just done, to confirm it"))
     async def event_page(self, request: Request) -> Response:
-        event_id = request.path_params["event_id"]
+        event_id = _path_param(request, "event_id")
         row, notifications, actions = await run_in_threadpool(self._detail, event_id)
         if row is None:
             return self.page(request, "error.html", {"message": "no scheduled event with that id"}, 404)
@@ -217,7 +246,7 @@ class Console:
         facts = json.dumps(row.pop("facts"), indent=2, sort_keys=True, ensure_ascii=False)
         return self.page(request, "event.html", {"row": row, "facts": facts, "notifications": notifications,
                                                  "actions": actions, "changes": changes,
-                                                 "done": request.query_params.get("done")})
+                                                 "done": query(request)["done"]})
 
     def _detail(self, event_id: str) -> tuple[dict[str, Any] | None, list[dict[str, Any]], list[dict[str, Any]]]:
         row = get_event(self.sessions, event_id)
@@ -225,12 +254,13 @@ class Console:
             return None, [], []
         return row, audit.event_notifications(self.sessions, event_id), audit.event_actions(self.sessions, event_id)
 
+    @declares()
     async def reset(self, request: Request) -> Response:
         form = await request.form()
         session = console_session(request)
         if not csrf_ok(session, _field(form, CSRF_FIELD)):
             return self._csrf_refused(request)
-        event_id = request.path_params["event_id"]
+        event_id = _path_param(request, "event_id")
         reason = (_field(form, "reason") or "").strip()[:2000] or None
         row = await run_in_threadpool(audit.reset_one, self.sessions, event_id, self.clock.now(),
                                       actor=session.subject, source="console", reason=reason)
@@ -240,9 +270,10 @@ class Console:
 
     # -- bulk reset --------------------------------------------------------------------
 
+    @declares(**FILTER)
     async def bulk_page(self, request: Request) -> Response:
         try:
-            where = audit.EventFilter.from_mapping(request.query_params)
+            where = audit.EventFilter.from_mapping(_filter_fields(query(request)))
         except audit.FilterError as exc:
             return self.page(request, "error.html", {"message": str(exc)}, 422)
         as_of = self.clock.now()
@@ -252,6 +283,7 @@ class Console:
             "filter_query": urlencode(where.as_json()), "error": None, "reason": "",
         })
 
+    @declares()
     async def bulk_reset(self, request: Request) -> Response:
         form = await request.form()
         session = console_session(request)
@@ -279,13 +311,23 @@ class Console:
 
     # -- audit -------------------------------------------------------------------------
 
+    @declares(before_id=Param.integer(1, 2**63 - 1, description="the previous page's last id"))
     async def audit_page(self, request: Request) -> Response:
-        raw = request.query_params.get("before_id")
-        before_id = int(raw) if raw and raw.isdigit() else None
+        before_id = query(request)["before_id"]
         rows = await run_in_threadpool(lambda: audit.list_actions(self.sessions, limit=PAGE_SIZE + 1, before_id=before_id))
         more = len(rows) > PAGE_SIZE
         rows = rows[:PAGE_SIZE]
         return self.page(request, "audit.html", {"rows": rows, "next_before": rows[-1]["id"] if more else None})
+
+
+def _filter_fields(values: dict[str, Any]) -> dict[str, str]:
+    return {name: values[name] for name in audit.EventFilter.FIELDS if values[name] is not None}
+
+
+def _path_param(request: Request, name: str) -> str:
+    value = str(request.path_params[name])
+    text_param(name, value)
+    return value
 
 
 def _field(form: Any, name: str) -> str | None:

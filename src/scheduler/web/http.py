@@ -11,7 +11,10 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from scheduler.web.schemas import MAX_STRING, ValidationErrorOut, check_text
+from scheduler.web.params import (
+    Unprocessable as Unprocessable,  # re-exported: the 422 every module raises
+)
+from scheduler.web.params import digits_value
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
@@ -24,24 +27,6 @@ class HTTPRefusal(Exception):
         super().__init__(detail)
         self.status_code = status_code
         self.detail = detail
-
-
-class Unprocessable(Exception):
-    """A 422 that names each offending field: ``{"detail": message, "errors": [{field, message}]}``."""
-
-    def __init__(self, errors: list[dict[str, str]], detail: str | None = None) -> None:
-        if not errors:
-            raise ValueError("an Unprocessable names at least one field")
-        self.errors = errors
-        self.detail = detail or "; ".join(f"{e['field']}: {e['message']}" for e in errors)
-        super().__init__(self.detail)
-
-    @classmethod
-    def field(cls, name: str, message: str, detail: str | None = None) -> Unprocessable:
-        return cls([{"field": name, "message": message}], detail)
-
-    def body(self) -> ValidationErrorOut:
-        return ValidationErrorOut.model_validate({"detail": self.detail, "errors": self.errors})
 
 
 class BodyTooLarge(HTTPException):
@@ -60,8 +45,12 @@ def respond(model: BaseModel | Sequence[BaseModel], status_code: int = 200) -> J
 async def read_json(request: Request, limit: int) -> Any:
     """The body as JSON, refusing more than ``limit`` bytes before reading them all."""
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise BodyTooLarge(limit)
+    if declared is not None:
+        size_declared = digits_value(declared.strip(), 19)
+        if size_declared is None:
+            raise HTTPException(400, "malformed Content-Length header: expected ASCII digits")
+        if size_declared > limit:
+            raise BodyTooLarge(limit)
     chunks: list[bytes] = []
     size = 0
     async for chunk in request.stream():
@@ -103,16 +92,3 @@ def parse_body(model: type[ModelT], payload: Any) -> ModelT:
         errors = validation_errors(exc)
         summary = "; ".join(f"{e['field']}: {e['message']}" for e in errors)
         raise Unprocessable(errors, f"invalid body: {summary}") from exc
-
-
-def text_param(name: str, value: str | None) -> str | None:
-    """A path or query parameter the database can compare: bounded, no NUL, valid Unicode."""
-    if value is None:
-        return None
-    if len(value) > MAX_STRING:
-        raise Unprocessable.field(name, f"at most {MAX_STRING} characters")
-    try:
-        check_text(value)
-    except ValueError as exc:
-        raise Unprocessable.field(name, str(exc)) from None
-    return value

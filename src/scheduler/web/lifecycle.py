@@ -30,7 +30,8 @@ from starlette.routing import BaseRoute, Route
 from scheduler.core.store import _jsonable, event_to_json, set_change_context
 from scheduler.database.queries import statement
 from scheduler.web.auth import Principal, require
-from scheduler.web.http import respond, text_param
+from scheduler.web.http import respond
+from scheduler.web.params import declares, text_param
 from scheduler.web.schemas import (
     CancelConflictOut,
     HistoryEntryOut,
@@ -119,11 +120,13 @@ def lifecycle_routes(service: SchedulerService) -> list[BaseRoute]:
         return answer(result)
 
     @require("ingest")
+    @declares()
     async def cancel_by_id(request: Request) -> Response:
         """Cancel a pending or failed row (200 with the row; 409 once dispatched)."""
         return await cancel(request, event_id=text_param("event_id", str(request.path_params["event_id"])))
 
     @require("ingest")
+    @declares()
     async def cancel_by_key(request: Request) -> Response:
         """Cancel the row of an external key, as cancel_by_id does."""
         return await cancel(
@@ -131,6 +134,7 @@ def lifecycle_routes(service: SchedulerService) -> list[BaseRoute]:
         )
 
     @require("admin")
+    @declares()
     async def history(request: Request) -> Response:
         """Every change of a row, oldest first."""
         event_id = text_param("event_id", str(request.path_params["event_id"]))

@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from enum import StrEnum
 from typing import Any
 
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 from starlette.routing import BaseRoute, Route
 
-from scheduler.types import EventStatus, NotificationStatus
+from scheduler.web.params import STREAM_ID_DIGITS, declared
 from scheduler.web.schemas import (
-    MAX_STRING,
     CancelConflictOut,
     DuplicateOut,
     ErrorOut,
@@ -59,13 +57,6 @@ def _one_of(models: tuple[type[BaseModel], ...], description: str) -> dict[str, 
     return {"description": description, "content": {"application/json": {"schema": schema}}}
 
 
-def _enum(values: type[StrEnum]) -> dict[str, Any]:
-    return {"type": "string", "enum": [str(v) for v in values]}
-
-
-# Query parameters' schemas, by name (a route may override one with "parameter_schemas").
-QUERY_SCHEMAS: dict[str, dict[str, Any]] = {"limit": {"type": "integer", "minimum": 1, "maximum": 1000}}
-
 ERRORS = {
     "401": _json(ErrorOut, "missing, expired, malformed or invalid bearer token"),
     "403": _json(ErrorOut, "the token lacks the permission this route needs"),
@@ -97,8 +88,6 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
     },
     ("/admin/scheduled-events", "get"): {
         "summary": "List scheduled events (permission: admin)",
-        "parameters": ["status", "user_id", "external_key", "limit"],
-        "parameter_schemas": {"status": _enum(EventStatus)},
         "responses": {"200": _json(ScheduledEventOut, "rows, newest change first", many=True), **ERRORS},
     },
     ("/admin/scheduled-events/{event_id}", "get"): {
@@ -129,8 +118,6 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
     },
     ("/admin/notifications", "get"): {
         "summary": "Participants' notifications with status and reason (permission: admin)",
-        "parameters": ["user_id", "status", "limit"],
-        "parameter_schemas": {"status": _enum(NotificationStatus)},
         "responses": {"200": _json(NotificationOut, "notifications, newest first", many=True), **ERRORS},
     },
     ("/admin/participants/{user_id}/preferences", "put"): {
@@ -150,7 +137,6 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
     },
     ("/admin/audit", "get"): {
         "summary": "The operators' audit trail, newest first (permission: admin)",
-        "parameters": ["limit", "before_id"],
         "responses": {"200": _json(OperatorActionOut, "operator actions", many=True), **ERRORS},
     },
 }
@@ -176,12 +162,11 @@ OPERATIONS.update({
     },
     ("/me/notifications", "get"): {
         "summary": "The caller's own delivered notifications, newest first (any valid token; admin may pass user_id)",
-        "parameters": ["user_id", "before", "limit"],
         "responses": {"200": _json(InboxPageOut, "one page, newest first"), **ERRORS},
     },
     ("/me/notifications/stream", "get"): {
         "summary": "Server-sent events: the caller's notifications as they are delivered by any replica",
-        "parameters": ["user_id", "after"],
+        "headers": {"Last-Event-ID": {"type": "integer", "minimum": 0, "maximum": 10**STREAM_ID_DIGITS - 1}},
         "responses": {
             "200": {"description": "text/event-stream: `id:` the stream number, `event: notification`, "
                                    "`data:` an InboxNotificationOut; comment heartbeats. Send Last-Event-ID "
@@ -221,11 +206,16 @@ def openapi_document(routes: Sequence[BaseRoute], root_path: str = "") -> dict[s
                 {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
                 for name in route.param_convertors
             ]
-            schemas = {**QUERY_SCHEMAS, **spec.get("parameter_schemas", {})}
+            # Query parameters from the endpoint's own declaration (scheduler.web.params):
+            # what is validated is what is documented. Any other parameter is a 422.
             params += [
-                {"name": name, "in": "query", "required": False,
-                 "schema": schemas.get(name, {"type": "string", "maxLength": MAX_STRING})}
-                for name in spec.get("parameters", [])
+                {"name": name, "in": "query", "required": False, "schema": param.schema,
+                 **({"description": param.description} if param.description else {})}
+                for name, param in (declared(route.endpoint) or {}).items()
+            ]
+            params += [
+                {"name": name, "in": "header", "required": False, "schema": schema}
+                for name, schema in spec.get("headers", {}).items()
             ]
             if params:
                 operation["parameters"] = params
