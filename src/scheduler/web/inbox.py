@@ -356,9 +356,9 @@ def inbox_routes(service: SchedulerService) -> list[BaseRoute]:
     @declares(user_id=USER_ID, after=Param.stream_id("replay what came after this event id (as Last-Event-ID)"))
     async def my_stream(request: Request) -> Response:
         """Server-sent events; ``Last-Event-ID`` (or ``?after=``) replays what was missed."""
-        user_id = _whose(request)
         header = request.headers.get("last-event-id")
         after = stream_id("Last-Event-ID", header) if header else query(request)["after"]
+        user_id = _whose(request)
         if after is None:
             after = -1
         head = await run_in_threadpool(_stream_head, service.sessions)
