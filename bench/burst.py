@@ -21,7 +21,10 @@ count until it reaches zero, then stops the loops; lateness comes from the rows 
   batch and otherwise waits until the interval, the next pending ``trigger_at`` or a
   wake-up; it runs with the default 30 s interval, which it should not depend on. A build
   whose ``Scheduler`` has no ``mode`` skips it and says so.
-- The peers drain the same burst as scheduled jobs with no-op handlers: pgqueuer
+- The peers drain the same burst as scheduled jobs, each twice: with a no-op handler (the
+  queue alone) and with the handler a user writes for a reminder (``bench.peer_work``:
+  deduplicate by a unique key, insert the notification and its delivery row, in its own
+  transaction), the fair comparison with our full path: pgqueuer
   (``execute_after``, continuous mode, batch 20, asyncpg) and procrastinate
   (``schedule_at``, concurrency 1), ``R`` worker processes each, each polling every second
   (their defaults are 30 s and 5 s; a NOTIFY at enqueue time cannot wake them at ``T``).
@@ -50,6 +53,7 @@ from typing import Any
 
 from sqlalchemy import Engine, text
 
+from bench import peer_work
 from bench.drain import CTX, CountingPublisher, TimedScheduler
 from bench.env import Server, bench_engine, bench_sql, libpq_uri, progress
 from bench.peers import _pgqueuer_driver, missing, pgqueuer_driver_name
@@ -296,7 +300,8 @@ def single(server: Server, *, mode: str, replicas: int = 2) -> dict[str, Any]:
 # -- peers --------------------------------------------------------------------------------
 
 
-def _pgqueuer_worker(conninfo: str, trigger_ts: float, stop_all: MpEvent, barrier: Barrier, out: Any) -> None:
+def _pgqueuer_worker(conninfo: str, trigger_ts: float, handler: str, stop_all: MpEvent, barrier: Barrier,
+                     out: Any) -> None:
     async def work() -> None:
         from pgqueuer.qm import QueueManager
         from pgqueuer.queries import Queries
@@ -305,11 +310,18 @@ def _pgqueuer_worker(conninfo: str, trigger_ts: float, stop_all: MpEvent, barrie
         conn, driver = await _pgqueuer_driver(conninfo)
         manager = QueueManager(Queries(driver))
         lateness: list[float] = []
+        handler_conn = await peer_work.connect(conninfo, peer_work.PGQUEUER_POOL) if handler == "work" else None
 
         async def bench_noop(job: Any) -> None:
             lateness.append(time.time() - trigger_ts)
 
-        manager.entrypoint("bench_noop")(bench_noop)
+        async def bench_work(job: Any) -> None:
+            # Lateness is when the work is done (ours: dispatched_at, in the batch's commit).
+            assert handler_conn is not None
+            await handler_conn.store_notification(int(job.payload))
+            lateness.append(time.time() - trigger_ts)
+
+        manager.entrypoint(f"bench_{handler}")(bench_work if handler == "work" else bench_noop)
 
         async def watch() -> None:
             while not stop_all.is_set():
@@ -322,12 +334,14 @@ def _pgqueuer_worker(conninfo: str, trigger_ts: float, stop_all: MpEvent, barrie
                           dequeue_timeout=timedelta(seconds=PEER_POLL_SECONDS))
         await watcher
         out.put(lateness)
+        if handler_conn is not None:
+            await handler_conn.close()
         await conn.close()
 
     asyncio.run(work())
 
 
-async def _pgqueuer_enqueue(conninfo: str, events: int, trigger: datetime) -> None:
+async def _pgqueuer_enqueue(conninfo: str, events: int, trigger: datetime, handler: str) -> None:
     from pgqueuer.queries import Queries
 
     conn, driver = await _pgqueuer_driver(conninfo)
@@ -336,27 +350,38 @@ async def _pgqueuer_enqueue(conninfo: str, events: int, trigger: datetime) -> No
         for start in range(0, events, 5_000):
             size = min(5_000, events - start)
             after = trigger - datetime.now(UTC)  # pgqueuer stores NOW() + execute_after
-            await queries.enqueue(["bench_noop"] * size, [None] * size, [0] * size, [after] * size)
+            payloads = [str(start + i).encode() for i in range(size)] if handler == "work" else [None] * size
+            await queries.enqueue([f"bench_{handler}"] * size, payloads, [0] * size, [after] * size)
     finally:
         await conn.close()
 
 
-def _procrastinate_app(conninfo: str, lateness: list[float], trigger_ts: float) -> tuple[Any, Any]:
+def _procrastinate_app(conninfo: str, lateness: list[float], trigger_ts: float, handler: str = "noop",
+                       state: dict[str, Any] | None = None) -> tuple[Any, Any]:
+    """The app and its one task; ``work`` runs on ``state["conn"]`` (the worker's own connection)."""
     import procrastinate
 
     app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=conninfo))
+    conn_of = state if state is not None else {}
 
     async def bench_noop() -> None:
         lateness.append(time.time() - trigger_ts)
 
-    task = app.task(name="bench_noop", queue="bench")(bench_noop)
-    return app, task
+    async def bench_work(n: int) -> None:
+        await conn_of["conn"].store_notification(n)
+        lateness.append(time.time() - trigger_ts)
+
+    if handler == "work":
+        return app, app.task(name="bench_work", queue="bench")(bench_work)
+    return app, app.task(name="bench_noop", queue="bench")(bench_noop)
 
 
-def _procrastinate_worker(conninfo: str, trigger_ts: float, stop_all: MpEvent, barrier: Barrier, out: Any) -> None:
+def _procrastinate_worker(conninfo: str, trigger_ts: float, handler: str, stop_all: MpEvent, barrier: Barrier,
+                          out: Any) -> None:
     async def work() -> None:
         lateness: list[float] = []
-        app, _ = _procrastinate_app(conninfo, lateness, trigger_ts)
+        state: dict[str, Any] = {"conn": await peer_work.connect(conninfo) if handler == "work" else None}
+        app, _ = _procrastinate_app(conninfo, lateness, trigger_ts, handler, state)
         async with app.open_async():
             barrier.wait()
             worker = asyncio.create_task(app.run_worker_async(
@@ -368,16 +393,19 @@ def _procrastinate_worker(conninfo: str, trigger_ts: float, stop_all: MpEvent, b
             with contextlib.suppress(asyncio.CancelledError):
                 await worker
         out.put(lateness)
+        if state["conn"] is not None:
+            await state["conn"].close()
 
     asyncio.run(work())
 
 
-async def _procrastinate_enqueue(conninfo: str, events: int, trigger: datetime) -> None:
-    app, task = _procrastinate_app(conninfo, [], 0.0)
+async def _procrastinate_enqueue(conninfo: str, events: int, trigger: datetime, handler: str) -> None:
+    app, task = _procrastinate_app(conninfo, [], 0.0, handler)
     async with app.open_async():
         for start in range(0, events, 5_000):
             size = min(5_000, events - start)
-            await task.configure(schedule_at=trigger).batch_defer_async(*({} for _ in range(size)))
+            args = ({"n": start + i} for i in range(size)) if handler == "work" else ({} for _ in range(size))
+            await task.configure(schedule_at=trigger).batch_defer_async(*args)
 
 
 async def _procrastinate_schema(conninfo: str) -> None:
@@ -389,27 +417,31 @@ async def _procrastinate_schema(conninfo: str) -> None:
 PEER_WORKERS = {"pgqueuer": _pgqueuer_worker, "procrastinate": _procrastinate_worker}
 
 
-def peer(server: Server, name: str, *, replicas: int, events: int) -> dict[str, Any]:
-    """The same burst as ``name``'s scheduled jobs, drained by ``replicas`` worker processes."""
+def peer(server: Server, name: str, *, replicas: int, events: int, handler: str = "noop") -> dict[str, Any]:
+    """The same burst as ``name``'s scheduled jobs, drained by ``replicas`` worker processes running ``handler``."""
+    label = name if handler == "noop" else f"{name} + work"
     reason = missing(name)
     if reason is not None:
-        progress(f"burst {name}: skipped: {reason}")
-        return {"system": name, "replicas": replicas, "skipped": reason}
-    with server.fresh_database(f"burst_{name}") as url:
+        progress(f"burst {label}: skipped: {reason}")
+        return {"system": label, "handler": handler, "replicas": replicas, "skipped": reason}
+    written: dict[str, int] = {}
+    with server.fresh_database(f"burst_{name}_{handler}") as url:
         conninfo = libpq_uri(url)
+        if handler == "work":
+            asyncio.run(peer_work.create_schema(conninfo))
         if name == "procrastinate":
             asyncio.run(_procrastinate_schema(conninfo))
         else:
             asyncio.run(_pgqueuer_install(conninfo))
         # Enqueueing 10,000 jobs takes about a second for either peer; five seconds of lead.
         trigger = datetime.now(UTC) + timedelta(seconds=5 + events / 2_000)
-        processes, stop_all, out = _start(PEER_WORKERS[name], (conninfo, trigger.timestamp()), replicas)
+        processes, stop_all, out = _start(PEER_WORKERS[name], (conninfo, trigger.timestamp(), handler), replicas)
         try:
             started = time.perf_counter()
             if name == "procrastinate":
-                asyncio.run(_procrastinate_enqueue(conninfo, events, trigger))
+                asyncio.run(_procrastinate_enqueue(conninfo, events, trigger, handler))
             else:
-                asyncio.run(_pgqueuer_enqueue(conninfo, events, trigger))
+                asyncio.run(_pgqueuer_enqueue(conninfo, events, trigger, handler))
             stored_in = time.perf_counter() - started
             margin = (trigger - datetime.now(UTC)).total_seconds()
             drained_at = _wait_for_peer(conninfo, name, events, deadline=trigger.timestamp() + 3600)
@@ -417,15 +449,21 @@ def peer(server: Server, name: str, *, replicas: int, events: int) -> dict[str, 
             stop_all.set()
             raise
         results = _collect(processes, stop_all, out)
+        if handler == "work":
+            written = peer_work.counts(conninfo)
     lateness = [x for r in results for x in r]
     if len(lateness) != events:
-        raise RuntimeError(f"burst {name} x{replicas}: {len(lateness)} jobs ran, expected {events}")
-    result: dict[str, Any] = {"system": name, "mode": f"poll {PEER_POLL_SECONDS:.0f}s", "replicas": replicas, "events": events,
+        raise RuntimeError(f"burst {label} x{replicas}: {len(lateness)} jobs ran, expected {events}")
+    if written and set(written.values()) != {events}:
+        raise RuntimeError(f"burst {label} x{replicas}: wrote {written}, expected {events} of each")
+    result: dict[str, Any] = {"system": label, "handler": handler, "mode": f"poll {PEER_POLL_SECONDS:.0f}s", "replicas": replicas, "events": events,
               "stored_seconds": stored_in, "store_margin_seconds": margin,
               "drain_seconds": drained_at - trigger.timestamp(), "lateness": lateness_summary(lateness)}
     if name == "pgqueuer":
         result["driver"] = pgqueuer_driver_name()
-    progress(f"burst {name}: {events:,} jobs, {replicas} worker(s): all done {result['drain_seconds']:.1f}s after "
+    if written:
+        result["written"] = written
+    progress(f"burst {label}: {events:,} jobs, {replicas} worker(s): all done {result['drain_seconds']:.1f}s after "
              f"the trigger, lateness p50 {result['lateness']['p50_s']:.2f}s p99 {result['lateness']['p99_s']:.2f}s")
     return result
 
@@ -471,7 +509,8 @@ def run(server: Server, *, events: int, replicas: tuple[int, ...], single_modes:
         for mode in modes:
             runs.append(ours(server, mode=mode, replicas=n, events=events, store_rate=store_rate))
         for name in peers:
-            runs.append(peer(server, name, replicas=n, events=events))
+            for handler in peer_work.HANDLERS:
+                runs.append(peer(server, name, replicas=n, events=events, handler=handler))
     singles = [single(server, mode=mode) for mode in single_modes if mode in modes]
     skipped = [m for m in MODES if m not in modes]
     return {"events": events, "replicas": list(replicas), "modes": list(modes), "store_rate": store_rate,

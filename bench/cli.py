@@ -69,7 +69,8 @@ DESCRIPTIONS = {
                  "batch 20 and larger; beside it the raw SQL ceiling, procrastinate and pgqueuer; and the "
                  "drain-time formula checked with a real poll interval",
     "fullpath": "drain N due commitment reminders through the real NudgingPlatform (rules, dedup, "
-                "preferences, cap, notification rows) by 1/2/4 replicas",
+                "preferences, cap, notification rows) by 1/2/4 replicas; beside it procrastinate and pgqueuer "
+                "running the handler a user writes (dedup key, notification, delivery, own transaction)",
     "http": "requests/s and p50/p99 of POST /admin/scheduled-events on a real `scheduler serve` (uvicorn, "
             "127.0.0.1) from a separate load process: new keys, then the same keys re-posted",
     "shutdown": "time from stop to loop exit with a one-hour poll interval: run_blocking, async run, "
@@ -80,7 +81,8 @@ DESCRIPTIONS = {
     "burst": "lateness (dispatched_at - trigger_at: p50, p99, max) and time to the last dispatch when N "
              "reminders stored through the real store path fall due at one instant, 1/2/4 replicas on the full "
              "path in literal (short interval, checked against the drain formula) and prompt mode, beside "
-             "pgqueuer and procrastinate draining the same burst as scheduled jobs; then one reminder alone",
+             "pgqueuer and procrastinate draining the same burst as scheduled jobs (a no-op handler, and the "
+             "handler a user writes: dedup key, notification, delivery); then one reminder alone",
     "console": "response time of the console's overview and filtered events pages (whole ASGI app, "
                "queries and templates) with 1,000,000 rows, mostly dispatched; and each overview query",
     "history": "what the history trigger costs a drain: one replica, no-op and full dispatch path, "
@@ -130,10 +132,14 @@ def _mechanics(server: Any, s: Sizes, results: dict[str, Any]) -> dict[str, Any]
 
 
 def _fullpath(server: Any, s: Sizes, results: dict[str, Any]) -> dict[str, Any]:
-    from bench import drain
+    from bench import drain, peers
 
     runs = [drain.drain(server, "full", events=s.full_events, replicas=r, batch=20) for r in s.replicas]
-    return {"events": s.full_events, "runs": runs}
+    # The peers with the handler a user writes for a reminder (dedup, notification,
+    # delivery, its own transaction): the fair comparison for the full path.
+    peer_runs = [peers.drain(server, peer, events=s.full_events, replicas=r, batch=20, handler="work")
+                 for r in s.replicas for peer in peers.PEERS]
+    return {"events": s.full_events, "runs": runs, "peers": peer_runs}
 
 
 def _http(server: Any, s: Sizes, results: dict[str, Any]) -> dict[str, Any]:

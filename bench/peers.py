@@ -1,4 +1,9 @@
-"""Peers: procrastinate and pgqueuer draining the same number of no-op jobs.
+"""Peers: procrastinate and pgqueuer draining the same number of jobs.
+
+Each runs with one of two handlers (``bench.peer_work``): ``noop`` (the queue's
+mechanics alone, compared with ours in ``mechanics``) and ``work`` (the handler a user
+writes for a reminder: deduplicate by a unique key, insert the notification and its
+delivery row, in its own transaction; compared with our full path in ``fullpath``).
 
 Both are optional (``pip install -e '.[bench]'``) and imported only here, lazily: when
 one is missing its row says so and the run goes on. Each runs in its own fresh database
@@ -23,6 +28,7 @@ from datetime import timedelta
 from multiprocessing.synchronize import Barrier
 from typing import Any
 
+from bench import peer_work
 from bench.drain import run_processes, summarise
 from bench.env import Server, libpq_uri, progress
 
@@ -39,38 +45,57 @@ def missing(peer: str) -> str | None:
 # -- procrastinate --------------------------------------------------------------------
 
 
-def _procrastinate_app(conninfo: str) -> tuple[Any, Any, dict[str, int]]:
-    """A procrastinate app with one no-op task: (app, task, counter of jobs run)."""
+def _procrastinate_app(conninfo: str, handler: str = "noop") -> tuple[Any, Any, dict[str, Any]]:
+    """A procrastinate app with one task running ``handler``: (app, task, state).
+
+    ``state["done"]`` counts jobs run; for ``work`` the worker puts its own connection in
+    ``state["conn"]`` before it starts.
+    """
     import procrastinate
 
     app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=conninfo))
-    counter = {"done": 0}
+    state: dict[str, Any] = {"done": 0, "conn": None}
 
     async def bench_noop() -> None:
-        counter["done"] += 1
+        state["done"] += 1
 
-    task = app.task(name="bench_noop", queue="bench")(bench_noop)
-    return app, task, counter
+    async def bench_work(n: int) -> None:
+        await state["conn"].store_notification(n)
+        state["done"] += 1
+
+    if handler == "work":
+        task = app.task(name="bench_work", queue="bench")(bench_work)
+    else:
+        task = app.task(name="bench_noop", queue="bench")(bench_noop)
+    return app, task, state
 
 
-async def _procrastinate_prepare(conninfo: str, events: int) -> None:
-    app, task, _ = _procrastinate_app(conninfo)
+async def _procrastinate_prepare(conninfo: str, events: int, handler: str) -> None:
+    app, task, _ = _procrastinate_app(conninfo, handler)
     async with app.open_async():
         await app.schema_manager.apply_schema_async()
         for start in range(0, events, 5_000):
-            await task.batch_defer_async(*({} for _ in range(min(5_000, events - start))))
+            size = min(5_000, events - start)
+            if handler == "work":
+                await task.batch_defer_async(*({"n": start + i} for i in range(size)))
+            else:
+                await task.batch_defer_async(*({} for _ in range(size)))
 
 
-def _procrastinate_worker(conninfo: str, batch: int, barrier: Barrier, out: Any) -> None:
+def _procrastinate_worker(conninfo: str, batch: int, handler: str, barrier: Barrier, out: Any) -> None:
     async def work() -> None:
-        app, _, counter = _procrastinate_app(conninfo)
+        app, _, state = _procrastinate_app(conninfo, handler)
+        if handler == "work":
+            state["conn"] = await peer_work.connect(conninfo)
         async with app.open_async():
             barrier.wait()
             started = time.time()
             await app.run_worker_async(queues=["bench"], concurrency=1, wait=False, listen_notify=False,
                                        fetch_job_polling_interval=0.01, install_signal_handlers=False,
                                        delete_jobs="never")
-            out.put((started, time.time(), counter["done"]))
+            out.put((started, time.time(), state["done"]))
+        if state["conn"] is not None:
+            await state["conn"].close()
 
     asyncio.run(work())
 
@@ -110,7 +135,7 @@ async def _pgqueuer_driver(conninfo: str) -> tuple[Any, Any]:
     return pconn, PsycopgDriver(pconn)
 
 
-async def _pgqueuer_prepare(conninfo: str, events: int) -> None:
+async def _pgqueuer_prepare(conninfo: str, events: int, handler: str) -> None:
     from pgqueuer.queries import Queries
 
     conn, driver = await _pgqueuer_driver(conninfo)
@@ -119,12 +144,13 @@ async def _pgqueuer_prepare(conninfo: str, events: int) -> None:
         await queries.install()
         for start in range(0, events, 5_000):
             size = min(5_000, events - start)
-            await queries.enqueue(["bench_noop"] * size, [None] * size, [0] * size)
+            payloads = [str(start + i).encode() for i in range(size)] if handler == "work" else [None] * size
+            await queries.enqueue([f"bench_{handler}"] * size, payloads, [0] * size)
     finally:
         await conn.close()
 
 
-def _pgqueuer_worker(conninfo: str, batch: int, barrier: Barrier, out: Any) -> None:
+def _pgqueuer_worker(conninfo: str, batch: int, handler: str, barrier: Barrier, out: Any) -> None:
     async def work() -> None:
         from pgqueuer.qm import QueueManager
         from pgqueuer.queries import Queries
@@ -134,16 +160,25 @@ def _pgqueuer_worker(conninfo: str, batch: int, barrier: Barrier, out: Any) -> N
         counter = {"done": 0}
         manager = QueueManager(Queries(driver))
 
+        handler_conn = await peer_work.connect(conninfo, peer_work.PGQUEUER_POOL) if handler == "work" else None
+
         async def bench_noop(job: Any) -> None:
             counter["done"] += 1
 
-        manager.entrypoint("bench_noop")(bench_noop)
+        async def bench_work(job: Any) -> None:
+            assert handler_conn is not None
+            await handler_conn.store_notification(int(job.payload))
+            counter["done"] += 1
+
+        manager.entrypoint(f"bench_{handler}")(bench_work if handler == "work" else bench_noop)
 
         barrier.wait()
         started = time.time()
         await manager.run(batch_size=batch, mode=QueueExecutionMode.drain,
                           dequeue_timeout=timedelta(seconds=0.05))
         out.put((started, time.time(), counter["done"]))
+        if handler_conn is not None:
+            await handler_conn.close()
         await conn.close()
 
     asyncio.run(work())
@@ -153,22 +188,38 @@ PREPARE = {"procrastinate": _procrastinate_prepare, "pgqueuer": _pgqueuer_prepar
 WORKER = {"procrastinate": _procrastinate_worker, "pgqueuer": _pgqueuer_worker}
 
 
-def drain(server: Server, peer: str, *, events: int, replicas: int, batch: int, timeout: float = 600) -> dict[str, Any]:
-    """``events`` no-op jobs drained by ``replicas`` worker processes of ``peer``."""
+def drain(server: Server, peer: str, *, events: int, replicas: int, batch: int, timeout: float = 600,
+          handler: str = "noop") -> dict[str, Any]:
+    """``events`` jobs drained by ``replicas`` worker processes of ``peer``, each running ``handler``.
+
+    The ``work`` handler's tables are counted after the drain: exactly one key,
+    notification and delivery per job, or the run is refused.
+    """
+    if handler not in peer_work.HANDLERS:
+        raise ValueError(f"handler must be one of {peer_work.HANDLERS}, got {handler!r}")
     reason = missing(peer)
     if reason is not None:
-        progress(f"drain {peer}: skipped: {reason}")
-        return {"kind": peer, "replicas": replicas, "skipped": reason}
-    with server.fresh_database(f"peer_{peer}") as url:
+        progress(f"drain {peer} ({handler}): skipped: {reason}")
+        return {"kind": peer, "handler": handler, "replicas": replicas, "skipped": reason}
+    written: dict[str, int] = {}
+    with server.fresh_database(f"peer_{peer}_{handler}") as url:
         conninfo = libpq_uri(url)
-        asyncio.run(PREPARE[peer](conninfo, events))
-        results = run_processes(WORKER[peer], (conninfo, batch), replicas, timeout)
+        if handler == "work":
+            asyncio.run(peer_work.create_schema(conninfo))
+        asyncio.run(PREPARE[peer](conninfo, events, handler))
+        results = run_processes(WORKER[peer], (conninfo, batch, handler), replicas, timeout)
+        if handler == "work":
+            written = peer_work.counts(conninfo)
     summary = summarise(results, events)
-    summary.update(kind=peer, replicas=replicas, batch_size=batch if peer == "pgqueuer" else 1)
+    summary.update(kind=peer, handler=handler, replicas=replicas, batch_size=batch if peer == "pgqueuer" else 1)
+    if written:
+        summary["written"] = written
+        if set(written.values()) != {events}:
+            raise RuntimeError(f"{peer} ({handler}) wrote {written}, expected {events} of each")
     if peer == "pgqueuer":
         summary["driver"] = pgqueuer_driver_name()
     if not summary["complete"]:
         raise RuntimeError(f"{peer} drained {summary['events']} of {events} jobs")
-    progress(f"drain {peer}: {events:,} jobs, {replicas} worker(s): {summary['events_per_second']:.0f} jobs/s "
+    progress(f"drain {peer} ({handler}): {events:,} jobs, {replicas} worker(s): {summary['events_per_second']:.0f} jobs/s "
              f"({summary['seconds']:.2f}s)")
     return summary

@@ -163,6 +163,18 @@ def full_table(full: dict[str, Any], mech: dict[str, Any] | None) -> list[str]:
     notes = full["runs"][0].get("notifications")
     if notes:
         lines.append(f"\nNotifications written by the one-replica run: {notes}")
+    peer_runs = full.get("peers") or []
+    if peer_runs:
+        lines += ["", "The peers running the equivalent handler (dedup by a unique key, the notification and "
+                  "its delivery row, in the handler's own transaction):", "",
+                  "| system | replicas | batch | events/s | ours (full path) / peer |", "| --- | ---: | ---: | ---: | ---: |"]
+        for r in peer_runs:
+            if "skipped" in r:
+                lines.append(f"| {r['kind']} + work | {r['replicas']} | | skipped: {r['skipped']} | |")
+                continue
+            ours = next((o["events_per_second"] for o in full["runs"] if o["replicas"] == r["replicas"]), None)
+            lines.append(f"| {r['kind']} + work | {r['replicas']} | {r['batch_size']} | {_f(r['events_per_second'], 0)} | "
+                         f"{_ratio(ours, r['events_per_second'])} |")
     return lines
 
 

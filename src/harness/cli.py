@@ -151,7 +151,7 @@ def cmd_simulate(args: argparse.Namespace, settings: Settings) -> int:
         modes = VARIANTS[args.scheduler].modes or args.modes
         print(f"{args.replicas} replicas ({args.scheduler}, {modes}), {args.clients} clients, batch {args.batch_size}, "
               f"faults: {', '.join(sorted(args.faults)) or 'none'}", flush=True)
-    for noisy in ("scheduler.core.loop", "alembic", "sqlalchemy.pool"):
+    for noisy in ("scheduler.core", "alembic", "sqlalchemy.pool"):
         logging.getLogger(noisy).setLevel(logging.CRITICAL)
     name = f"sim_{seed}_{os.getpid()}"
     try:

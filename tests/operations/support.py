@@ -14,7 +14,7 @@ from tests.conftest import token
 
 def loop_step(service: SchedulerService) -> None:
     """One poll exactly as the loop runs it: guarded, then the poll hooks (heartbeat, metrics)."""
-    service.scheduler._poll_guarded(lambda: False)
+    service.scheduler.poll_guarded(lambda: False)
 
 
 def scrape(client: TestClient, **headers: str) -> dict[str, Any]:

@@ -149,7 +149,7 @@ def test_the_overview_changes_live_when_a_row_fails_on_another_replica(
     post_event(client, user_id="eve", facts=BAD_FACTS, trigger_at=T0 - timedelta(minutes=3))
     other = Scheduler(make_sessionmaker(engine), service.dispatcher, clock, name="replica-b")
     other.poll_hooks.append(Heartbeat(make_sessionmaker(engine), clock))
-    other._poll_guarded(lambda: False)
+    other.poll_guarded(lambda: False)
     expect(page.locator("#failed-count")).to_have_text("1")
     expect(page.locator("#replicas")).to_contain_text("replica-b")
     expect(page.locator("#failures")).to_contain_text("missing_or_invalid_time_scope")

@@ -40,7 +40,7 @@ def test_a_poll_of_the_loop_records_this_replicas_heartbeat_with_the_injected_cl
     """OBS-1: after a poll the row holds name, host, pid, mode, times from the frozen clock and counters."""
     post_event(client, user_id="anna")
     post_event(client, user_id="bob", facts={"facts_version": "1", "scenario": "commitment_reminder", "date": "x"})
-    service.scheduler._started()
+    service.scheduler.health.started(clock.now())
     loop_step(service)
     [row] = _replicas(engine)
     assert (row["name"], row["host"], row["pid"], row["mode"]) == ("scheduler", socket.gethostname(), os.getpid(), "literal")
@@ -81,7 +81,7 @@ def test_replicas_lists_every_replica_and_marks_the_silent_one_stale(
                       poll_seconds=10.0, name="replica-b")
     other_beat = Heartbeat(make_sessionmaker(engine), clock)
     other.poll_hooks.append(other_beat)
-    other._poll_guarded(lambda: False)
+    other.poll_guarded(lambda: False)
     loop_step(service)
     listed = {r["name"]: r for r in client.get("/admin/replicas", headers=ADMIN).json()}
     assert {n: (r["state"], r["stale"]) for n, r in listed.items()} == {

@@ -108,7 +108,7 @@ def test_backends_terminated_mid_batch_fail_the_poll_whole_and_the_next_poll_hea
     ids = store_due(engine, [f"user-{i}" for i in range(5)], T0)
 
     def poll() -> None:
-        service.scheduler._poll_guarded(lambda: False)
+        service.scheduler.poll_guarded(lambda: False)
 
     bounded(poll, 30, "the poll whose connection is terminated")
     assert fault.killed >= 1

@@ -173,12 +173,12 @@ def test_without_listen_a_row_falling_due_during_a_poll_is_polled_for_at_once(
         return batch
 
     monkeypatch.setattr(scheduler, "claim", claim_while_time_passes)
-    report = scheduler._poll_guarded(lambda: False)
+    report = scheduler.poll_guarded(lambda: False)
     assert report is not None and report.claimed == 0
     assert scheduler.next_due == due
-    assert scheduler._wait_seconds(report, time.monotonic() + settings.poll_seconds) == 0
+    assert scheduler.wait_seconds(time.monotonic() + settings.poll_seconds) == 0
     monkeypatch.undo()
-    scheduler._poll_guarded(lambda: False)
+    scheduler.poll_guarded(lambda: False)
     assert statuses(engine) == {event_id: "dispatched"}
 
 

@@ -84,7 +84,7 @@ def test_a_participant_lock_held_by_an_operator_only_holds_back_that_participant
     operator.execute(text("SELECT pg_advisory_lock(:k)"), {"k": participant_lock_key("held-participant")})
 
     def poll() -> None:
-        service.scheduler._poll_guarded(lambda: False)
+        service.scheduler.poll_guarded(lambda: False)
 
     bounded(poll, 30, "a poll whose oldest row belongs to the held participant")
     assert service.scheduler.health.consecutive_failures == 0
@@ -108,12 +108,12 @@ def test_statement_timeout_bounds_a_stuck_poll_and_post_when_lock_timeout_is_off
     service = _service(database_url, clock, lock_timeout_ms=0, statement_timeout_ms=300)
     (event_id,) = store_due(engine, ["user-1"], T0)
     operator.execute(text("LOCK TABLE scheduled_events IN ACCESS EXCLUSIVE MODE"))
-    bounded(lambda: service.scheduler._poll_guarded(lambda: False), 30, "a poll against a locked table")
+    bounded(lambda: service.scheduler.poll_guarded(lambda: False), 30, "a poll against a locked table")
     assert "statement timeout" in (service.scheduler.health.last_error or "")
     with TestClient(service.app) as client:
         status, body = bounded(lambda: _post(client), 30, "a POST against a locked table")
     assert (status, body) == (503, {"detail": "database unavailable; retry later"})
     operator.rollback()
-    bounded(lambda: service.scheduler._poll_guarded(lambda: False), 30, "a poll after the release")
+    bounded(lambda: service.scheduler.poll_guarded(lambda: False), 30, "a poll after the release")
     assert statuses(engine) == {event_id: "dispatched"}
     assert service.scheduler.health.consecutive_failures == 0

@@ -107,7 +107,7 @@ def test_a_run_starts_at_most_once_an_hour_by_the_injected_clock_across_replicas
     assert first.run_if_due() is None
     assert len(statuses(engine)) == 4
     clock.advance(timedelta(minutes=31))
-    service.scheduler._poll_guarded(lambda: False)  # the loop's poll, then its hooks
+    service.scheduler.poll_guarded(lambda: False)  # the loop's poll, then its hooks
     assert service.retention.last_report is not None and service.retention.last_report.deleted == 2
     assert len(statuses(engine)) == 2
 

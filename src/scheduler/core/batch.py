@@ -1,0 +1,121 @@
+"""A poll's data: the claimed rows, the open batch, each event's outcome, the poll's report."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy.orm import Session, SessionTransaction
+
+from scheduler.types import DigitalTwinEvent, EventStatus, OutboundMessage
+
+MAX_ERROR_LENGTH = 4000
+
+
+def error_text(exc: BaseException) -> str:
+    """``last_error`` for an exception: its type and message, storable in a text column."""
+    message = f"{type(exc).__name__}: {exc}".replace("\x00", "\\0")
+    return message[:MAX_ERROR_LENGTH]
+
+
+@dataclass(frozen=True)
+class ClaimedEvent:
+    """A row taken by a claim, locked until its batch ends."""
+
+    id: str
+    event_type: str
+    user_id: str
+    community_id: str | None
+    trigger_at: datetime
+    facts: dict[str, Any]
+
+    def as_event(self) -> DigitalTwinEvent:
+        """The stored facts become a DigitalTwinEvent, exactly as a live event would (REQ-0066)."""
+        return DigitalTwinEvent(
+            event_type=self.event_type,
+            user_id=self.user_id,
+            community_id=self.community_id,
+            facts=self.facts,
+            scheduled_event_id=self.id,
+        )
+
+
+@dataclass(frozen=True)
+class EventOutcome:
+    """What one claimed event became, with what metrics need (its type and lateness)."""
+
+    id: str
+    status: EventStatus  # dispatched or failed
+    error: str | None = None
+    event_type: str = ""
+    trigger_at: datetime | None = None
+    finished_at: datetime | None = None  # the injected clock's time of the outcome
+
+    @property
+    def lateness(self) -> timedelta | None:
+        """``dispatched_at - trigger_at`` for a dispatched event (the user's measure)."""
+        if self.status != EventStatus.DISPATCHED or self.trigger_at is None or self.finished_at is None:
+            return None
+        return self.finished_at - self.trigger_at
+
+
+def dispatched(event: ClaimedEvent, now: datetime) -> EventOutcome:
+    """The outcome of an event its dispatcher ran through."""
+    return EventOutcome(event.id, EventStatus.DISPATCHED, None, event.event_type, event.trigger_at, now)
+
+
+def failed(event: ClaimedEvent, error: str, now: datetime) -> EventOutcome:
+    """A failed outcome; its row is written with the others when the batch finishes."""
+    return EventOutcome(event.id, EventStatus.FAILED, error, event.event_type, event.trigger_at, now)
+
+
+def outcome_parameters(outcomes: list[EventOutcome]) -> dict[str, list[Any]]:
+    """The ``record_outcomes`` arrays: one element per event, in the batch's order."""
+    return {
+        "ids": [o.id for o in outcomes],
+        "statuses": [o.status for o in outcomes],
+        "errors": [o.error for o in outcomes],
+        "times": [o.finished_at for o in outcomes],
+    }
+
+
+@dataclass
+class Batch:
+    """An open poll: a transaction holding the claimed rows' locks."""
+
+    session: Session
+    events: list[ClaimedEvent]
+    claimed_at: datetime
+    # Rows the claim locked but left alone because their participant was busy elsewhere:
+    # untouched (still pending, no error); the commit releases them for a later poll.
+    skipped: list[str] = field(default_factory=list)
+    position: int = 0
+    outcomes: list[EventOutcome] = field(default_factory=list)
+    outbound: list[OutboundMessage] = field(default_factory=list)
+    closed: bool = False
+    # The optimistic run: the savepoint the events since ``checkpoint_position`` ran under
+    # without savepoints of their own, and how much outbound they had produced.
+    checkpoint: SessionTransaction | None = None
+    checkpoint_position: int = 0
+    checkpoint_outbound: int = 0
+    replayed: int = 0  # dispatcher calls repeated after a failure rolled back to the checkpoint
+
+    @property
+    def remaining(self) -> int:
+        return len(self.events) - self.position
+
+
+@dataclass(frozen=True)
+class PollReport:
+    claimed: int
+    outcomes: tuple[EventOutcome, ...]
+    skipped: int = 0  # rows of busy participants, left pending
+
+    @property
+    def dispatched(self) -> int:
+        return sum(o.status == EventStatus.DISPATCHED for o in self.outcomes)
+
+    @property
+    def failed(self) -> int:
+        return sum(o.status == EventStatus.FAILED for o in self.outcomes)

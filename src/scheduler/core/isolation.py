@@ -1,0 +1,166 @@
+"""Per-event isolation inside one batch transaction (REQ-0067), and the batch's end.
+
+Isolation. The claim's row locks (``FOR UPDATE SKIP LOCKED``) must be held until each
+row's new status commits, and that status must commit together with the event's effects
+(notifications, deliveries, deduplication keys). So a batch is one transaction, and the
+outcome of every event is exactly what it would be if every event ran inside its own
+SAVEPOINT: whatever an event raises, a Python error or a database error that aborts the
+statement, only its own work is rolled back, its row ends ``failed`` with the error, and
+the next event starts on a healthy transaction.
+
+Cost. A savepoint per event is two extra round trips per event, paid for the rare event
+that fails. So the batch runs optimistically: one savepoint (the *checkpoint*) is taken
+before the first event, and events run under it without savepoints of their own. When an
+event fails (or is refused), the transaction rolls back to the checkpoint, which undoes
+the work of every event since it (the claim's row and participant locks were taken before
+the checkpoint, so they stay held), and those events are replayed, each in its own
+savepoint, with the time they first ran; then the failing event runs once more in its own
+savepoint, where it fails alone exactly as it would have the first time. The next event
+takes a fresh checkpoint. The dispatcher must therefore be safe to call again for an
+event whose first call was rolled back: everything it writes goes through the session it
+is handed, and nothing leaves the process before the batch commits (``Dispatcher``).
+The outcomes are kept in memory and written with one statement when the batch finishes,
+just before its commit (DEC-1 in ``specs/decisions.md``).
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+
+from sqlalchemy.exc import DBAPIError
+
+from scheduler.core.batch import (
+    Batch,
+    ClaimedEvent,
+    EventOutcome,
+    dispatched,
+    error_text,
+    failed,
+    outcome_parameters,
+)
+from scheduler.database.queries import statement
+from scheduler.types import Clock, Dispatcher
+
+logger = logging.getLogger(__name__)
+
+
+def dispatch_next(batch: Batch, dispatcher: Dispatcher, clock: Clock, name: str) -> EventOutcome | None:
+    """Dispatch the batch's next event under its checkpoint; ``None`` when none is left.
+
+    If the event fails, the events since the checkpoint are replayed one savepoint each and
+    it runs again in its own, so its outcome is the one a savepoint of its own would give.
+    ``name`` (the replica's) labels the log lines.
+    """
+    if batch.closed:
+        raise RuntimeError("batch already finished")
+    if batch.remaining == 0:
+        return None
+    event = batch.events[batch.position]
+    batch.position += 1
+    now = clock.now()
+    if batch.checkpoint is None or not batch.checkpoint.is_active:
+        batch.checkpoint = batch.session.begin_nested()
+        batch.checkpoint_position = batch.position - 1
+        batch.checkpoint_outbound = len(batch.outbound)
+    checkpoint = batch.checkpoint
+    try:
+        result = dispatcher(batch.session, event.as_event(), now)
+        if not checkpoint.is_active:
+            raise RuntimeError("the dispatcher ended the transaction it was handed")
+    except Exception as exc:
+        if isinstance(exc, DBAPIError) and exc.connection_invalidated:
+            # The connection is gone (a database restart, a terminated backend): this is
+            # no fault of the event, and nothing can be recorded on this transaction. Let
+            # the poll fail whole with the real cause; the rows are pending again.
+            raise
+        first_error = error_text(exc)
+    else:
+        if result.refusal is None:
+            batch.outbound.extend(result.outbound)
+            outcome = dispatched(event, now)
+            batch.outcomes.append(outcome)
+            return outcome
+        first_error = result.refusal
+    outcome = _replay(batch, dispatcher, event, now, first_error, name)
+    batch.outcomes.append(outcome)
+    return outcome
+
+
+def _replay(batch: Batch, dispatcher: Dispatcher, event: ClaimedEvent, now: datetime, first_error: str,
+            name: str) -> EventOutcome:
+    """``event`` failed under the checkpoint: roll back to it, replay the events since it
+    one savepoint each, then run ``event`` again in a savepoint of its own."""
+    checkpoint, batch.checkpoint = batch.checkpoint, None
+    if checkpoint is None or not checkpoint.is_active:
+        # The dispatcher committed or rolled back the batch's transaction itself: there is
+        # nothing left to roll back to, so the event is recorded failed as it stands.
+        logger.error("%s: dispatch of scheduled event %s failed: %s", name, event.id, first_error)
+        return failed(event, first_error, now)
+    checkpoint.rollback()  # ROLLBACK TO SAVEPOINT: the claim's locks predate it and stay held
+    start = batch.checkpoint_position
+    earlier = batch.outcomes[start:]
+    logger.info("%s: scheduled event %s failed (%s); replaying the %d event(s) before it in the batch, "
+                "one savepoint each", name, event.id, first_error, len(earlier))
+    del batch.outcomes[start:]
+    del batch.outbound[batch.checkpoint_outbound:]
+    for previous, outcome in zip(batch.events[start:batch.position - 1], earlier, strict=True):
+        batch.outcomes.append(_dispatch_isolated(batch, dispatcher, previous, outcome.finished_at or now, name))
+    batch.replayed += len(earlier) + 1
+    return _dispatch_isolated(batch, dispatcher, event, now, name)
+
+
+def _dispatch_isolated(batch: Batch, dispatcher: Dispatcher, event: ClaimedEvent, now: datetime,
+                       name: str) -> EventOutcome:
+    """Run one event inside its own SAVEPOINT: whatever it raises, only its work is undone."""
+    session = batch.session
+    savepoint = session.begin_nested()
+    try:
+        result = dispatcher(session, event.as_event(), now)
+        if not savepoint.is_active:
+            raise RuntimeError("the dispatcher ended the transaction it was handed")
+        if result.refusal is not None:
+            # The sender's error: a live request would get 400/422. Nothing it wrote stays.
+            savepoint.rollback()
+            return failed(event, result.refusal, now)
+        savepoint.commit()
+    except Exception as exc:
+        if isinstance(exc, DBAPIError) and exc.connection_invalidated:
+            raise
+        logger.exception("%s: dispatch of scheduled event %s failed", name, event.id)
+        if savepoint.is_active:
+            savepoint.rollback()
+        return failed(event, error_text(exc), now)
+    batch.outbound.extend(result.outbound)
+    return dispatched(event, now)
+
+
+def commit_batch(batch: Batch) -> None:
+    """Record the batch's outcomes in one statement and commit, releasing its locks.
+
+    Events not yet dispatched (a stop arrived mid-batch) were never touched, so committing
+    releases them still ``pending`` for the next poll.
+    """
+    if batch.closed:
+        raise RuntimeError("batch already finished")
+    batch.closed = True
+    try:
+        if batch.outcomes:
+            batch.session.execute(statement("record_outcomes"), outcome_parameters(batch.outcomes))
+        batch.session.commit()
+    except BaseException:
+        batch.session.rollback()
+        raise
+    finally:
+        batch.session.close()
+
+
+def abort_batch(batch: Batch) -> None:
+    """Roll the batch back: every claimed row is pending again and its effects vanish."""
+    if batch.closed:
+        return
+    batch.closed = True
+    try:
+        batch.session.rollback()
+    finally:
+        batch.session.close()

@@ -1,0 +1,198 @@
+"""One run loop for both runners: an asyncio task (``Scheduler.run``) and a thread of its
+own (``Scheduler.run_blocking``).
+
+The loop body is written once, as a coroutine over a ``Waits`` strategy: the strategy runs
+a poll and waits for the earliest of stop, a wake-up and a deadline; nothing else differs.
+``AsyncioWaits`` awaits for real. ``ThreadWaits`` blocks inside methods that never suspend,
+so ``run_to_completion`` drives the very same coroutine with a single ``send``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any, Protocol
+
+import anyio
+import anyio.to_thread
+
+from scheduler.core.batch import PollReport
+from scheduler.core.health import SchedulerHealth
+from scheduler.core.pacing import Pacing, interval_after, polls_again_at_once
+from scheduler.types import Clock, SchedulerMode
+
+# ThreadWaits in prompt mode checks its stop event at least this often (see ThreadWaits).
+STOP_SLICE_SECONDS = 0.02
+
+Poll = Callable[[Callable[[], bool]], PollReport | None]
+
+
+class LoopState:
+    """Whether the loop is between polls, announced on a condition so that nobody (a test,
+    the simulation) has to sleep to see a change."""
+
+    def __init__(self) -> None:
+        self.waiting = False
+        self._condition = threading.Condition()
+
+    def changed(self, *, waiting: bool | None = None) -> None:
+        with self._condition:
+            if waiting is not None:
+                self.waiting = waiting
+            self._condition.notify_all()
+
+    def wait_for(self, predicate: Callable[[], bool], timeout: float) -> bool:
+        with self._condition:
+            return self._condition.wait_for(predicate, timeout)
+
+
+class Paced(Protocol):
+    """What the run loop drives: a poll that never raises, and what paces it."""
+
+    mode: SchedulerMode
+    poll_seconds: float
+    batch_size: int
+    clock: Clock
+    health: SchedulerHealth
+    pacing: Pacing
+    state: LoopState
+
+    def poll_guarded(self, should_stop: Callable[[], bool]) -> PollReport | None: ...
+
+
+class Waits(Protocol):
+    """How one runner polls and waits: the only part of the loop that differs."""
+
+    def stopped(self) -> bool: ...
+
+    def interrupt(self) -> None:
+        """End the current wait early (thread-safe; a wake-up or a recheck)."""
+
+    def clear(self) -> None:
+        """Forget interrupts that came before the wait about to be computed."""
+
+    async def poll(self, poll: Poll) -> PollReport | None: ...
+
+    async def breathe(self) -> None:
+        """Between two polls with no wait between them."""
+
+    async def wait(self, seconds: float) -> bool:
+        """Wait until stop, an interrupt, or ``seconds``; False when the time ran out."""
+
+
+async def run_loop(loop: Paced, waits: Waits) -> None:
+    """Poll until stopped. Literal mode waits ``poll_seconds`` after every poll (REQ-0065);
+    prompt mode polls again at once after a full batch and otherwise waits for the earliest
+    of the interval, the next pending trigger and a wake-up."""
+    loop.health.started(loop.clock.now())
+    loop.pacing.attach(waits.interrupt)
+    try:
+        while not waits.stopped():
+            report = await waits.poll(loop.poll_guarded)
+            if waits.stopped():
+                break
+            if polls_again_at_once(loop.mode, loop.batch_size, report):
+                await waits.breathe()
+                continue
+            real_deadline = time.monotonic() + interval_after(loop.mode, loop.poll_seconds, report)
+            while not waits.stopped():
+                waits.clear()
+                seconds = loop.pacing.wait_seconds(loop.mode, loop.clock, real_deadline)
+                if seconds <= 0:
+                    break
+                loop.state.changed(waiting=True)
+                if not await waits.wait(seconds) and loop.mode is SchedulerMode.LITERAL:
+                    break  # the interval is over (a literal wait is bounded by nothing else)
+            loop.state.changed(waiting=False)
+    finally:
+        loop.pacing.attach(None)
+        loop.pacing.waiting_until = None
+        loop.health.running = False
+        loop.state.changed(waiting=False)
+
+
+class AsyncioWaits:
+    """Waits of an asyncio task: the poll runs in a worker thread, every wait is on ``stop``
+    itself, so shutdown is immediate however long the wait."""
+
+    def __init__(self, stop: asyncio.Event) -> None:
+        self.stop = stop
+        self._loop = asyncio.get_running_loop()
+        self._wake = asyncio.Event()
+        # A thread limiter of its own: requests that fill the default threadpool (their
+        # limiter) cannot keep a poll waiting for a thread.
+        self._limiter = anyio.CapacityLimiter(1)
+
+    def stopped(self) -> bool:
+        return self.stop.is_set()
+
+    def interrupt(self) -> None:
+        self._loop.call_soon_threadsafe(self._wake.set)
+
+    def clear(self) -> None:
+        self._wake.clear()
+
+    async def poll(self, poll: Poll) -> PollReport | None:
+        return await anyio.to_thread.run_sync(poll, self.stop.is_set, limiter=self._limiter)
+
+    async def breathe(self) -> None:
+        await asyncio.sleep(0)  # let the event loop breathe between batches
+
+    async def wait(self, seconds: float) -> bool:
+        waiters = {asyncio.ensure_future(self.stop.wait()), asyncio.ensure_future(self._wake.wait())}
+        try:
+            done, _ = await asyncio.wait(waiters, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in waiters:
+                waiter.cancel()
+        return bool(done)
+
+
+class ThreadWaits:
+    """Waits of a thread of its own. Its methods block and never suspend.
+
+    A thread cannot wait on two events at once, and ``stop`` belongs to the caller (it may
+    be any ``threading.Event``). Where wake-ups matter (prompt mode) the wait is on the
+    wake-up event, in slices of at most ``STOP_SLICE_SECONDS`` with ``stop`` checked in
+    between; in literal mode, which has no wake-ups, it is one ``stop.wait`` per wait, so a
+    stop ends it at once (and a stop event that counts its waits, the simulation's
+    ``PollBudget``, sees exactly one per poll).
+    """
+
+    def __init__(self, stop: threading.Event, mode: Callable[[], SchedulerMode]) -> None:
+        self.stop = stop
+        self._mode = mode
+        self._wake = threading.Event()
+
+    def stopped(self) -> bool:
+        return self.stop.is_set()
+
+    def interrupt(self) -> None:
+        self._wake.set()
+
+    def clear(self) -> None:
+        self._wake.clear()
+
+    async def poll(self, poll: Poll) -> PollReport | None:
+        return poll(self.stop.is_set)
+
+    async def breathe(self) -> None:
+        return None
+
+    async def wait(self, seconds: float) -> bool:
+        if self._mode() is SchedulerMode.LITERAL:
+            return self.stop.wait(seconds)
+        # One slice; the loop checks stop and computes the wait afresh after it.
+        return self._wake.wait(min(seconds, STOP_SLICE_SECONDS))
+
+
+def run_to_completion(coroutine: Coroutine[Any, Any, None]) -> None:
+    """Drive a coroutine that never suspends (the run loop over ``ThreadWaits``) in this thread."""
+    try:
+        coroutine.send(None)
+    except StopIteration:
+        return
+    coroutine.close()
+    raise RuntimeError("the run loop suspended in a thread of its own")
