@@ -45,7 +45,7 @@ def _numeric(param: Param) -> bool:
 
 def _no_5xx(target: Target, answer: Answer, sent: object) -> None:
     assert answer.error is None, f"{target.label} {sent!r}: {answer.error!r}"
-    if (target.template, answer.status) == ("/health/scheduler", 503):
+    if answer.status == 503 and target.template in ("/health/scheduler", "/admin/health/scheduler"):
         return  # documented: no loop runs in this test's service (it is stepped by hand)
     assert answer.status < 500, f"{target.label} {sent!r}: {answer.status} {answer.text[:300]}"
     if 400 <= answer.status < 500 and not target.is_console:
@@ -90,7 +90,7 @@ def test_every_route_declares_its_query_parameters_and_the_schema_shows_them(ser
         documented += 1
         in_schema = {p["name"]: p["schema"] for p in operation.get("parameters", []) if p["in"] == "query"}
         assert in_schema == {name: param.schema for name, param in target.params.items()}, target.label
-    assert documented == 18
+    assert documented == 19  # every API operation (the console's pages are not API operations)
     assert {"limit", "before_id"} <= {n for t in listed if t.template == "/admin/audit" for n in t.params}
 
 

@@ -52,6 +52,7 @@ from scheduler.types import (
 )
 from scheduler.web.admin import Operations
 from scheduler.web.auth import JWTBackend, TokenVerifier, on_auth_error, require
+from scheduler.web.health import health_routes
 from scheduler.web.http import (
     HTTPRefusal,
     Unprocessable,
@@ -75,7 +76,6 @@ from scheduler.web.schemas import (
     RuleRefusalOut,
     ScheduledEventIn,
     ScheduledEventOut,
-    SchedulerHealthOut,
 )
 
 logger = logging.getLogger(__name__)
@@ -211,7 +211,7 @@ class SchedulerService:
     def routes(self) -> list[BaseRoute]:
         return [
             Route("/health", self.health, methods=["GET"]),
-            Route("/health/scheduler", self.scheduler_health, methods=["GET"]),
+            *health_routes(self),
             Route("/openapi.json", self.openapi, methods=["GET"], include_in_schema=False),
             Route("/admin/scheduled-events", self.create_scheduled_event, methods=["POST"]),
             Route("/admin/scheduled-events", self.list_scheduled_events, methods=["GET"]),
@@ -281,31 +281,6 @@ class SchedulerService:
     @declares()
     async def health(self, request: Request) -> Response:
         return respond(HealthOut(status="ok"))
-
-    @declares()
-    async def scheduler_health(self, request: Request) -> Response:
-        """Liveness of the loop: 503 once the task has exited, its last poll failed (the
-        error is in ``last_error``), or polls have stopped; 200 again after a good poll."""
-        snapshot: dict[str, Any] = self.scheduler.health.snapshot()
-        snapshot["running"] = self.loop_alive
-        stale = self.scheduler.is_stale(self.clock.now())
-        snapshot["stale"] = stale
-        snapshot["poll_seconds"] = self.scheduler.poll_seconds
-        snapshot["mode"] = str(self.scheduler.mode)
-        snapshot["wakeups"] = self.wakeups()
-        healthy = self.loop_alive and not stale and self.scheduler.health.consecutive_failures == 0
-        return respond(SchedulerHealthOut.model_validate(snapshot), 200 if healthy else 503)
-
-    def wakeups(self) -> dict[str, Any]:
-        """How this replica's loop is woken: on its interval only (literal), by LISTEN, or
-        by timed wake-ups where LISTEN is unavailable (with the reason)."""
-        if self.scheduler.mode is SchedulerMode.LITERAL:
-            return {"by": "interval"}
-        if not self.settings.listen:
-            return {"by": "timer", "reason": "SCHEDULER_LISTEN is false"}
-        if self.listener.available:
-            return {"by": "listen", "next_wake_at": _iso(self.scheduler.waiting_until)}
-        return {"by": "timer", "reason": self.listener.reason, "next_wake_at": _iso(self.scheduler.waiting_until)}
 
     @declares()
     async def openapi(self, request: Request) -> Response:
@@ -445,10 +420,6 @@ class SchedulerService:
             now=self.clock.now(),
         )
         return respond(PreferencesOut.model_validate(row))
-
-
-def _iso(value: datetime | None) -> str | None:
-    return value.isoformat() if value else None
 
 
 async def _refused(request: Request, exc: Exception) -> Response:

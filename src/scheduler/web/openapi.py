@@ -29,6 +29,7 @@ from scheduler.web.schemas import (
     RuleRefusalOut,
     ScheduledEventIn,
     ScheduledEventOut,
+    SchedulerHealthDetailOut,
     SchedulerHealthOut,
     ValidationErrorOut,
 )
@@ -37,7 +38,7 @@ MODELS: tuple[type[BaseModel], ...] = (
     ScheduledEventIn, LiveEventIn, PreferencesIn, ScheduledEventOut, NotificationOut,
     IngestOut, DuplicateOut, PreferencesOut, SchedulerHealthOut, HealthOut, ErrorOut,
     ValidationErrorOut, FactsContractErrorOut, RuleRefusalOut, ReplicaOut, OperatorActionOut,
-    HistoryEntryOut, CancelConflictOut, InboxNotificationOut, InboxPageOut,
+    HistoryEntryOut, CancelConflictOut, InboxNotificationOut, InboxPageOut, SchedulerHealthDetailOut,
 )
 
 
@@ -72,11 +73,19 @@ MISSING_FACTS = "REQ-0063: facts absent, null or empty ({detail: 'Missing facts 
 OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
     ("/health", "get"): {"summary": "Liveness", "responses": {"200": _json(HealthOut, "alive"), **BAD_TOKEN}},
     ("/health/scheduler", "get"): {
-        "summary": "Is the polling loop alive and polling?",
+        "summary": "Is the polling loop healthy, and why (no error text: that is /admin/health/scheduler)",
         "responses": {
-            "200": _json(SchedulerHealthOut, "the loop runs and polled recently"),
-            "503": _json(SchedulerHealthOut, "the loop task exited, its last poll failed (a database outage), or no poll completed in three intervals"),
+            "200": _json(SchedulerHealthOut, "state running: the loop runs and polled recently"),
+            "503": _json(SchedulerHealthOut, "state stopped (the loop task exited or never started), failing (its last poll failed: a database outage) or stale (no poll completed in three intervals); reason says which in words"),
             **BAD_TOKEN,
+        },
+    },
+    ("/admin/health/scheduler", "get"): {
+        "summary": "The loop's health with the last poll's error (permission: admin)",
+        "responses": {
+            **ERRORS,
+            "200": _json(SchedulerHealthDetailOut, "state running"),
+            "503": _json(SchedulerHealthDetailOut, "state stopped, failing or stale; last_error is the last failed poll's error"),
         },
     },
     ("/admin/scheduled-events", "post"): {

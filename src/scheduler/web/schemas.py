@@ -210,10 +210,14 @@ class WakeupsOut(_Out):
 
 
 class SchedulerHealthOut(_Out):
+    """``GET /health/scheduler`` (open): is the loop healthy and why, without error text."""
+
+    status: Literal["healthy", "unhealthy"]
+    state: Literal["running", "stale", "failing", "stopped"]
+    reason: str
     running: bool
     started_at: Timestamp | None
     last_poll_at: Timestamp | None
-    last_error: str | None
     last_error_at: Timestamp | None
     polls: int
     dispatched: int
@@ -224,6 +228,12 @@ class SchedulerHealthOut(_Out):
     poll_seconds: float
     mode: SchedulerMode
     wakeups: WakeupsOut
+
+
+class SchedulerHealthDetailOut(SchedulerHealthOut):
+    """``GET /admin/health/scheduler`` (admin): the same, with the last poll's error."""
+
+    last_error: str | None
 
 
 class ReplicaOut(_Out):
