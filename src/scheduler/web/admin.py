@@ -27,6 +27,7 @@ from scheduler.web.console import Console
 from scheduler.web.http import respond
 from scheduler.web.params import Param, declares, query
 from scheduler.web.schemas import OperatorActionOut, ReplicaOut
+from scheduler.web.sse import Streams
 
 MAX_ACTION_ID = 2**63 - 1  # operator_actions.id is a bigint
 
@@ -35,14 +36,16 @@ class Operations:
     """What an operator watches and does: wired to one service's database, clock and loop."""
 
     def __init__(self, settings: Settings, sessions: sessionmaker[Session], clock: Clock,
-                 scheduler: Scheduler, verifier: TokenVerifier, loop_alive: Callable[[], bool]) -> None:
+                 scheduler: Scheduler, verifier: TokenVerifier, loop_alive: Callable[[], bool],
+                 streams: Streams | None = None) -> None:
         self.settings = settings
         self.sessions = sessions
         self.clock = clock
         # On the loop's own pool: requests that hold every API connection never delay it.
         self.heartbeat = Heartbeat(scheduler.sessions, clock)
         self.metrics = Metrics(sessions, clock, loop_alive)
-        self.console = Console(sessions, clock, verifier, refresh_seconds=settings.console_refresh_seconds)
+        self.console = Console(sessions, clock, verifier, refresh_seconds=settings.console_refresh_seconds,
+                               streams=streams)
         scheduler.poll_hooks.extend([self.heartbeat, self.metrics])
 
     def routes(self) -> list[BaseRoute]:

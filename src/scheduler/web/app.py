@@ -77,6 +77,7 @@ from scheduler.web.schemas import (
     ScheduledEventIn,
     ScheduledEventOut,
 )
+from scheduler.web.sse import Streams
 
 logger = logging.getLogger(__name__)
 
@@ -162,8 +163,10 @@ class SchedulerService:
         self._task: asyncio.Task[None] | None = None
         self._stop: asyncio.Event | None = None
         # Heartbeats, metrics, the operator API and the console (issue 9).
+        # Every open stream (the inbox's, the console's): ended at once when the server stops.
+        self.streams = Streams()
         self.operations = Operations(self.settings, self.sessions, self.clock, self.scheduler, self.verifier,
-                                     lambda: self.loop_alive)
+                                     lambda: self.loop_alive, self.streams)
         self._check_security()
         self.app = Starlette(
             routes=self.routes(),
@@ -248,6 +251,7 @@ class SchedulerService:
         self.scheduler.announce(trigger_at)
 
     async def start(self) -> None:
+        self.streams.reopen()
         if self.listener.has_subscribers and not self.listener.running:
             await run_in_threadpool(self.listener.start)
         if not self.run_scheduler or self._task is not None:
@@ -259,6 +263,7 @@ class SchedulerService:
     async def stop(self) -> None:
         """Set the loop's stop event and wait for the loop to return (it is never cancelled);
         then stop the listener and dispose of the engines this service created."""
+        self.streams.close_all()  # any stream still open ends now (``serve`` ended them earlier)
         if self._task is not None and self._stop is not None:
             self._stop.set()
             with contextlib.suppress(Exception):

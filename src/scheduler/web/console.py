@@ -13,18 +13,20 @@ import asyncio
 import functools
 import json
 import secrets
+from collections.abc import AsyncIterator
 from datetime import datetime
 from importlib.resources import files
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
+import anyio
 import jwt
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
+from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 from scheduler.application import audit
@@ -48,6 +50,7 @@ from scheduler.web.console_auth import (
 )
 from scheduler.web.lifecycle import event_history
 from scheduler.web.params import Endpoint, Param, Unprocessable, declares, query, text_param
+from scheduler.web.sse import Streams, wait_or_close
 
 PACKAGE = Path(str(files("scheduler.web")))
 STATIC = PACKAGE / "static"
@@ -69,8 +72,10 @@ class Console:
     """The console's routes, bound to the service's database, clock and token verifier."""
 
     def __init__(self, sessions: sessionmaker[Session], clock: Clock, verifier: TokenVerifier,
-                 *, refresh_seconds: float = 2.0, stream_seconds: float = 300.0) -> None:
+                 *, refresh_seconds: float = 2.0, stream_seconds: float = 300.0,
+                 streams: Streams | None = None) -> None:
         self.sessions = sessions
+        self.streams = streams or Streams()
         self.clock = clock
         self.verifier = verifier
         self.refresh_seconds = refresh_seconds
@@ -187,7 +192,7 @@ class Console:
         A stream ends after ``stream_seconds`` (the browser's EventSource reconnects)."""
         once = query(request)["once"]
 
-        async def events() -> Any:
+        async def events(closing: anyio.Event) -> AsyncIterator[str]:
             loop = asyncio.get_running_loop()
             deadline = loop.time() + self.stream_seconds
             while True:
@@ -195,12 +200,12 @@ class Console:
                 yield f"event: overview\ndata: {json.dumps(data, default=str)}\n\n"
                 if once or loop.time() >= deadline:
                     return
-                await asyncio.sleep(self.refresh_seconds)
+                if await wait_or_close(closing, self.refresh_seconds):
+                    return  # the server stops: the stream ends with a retry hint
                 if await request.is_disconnected():
                     return
 
-        return StreamingResponse(events(), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
+        return self.streams.response(events)
 
     # -- events ------------------------------------------------------------------------
 

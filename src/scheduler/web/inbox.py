@@ -34,11 +34,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import anyio
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, Response, StreamingResponse
+from starlette.responses import HTMLResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from scheduler.core.store import _jsonable
@@ -48,6 +49,7 @@ from scheduler.web.auth import PARTICIPANT, Principal, require
 from scheduler.web.http import respond
 from scheduler.web.params import Param, declares, query, stream_id
 from scheduler.web.schemas import InboxPageOut
+from scheduler.web.sse import RETRY_MS
 
 if TYPE_CHECKING:
     from scheduler.web.app import SchedulerService
@@ -283,31 +285,43 @@ def _event(row: dict[str, Any]) -> str:
     return f"id: {row['stream_seq']}\nevent: notification\ndata: {data}\n\n"
 
 
-async def sse_stream(inbox: Inbox, user_id: str, after: int) -> AsyncIterator[str]:
-    """The stream of one client: what it missed after ``after``, then live rows, heartbeats."""
+async def sse_stream(inbox: Inbox, user_id: str, after: int, closing: anyio.Event | None = None) -> AsyncIterator[str]:
+    """The stream of one client: what it missed after ``after``, then live rows, heartbeats;
+    it returns as soon as ``closing`` is set (the server stops: see scheduler.web.sse)."""
+    closing = closing or anyio.Event()
     subscriber = await inbox.subscribe(user_id)  # first, so nothing committed from now on is missed
+    closer: asyncio.Future[Any] = asyncio.ensure_future(closing.wait())
+    getter: asyncio.Future[dict[str, Any]] | None = None
     try:
-        yield "retry: 1000\n: connected\n\n"
+        yield f"retry: {RETRY_MS}\n: connected\n\n"
         last = after
-        while True:  # the replay: everything after the client's last id, from the table
+        while not closing.is_set():  # the replay: everything after the client's last id, from the table
             rows = await run_in_threadpool(_replay, inbox.sessions, user_id, last, REPLAY_LIMIT)
             for row in rows:
                 last = int(row["stream_seq"])
                 yield _event(row)
             if len(rows) < REPLAY_LIMIT:
                 break
-        while True:
+        while not closing.is_set():
             if subscriber.dropped and subscriber.queue.empty():
                 return  # too slow: end; the client reconnects with Last-Event-ID
-            try:
-                row = await asyncio.wait_for(subscriber.queue.get(), timeout=inbox.heartbeat_seconds)
-            except TimeoutError:
-                yield ": heartbeat\n\n"
+            if getter is None:
+                getter = asyncio.ensure_future(subscriber.queue.get())
+            waiting: set[asyncio.Future[Any]] = {getter, closer}
+            done, _ = await asyncio.wait(waiting, timeout=inbox.heartbeat_seconds,
+                                         return_when=asyncio.FIRST_COMPLETED)
+            if getter not in done:
+                if closer not in done:
+                    yield ": heartbeat\n\n"
                 continue
+            row, getter = getter.result(), None
             if int(row["stream_seq"]) > last:  # the replay may already have sent it
                 last = int(row["stream_seq"])
                 yield _event(row)
     finally:
+        for task in (getter, closer):
+            if task is not None:
+                task.cancel()
         inbox.unsubscribe(subscriber)
 
 
@@ -366,8 +380,8 @@ def inbox_routes(service: SchedulerService) -> list[BaseRoute]:
         # hide every new notification until the numbers caught up: start from the head
         if after < 0 or after > head:
             after = head
-        headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-        return StreamingResponse(sse_stream(inbox, user_id, after), media_type="text/event-stream", headers=headers)
+        return service.streams.response(lambda closing: sse_stream(inbox, user_id, after, closing),
+                                        headers={"Cache-Control": "no-cache"})
 
     @declares()
     async def page(request: Request) -> Response:
