@@ -117,6 +117,7 @@ def _ends_with_retry_hint(lines: list[str]) -> None:
 
 
 @pytest.mark.clause("RESTART-1")
+@pytest.mark.clause("DEC-SSE")
 def test_sigterm_ends_open_inbox_and_console_streams_at_once_and_exits_quietly(
     replicas: tuple[Replica, Replica]
 ) -> None:
@@ -206,6 +207,7 @@ async def _serve_one(streams: Streams, inbox: Inbox, sent: list[bytes], done: as
 
 
 @pytest.mark.clause("RESTART-3")
+@pytest.mark.clause("DEC-SSE")
 def test_closing_the_streams_ends_an_open_response_with_the_retry_hint_and_new_ones_at_once(
     monkeypatch: pytest.MonkeyPatch
 ) -> None:
