@@ -342,11 +342,12 @@ def cmd_rules_list(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _positive_int(raw: str) -> int:
-    """An argparse type: a whole number of at least 1."""
-    try:
-        value = int(raw)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a whole number, got {raw!r}") from None
+    """An argparse type: a whole number of at least 1, in ASCII digits (as the API reads them)."""
+    from scheduler.web.params import digits_value
+
+    value = digits_value(raw, 18)
+    if value is None:
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {raw!r}")
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value

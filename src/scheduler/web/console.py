@@ -49,7 +49,15 @@ from scheduler.web.console_auth import (
     signin_nonce_ok,
 )
 from scheduler.web.lifecycle import event_history
-from scheduler.web.params import Endpoint, Param, Unprocessable, declares, query, text_param
+from scheduler.web.params import (
+    Endpoint,
+    Param,
+    Unprocessable,
+    declares,
+    query,
+    text_param,
+    whole_number,
+)
 from scheduler.web.sse import Streams, wait_or_close
 
 PACKAGE = Path(str(files("scheduler.web")))
@@ -298,8 +306,8 @@ class Console:
         try:
             where = audit.EventFilter.from_mapping(fields)
             as_of = audit.parse_time("as_of", fields.get("as_of"))
-            expected = int(fields.get("expected", ""))
-        except (audit.FilterError, ValueError) as exc:
+            expected = whole_number("expected", fields.get("expected", ""), low=0, high=2**63 - 1)
+        except (audit.FilterError, Unprocessable) as exc:
             return self.page(request, "error.html", {"message": f"bad bulk reset form: {exc}"}, 422)
         reason = fields.get("reason", "").strip()[:2000]
         if as_of is None or not reason:
