@@ -346,6 +346,8 @@ def _positive_int(raw: str) -> int:
     from scheduler.web.params import digits_value
 
     value = digits_value(raw, 18)
+    if value is None and raw.startswith("-") and digits_value(raw[1:], 18) is not None:
+        value = -int(raw[1:])  # a negative number: say what the least is
     if value is None:
         raise argparse.ArgumentTypeError(f"must be a whole number, got {raw!r}")
     if value < 1:
