@@ -6,7 +6,6 @@ import argparse
 import contextlib
 import errno
 import getpass
-import importlib
 import json
 import logging
 import os
@@ -17,6 +16,7 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from scheduler import extensions
 from scheduler.config import ConfigError, Settings
 
 Command = Callable[[argparse.Namespace, Settings], int]
@@ -442,24 +442,13 @@ def build_parser() -> argparse.ArgumentParser:
     rules_list.add_argument("--json", action="store_true", help="print JSON")
     rules_list.set_defaults(func=cmd_rules_list)
 
-    _add_extensions(sub)
+    extensions.register(sub)  # simulate, bench: imported only when they run
     return parser
-
-
-EXTENSIONS = (("harness.cli", "add_simulate_command"), ("bench.cli", "add_bench_command"))
-
-
-def _add_extensions(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Commands that live in the other packages of this distribution (the simulation
-    harness, the benchmarks). They ship together, so a failing import is a bug to report,
-    never a reason to drop the subcommand silently."""
-    for module_name, hook in EXTENSIONS:
-        getattr(importlib.import_module(module_name), hook)(sub)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = extensions.parse_args(parser, argv)
     # A read prints only its answer: the embedded server's and Alembic's INFO lines appear
     # with --verbose; serve keeps INFO, since its log is what an operator watches.
     quiet = logging.INFO if args.command == "serve" else logging.WARNING

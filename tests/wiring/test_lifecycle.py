@@ -20,7 +20,7 @@ import pytest
 from sqlalchemy import Engine, text
 from starlette.testclient import TestClient
 
-from scheduler import cli
+from scheduler import cli, extensions
 from scheduler.core.clock import SystemClock
 from tests.conftest import T0, TEST_SECRET, token
 from tests.helpers import DEADLINE_SECONDS, event_body, eventually, statuses
@@ -120,11 +120,17 @@ def test_importing_the_rules_pulls_in_no_web_framework_migrations_or_jwt() -> No
 @pytest.mark.clause("WIRE-7")
 def test_a_subcommand_whose_module_is_broken_fails_loudly(monkeypatch: pytest.MonkeyPatch) -> None:
     """WIRE-7: a broken import in an extension (``simulate``, ``bench``) is an error naming
-    it, not a subcommand that silently disappears."""
-    monkeypatch.setattr(cli, "EXTENSIONS", (("harness.cli", "add_simulate_command"),
-                                            ("scheduler.no_such_module", "add_command")))
+    it when that subcommand runs, not a subcommand that silently disappears; the other
+    commands (and ``--help``) never import it, so it cannot stop them."""
+    broken = (extensions.Extension("simulate", "scheduler.no_such_module", "add_command", "the simulation"),
+              extensions.Extension("bench", "bench.no_such_module", "add_command", "benchmarks", checkout_only=True))
+    monkeypatch.setattr(extensions, "EXTENSIONS", broken)
+    help_text = cli.build_parser().format_help()
+    assert "simulate" in help_text and "bench" in help_text
     with pytest.raises(ImportError, match="no_such_module"):
-        cli.build_parser()
+        cli.main(["simulate", "--steps", "1"])
+    with pytest.raises(ImportError, match=r"bench\.no_such_module"):
+        cli.main(["bench", "claim"])  # a checkout's bench/ is found, and its broken module still fails
     monkeypatch.undo()
     help_text = cli.build_parser().format_help()
     assert "simulate" in help_text and "bench" in help_text

@@ -148,7 +148,8 @@ def resolve_database_url(settings: Settings) -> str:
 
 
 def make_engine(url: str, settings: Settings | None = None, **kwargs: Any) -> Engine:
-    """An engine with the service's timeouts on every connection.
+    """An engine with the service's timeouts on every connection (``settings``, or
+    ``Settings.from_env()`` when none are given).
 
     ``statement_timeout`` and ``lock_timeout`` bound how long one stuck statement (an
     operator holding a lock, say) can hold up a request or a poll; ``pool_pre_ping``
@@ -162,7 +163,8 @@ def make_engine(url: str, settings: Settings | None = None, **kwargs: Any) -> En
     ``SET LOCAL``, at its start) instead of in the ``options`` startup parameter, which
     PgBouncer refuses ("unsupported startup parameter: options").
     """
-    settings = settings or Settings()
+    # Without settings, the environment's, like every other part of the service.
+    settings = settings if settings is not None else Settings.from_env()
     connect_args: dict[str, Any] = {"connect_timeout": 10}
     if settings.transaction_pooling:
         connect_args["prepare_threshold"] = None
