@@ -21,9 +21,11 @@ from starlette.testclient import TestClient
 
 from bench.claim import percentile
 from bench.env import NOW, Server, bench_engine, bench_sql, checkpoint, load_events, progress
+from scheduler.application.events import Cursor, EventOrder
 from scheduler.config import Settings
 from scheduler.core.clock import ManualClock
 from scheduler.database.queries import statement
+from scheduler.types import EventStatus
 from scheduler.web.app import SchedulerService
 from scheduler.web.auth import mint_token
 from scheduler.web.console_auth import COOKIE
@@ -36,7 +38,8 @@ PAGES = {
     "events: status=pending": "/console/events?status=pending",
     "events: no filter": "/console/events",
     "events: one participant": "/console/events?user_id=user-42",
-    "events: failed, next page": "/console/events?status=failed&after_at=2026-11-29T09%3A00%3A00%2B00%3A00&after_id=old-500000",
+    "events: failed, next page": "/console/events?status=failed&cursor="
+                                 + Cursor(EventOrder.CHANGED_DESC, NOW - timedelta(days=1), "old-500000").encode(),
 }
 
 
@@ -53,7 +56,8 @@ def _query_times(service: SchedulerService, samples: int) -> dict[str, float]:
     """Median ms of each overview query on its own."""
     queries: dict[str, dict[str, Any]] = {
         "backlog_gauges": {"now": NOW}, "count_pending": {}, "count_failed": {}, "estimate_events": {},
-        "count_dispatched (not run past 200,000 rows)": {},
+        "estimate_events_by_status": {},
+        "count_events_by_status (not run past 200,000 rows)": {"statuses": [str(s) for s in EventStatus]},
         "lateness_percentiles": {"since": NOW - timedelta(hours=1), "now": NOW},
         "failures_by_kind": {"since": NOW - timedelta(hours=24), "sample": 10_000},
         "count_failed_since": {"since": NOW - timedelta(hours=24)}, "list_replicas": {"now": NOW},

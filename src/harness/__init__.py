@@ -8,6 +8,7 @@ deliberate bug each, which the invariants must catch. See docs/simulation.md.
 One concept per module:
 
 - ``simulation``: a run, its step API (what the drivers call) and its bookkeeping;
+- ``types``: ``RunContext``, what the steps see of a run (``Simulation`` is one), and ``Violation``;
 - ``posts``: the API side (posts in one or two steps, resets by hand, cancels);
 - ``phases``: a replica's claim, dispatch, finish and stop, one phase per step;
 - ``run_steps``: a replica running the production loop (literal or prompt mode);
@@ -17,12 +18,13 @@ One concept per module:
 - ``teardown``: ending a run in any state, and what it suppresses;
 - ``model``, ``observer``, ``actors``, ``faults``, ``broken``, ``driver``, ``cli``: the model
   of REQ-0063 to REQ-0067, the observer's connection, the actor threads, event faults, the
-  broken variants (their SQL rewrites and the guard that fails when the SQL they target
-  changes), the random driver, and ``scheduler simulate``.
+  broken variants (their SQL rewrites, built when a run asks for the variant, and the guard
+  that fails when the SQL they target changes), the random driver, and ``scheduler simulate``.
 """
 
 from harness.broken import VARIANTS, Variant
 from harness.settle import HarnessError
-from harness.simulation import T0, Simulation, Violation
+from harness.simulation import T0, Simulation
+from harness.types import Violation
 
 __all__ = ["T0", "VARIANTS", "HarnessError", "Simulation", "Variant", "Violation"]

@@ -4,6 +4,11 @@ Each variant is the production scheduler with one classic mistake put back in, a
 to the real code as possible: most rewrite a statement on the broken replica's own
 connection (so ``Scheduler`` itself runs unchanged), one subclasses ``Scheduler``, and
 one replaces the API's atomic upsert. ``expected`` names the invariant that must catch it.
+
+Nothing is built at import: a variant's regex rewrites are compiled and checked against
+queries.sql when a run asks for that variant (``Variant.build_rewrites``), so an edit to
+production's SQL can only fail the variant whose target it removed, never an import of
+the harness (or of the ``scheduler`` command).
 """
 
 from __future__ import annotations
@@ -27,25 +32,33 @@ class VariantNoLongerApplies(RuntimeError):
     """The production SQL changed and a broken variant's rewrite no longer matches it."""
 
 
-def _replace(pattern: str, replacement: str, *, claim_only: bool = True) -> Rewrite:
-    """Rewrite production SQL by regex (the one place where broken variants do). The guard:
-    the pattern must match production's statements now (checked when the variant is
-    built), and a claim-only rewrite must match the claim each time it runs; either way a
+@dataclass(frozen=True)
+class Replace:
+    """A rewrite of production SQL by regex (the one place where broken variants do), made
+    when its variant is built. The guard: the pattern must match production's statements
+    then, and a claim-only rewrite must match the claim each time it runs; either way a
     change to the targeted SQL fails loudly instead of leaving the variant silently correct."""
-    compiled = re.compile(pattern)
-    production = load_queries()
-    if not any(compiled.search(q.sql) for q in production.values()):
-        raise VariantNoLongerApplies(f"{pattern!r} matches no statement of queries.sql any more")
 
-    def rewrite(sql: str, params: Any) -> tuple[str, Any]:
-        if claim_only and not is_claim_statement(sql):
-            return sql, params
-        new, count = compiled.subn(replacement, sql)
-        if claim_only and count == 0:
-            raise VariantNoLongerApplies(f"{pattern!r} is not in the claim statement any more")
-        return new, params
+    pattern: str
+    replacement: str
+    claim_only: bool = True
 
-    return rewrite
+    def build(self) -> Rewrite:
+        """The rewrite, checked against queries.sql now (``VariantNoLongerApplies`` if stale)."""
+        compiled = re.compile(self.pattern)
+        if not any(compiled.search(q.sql) for q in load_queries().values()):
+            raise VariantNoLongerApplies(f"{self.pattern!r} matches no statement of queries.sql any more")
+        replacement, claim_only = self.replacement, self.claim_only
+
+        def rewrite(sql: str, params: Any) -> tuple[str, Any]:
+            if claim_only and not is_claim_statement(sql):
+                return sql, params
+            new, count = compiled.subn(replacement, sql)
+            if claim_only and count == 0:
+                raise VariantNoLongerApplies(f"{compiled.pattern!r} is not in the claim statement any more")
+            return new, params
+
+        return rewrite
 
 
 def _claim_one_more(sql: str, params: Any) -> tuple[str, Any]:
@@ -130,15 +143,30 @@ def read_then_write_end(session: Session, params: Mapping[str, Any], existing: s
 
 @dataclass(frozen=True)
 class Variant:
-    """A scheduler build: production (``correct``) or one deliberate bug."""
+    """A scheduler build: production (``correct``) or one deliberate bug.
+
+    Its description is plain data; its SQL rewrites (a ``Replace`` each, or a function that
+    depends on no statement's text) are made by ``build_rewrites`` when a run uses it.
+    """
 
     name: str
     description: str
     expected: str | None  # the SIM clause that must catch it
-    rewrites: tuple[Rewrite, ...] = ()
+    rewrites: tuple[Replace | Rewrite, ...] = ()
     scheduler_class: type[Scheduler] = Scheduler
     read_then_write: bool = False
     modes: str | None = None  # forces the simulation's modes (a prompt-mode bug needs prompt)
+
+    def build_rewrites(self) -> list[Rewrite]:
+        """The statement rewrites of this variant, each regex checked against queries.sql now;
+        ``VariantNoLongerApplies`` names the one whose target SQL is gone."""
+        built: list[Rewrite] = []
+        for rewrite in self.rewrites:
+            try:
+                built.append(rewrite.build() if isinstance(rewrite, Replace) else rewrite)
+            except VariantNoLongerApplies as exc:
+                raise VariantNoLongerApplies(f"the {self.name} variant no longer applies: {exc}") from exc
+        return built
 
 
 VARIANTS: dict[str, Variant] = {
@@ -146,9 +174,9 @@ VARIANTS: dict[str, Variant] = {
     for v in (
         Variant("correct", "the production scheduler, unchanged", None),
         Variant("no-skip-locked", "the claim locks with FOR UPDATE but without SKIP LOCKED",
-                "SIM-1", rewrites=(_replace(r"FOR UPDATE SKIP LOCKED", "FOR UPDATE"),)),
+                "SIM-1", rewrites=(Replace(r"FOR UPDATE SKIP LOCKED", "FOR UPDATE"),)),
         Variant("order-by-id", "the claim orders by id instead of (trigger_at, id)",
-                "SIM-1", rewrites=(_replace(r"ORDER BY trigger_at, id", "ORDER BY id"),)),
+                "SIM-1", rewrites=(Replace(r"ORDER BY trigger_at, id", "ORDER BY id"),)),
         Variant("batch-of-21", "the claim takes one row more than the batch size (21 for 20)",
                 "SIM-1", rewrites=(_claim_one_more,)),
         Variant("one-transaction", "events run without savepoints: one failure rolls the batch back",
@@ -156,8 +184,8 @@ VARIANTS: dict[str, Variant] = {
         Variant("read-then-write-upsert", "a re-post reads the key, then inserts or updates",
                 "SIM-2", read_then_write=True),
         Variant("cap-without-lock", "no participant advisory locks: the cap is counted unlocked",
-                "SIM-6", rewrites=(_replace(r"pg_advisory_xact_lock\(", "abs(", claim_only=False),
-                                   _replace(r"pg_try_advisory_xact_lock\((t\.k)\)", r"(\1 IS NOT NULL)",
+                "SIM-6", rewrites=(Replace(r"pg_advisory_xact_lock\(", "abs(", claim_only=False),
+                                   Replace(r"pg_try_advisory_xact_lock\((t\.k)\)", r"(\1 IS NOT NULL)",
                                             claim_only=False))),
         Variant("prompt-catch-up", "in prompt mode a full claim takes the next batch too, in the same poll",
                 "SIM-1", scheduler_class=CatchUpScheduler, modes="prompt"),

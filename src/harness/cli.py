@@ -18,7 +18,8 @@ from sqlalchemy.exc import SQLAlchemyError
 from harness.broken import VARIANTS
 from harness.driver import FAULTS, Progress, regression_source, run_random, write_regression
 from harness.settle import HarnessError
-from harness.simulation import MODES, Simulation, Violation
+from harness.simulation import MODES, Simulation
+from harness.types import Violation
 from scheduler.config import Settings
 from scheduler.database.engine import drop_database
 

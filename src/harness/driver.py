@@ -17,7 +17,8 @@ from functools import partial
 from pathlib import Path
 from typing import TextIO
 
-from harness.simulation import Simulation, Violation
+from harness.simulation import Simulation
+from harness.types import Violation
 
 FAULTS = ("event-errors", "poll-errors", "crash", "kill", "stop", "clock")
 

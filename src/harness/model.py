@@ -155,12 +155,16 @@ class Model:
             row.has_dispatched_at = False
         return None
 
-    def apply_reset(self, event_id: str) -> None:
-        """The operator's reset committed: pending again, nothing of the last run kept."""
+    def apply_reset(self, event_id: str, outcome: str) -> str | None:
+        """The operator's reset committed: pending again, nothing of the last run kept (every
+        status is RESETTABLE, so a reset of a stored row always answers ``reset``)."""
+        if outcome != "reset":
+            return f"the reset of {event_id} answered {outcome!r}, but the row exists (expected 'reset')"
         row = self.rows[event_id]
         row.status = "pending"
         row.generation += 1
         row.has_error = row.has_dispatched_at = False
+        return None
 
     # -- batches ----------------------------------------------------------------------------
 

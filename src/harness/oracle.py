@@ -8,18 +8,14 @@ is the run's ``Violation``, raised through the simulation so it is recorded once
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from harness.model import Call
-
-if TYPE_CHECKING:
-    from harness.simulation import Simulation
+from harness.types import RunContext
 
 
 class Oracle:
     """Checks one run's database against its model."""
 
-    def __init__(self, sim: Simulation) -> None:
+    def __init__(self, sim: RunContext) -> None:
         self.sim = sim
 
     def check(self) -> None:

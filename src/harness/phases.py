@@ -8,20 +8,18 @@ the model once it has finished (``settle``), and ``claim_blocked`` judges a wait
 from __future__ import annotations
 
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from harness.actors import Replica
 from harness.faults import InjectedPollFault
+from harness.types import RunContext
 from scheduler.core.loop import Batch
-
-if TYPE_CHECKING:
-    from harness.simulation import Simulation
 
 
 class Phases:
     """The claim, dispatch, finish and stop steps of one run."""
 
-    def __init__(self, sim: Simulation) -> None:
+    def __init__(self, sim: RunContext) -> None:
         self.sim = sim
 
     # -- claim ----------------------------------------------------------------------------

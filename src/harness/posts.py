@@ -15,16 +15,16 @@ import uuid
 from collections.abc import Callable
 from datetime import timedelta
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from harness.actors import Client, Request
 from harness.broken import read_then_write_begin, read_then_write_end
 from harness.model import EVENT_FAULTS, Content
+from harness.types import RunContext
+from scheduler.application import commands
 from scheduler.core import store
-from scheduler.web import lifecycle
 
-if TYPE_CHECKING:
-    from harness.simulation import Simulation
+SIMULATION = commands.Actor("simulation", "simulation")
 
 
 def _minutes(n: int) -> timedelta:
@@ -35,7 +35,7 @@ class Posts:
     """The post, reset and cancel steps of one run (``Simulation.post``, ``begin_post``,
     ``end_post``, ``reset``, ``cancel``)."""
 
-    def __init__(self, sim: Simulation) -> None:
+    def __init__(self, sim: RunContext) -> None:
         self.sim = sim
 
     # -- a request and its row ----------------------------------------------------------
@@ -194,11 +194,13 @@ class Posts:
         """The production store: one atomic insert or upsert by key."""
         return store.store_event(c.sessions, **request.params)
 
-    def write_reset(self, c: Client, event_id: str) -> dict[str, Any] | None:
-        return store.reset_event(c.sessions, event_id, self.sim.now())
+    # The operator's reset and the sender's cancel are production's own commands (audited,
+    # with the same source statuses as every adapter), not a copy of their SQL.
+    def write_reset(self, c: Client, event_id: str) -> commands.ResetResult:
+        return commands.reset(c.sessions, event_id, now=self.sim.now(), actor=SIMULATION)
 
-    def write_cancel(self, c: Client, event_id: str) -> lifecycle.CancelResult:
-        return lifecycle.cancel_event(c.sessions, now=self.sim.now(), event_id=event_id, actor="simulation")
+    def write_cancel(self, c: Client, event_id: str) -> commands.CancelResult:
+        return commands.cancel(c.sessions, now=self.sim.now(), event_id=event_id, actor=SIMULATION)
 
     # -- what their results mean ----------------------------------------------------------
 
@@ -247,7 +249,9 @@ class Posts:
         holder = sim.model.held().get(event_id)
         if holder is not None:
             raise sim.fail("SIM-2", f"a reset of {event_id} finished while replica {holder} holds it")
-        sim.model.apply_reset(event_id)
+        problem = sim.model.apply_reset(event_id, result.outcome)
+        if problem is not None:
+            raise sim.fail("SIM-2", problem)
 
     def cancel_done(self, c: Client, event_id: str, result: Any, error: BaseException | None) -> None:
         sim = self.sim

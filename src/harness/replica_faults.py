@@ -7,20 +7,18 @@ from __future__ import annotations
 
 import contextlib
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from harness.actors import Replica
 from harness.settle import HarnessError
+from harness.types import RunContext
 from scheduler.core.loop import Batch
-
-if TYPE_CHECKING:
-    from harness.simulation import Simulation
 
 
 class ReplicaFaults:
     """The ``fail_next_poll``, ``crash`` and ``kill`` steps of one run."""
 
-    def __init__(self, sim: Simulation) -> None:
+    def __init__(self, sim: RunContext) -> None:
         self.sim = sim
 
     def fail_next_poll(self, replica: int, where: str = "claim") -> bool:

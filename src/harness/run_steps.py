@@ -11,15 +11,13 @@ in prompt mode, ``after_poll`` (the loop's poll hook, which ends the step).
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from harness.actors import Replica
 from harness.faults import PollBudget
 from harness.model import Call
+from harness.types import RunContext
 from scheduler.core.loop import PollReport, Scheduler
-
-if TYPE_CHECKING:
-    from harness.simulation import Simulation
 
 # A prompt-mode run step lets the loop poll again at once after a full batch, at most this
 # many polls; it ends with the first short batch (where the loop would start to wait).
@@ -32,7 +30,7 @@ class _Run:
 
     stop: threading.Event
 
-    def __init__(self, sim: Simulation, r: Replica, stop_after: int | None) -> None:
+    def __init__(self, sim: RunContext, r: Replica, stop_after: int | None) -> None:
         self.sim = sim
         self.r = r
         self.stop_after = stop_after
@@ -65,7 +63,7 @@ class LiteralRun(_Run):
     """One poll of a literal-mode loop (two when the first is armed to fail at its claim),
     stopped after ``stop_after`` events."""
 
-    def __init__(self, sim: Simulation, r: Replica, stop_after: int | None) -> None:
+    def __init__(self, sim: RunContext, r: Replica, stop_after: int | None) -> None:
         super().__init__(sim, r, stop_after)
         self.expected, self.skipped = sim.model.expected_claim(r.index, sim.now(), sim.batch_size)
         sim.model.open_batch(r.index, self.expected, self.skipped)
@@ -135,7 +133,7 @@ class PromptRun(_Run):
     would start to wait. ``after_poll`` (a poll hook) ends the loop there; an armed claim
     fault fails the first poll and a wake-up makes the loop poll again at once."""
 
-    def __init__(self, sim: Simulation, r: Replica, stop_after: int | None) -> None:
+    def __init__(self, sim: RunContext, r: Replica, stop_after: int | None) -> None:
         super().__init__(sim, r, stop_after)
         first, first_skipped = ([], []) if self.armed == "claim" else \
             sim.model.expected_claim(r.index, sim.now(), sim.batch_size)

@@ -25,6 +25,7 @@ from harness.replica_faults import ReplicaFaults
 from harness.run_steps import LiteralRun, PromptRun
 from harness.settle import Settler
 from harness.teardown import close_run
+from harness.types import Violation
 from scheduler.config import Settings
 from scheduler.core import store
 from scheduler.core.clock import ManualClock
@@ -43,16 +44,6 @@ MODES = ("literal", "prompt", "mixed")
 
 # Replicas and clients wait as long as it takes: the harness, not a timeout, ends a wait.
 NO_TIMEOUTS = Settings(statement_timeout_ms=0, lock_timeout_ms=0)
-
-
-class Violation(AssertionError):
-    """An invariant of specs/simulation.md does not hold."""
-
-    def __init__(self, clause: str, message: str, step: int = 0) -> None:
-        super().__init__(f"{clause} violated at step {step}: {message}")
-        self.clause = clause
-        self.message = message
-        self.step = step
 
 
 def _minutes(n: int) -> timedelta:
@@ -86,6 +77,7 @@ class Simulation:
         self.seed = seed
         self.batch_size = batch_size
         self.variant = variant(scheduler)
+        self.rewrites = self.variant.build_rewrites()  # fails here if its target SQL is gone
         if self.variant.modes is not None:
             self.modes = self.variant.modes
         self.check_every_step = check_every_step
@@ -134,7 +126,7 @@ class Simulation:
 
     def _make_replica(self, index: int) -> Replica:
         engine = make_engine(self.url, NO_TIMEOUTS, pool_size=1, max_overflow=0)
-        install_rewrites(engine, list(self.variant.rewrites))
+        install_rewrites(engine, self.rewrites)
         dispatcher = FaultyDispatcher(NudgingPlatform(self.catalogue), index)
         return Replica(f"replica-{index}", index, engine, dispatcher, self._make_scheduler)
 

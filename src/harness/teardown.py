@@ -19,17 +19,14 @@ from __future__ import annotations
 
 import contextlib
 from concurrent.futures import wait as wait_futures
-from typing import TYPE_CHECKING
 
 from harness.actors import Replica
 from harness.settle import SETTLE_TIMEOUT
+from harness.types import RunContext
 from scheduler.core.loop import Batch
 
-if TYPE_CHECKING:
-    from harness.simulation import Simulation
 
-
-def close_run(sim: Simulation) -> None:
+def close_run(sim: RunContext) -> None:
     """Unblock and end every actor, then close every connection."""
     observer = getattr(sim, "observer", None)
     for a in sim.actors:

@@ -92,3 +92,77 @@ def test_the_page_on_replica_b_shows_a_reminder_dispatched_by_replica_a_and_what
             assert titles == ["Reminder: charge the car at 13:00", "Reminder: run the dishwasher at noon"]
         finally:
             browser.close()
+
+
+# Text a sender controls, reaching the notification's title and body through the facts.
+HOSTILE = ('<script>window.__pwned = "script"</script><img src=x onerror="window.__pwned = \'img\'">'
+           '<b>bold</b> "double" \'single\' &amp; </li><li>')
+
+# Records every Content-Security-Policy violation from the first moment of each page
+# (init scripts come from the browser's own protocol, not the page, so the policy allows them).
+RECORD_VIOLATIONS = """
+window.__violations = [];
+document.addEventListener("securitypolicyviolation", (e) => window.__violations.push(e.effectiveDirective));
+"""
+
+# Inject an inline handler the way a rendering bug would, and see what Chromium does with it.
+TRY_AN_INLINE_HANDLER = """
+() => new Promise((resolve) => {
+  document.addEventListener("securitypolicyviolation", (e) => resolve("blocked: " + e.effectiveDirective));
+  window.__ran = () => resolve("ran");
+  const probe = document.createElement("div");
+  probe.innerHTML = '<img src="no-such-image.png" onerror="window.__ran()">';
+  document.body.append(probe);
+  setTimeout(() => resolve("neither within 5 s"), 5000);
+})
+"""
+
+
+@pytest.mark.clause("INBOX-10")
+def test_hostile_text_in_a_notification_shows_as_text_on_the_page_and_runs_nothing(
+    replicas: tuple[str, str], engine: Engine
+) -> None:
+    """INBOX-10: a commitment holding <script>, an <img onerror>, markup and quotes reaches a
+    notification's title and body; on /inbox in Chromium (live, and again after a reload from
+    the list) both show exactly that text, no element of it exists, nothing ran; the page sent
+    its policy, broke none of it itself, and Chromium blocks an inline handler injected later."""
+    executable = chromium_or_skip()
+    from playwright import sync_api
+
+    base_a, base_b = replicas
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
+        try:
+            context = browser.new_context()
+            context.set_default_timeout(20_000)
+            context.add_init_script(RECORD_VIOLATIONS)
+            page = context.new_page()
+            response = page.goto(f"{base_b}/inbox")
+            assert response is not None
+            policy = response.headers["content-security-policy"]
+            assert "frame-ancestors 'none'" in policy and "unsafe-inline" not in policy
+            assert response.headers["x-frame-options"] == "DENY"
+            page.fill("#token", token(None, subject="participant-1"))
+            page.click("button[type=submit]")
+            page.wait_for_selector("#status[data-state=live]")
+            store(base_a, HOSTILE, "2026-11-30")
+            wait_for(lambda: bool(rows(engine, "SELECT id FROM notifications WHERE stream_seq IS NOT NULL")),
+                     what="replica A to dispatch and stream the hostile reminder")
+            note = rows(engine, "SELECT title, body FROM notifications")[0]
+            assert HOSTILE in note["title"] and HOSTILE in note["body"]  # the sender's text reached both
+            for how in ("live", "from the list after a reload"):
+                if how != "live":
+                    page.reload()
+                    page.fill("#token", token(None, subject="participant-1"))
+                    page.click("button[type=submit]")
+                page.wait_for_selector("#notifications li")
+                item = page.locator("#notifications > li")
+                assert item.count() == 1, how
+                assert item.locator(".title").evaluate("e => e.textContent") == note["title"], how
+                assert item.locator("div").nth(1).evaluate("e => e.textContent") == note["body"], how
+                assert page.locator("#notifications script, #notifications img, #notifications b").count() == 0, how
+                assert page.evaluate("window.__pwned") is None, how
+                assert page.evaluate("window.__violations") == [], how  # the page keeps its own policy
+            assert page.evaluate(TRY_AN_INLINE_HANDLER).startswith("blocked"), "the policy is not enforced"
+        finally:
+            browser.close()

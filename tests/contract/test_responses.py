@@ -18,7 +18,8 @@ from starlette.testclient import TestClient
 
 from scheduler.cli import build_parser
 from scheduler.types import DispatchOutcome, EventStatus, NotificationStatus
-from scheduler.web.app import LIVE_STATUS, SchedulerService
+from scheduler.web.app import SchedulerService
+from scheduler.web.ingest import LIVE_STATUS
 from scheduler.web.openapi import openapi_document
 from tests.conftest import ADMIN, INGEST
 from tests.contract.api_doc import declared

@@ -9,19 +9,24 @@ since the count untouched) are recorded in the audit trail, listed on a page and
 
 from __future__ import annotations
 
+import html
 import re
 import time
 from datetime import timedelta
+from urllib.parse import parse_qs, urlsplit
 
 import jwt
 import pytest
 from sqlalchemy import Engine
+from sqlalchemy import text as sql_text
 from starlette.testclient import TestClient
 
-from scheduler.application import audit
+from scheduler.application import commands
+from scheduler.application.events import EventQuery
 from scheduler.core.clock import ManualClock
+from scheduler.types import EventStatus
 from scheduler.web.app import SchedulerService
-from tests.conftest import ADMIN, T0, token
+from tests.conftest import ADMIN, INGEST, T0, token
 from tests.helpers import drain, event_row, post_event, rows
 from tests.operations.support import loop_step, sign_in
 
@@ -202,17 +207,17 @@ def test_bulk_reset_works_in_chunks_up_to_the_cap_and_skips_rows_a_poll_holds(
 ) -> None:
     """CON-5: 25 failed rows in chunks of 10, capped at 20; a row locked by a running poll is skipped, not waited for."""
     failed = _failed(client, service, [f"user-{n:02d}" for n in range(25)])
-    where = audit.EventFilter(status="failed")
-    assert audit.count_matching(service.sessions, where, cap=20) == 21  # "more than the cap"
+    where = EventQuery(status=EventStatus.FAILED)
+    assert commands.count_matching(service.sessions, where, commands.RESETTABLE, cap=20) == 21  # "more than the cap"
     locked = sorted(failed)[0]
     with engine.connect() as holder:
         from sqlalchemy import text
 
         holder.execute(text("SELECT 1 FROM scheduled_events WHERE id = :id FOR UPDATE"), {"id": locked})
-        result = audit.bulk_reset(service.sessions, where, now=clock.now(), as_of=clock.now(), expected=25,
-                                  actor="ops", source="cli", reason="retry", cap=20, chunk=10)
+        result = commands.bulk_reset(service.sessions, where, now=clock.now(), as_of=clock.now(), expected=25,
+                                     actor=commands.Actor("ops", "cli"), reason="retry", cap=20, chunk=10)
         holder.rollback()
-    assert (result.reset, result.chunks) == (20, 2)
+    assert (result.changed, result.chunks) == (20, 2)
     assert event_row(engine, locked)["status"] == "failed"
     linked = rows(engine, "SELECT event_id FROM operator_action_events WHERE action_id = :a", a=result.action_id)
     assert len(linked) == 20 and locked not in {r["event_id"] for r in linked}
@@ -254,10 +259,13 @@ def test_the_overview_shows_counts_backlog_lateness_replicas_and_failures_and_st
     assert re.search(r'data-field="oldest_overdue_seconds" data-format="duration">5 min 0 s<', page)
     assert re.search(r'data-field="lateness.p50" data-format="duration">2 min 0 s<', page)
     assert "missing_or_invalid_time_scope" in page and "state-ok" in page
+    # The test client reads a response to its end: a stream that ignored ?once=1 would end only
+    # after stream_seconds; cut that to seconds, so such a bug fails here quickly (two events).
+    service.operations.console.stream_seconds = 3.0
     with client.stream("GET", "/console/stream?once=1") as stream:
         assert stream.headers["content-type"].startswith("text/event-stream")
         body = "".join(stream.iter_text())
-    assert body.startswith("event: overview\ndata: {")
+    assert body.startswith("event: overview\ndata: {") and body.count("event: overview") == 1
     assert '"failed": 1' in body and '"backlog": 1' in body
 
 
@@ -296,27 +304,226 @@ def test_the_console_works_mounted_under_a_prefix_of_a_host_app(service: Schedul
         assert client.get("/nudging/console/static/console.css").status_code == 200
 
 
-@pytest.mark.clause("CON-3")
-def test_past_the_exact_limit_the_dispatched_count_is_the_estimate_marked_approximate(
+@pytest.mark.clause("CON-16")
+def test_the_overview_counts_every_status_and_past_the_exact_limit_estimates_finished_rows_by_status(
     client: TestClient, service: SchedulerService, engine: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """CON-3: in a big table the dispatched count is the planner's estimate minus the exact pending
-    and failed counts, and the page says it is estimated; pending and failed stay exact."""
+    """CON-16: every status is counted, cancelled included, exactly in a small table; in a big one
+    pending and failed stay exact and dispatched and cancelled are the planner's estimate of each
+    status (never the table's estimate minus the others), named as estimates on the page."""
     from scheduler.operations import overview
 
     for n in range(6):
         post_event(client, user_id=f"user-{n}")
     _failed(client, service, ["bad"])
     post_event(client, user_id="later", trigger_at=T0 + timedelta(hours=1))
+    withdrawn = post_event(client, user_id="withdrawn", trigger_at=T0 + timedelta(hours=1))
+    assert client.delete(f"/admin/scheduled-events/{withdrawn['id']}", headers=INGEST).status_code == 200
+    exact = overview.overview(service.sessions, service.clock.now())
+    assert exact["counts"] == {"pending": 1, "dispatched": 6, "failed": 1, "cancelled": 1}
+    assert exact["estimated"] == []
+    sign_in(client)
+    page = client.get("/console").text
+    assert re.search(r'data-field="counts.cancelled">1<', page) and "estimated" not in page
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         from sqlalchemy import text
 
         conn.execute(text("ANALYZE scheduled_events"))
+        # The planner's figures now lag the truth, as they do between two ANALYZEs: the
+        # estimates follow the planner, the exact counts the table.
+        conn.execute(text("UPDATE scheduled_events SET status = 'failed', last_error = 'x' WHERE id = :id"),
+                     {"id": withdrawn["id"]})
     monkeypatch.setattr(overview, "EXACT_LIMIT", 5)
     figures = overview.overview(service.sessions, service.clock.now())
-    assert figures["dispatched_approximate"] is True
-    assert figures["counts"] == {"pending": 1, "failed": 1, "dispatched": 6}  # 8 rows estimated, minus 2
-    sign_in(client)
-    assert "dispatched (≈, estimated)" in client.get("/console").text
+    assert figures["estimated"] == ["dispatched", "cancelled"]
+    assert figures["counts"] == {"pending": 1, "dispatched": 6, "failed": 2, "cancelled": 1}
+    page = client.get("/console").text
+    assert "dispatched (≈, estimated)" in page and "cancelled (≈, estimated)" in page
     monkeypatch.setattr(overview, "EXACT_LIMIT", 200_000)
-    assert overview.overview(service.sessions, service.clock.now())["dispatched_approximate"] is False
+    assert overview.overview(service.sessions, service.clock.now())["counts"]["cancelled"] == 0
+
+
+# Where a `next` could send an operator after sign-in, other than a page of this console:
+# other hosts in every spelling browsers accept, encodings, control characters, paths beside
+# or above the console. Each must land on the console itself.
+HOSTILE_NEXT = [
+    "//evil.example/console", "//evil.example", "///evil.example/console", "////evil.example",
+    "/\\evil.example/console", "\\\\evil.example", "/\\/evil.example", "\\/evil.example",
+    "https://evil.example/console", "HTTPS://evil.example", "http:evil.example", "https:/evil.example",
+    "javascript:alert(document.cookie)", "data:text/html,<script>alert(1)</script>",
+    "%2F%2Fevil.example", "%2f%2fevil.example/console", "/%2F%2Fevil.example", "%5C%5Cevil.example",
+    " //evil.example", "\t//evil.example", "/\t/evil.example", "/console\r\nSet-Cookie: x=1",
+    "/admin/scheduled-events", "/inbox", "/", "/consolex", "/console.evil.example", "/console@evil.example",
+    "/console/../inbox", "/console/./../admin", "/console/%2e%2e/inbox", "/console/%2E%2e%2Finbox",
+    "/console/..%2f..%2finbox", "/console/.%2e/admin",
+]
+
+
+def sign_in_with_next(client: TestClient, next_value: str, prefix: str = "") -> str:
+    """Follow a link to the sign-in page carrying ``next``, sign in; the redirect's target."""
+    page = client.get(f"{prefix}/console/sign-in", params={"next": next_value})
+    nonce = re.search(r'name="nonce" value="([^"]+)"', page.text)
+    carried = re.search(r'name="next" value="([^"]*)"', page.text)
+    assert nonce and carried, page.text
+    response = client.post(f"{prefix}/console/sign-in", follow_redirects=False, data={
+        "nonce": nonce[1], "token": token("nudging.admin"), "next": html.unescape(carried[1])})
+    assert response.status_code == 303, response.text
+    return str(response.headers["location"])
+
+
+def on_this_site(location: str, console: str) -> bool:
+    parts = urlsplit(location)
+    return not parts.scheme and not parts.netloc and "\\" not in location and (
+        parts.path == console or parts.path.startswith(console + "/"))
+
+
+@pytest.mark.clause("CON-10")
+def test_sign_in_follows_only_a_next_inside_this_console_and_otherwise_lands_on_the_console(
+    client: TestClient,
+) -> None:
+    """CON-10: every hostile `next` (another host in any spelling, an encoding, a control
+    character, a path beside or above the console), sent through the sign-in page's link or
+    posted directly, lands on /console; a page of the console is followed."""
+    for hostile in HOSTILE_NEXT:
+        assert sign_in_with_next(client, hostile) == "/console", hostile
+        nonce = re.search(r'name="nonce" value="([^"]+)"', client.get("/console/sign-in").text)[1]  # type: ignore[index]
+        direct = client.post("/console/sign-in", follow_redirects=False,
+                             data={"nonce": nonce, "token": token("nudging.admin"), "next": hostile})
+        assert direct.headers["location"] == "/console", hostile
+    for good in ("/console", "/console/audit", "/console/events?status=failed&after_id=x", "/console/events/abc"):
+        assert sign_in_with_next(client, good) == good
+
+
+@pytest.mark.clause("CON-10")
+def test_mounted_under_a_prefix_sign_in_follows_only_a_next_inside_the_mounted_console(
+    service: SchedulerService,
+) -> None:
+    """CON-10: embedded at /nudging, the console is /nudging/console: a `next` to the host
+    app's own /console, or beside the mount, lands on /nudging/console."""
+    from starlette.applications import Starlette
+    from starlette.routing import Mount
+
+    host = Starlette(routes=[Mount("/nudging", app=service.app)])
+    with TestClient(host) as client:
+        for hostile in [*HOSTILE_NEXT, "/console/audit", "/nudging/consolex", "/nudging/console/../admin"]:
+            assert sign_in_with_next(client, hostile, prefix="/nudging") == "/nudging/console", hostile
+        assert sign_in_with_next(client, "/nudging/console/audit", prefix="/nudging") == "/nudging/console/audit"
+
+
+@pytest.mark.clause("CON-10")
+def test_every_other_console_redirect_stays_on_this_site_inside_the_console(
+    client: TestClient, service: SchedulerService
+) -> None:
+    """CON-10: the other redirects that carry something of the request (the sign-in redirect
+    remembering the page asked for, the reset's return to its event page, sign-out) point at
+    a page of this console, and the `next` they carry is itself one the sign-in follows."""
+    for path in ("/console/events/x%5Cevil.example", "/console/events?q=//evil.example",
+                 "/console/events/%2e%2e", "/console/audit?before_id=//evil.example"):
+        client.cookies.clear()  # signed out
+        response = client.get(path, follow_redirects=False)
+        assert response.status_code == 303, path
+        location = response.headers["location"]
+        assert on_this_site(location, "/console") and location.startswith("/console/sign-in?next="), location
+        carried = sign_in_with_next(client, parse_qs(urlsplit(location).query)["next"][0])
+        assert on_this_site(carried, "/console"), (path, carried)
+    client.cookies.clear()
+    csrf = sign_in(client)
+    row = post_event(client, user_id="anna")
+    reset = client.post(f"/console/events/{row['id']}/reset", data={"csrf": csrf}, follow_redirects=False)
+    assert on_this_site(reset.headers["location"], "/console") and reset.headers["location"].startswith(
+        f"/console/events/{row['id']}")
+    out = client.post("/console/sign-out", data={"csrf": csrf}, follow_redirects=False)
+    assert out.headers["location"] == "/console/sign-in"
+
+
+@pytest.mark.clause("CON-2")
+def test_another_sessions_csrf_token_or_sign_in_nonce_is_403_and_changes_nothing(
+    service: SchedulerService, engine: Engine
+) -> None:
+    """CON-2: two operators in two browsers: Bob's reset, bulk reset and sign-out carrying Ann's
+    (valid, but not his) CSRF token are 403 and change nothing; a sign-in posting the nonce
+    another browser was given is 403."""
+    with TestClient(service.app) as ann, TestClient(service.app) as bob:
+        [bad] = _failed(ann, service, ["anna"])
+        ann_csrf = sign_in(ann, subject="operator-ann")
+        bob_csrf = sign_in(bob, subject="operator-bob")
+        assert ann_csrf != bob_csrf
+        assert bob.post(f"/console/events/{bad}/reset", data={"csrf": ann_csrf}).status_code == 403
+        assert bob.post("/console/bulk-reset", data={"csrf": ann_csrf, "status": "failed", "reason": "x",
+                                                     "expected": "1", "as_of": T0.isoformat()}).status_code == 403
+        assert bob.post("/console/sign-out", data={"csrf": ann_csrf}, follow_redirects=False).status_code == 403
+        assert event_row(engine, bad)["status"] == "failed"
+        assert rows(engine, "SELECT * FROM operator_actions") == []
+        assert bob.get("/console", follow_redirects=False).status_code == 200  # still signed in
+        ann.cookies.clear()
+        bob.cookies.clear()
+        ann_nonce = re.search(r'name="nonce" value="([^"]+)"', ann.get("/console/sign-in").text)
+        assert ann_nonce and bob.get("/console/sign-in").status_code == 200  # bob has a nonce of his own
+        stolen = bob.post("/console/sign-in", data={"nonce": ann_nonce[1], "token": token("nudging.admin")},
+                          follow_redirects=False)
+        assert stolen.status_code == 403 and "set-cookie" not in {k.lower() for k in stolen.headers}
+
+
+@pytest.mark.clause("CON-4")
+def test_rows_changed_at_one_instant_page_by_keyset_without_losing_or_repeating_one(
+    client: TestClient, service: SchedulerService, engine: Engine
+) -> None:
+    """CON-4: 60 rows dispatched by polls at one frozen instant share their updated_at; the
+    dispatched page and the unfiltered one still come as 50 and 10 with every row once (the
+    keyset breaks the tie by id). And `_` in the error text is literal, like `%`."""
+    for n in range(60):
+        post_event(client, user_id=f"user-{n:02d}")
+    drain(service)
+    assert len({r["updated_at"] for r in rows(engine, "SELECT updated_at FROM scheduled_events")}) == 1
+    sign_in(client)
+
+    def pages(query: str) -> list[list[str]]:
+        found: list[list[str]] = []
+        link: str | None = query
+        while link is not None and len(found) < 5:
+            page = client.get("/console/events?" + link).text
+            found.append(re.findall(r'<tr class="status-\w+" data-id="([^"]+)"', page))
+            more = re.search(r'href="/console/events\?([^"]+)" id="next-page"', page)
+            link = more[1].replace("&amp;", "&") if more else None
+        return found
+
+    everything = {r["id"] for r in rows(engine, "SELECT id FROM scheduled_events")}
+    for query in ("status=dispatched", ""):
+        got = pages(query)
+        assert [len(p) for p in got] == [50, 10], query
+        assert sorted(i for p in got for i in p) == sorted(everything), query
+    with engine.begin() as conn:
+        conn.execute(sql_text("UPDATE scheduled_events SET status = 'failed', last_error = 'timeXscope: x' "
+                              "WHERE user_id = 'user-00'"))
+    assert pages("status=failed&error_contains=time_scope") == [[]]  # `_` is not a wildcard
+    assert len(pages("status=failed&error_contains=TIMEXSCOPE")[0]) == 1
+
+
+@pytest.mark.clause("CON-1")
+def test_a_forged_or_garbage_session_cookie_is_no_session(client: TestClient) -> None:
+    """CON-1: a cookie that is not a session this service gave (garbage, an admin token signed
+    with another secret, an expired admin token) leads to sign-in like no cookie at all."""
+    forged = token("nudging.admin", secret="another-secret-entirely-0123456789abcdef0123")
+    expired = token("nudging.admin", ttl_seconds=-60)
+    for value in ("garbage", forged, expired, ""):
+        client.cookies.clear()
+        client.cookies.set("scheduler_console", value, path="/console")
+        for path in ("/console", "/console/audit"):
+            response = client.get(path, follow_redirects=False)
+            assert response.status_code == 303 and response.headers["location"].startswith("/console/sign-in"), value
+
+
+@pytest.mark.clause("CON-7")
+def test_an_operators_hostile_reason_shows_as_text_on_the_audit_and_event_pages(
+    client: TestClient, service: SchedulerService
+) -> None:
+    """CON-7: the reason an operator types is stored text too: markup in it is escaped on the
+    event page and the audit page, never a tag."""
+    hostile = '<script>alert("x")</script><img src=x onerror=alert(1)>'
+    [bad] = _failed(client, service, ["anna"])
+    csrf = sign_in(client)
+    client.post(f"/console/events/{bad}/reset", data={"csrf": csrf, "reason": hostile})
+    for path in (f"/console/events/{bad}", "/console/audit"):
+        page = client.get(path).text
+        assert "&lt;script&gt;alert(&#34;x&#34;)&lt;/script&gt;" in page, path
+        assert "<script>alert" not in page and "<img src=x" not in page, path

@@ -174,6 +174,23 @@ def test_in_the_browser_no_cookie_means_sign_in_and_other_tokens_are_refused(pag
     assert page.evaluate("document.cookie") == ""  # no script can read the session
 
 
+@pytest.mark.clause("CON-10")
+def test_in_the_browser_a_sign_in_link_to_another_host_lands_on_the_console(page: Any, site: str) -> None:
+    """CON-10: an operator follows a link to the sign-in page whose `next` names another host
+    (protocol-relative, backslashed, absolute, encoded) or a page beside the console, signs in,
+    and Chromium ends on this site's console overview every time."""
+    from urllib.parse import quote
+
+    for hostile in ("//evil.example/console", "/\\evil.example/console", "https://evil.example/console",
+                    "%2F%2Fevil.example", "/console/%2e%2e/inbox"):
+        page.context.clear_cookies()
+        page.goto(f"{site}/console/sign-in?next={quote(hostile, safe='')}")
+        page.fill("#token", token("nudging.admin", subject="operator-ann"))
+        with page.expect_navigation():
+            page.click("#sign-in")
+        assert page.url == f"{site}/console", (hostile, page.url)
+
+
 @pytest.mark.clause("CON-2")
 def test_in_the_browser_a_form_stripped_of_its_csrf_token_is_403(
     page: Any, site: str, client: TestClient, service: SchedulerService, engine: Engine

@@ -154,3 +154,30 @@ def test_a_scrape_while_the_database_is_unreachable_says_so_and_still_answers(
             "scheduler: heartbeat not recorded (OperationalError)"]
     finally:
         nowhere.dispose()
+
+
+@pytest.mark.clause("OBS-3")
+def test_event_type_labels_stop_at_a_hundred_values_and_hostile_ones_keep_the_exposition_valid(
+    service: SchedulerService, client: TestClient
+) -> None:
+    """OBS-3: senders choose event_type: 105 distinct ones, the oldest six holding quotes, a
+    backslash, a newline, braces and commas, are all counted; the exposition still parses, each
+    hostile value comes back exactly as a label, and past 100 values the rest count as `other`."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    hostile = ['say "hi"', "back\\slash", "new\nline", "brace}{x", "a=b,c=d", "quote' #"]
+    types = hostile + [f"type-{n:03d}" for n in range(105 - len(hostile))]
+    for n, event_type in enumerate(types):
+        post_event(client, user_id=f"user-{n:03d}", event_type=event_type,
+                   trigger_at=T0 - timedelta(minutes=200 - n))
+    for _ in range(10):  # 105 rows, 20 a poll, as the loop runs them (the poll hooks count)
+        loop_step(service)
+    counted: dict[str, float] = {}
+    for family in text_string_to_metric_families(client.get("/metrics").text):
+        for sample in family.samples:
+            if sample.name in ("scheduler_events_dispatched_total", "scheduler_events_failed_total"):
+                label = sample.labels["event_type"]
+                counted[label] = counted.get(label, 0) + sample.value
+    assert sum(counted.values()) == 105
+    assert set(hostile) <= set(counted)
+    assert len(counted) == 101 and counted["other"] == 5

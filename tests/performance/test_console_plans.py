@@ -15,9 +15,11 @@ from typing import Any
 import pytest
 from bench.env import NOW, load_events
 from sqlalchemy import Connection, Engine, text
+from sqlalchemy.orm import sessionmaker
 
-from scheduler.application.audit import EventFilter
+from scheduler.application.events import EventQuery
 from scheduler.database.queries import sql
+from scheduler.types import EventStatus
 from tests.performance.test_claim_plan import scans
 
 PENDING = "ix_scheduled_events_pending_due"
@@ -112,7 +114,7 @@ def test_the_overview_queries_read_their_indexes(settled_table: Engine) -> None:
 def test_the_failed_events_page_reads_the_failed_index_and_stops_at_one_page(settled_table: Engine) -> None:
     """CON-9: the events page filtered by status failed walks the failed index newest first and
     reads one page (51 rows), not the terminal rows."""
-    params = {**EventFilter(status="failed").params(), "after_at": None, "after_id": "", "limit": 51}
+    params = {**EventQuery(status=EventStatus.FAILED).params(), "after_at": None, "after_id": "", "limit": 51}
     with settled_table.connect() as conn:
         plan = explain(conn, "filter_events_page", params)
     assert problems(plan, FAILED, 3_000) == [], json.dumps(plan, indent=1)
@@ -123,8 +125,8 @@ def test_the_failed_events_page_reads_the_failed_index_and_stops_at_one_page(set
 def test_every_events_page_reads_one_page_by_keyset_even_unfiltered_and_among_equal_times(settled_table: Engine) -> None:
     """CON-9: the unfiltered page walks the (updated_at, id) index; the next page of failed rows, whose
     times are all equal here, continues on the failed index without rereading the rows before it."""
-    first = {**EventFilter().params(), "after_at": None, "after_id": "", "limit": 51}
-    failed = EventFilter(status="failed").params()
+    first = {**EventQuery().params(), "after_at": None, "after_id": "", "limit": 51}
+    failed = EventQuery(status=EventStatus.FAILED).params()
     with settled_table.connect() as conn:
         last = conn.execute(text(
             "SELECT updated_at, id FROM scheduled_events WHERE status = 'failed' ORDER BY updated_at DESC, id DESC "
@@ -138,7 +140,7 @@ def test_every_events_page_reads_one_page_by_keyset_even_unfiltered_and_among_eq
 @pytest.mark.clause("CON-9")
 def test_the_pending_page_walks_the_pending_index_in_the_claims_order(settled_table: Engine) -> None:
     """CON-9: pending rows, next due first, first and next page: one page read from the pending index."""
-    pending = EventFilter(status="pending").params()
+    pending = EventQuery(status=EventStatus.PENDING).params()
     with settled_table.connect() as conn:
         first = explain(conn, "filter_pending_page", {**pending, "after_at": None, "after_id": "", "limit": 51})
         nxt = explain(conn, "filter_pending_page", {**pending, "after_at": NOW - timedelta(minutes=30),
@@ -155,3 +157,24 @@ def test_the_plan_check_fails_without_the_updated_at_index(settled_table: Engine
     with settled_table.connect() as conn:
         plan = explain(conn, "lateness_percentiles", {"since": NOW - timedelta(hours=1), "now": NOW})
     assert any(UPDATED_AT in p for p in problems(plan, UPDATED_AT, 50))
+
+
+@pytest.mark.clause("CON-16")
+def test_past_the_exact_limit_the_status_counts_read_no_row_of_the_table(
+    settled_table: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CON-16: in a big table the estimate of each status reads the catalogue only, the exact pending
+    and failed counts their partial indexes, and the estimates land near the truth."""
+    from scheduler.application import counts
+
+    with settled_table.connect() as conn:
+        estimate = explain(conn, "estimate_events_by_status", {})
+        truth = {s: n for s, n in conn.execute(text("SELECT status, count(*) FROM scheduled_events GROUP BY 1"))}
+    assert [s for s in scans(estimate) if s.get("Relation Name") == "scheduled_events"] == []
+    sessions = sessionmaker(settled_table)
+    with sessions.begin() as session:
+        figures = counts.status_counts(session, exact_limit=10_000)
+    assert figures.estimated == {EventStatus.DISPATCHED, EventStatus.CANCELLED}
+    assert figures.counts[EventStatus.PENDING] == truth["pending"]
+    assert figures.counts[EventStatus.FAILED] == truth["failed"]
+    assert abs(figures.counts[EventStatus.DISPATCHED] - truth["dispatched"]) <= truth["dispatched"] * 0.05

@@ -15,12 +15,15 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from datetime import timedelta
+from typing import Any
 
+import psycopg
 import pytest
 from sqlalchemy import Engine, text
 from starlette.testclient import TestClient
 
 from scheduler.core.clock import ManualClock
+from scheduler.core.loop import DUE_CHANNEL
 from scheduler.core.participant_locks import participant_lock_key
 from scheduler.web.app import SchedulerService
 from tests.conftest import T0
@@ -44,6 +47,46 @@ def held(engine: Engine, user_id: str) -> Iterator[None]:
 def snapshot(engine: Engine, user_id: str) -> list[dict[str, object]]:
     return rows(engine, "SELECT id, status, last_error, updated_at, dispatched_at FROM scheduled_events "
                         "WHERE user_id = :u ORDER BY id", u=user_id)
+
+
+def exact_rows(engine: Engine, user_id: str) -> list[dict[str, object]]:
+    """Every column of ``user_id``'s rows as PostgreSQL prints the whole row, and the row
+    version (``xmin``): any write, even one that stores the same values, changes one of them."""
+    return rows(engine, "SELECT e.id, e.xmin::text AS version, e::text AS whole FROM scheduled_events e "
+                        "WHERE e.user_id = :u ORDER BY e.id", u=user_id)
+
+
+def history_of(engine: Engine, user_id: str) -> list[dict[str, object]]:
+    return rows(engine, "SELECT h.* FROM scheduled_event_history h JOIN scheduled_events e ON e.id = h.event_id "
+                        "WHERE e.user_id = :u ORDER BY h.id", u=user_id)
+
+
+SENTINEL = "busy_test_sentinel"
+
+
+@contextmanager
+def listening(postgresql: psycopg.Connection[Any]) -> Iterator[psycopg.Connection[Any]]:
+    """A connection LISTENing on the loop's wake-up channel (and a sentinel channel)."""
+    info = postgresql.info
+    with psycopg.connect(host=info.host, port=info.port, user=info.user, password=info.password or None,
+                         dbname=info.dbname, autocommit=True) as conn:
+        conn.execute(f"LISTEN {DUE_CHANNEL}")
+        conn.execute(f"LISTEN {SENTINEL}")
+        yield conn
+
+
+def due_notifications_until_sentinel(conn: psycopg.Connection[Any], engine: Engine) -> list[str]:
+    """Every wake-up NOTIFY sent before now. A sentinel NOTIFY is committed last; PostgreSQL
+    delivers notifications in commit order, so whatever came before it is all there was.
+    The wait has a deadline: a sentinel that never comes fails the test in seconds."""
+    with engine.begin() as sender:
+        sender.execute(text("SELECT pg_notify(:c, 'end')"), {"c": SENTINEL})
+    seen: list[str] = []
+    for note in conn.notifies(timeout=DEADLINE):
+        if note.channel == SENTINEL:
+            return seen
+        seen.append(note.payload)
+    raise AssertionError(f"the sentinel NOTIFY did not arrive within {DEADLINE:g} s")
 
 
 def post_for(client: TestClient, user_id: str, n: int, *, oldest: int) -> None:
@@ -136,3 +179,28 @@ def test_the_prompt_loop_dispatches_a_participant_whose_lock_flickers(
         assert loop.stop()
     assert {r["status"] for r in snapshot(engine, "flicker")} == {"dispatched"}
     assert service.scheduler.health.failed == 0
+
+
+@pytest.mark.clause("BUSY-1")
+def test_a_busy_participants_rows_stay_byte_for_byte_as_they_were_with_no_history_and_no_wakeup(
+    client: TestClient, service: SchedulerService, engine: Engine, clock: ManualClock,
+    postgresql: psycopg.Connection[Any],
+) -> None:
+    """BUSY-1: the clock moves on between the store and the poll, so a write of any kind would
+    show: after a poll that skips busy's rows, every column of them is as before and no row
+    version changed, busy's history has no new entry, and no wake-up NOTIFY was sent (rows
+    written back as ``pending`` would announce themselves on the due channel)."""
+    post_for(client, "busy", 3, oldest=30)
+    post_for(client, "free", 2, oldest=20)
+    clock.advance(timedelta(minutes=7))
+    before, history = exact_rows(engine, "busy"), history_of(engine, "busy")
+    assert len(before) == 3 and len(history) == 3  # stored, once each
+    with listening(postgresql) as listener:
+        assert due_notifications_until_sentinel(listener, engine) == []  # the listener works; nothing yet
+        with held(engine, "busy"), ThreadPoolExecutor(max_workers=1) as pool:
+            report = pool.submit(service.scheduler.poll_once).result(timeout=DEADLINE)
+        assert (report.skipped, report.dispatched) == (3, 2)
+        assert exact_rows(engine, "busy") == before
+        assert history_of(engine, "busy") == history
+        assert due_notifications_until_sentinel(listener, engine) == []
+    assert service.scheduler.poll_once().dispatched == 3  # the lock is free: a later poll takes them

@@ -13,7 +13,6 @@ Heartbeats keep an idle stream open through proxies.
 from __future__ import annotations
 
 import asyncio
-import json
 import threading
 from collections.abc import Iterator, Mapping
 from datetime import timedelta
@@ -33,7 +32,7 @@ from scheduler.web.app import SchedulerService
 from scheduler.web.inbox import STREAM_LOCK_KEY, Inbox, StreamPublisher, sse_stream
 from tests.conftest import ADMIN, INGEST, PARTICIPANT, bearer
 from tests.helpers import event_body, post_event, reminder_facts, rows, wait_until_blocked_on_a_lock
-from tests.servers import serve, wait_for
+from tests.servers import READ_DEADLINE, EventStream, serve, wait_for
 
 ME = "/me/notifications"
 
@@ -49,38 +48,9 @@ def deliver(client: TestClient, service: SchedulerService, user_id: str = "parti
         service.scheduler.poll_once()
 
 
-class Stream:
-    """A live SSE connection read line by line (every read has a deadline)."""
-
-    def __init__(self, base: str, headers: Mapping[str, str], client: httpx.Client) -> None:
-        self._context = client.stream("GET", f"{base}{ME}/stream", headers=dict(headers),
-                                      timeout=httpx.Timeout(20.0))
-        self.response = self._context.__enter__()
-        self.lines: Iterator[str] = self.response.iter_lines()
-
-    def next_block(self) -> list[str]:
-        block: list[str] = []
-        for line in self.lines:
-            if line == "":
-                if block:
-                    return block
-                continue
-            block.append(line)
-        raise AssertionError("the stream ended")
-
-    def until_connected(self) -> None:
-        while ": connected" not in self.next_block():
-            pass
-
-    def next_event(self) -> tuple[int, dict[str, Any]]:
-        while True:
-            block = self.next_block()
-            fields = dict(line.split(": ", 1) for line in block if not line.startswith(":") and ": " in line)
-            if fields.get("event") == "notification":
-                return int(fields["id"]), json.loads(fields["data"])
-
-    def close(self) -> None:
-        self._context.__exit__(None, None, None)
+def open_stream(base: str, headers: Mapping[str, str], client: httpx.Client) -> EventStream:
+    """A participant's live stream on ``base``; every read has its own deadline (tests/servers.py)."""
+    return EventStream(f"{base}{ME}/stream", headers, client)
 
 
 @pytest.fixture
@@ -139,7 +109,7 @@ def test_a_notification_delivered_by_replica_a_reaches_a_stream_on_replica_b(
     """INBOX-2: replica A stores and dispatches; the stream open on replica B receives it, and
     B's hub was woken by NOTIFY (LISTEN available on this server), not by its timer."""
     with serve(replica_b) as base_b, httpx.Client() as http:
-        stream = Stream(base_b, PARTICIPANT, http)
+        stream = open_stream(base_b, PARTICIPANT, http)
         try:
             stream.until_connected()
             deliver(client, service)  # replica A: the test's own service, stepped by hand
@@ -161,7 +131,7 @@ def test_a_reconnect_with_last_event_id_replays_exactly_what_was_missed(
     """INBOX-3, DEC-LIFE-3: one event seen, then a disconnect; three delivered meanwhile; the reconnect
     with Last-Event-ID gets exactly those three, in order, then live ones."""
     with serve(replica_b) as base_b, httpx.Client() as http:
-        stream = Stream(base_b, PARTICIPANT, http)
+        stream = open_stream(base_b, PARTICIPANT, http)
         stream.until_connected()
         deliver(client, service)
         seen, _ = stream.next_event()
@@ -170,7 +140,7 @@ def test_a_reconnect_with_last_event_id_replays_exactly_what_was_missed(
         missed = [r["stream_seq"] for r in rows(service.engine, "SELECT stream_seq FROM notifications "
                                                 "WHERE stream_seq > :s ORDER BY stream_seq", s=seen)]
         assert len(missed) == 3
-        again = Stream(base_b, {**PARTICIPANT, "Last-Event-ID": str(seen)}, http)
+        again = open_stream(base_b, {**PARTICIPANT, "Last-Event-ID": str(seen)}, http)
         try:
             assert [again.next_event()[0] for _ in range(3)] == missed
             deliver(client, service)
@@ -204,7 +174,12 @@ def test_a_slow_client_is_dropped_without_holding_up_the_hub_or_a_fast_client(
         await asyncio.wait_for(inbox.pump(), timeout=20)
         await asyncio.wait_for(consumer, timeout=20)
         dropped = inbox.snapshot()
-        slow_seen = [chunk async for chunk in slow_stream]
+
+        async def drain_slow() -> list[str]:
+            return [chunk async for chunk in slow_stream]
+
+        # the dropped stream must end by itself: a stream that never ends fails here, in seconds
+        slow_seen = await asyncio.wait_for(drain_slow(), timeout=READ_DEADLINE)
         return got, [int(c.split("\n")[0][4:]) for c in slow_seen if c.startswith("id:")], dropped
 
     got, slow_seen, snapshot = asyncio.run(scenario())
@@ -220,7 +195,7 @@ def test_a_vanished_client_is_cleaned_up_and_heartbeats_keep_an_idle_stream_aliv
     """INBOX-5: an idle stream gets heartbeat comments; when the client goes, its subscription goes."""
     replica_b.inbox.heartbeat_seconds = 0.05
     with serve(replica_b) as base_b, httpx.Client() as http:
-        stream = Stream(base_b, PARTICIPANT, http)
+        stream = open_stream(base_b, PARTICIPANT, http)
         stream.until_connected()
         assert stream.next_block() == [": heartbeat"]
         assert replica_b.inbox.snapshot()["streams"] == 1
@@ -243,7 +218,7 @@ def test_a_live_event_reaches_the_stream_too(
 ) -> None:
     """INBOX-2: the live path publishes the same way (REQ-0066: one path)."""
     with serve(replica_b) as base_b, httpx.Client() as http:
-        stream = Stream(base_b, bearer(None, subject="participant-7"), http)
+        stream = open_stream(base_b, bearer(None, subject="participant-7"), http)
         try:
             stream.until_connected()
             body = event_body(user_id="participant-7")
@@ -307,7 +282,7 @@ def test_without_listen_the_hub_reads_on_its_timer_and_nothing_is_missed(
     replica_c = SchedulerService(settings.with_(listen=False), engine=engine_c, clock=clock, run_scheduler=False)
     try:
         with serve(replica_c) as base_c, httpx.Client() as http:
-            stream = Stream(base_c, PARTICIPANT, http)
+            stream = open_stream(base_c, PARTICIPANT, http)
             try:
                 stream.until_connected()
                 deliver(client, service)
@@ -319,3 +294,142 @@ def test_without_listen_the_hub_reads_on_its_timer_and_nothing_is_missed(
         assert replica_c.inbox.stats.notifies == 0 and replica_c.inbox.stats.reads >= 1
     finally:
         engine_c.dispose()
+
+
+@pytest.mark.clause("INBOX-9")
+def test_two_participants_streams_on_two_replicas_each_carry_only_their_own_notifications_in_order(
+    client: TestClient, service: SchedulerService, replica_b: SchedulerService
+) -> None:
+    """INBOX-9: participant-1 and participant-2 each have a stream open on replica A and on
+    replica B at once; notifications for both, interleaved, are delivered by both replicas'
+    loops. Every stream receives exactly its participant's notifications, in stream order,
+    and nothing of the other's (a hub offering every row to every stream fails at the first
+    foreign event); a replay from the start carries only the participant's own rows too."""
+    users = ("participant-1", "participant-2")
+    headers = {u: bearer(None, subject=u) for u in users}
+    with serve(service) as base_a, serve(replica_b) as base_b, httpx.Client() as http:
+        streams = {(u, base): open_stream(base, headers[u], http) for u in users for base in (base_a, base_b)}
+        try:
+            for stream in streams.values():
+                stream.until_connected()
+            # interleaved: 1, 2, 1, 2, 1, 2; odd ones through replica A's loop, even ones B's
+            for i in range(6):
+                deliver(client, service if i % 2 == 0 else replica_b, user_id=users[i % 2])
+            expected = {u: [r["stream_seq"] for r in rows(service.engine, "SELECT stream_seq FROM notifications "
+                                                           "WHERE user_id = :u ORDER BY stream_seq", u=u)]
+                        for u in users}
+            assert all(len(seqs) == 3 for seqs in expected.values()), expected
+            for (user, _), stream in streams.items():
+                got = [stream.next_event() for _ in range(3)]
+                assert [note["user_id"] for _, note in got] == [user] * 3, (user, got)
+                assert [seq for seq, _ in got] == expected[user]
+                assert [note["stream_seq"] for _, note in got] == expected[user]
+            # nothing else is queued for either: the next event each stream sees is its own new one
+            deliver(client, service, user_id="participant-2")
+            deliver(client, replica_b, user_id="participant-1")
+            for (user, _), stream in streams.items():
+                seq, note = stream.next_event()
+                assert note["user_id"] == user and seq > expected[user][-1]
+            with open_stream(base_b, {**headers["participant-1"], "Last-Event-ID": "0"}, http) as replay:
+                replayed = [replay.next_event()[1]["user_id"] for _ in range(4)]
+            assert replayed == ["participant-1"] * 4
+        finally:
+            for stream in streams.values():
+                stream.close()
+
+
+def csp_of(header: str) -> dict[str, set[str]]:
+    """A Content-Security-Policy header as directive -> set of sources."""
+    policy: dict[str, set[str]] = {}
+    for part in header.split(";"):
+        words = part.split()
+        if words:
+            policy[words[0].lower()] = set(words[1:])
+    return policy
+
+
+@pytest.mark.clause("INBOX-10")
+def test_the_inbox_page_sends_a_policy_as_strict_as_the_consoles_and_may_not_be_framed(client: TestClient) -> None:
+    """INBOX-10: /inbox (which holds a participant's token and shows what senders wrote) sends
+    a Content-Security-Policy allowing nothing the console's does not, except the hashes of its
+    own inline script and style (no 'unsafe-inline', no other host), frame-ancestors 'none' and
+    X-Frame-Options: DENY; every inline script and style of the page is allowed by its hash, and
+    the page has no inline event handler (which no hash allows)."""
+    import base64
+    import hashlib
+    import re
+
+    page = client.get("/inbox")
+    console = client.get("/console/sign-in")
+    assert page.status_code == 200 and "content-security-policy" in page.headers, dict(page.headers)
+    mine, theirs = csp_of(page.headers["content-security-policy"]), csp_of(console.headers["content-security-policy"])
+    assert set(theirs) <= set(mine), f"missing directives: {set(theirs) - set(mine)}"
+    for directive, sources in mine.items():
+        allowed = theirs.get(directive, theirs.get("default-src", set()))
+        extra = {s for s in sources if s not in allowed and not re.fullmatch(r"'sha256-[A-Za-z0-9+/]+=*'", s)}
+        assert not extra, f"{directive} allows {extra}, the console does not"
+    assert mine["default-src"] == {"'none'"} and mine["frame-ancestors"] == {"'none'"}
+    assert mine["base-uri"] == {"'none'"} and mine["connect-src"] == {"'self'"}
+    assert page.headers["x-frame-options"] == "DENY" and page.headers["x-content-type-options"] == "nosniff"
+    for tag, directive in (("script", "script-src"), ("style", "style-src")):
+        bodies = re.findall(rf"<{tag}>(.*?)</{tag}>", page.text, flags=re.DOTALL)
+        assert bodies, tag
+        for body in bodies:
+            digest = base64.b64encode(hashlib.sha256(body.encode()).digest()).decode()
+            assert f"'sha256-{digest}'" in mine[directive], f"the page's own {tag} would be blocked"
+    assert not re.search(r"<[^>]+\son[a-z]+\s*=", page.text, flags=re.IGNORECASE), "an inline event handler"
+
+
+@pytest.mark.clause("INBOX-1")
+def test_pages_of_notifications_delivered_at_one_instant_lose_and_repeat_nothing(
+    client: TestClient, service: SchedulerService
+) -> None:
+    """INBOX-1: three notifications delivered by one poll share their created_at; pages of one
+    each still give all three, once each (the cursor breaks the tie by id), then no next."""
+    for day in ("2026-12-01", "2026-12-02", "2026-12-03"):  # three distinct reminders, one instant
+        post_event(client, trigger_at=service.clock.now(), facts=reminder_facts(day))
+    assert service.scheduler.poll_once().dispatched == 3
+    seen: list[dict[str, Any]] = []
+    params: dict[str, Any] = {"limit": 1}
+    for _ in range(4):
+        page = client.get(ME, params=params, headers=PARTICIPANT).json()
+        seen += page["items"]
+        if page["next"] is None:
+            break
+        params = {"limit": 1, "before": page["next"]}
+    assert len({n["created_at"] for n in seen}) == 1
+    assert len(seen) == 3 and len({n["id"] for n in seen}) == 3
+
+
+@pytest.mark.clause("INBOX-3")
+def test_a_replay_longer_than_one_read_of_the_table_misses_nothing(
+    client: TestClient, service: SchedulerService, replica_b: SchedulerService, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """INBOX-3: the replay reads the table a page at a time; with pages of two, five missed
+    notifications still come back, each once and in order, and the stream then goes live."""
+    import scheduler.web.inbox as inbox_module
+
+    monkeypatch.setattr(inbox_module, "REPLAY_LIMIT", 2)
+    deliver(client, service, n=5)
+    missed = [r["stream_seq"] for r in rows(service.engine, "SELECT stream_seq FROM notifications ORDER BY stream_seq")]
+    with serve(replica_b) as base_b, httpx.Client() as http, \
+            open_stream(base_b, {**PARTICIPANT, "Last-Event-ID": "0"}, http) as stream:
+        assert [stream.next_event()[0] for _ in range(5)] == missed
+        deliver(client, service)
+        assert stream.next_event()[0] > missed[-1]
+
+
+@pytest.mark.clause("INBOX-3")
+def test_a_last_event_id_past_the_newest_number_still_receives_what_comes_next(
+    client: TestClient, service: SchedulerService, replica_b: SchedulerService
+) -> None:
+    """INBOX-3: a client remembering a number the database never gave (a restored database, a
+    client of another deployment) reconnects with it: the stream starts from the newest number
+    instead, so the next notification still arrives (it is not hidden as already seen)."""
+    deliver(client, service)
+    with serve(replica_b) as base_b, httpx.Client() as http, \
+            open_stream(base_b, {**PARTICIPANT, "Last-Event-ID": str(10**15)}, http) as stream:
+        stream.until_connected()
+        deliver(client, service)
+        seq, note = stream.next_event()
+        assert note["user_id"] == "participant-1" and seq < 10**15

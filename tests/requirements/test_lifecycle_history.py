@@ -22,6 +22,7 @@ from scheduler.core.clock import ManualClock
 from scheduler.web.app import SchedulerService
 from tests.conftest import ADMIN, INGEST, T0, bearer
 from tests.helpers import later, post_event, reminder_facts
+from tests.operations.support import sign_in
 
 
 def history(client: TestClient, event_id: str) -> list[dict[str, Any]]:
@@ -153,3 +154,30 @@ def test_the_consoles_event_page_shows_the_rows_changes(
     changes = page.text.split('<table id="changes">', 1)[1].split("</table>", 1)[0]
     assert changes.count("<tr><td>") == 2
     assert "rewritten" in changes and "sender-app" in changes and "trigger_at" in changes
+
+
+HOSTILE = '<script>window.__pwned = 1</script><img src=x onerror="window.__pwned = 2"> "quoted" \'single\''
+
+
+@pytest.mark.clause("HIST-3")
+def test_the_consoles_history_of_a_hostile_rewrite_shows_it_as_text(
+    client: TestClient, service: SchedulerService, clock: ManualClock
+) -> None:
+    """HIST-3: a re-post by key whose facts hold script and markup, by a sender whose token's
+    subject does too: the event page's history shows both changes and the actor escaped, as
+    text; no tag of them reaches the page."""
+    stored = post_event(client, external_key="k-hostile")
+    clock.advance(timedelta(minutes=5))
+    sender = bearer("nudging.ingest", subject=HOSTILE)
+    moved = client.post("/admin/scheduled-events", headers=sender, json={
+        "event_type": "commitment_reminder", "user_id": "participant-1", "external_key": "k-hostile",
+        "trigger_at": T0.isoformat(), "facts": reminder_facts(commitment=HOSTILE)})
+    assert moved.status_code == 201, moved.text
+    sign_in(client)
+    page = client.get(f"/console/events/{stored['id']}")
+    assert page.status_code == 200, page.text
+    changes = page.text.split('<table id="changes">', 1)[1].split("</table>", 1)[0]
+    assert "rewritten" in changes and "facts" in changes
+    assert "<script" not in changes and "<img" not in changes
+    assert changes.count("&lt;script&gt;window.__pwned = 1&lt;/script&gt;") == 2  # the new facts, and the actor
+    assert "<script" not in page.text.split("</main>")[0].split("<main")[-1]

@@ -18,7 +18,7 @@ import asyncio
 import logging
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -400,3 +400,24 @@ def test_a_failed_poll_waits_the_interval_instead_of_retrying_at_once(
     assert waits(scheduler)
     assert scheduler.health.consecutive_failures == 1
     assert scheduler.waiting_until is None
+
+
+@pytest.mark.clause("PROMPT-5")
+def test_a_post_wakes_every_waiting_replica_not_only_one(
+    engine: Engine, clock: ManualClock, running: list[LoopThread]
+) -> None:
+    """PROMPT-5: two prompt-mode replicas both wait out a one-hour interval; one row due now,
+    stored through a third replica's API, wakes both (each polls once more), and exactly one
+    of them dispatches it."""
+    loops = [start(running, make_service(engine, clock)) for _ in range(2)]
+    for scheduler in loops:
+        assert waits(scheduler) and scheduler.health.polls == 1
+    with api(engine, clock) as client:
+        row = post_event(client, user_id="now", trigger_at=T0)
+    def polled_again(scheduler: Scheduler) -> Callable[[], bool]:
+        return lambda: scheduler.health.polls >= 2 and scheduler.waiting
+
+    for scheduler in loops:
+        assert scheduler.wait_for(polled_again(scheduler), DEADLINE), "a waiting replica was not woken"
+    assert sum(s.health.dispatched for s in loops) == 1
+    assert statuses(engine)[row["id"]] == "dispatched"

@@ -234,7 +234,7 @@ def test_a_prompt_mode_replica_polls_again_after_each_full_batch_and_agrees_with
 def test_a_broken_variant_whose_target_sql_is_gone_fails_loudly() -> None:
     """SIM-1: a rewrite aimed at SQL that production no longer contains refuses to build, so a
     variant can never pass silently as a correct scheduler."""
-    from harness.broken import VariantNoLongerApplies, _replace
+    from harness.broken import Replace, VariantNoLongerApplies
 
     with pytest.raises(VariantNoLongerApplies, match=r"matches no statement of queries\.sql"):
-        _replace(r"FOR SHARE NOWAIT", "FOR UPDATE", claim_only=False)
+        Replace(r"FOR SHARE NOWAIT", "FOR UPDATE", claim_only=False).build()

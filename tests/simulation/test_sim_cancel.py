@@ -16,8 +16,8 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session, sessionmaker
 
 from harness import Simulation, Violation
-from scheduler.core.store import event_to_json
-from scheduler.web import lifecycle
+from scheduler.application import commands
+from scheduler.application.events import EventRecord
 
 
 @pytest.mark.clause("SIM-CANCEL")
@@ -41,14 +41,14 @@ def test_a_cancel_racing_a_dispatch_waits_for_the_batch_and_a_cancelled_row_is_n
         assert sorted(r.status for r in sim.observer.rows().values()) == ["cancelled", "dispatched"]
 
 
-def careless_cancel(sessions: sessionmaker[Session], *, now: datetime, event_id: str | None = None,
-                    external_key: str | None = None, actor: str | None = None) -> lifecycle.CancelResult:
+def careless_cancel(sessions: sessionmaker[Session], *, now: datetime, actor: commands.Actor,
+                    event_id: str | None = None, external_key: str | None = None) -> commands.CancelResult:
     """A broken cancel: it waits for the row lock but never looks at the status."""
     with sessions.begin() as session:
         row: Any = session.execute(
             text("UPDATE scheduled_events SET status = 'cancelled', dispatched_at = NULL, updated_at = :now "
                  "WHERE id = :id RETURNING *"), {"id": event_id, "now": now}).mappings().one()
-        return lifecycle.CancelResult("cancelled", event_to_json(row))
+        return commands.CancelResult("cancelled", EventRecord.from_row(row), None)
 
 
 @pytest.mark.clause("SIM-CANCEL")
@@ -57,7 +57,7 @@ def test_a_cancel_that_ignores_the_status_is_caught_cancelling_a_dispatched_row(
 ) -> None:
     """SIM-CANCEL: the model knows the row was dispatched, so a cancel answering `cancelled`
     for it is a violation (the invariant can fail)."""
-    monkeypatch.setattr(lifecycle, "cancel_event", careless_cancel)
+    monkeypatch.setattr(commands, "cancel", careless_cancel)
     with Simulation(database_url, replicas=1, clients=1, batch_size=1) as sim:
         sim.post(user=0, trigger=-5)
         sim.run(0)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -28,6 +28,16 @@ from tests.helpers import drain, post_event, reminder_facts
 class Case:
     value: str
     keeps: Callable[[dict[str, Any]], bool] | None  # None: ``limit``, the first rows in order
+    # ``cursor``: the value is the next cursor of a page of ``value`` rows, and the answer
+    # is every row after that page, in order
+    cursor: bool = False
+
+
+DAY_ONE = (T0 + timedelta(days=1)).isoformat()
+
+
+def _at(row: dict[str, Any]) -> datetime:
+    return datetime.fromisoformat(row["trigger_at"])
 
 
 FILTERS: dict[tuple[str, str], Case] = {
@@ -35,6 +45,13 @@ FILTERS: dict[tuple[str, str], Case] = {
     ("/admin/scheduled-events", "user_id"): Case("anna", lambda r: r["user_id"] == "anna"),
     ("/admin/scheduled-events", "limit"): Case("2", None),
     ("/admin/scheduled-events", "external_key"): Case("anna-later", lambda r: r["external_key"] == "anna-later"),
+    ("/admin/scheduled-events", "event_type"): Case("other_reminder", lambda r: r["event_type"] == "other_reminder"),
+    ("/admin/scheduled-events", "community_id"): Case("community-2", lambda r: r["community_id"] == "community-2"),
+    ("/admin/scheduled-events", "trigger_from"): Case(DAY_ONE, lambda r: _at(r) >= T0 + timedelta(days=1)),
+    ("/admin/scheduled-events", "trigger_to"): Case(DAY_ONE, lambda r: _at(r) < T0 + timedelta(days=1)),
+    ("/admin/scheduled-events", "error_contains"): Case(
+        "TIME_SCOPE", lambda r: "time_scope" in (r["last_error"] or "").lower()),
+    ("/admin/scheduled-events", "cursor"): Case("2", None, cursor=True),
     ("/admin/notifications", "status"): Case("suppressed", lambda r: r["status"] == "suppressed"),
     ("/admin/notifications", "user_id"): Case("ben", lambda r: r["user_id"] == "ben"),
     ("/admin/notifications", "limit"): Case("1", None),
@@ -66,8 +83,10 @@ def varied(client: TestClient, service: SchedulerService) -> None:
     post_event(client, user_id="anna")  # dispatched, sent
     post_event(client, user_id="anna", facts=reminder_facts("not-a-date"))  # failed
     post_event(client, user_id="ben")  # dispatched, then a suppressed live repeat
-    later = post_event(client, user_id="ben", trigger_at=T0 + timedelta(days=1))  # stays pending
-    post_event(client, user_id="anna", trigger_at=T0 + timedelta(days=2), external_key="anna-later")  # pending
+    later = post_event(client, user_id="ben", trigger_at=T0 + timedelta(days=1),
+                       community_id="community-2")  # stays pending
+    post_event(client, user_id="anna", trigger_at=T0 + timedelta(days=2), external_key="anna-later",
+               event_type="other_reminder")  # pending
     drain(service)
     for _ in range(2):  # two operator actions for the audit trail's filters (the row stays pending)
         assert client.post(f"/admin/scheduled-events/{later['id']}/reset", headers=ADMIN).status_code == 200
@@ -91,10 +110,17 @@ def test_each_filter_of_an_admin_route_returns_exactly_the_matching_rows(
     """WIRE-2: with the filter, exactly the unfiltered rows it keeps, and it had rows to remove."""
     case = FILTERS[(path, parameter)]
     everything = client.get(path, headers=ADMIN).json()
-    expected = everything[: int(case.value)] if case.keeps is None else [r for r in everything if case.keeps(r)]
+    value = case.value
+    if case.cursor:
+        value = client.get(path, headers=ADMIN, params={"limit": case.value}).headers["X-Next-Cursor"]
+        expected = everything[int(case.value):]
+    elif case.keeps is None:
+        expected = everything[: int(case.value)]
+    else:
+        expected = [r for r in everything if case.keeps(r)]
     assert expected, "the data gives this filter nothing to keep"
     assert len(expected) < len(everything), "the data gives this filter nothing to remove"
-    filtered = client.get(path, headers=ADMIN, params={parameter: case.value})
+    filtered = client.get(path, headers=ADMIN, params={parameter: value})
     assert filtered.status_code == 200, filtered.text
     assert [r["id"] for r in filtered.json()] == [r["id"] for r in expected]
 

@@ -1,4 +1,6 @@
-"""Storing and reading scheduled events, notifications and preferences (the HTTP side).
+"""Storing scheduled events and preferences, and reading notifications (the HTTP side).
+
+What operators do to stored rows (list, reset, cancel) is ``scheduler.application``'s.
 
 Each function runs in its own short transaction and binds ``now`` from the caller's clock.
 """
@@ -74,38 +76,6 @@ def store_event(
 def set_change_context(session: Session, change: str | None, actor: str | None) -> None:
     """Name the change and who made it for the history trigger, for this transaction only."""
     session.execute(statement("set_change_context"), {"change": change or "", "actor": actor or ""})
-
-
-def get_event(sessions: sessionmaker[Session], event_id: str) -> dict[str, Any] | None:
-    with sessions.begin() as session:
-        row = session.execute(statement("get_event"), {"id": event_id}).mappings().first()
-        return event_to_json(row) if row else None
-
-
-def list_events(
-    sessions: sessionmaker[Session],
-    *,
-    status: str | None,
-    user_id: str | None,
-    limit: int,
-    external_key: str | None = None,
-) -> list[dict[str, Any]]:
-    with sessions.begin() as session:
-        rows = session.execute(
-            statement("list_events"),
-            {"status": status, "user_id": user_id, "limit": limit, "external_key": external_key},
-        ).mappings().all()
-        return [event_to_json(r) for r in rows]
-
-
-def reset_event(
-    sessions: sessionmaker[Session], event_id: str, now: datetime, actor: str | None = None
-) -> dict[str, Any] | None:
-    """The operator's reset by hand (REQ-0065): pending again, nothing of the last run kept."""
-    with sessions.begin() as session:
-        set_change_context(session, "reset", actor)
-        row = session.execute(statement("reset_event"), {"id": event_id, "now": now}).mappings().first()
-        return event_to_json(row) if row else None
 
 
 def list_notifications(

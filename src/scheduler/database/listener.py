@@ -14,6 +14,11 @@ that a timed poll or a read of the table would find anyway.
 
 After a reconnect every callback is called once with the empty payload: notifications
 may have been missed while the connection was down, so subscribers should look again.
+
+Each ``start`` runs a fresh thread with a stop event and a readiness event of its own, so
+a restart never revives the thread of an earlier run: a thread that ``stop`` could not
+join in time (still connecting) sees its own stop event set and ends on its own once
+its attempt returns, without updating ``available`` or ``reason`` again.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import time
 import uuid
 from collections import defaultdict
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import psycopg
 from psycopg import sql
@@ -46,6 +52,15 @@ def conninfo_of(engine: Engine) -> str:
 def notify(session: Session, channel: str, payload: str) -> None:
     """Send a notification inside ``session``'s transaction: delivered only if it commits."""
     session.execute(text("SELECT pg_notify(:channel, :payload)"), {"channel": channel, "payload": payload})
+
+
+@dataclass
+class _Run:
+    """One start-to-stop run of the listener: its thread and its own events."""
+
+    stop: threading.Event = field(default_factory=threading.Event)
+    ready: threading.Event = field(default_factory=threading.Event)
+    thread: threading.Thread | None = None
 
 
 class Listener:
@@ -74,9 +89,7 @@ class Listener:
         self.reprobe_seconds = reprobe_seconds
         self._callbacks: dict[str, list[Callback]] = defaultdict(list)
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._ready = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._current: _Run | None = None  # the run started last and not yet stopped
         self.available = False
         self.reason: str | None = "not started"
         self.connects = 0
@@ -92,7 +105,13 @@ class Listener:
 
     @property
     def running(self) -> bool:
-        return self._thread is not None
+        return self._current is not None
+
+    @property
+    def thread(self) -> threading.Thread | None:
+        """The current run's thread (``None`` when stopped)."""
+        run = self._current
+        return None if run is None else run.thread
 
     @property
     def has_subscribers(self) -> bool:
@@ -100,58 +119,81 @@ class Listener:
             return bool(self._callbacks)
 
     def start(self, wait_seconds: float | None = None) -> None:
-        """Start the thread; wait up to ``wait_seconds`` (default: the probe's time plus
-        one second) for the first connect, so ``available`` is meaningful on return."""
-        if self._thread is not None:
+        """Start a fresh thread (a no-op while running); wait up to ``wait_seconds``
+        (default: the probe's time plus one second) for its first connect, so
+        ``available`` is meaningful on return."""
+        if self._current is not None:
             return
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._run, name=f"{self.name}-listen", daemon=True)
-        self._thread.start()
-        self._ready.wait(self.probe_seconds + 1.0 if wait_seconds is None else wait_seconds)
+        run = _Run()
+        run.thread = threading.Thread(target=self._run, args=(run,), name=f"{self.name}-listen", daemon=True)
+        with self._lock:
+            self._current = run
+        run.thread.start()
+        run.ready.wait(self.probe_seconds + 1.0 if wait_seconds is None else wait_seconds)
 
-    def stop(self, timeout: float = 2.0) -> None:
-        """Stop listening; returns once the thread has ended (or after ``timeout``)."""
-        self._stop.set()
-        thread, self._thread = self._thread, None
-        if thread is not None:
-            thread.join(timeout)
-        self.available = False
-        self.reason = "stopped"
+    def stop(self, timeout: float = 2.0) -> bool:
+        """Stop listening and join the thread for up to ``timeout`` seconds; return whether
+        it ended. One that did not (a connect in progress) is logged; it ends on its own
+        once that attempt returns, and a later ``start`` runs a new thread regardless."""
+        with self._lock:
+            run, self._current = self._current, None
+            self.available = False
+            self.reason = "stopped"
+        if run is None or run.thread is None:
+            return True
+        run.stop.set()
+        run.thread.join(timeout)
+        if run.thread.is_alive():
+            logger.warning("%s: the LISTEN thread %s did not end within %g s of stop; it ends by itself "
+                           "once its connection attempt returns", self.name, run.thread.name, timeout)
+            return False
+        return True
 
     # -- the thread --------------------------------------------------------------------
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
+    def _run(self, run: _Run) -> None:
+        while not run.stop.is_set():
             try:
                 # No prepared statements: harmless here, and safe behind a transaction pooler.
                 with psycopg.connect(self.conninfo, autocommit=True, connect_timeout=10, prepare_threshold=None) as conn:
-                    self._listen(conn)
+                    if run.stop.is_set():
+                        return  # stopped while connecting: this run is over
+                    self._listen(run, conn)
+                    if run.stop.is_set():
+                        return
                     self.connects += 1
                     if self.connects > 1:
                         self._dispatch_all("")  # we may have missed some: look again
-                    self._ready.set()
+                    run.ready.set()
                     if not self.available:
                         # Timed wake-ups meanwhile; probe again later (a proxy may go away).
-                        self._stop.wait(self.reprobe_seconds)
+                        run.stop.wait(self.reprobe_seconds)
                         continue
-                    while not self._stop.is_set():
+                    while not run.stop.is_set():
                         for note in conn.notifies(timeout=0.2):
                             self._dispatch(note.channel, note.payload)
             except Exception as exc:
-                self.available = False
-                self.reason = f"connection lost: {type(exc).__name__}: {exc}"
+                if run.stop.is_set():
+                    return  # the failure of a run already stopped is nobody's news
+                self._set_status(run, False, f"connection lost: {type(exc).__name__}: {exc}")
                 logger.warning("%s: LISTEN connection failed (%s); retrying", self.name, exc, exc_info=True)
-                self._ready.set()
-                self._stop.wait(self.retry_seconds)
+                run.ready.set()
+                run.stop.wait(self.retry_seconds)
 
-    def _listen(self, conn: psycopg.Connection[tuple[object, ...]]) -> None:
+    def _set_status(self, run: _Run, available: bool, reason: str | None) -> None:
+        """Only the current run speaks for the listener."""
+        with self._lock:
+            if run is self._current:
+                self.available = available
+                self.reason = reason
+
+    def _listen(self, run: _Run, conn: psycopg.Connection[tuple[object, ...]]) -> None:
         with self._lock:
             channels = sorted(self._callbacks)
         for channel in [*channels, PROBE_CHANNEL]:
             conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
         problem = self._probe(conn)
-        self.available = problem is None
-        self.reason = problem
+        self._set_status(run, problem is None, problem)
         if problem is not None and not self._warned:
             self._warned = True
             logger.warning("%s: LISTEN/NOTIFY unavailable (%s); falling back to timed wake-ups", self.name, problem)

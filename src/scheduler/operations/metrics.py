@@ -22,6 +22,7 @@ from prometheus_client.registry import Collector
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
+from scheduler.application.counts import indexed_count
 from scheduler.core.loop import PollReport, Scheduler
 from scheduler.database.queries import statement
 from scheduler.types import Clock, EventStatus
@@ -39,7 +40,7 @@ def database_gauges(sessions: sessionmaker[Session], now: datetime) -> dict[str,
     and replicas by state (from the heartbeats)."""
     with sessions.begin() as session:
         backlog = session.execute(statement("backlog_gauges"), {"now": now}).mappings().one()
-        failed = session.execute(statement("count_failed")).scalar_one()
+        failed = indexed_count(session, EventStatus.FAILED)
         replicas = {str(r["state"]): float(r["count"])
                     for r in session.execute(statement("count_replicas_by_state"), {"now": now}).mappings()}
     oldest = backlog["oldest_trigger_at"]

@@ -1,9 +1,10 @@
 """What the console's overview shows (and streams): counts, backlog, lateness, replicas, failures.
 
 Each figure reads an index made for it (the pending and failed partial indexes, the
-``(updated_at, id)`` index for the last hour's dispatches) except the dispatched count,
-which is counted exactly only in a table under ``EXACT_LIMIT`` rows and estimated above
-(see docs/console.md for the cost at 1M rows).
+``(updated_at, id)`` index for the last hour's dispatches) except the counts of finished
+rows (dispatched, cancelled), which are counted exactly only in a table under
+``EXACT_LIMIT`` rows and are the planner's estimate above, marked as such
+(``scheduler.application.counts``; see docs/console.md for the cost at 1M rows).
 """
 
 from __future__ import annotations
@@ -13,12 +14,13 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from scheduler.application import counts as status_counts
 from scheduler.database.queries import statement
 from scheduler.operations.heartbeat import list_replicas, replicas_json
 
 LATENESS_WINDOW = timedelta(hours=1)
 FAILURE_WINDOW = timedelta(hours=24)
-EXACT_LIMIT = 200_000  # rows in the table above which the dispatched count is estimated
+EXACT_LIMIT = status_counts.EXACT_LIMIT  # rows in the table above which finished rows are estimated
 FAILURE_SAMPLE = 10_000  # more failures than this in 24 h: the kinds are those of the latest ones
 
 
@@ -26,19 +28,9 @@ def overview(sessions: sessionmaker[Session], now: datetime) -> dict[str, Any]:
     """Every figure of the overview at ``now`` (the injected clock's), JSON-ready."""
     with sessions.begin() as session:
         backlog = session.execute(statement("backlog_gauges"), {"now": now}).mappings().one()
-        counts = {
-            "pending": session.execute(statement("count_pending")).scalar_one(),
-            "failed": session.execute(statement("count_failed")).scalar_one(),
-        }
-        # Pending and failed are counted on their partial indexes; dispatched rows are the
-        # bulk of a big table, so past EXACT_LIMIT rows their count is the planner's estimate
-        # minus the exact others (marked approximate) instead of a scan every refresh.
-        estimate = session.execute(statement("estimate_events")).scalar_one() or -1
-        approximate = estimate >= EXACT_LIMIT
-        if approximate:
-            counts["dispatched"] = max(estimate - counts["pending"] - counts["failed"], 0)
-        else:
-            counts["dispatched"] = session.execute(statement("count_dispatched")).scalar_one()
+        # Every status, cancelled included; past EXACT_LIMIT rows the finished ones are the
+        # planner's estimate (named in "estimated"), never a scan every refresh.
+        counts = status_counts.status_counts(session, exact_limit=EXACT_LIMIT)
         lateness = session.execute(
             statement("lateness_percentiles"), {"since": now - LATENESS_WINDOW, "now": now}
         ).mappings().one()
@@ -51,8 +43,8 @@ def overview(sessions: sessionmaker[Session], now: datetime) -> dict[str, Any]:
     oldest = backlog["oldest_trigger_at"]
     return {
         "generated_at": now.isoformat(),
-        "counts": counts,
-        "dispatched_approximate": approximate,
+        "counts": counts.as_json(),
+        "estimated": counts.estimated_json(),
         "backlog": backlog["backlog"],
         "oldest_overdue_seconds": max((now - oldest).total_seconds(), 0.0) if oldest else None,
         "lateness": {

@@ -1,8 +1,9 @@
 """Issue 9's part of the service: heartbeats, metrics, the operator API and the console.
 
-``SchedulerService`` creates one ``Operations`` and mounts ``operations.routes()``; it
-attaches the heartbeat and the metrics to the loop's ``poll_hooks``, so an embedding app
-gets all of it by mounting ``service.app``.
+The composition root (``scheduler.web.app``) creates one ``Operations`` with the
+settings, the sessionmaker, the clock, the loop and the token verifier, and mounts
+``operations.routes()``; ``Operations`` attaches the heartbeat and the metrics to the
+loop's ``poll_hooks``, so an embedding app gets all of it by mounting ``service.app``.
 """
 
 from __future__ import annotations

@@ -55,6 +55,12 @@ class Principal(BaseUser):
         return self.subject
 
 
+def actor_of(request: Request) -> str | None:
+    """Who made a change: the token's subject (None without a token)."""
+    user = request.user
+    return user.subject if isinstance(user, Principal) else None
+
+
 class TokenVerifier:
     """Verifies tokens with exactly one configured key type, so algorithms cannot be confused."""
 

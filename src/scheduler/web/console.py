@@ -18,7 +18,7 @@ from datetime import datetime
 from importlib.resources import files
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import unquote, urlencode, urlsplit
 
 import anyio
 import jwt
@@ -29,9 +29,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
-from scheduler.application import audit
-from scheduler.core.store import get_event
-from scheduler.database.queries import statement
+from scheduler.application import audit, commands, events
 from scheduler.operations.overview import duration, overview
 from scheduler.types import Clock, EventStatus
 from scheduler.web.auth import TokenVerifier, token_problem
@@ -48,24 +46,15 @@ from scheduler.web.console_auth import (
     set_signin_nonce,
     signin_nonce_ok,
 )
-from scheduler.web.lifecycle import event_history
-from scheduler.web.params import (
-    Endpoint,
-    Param,
-    Unprocessable,
-    declares,
-    query,
-    text_param,
-    whole_number,
-)
+from scheduler.web.http import path_param
+from scheduler.web.params import Endpoint, Param, Unprocessable, declares, query, whole_number
+from scheduler.web.scheduled_events import CURSOR, EVENT_FILTER, event_query
 from scheduler.web.sse import Streams, wait_or_close
 
 PACKAGE = Path(str(files("scheduler.web")))
 STATIC = PACKAGE / "static"
 STATIC_TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8"}
 PAGE_SIZE = 50
-# The events page's and the bulk reset's filter (audit.EventFilter reads their meaning).
-FILTER = {name: Param.string() for name in audit.EventFilter.FIELDS}
 HEADERS = {
     "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
                                "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
@@ -197,10 +186,11 @@ class Console:
     @declares(once=Param.flag("send one overview and end"))
     async def stream(self, request: Request) -> Response:
         """Server-sent events: the overview every ``refresh_seconds``; ``?once=1`` sends one.
-        A stream ends after ``stream_seconds`` (the browser's EventSource reconnects)."""
+        A stream ends after ``stream_seconds`` (the browser's EventSource reconnects), and at
+        once when the server stops (with a retry hint)."""
         once = query(request)["once"]
 
-        async def events(closing: anyio.Event) -> AsyncIterator[str]:
+        async def overviews(closing: anyio.Event) -> AsyncIterator[str]:
             loop = asyncio.get_running_loop()
             deadline = loop.time() + self.stream_seconds
             while True:
@@ -213,58 +203,44 @@ class Console:
                 if await request.is_disconnected():
                     return
 
-        return self.streams.response(events)
+        return self.streams.response(overviews, headers={"Cache-Control": "no-store"})
 
     # -- events ------------------------------------------------------------------------
 
-    @declares(**FILTER, after_at=Param.time("the previous page's last time"),
-              after_id=Param.string("the previous page's last id"))
+    @declares(**EVENT_FILTER, cursor=CURSOR)
     async def events_page(self, request: Request) -> Response:
-        q = query(request)
+        where = event_query(query(request), limit=PAGE_SIZE)  # pages of PAGE_SIZE
         try:
-            where = audit.EventFilter.from_mapping(_filter_fields(q))
-        except audit.FilterError as exc:
-            return self.page(request, "error.html", {"message": str(exc)}, 422)
-        after_at, after_id = q["after_at"], q["after_id"] or ""
-        rows = await run_in_threadpool(self._events, where, after_at, after_id)
-        more = len(rows) > PAGE_SIZE
-        rows = rows[:PAGE_SIZE]
-        chosen = where.as_json()
-        next_link = None
-        if more:
-            last = rows[-1]
-            key = "trigger_at" if where.status == EventStatus.PENDING else "updated_at"
-            next_link = urlencode({**chosen, "after_at": last[key].isoformat(), "after_id": last["id"]})
-        return self.page(request, "events.html", {
-            "rows": rows, "f": chosen, "statuses": audit.FILTER_STATUSES, "next_link": next_link,
-            "filter_query": urlencode(chosen), "first_page": after_at is None, "pending": where.status == EventStatus.PENDING,
-        })
-
-    def _events(self, where: audit.EventFilter, after_at: datetime | None, after_id: str) -> list[dict[str, Any]]:
-        with self.sessions.begin() as session:
             # Pending rows come next due first, on the pending index (the claim's order);
             # the others newest change first, on the (updated_at, id) indexes.
-            name = "filter_pending_page" if where.status == EventStatus.PENDING else "filter_events_page"
-            return [dict(r) for r in session.execute(statement(name), {
-                **where.params(), "after_at": after_at, "after_id": after_id, "limit": PAGE_SIZE + 1,
-            }).mappings()]
+            page = await run_in_threadpool(events.list_events, self.sessions, where, where.default_order())
+        except events.QueryError as exc:
+            return self.page(request, "error.html", {"message": str(exc)}, 422)
+        chosen = where.as_json()
+        next_link = urlencode({**chosen, "cursor": page.next_cursor.encode()}) if page.next_cursor else None
+        return self.page(request, "events.html", {
+            "rows": page.rows, "f": chosen, "statuses": [str(s) for s in EventStatus], "next_link": next_link,
+            "filter_query": urlencode(chosen), "first_page": where.cursor is None,
+            "pending": where.status == EventStatus.PENDING,
+        })
 
     @declares(done=Param.string("the action just done, to confirm it"))
     async def event_page(self, request: Request) -> Response:
-        event_id = _path_param(request, "event_id")
+        event_id = path_param(request, "event_id")
         row, notifications, actions = await run_in_threadpool(self._detail, event_id)
         if row is None:
             return self.page(request, "error.html", {"message": "no scheduled event with that id"}, 404)
-        changes = await run_in_threadpool(event_history, self.sessions, event_id) or []
+        changes = await run_in_threadpool(audit.event_history, self.sessions, event_id) or []
         facts = json.dumps(row.pop("facts"), indent=2, sort_keys=True, ensure_ascii=False)
         return self.page(request, "event.html", {"row": row, "facts": facts, "notifications": notifications,
                                                  "actions": actions, "changes": changes,
                                                  "done": query(request)["done"]})
 
     def _detail(self, event_id: str) -> tuple[dict[str, Any] | None, list[dict[str, Any]], list[dict[str, Any]]]:
-        row = get_event(self.sessions, event_id)
-        if row is None:
+        found = events.get_event(self.sessions, event_id)
+        if found is None:
             return None, [], []
+        row = {**found.as_json(), "facts": found.facts}
         return row, audit.event_notifications(self.sessions, event_id), audit.event_actions(self.sessions, event_id)
 
     @declares()
@@ -273,26 +249,23 @@ class Console:
         session = console_session(request)
         if not csrf_ok(session, _field(form, CSRF_FIELD)):
             return self._csrf_refused(request)
-        event_id = _path_param(request, "event_id")
-        reason = (_field(form, "reason") or "").strip()[:2000] or None
-        row = await run_in_threadpool(audit.reset_one, self.sessions, event_id, self.clock.now(),
-                                      actor=session.subject, source="console", reason=reason)
-        if row is None:
+        event_id = path_param(request, "event_id")
+        actor = commands.Actor(session.subject, "console")
+        result = await run_in_threadpool(lambda: commands.reset(
+            self.sessions, event_id, now=self.clock.now(), actor=actor, reason=_field(form, "reason")))
+        if result.event is None:
             return self.page(request, "error.html", {"message": "no scheduled event with that id"}, 404)
         return RedirectResponse(f"{base_path(request)}/console/events/{event_id}?done=reset", status_code=303)
 
     # -- bulk reset --------------------------------------------------------------------
 
-    @declares(**FILTER)
+    @declares(**EVENT_FILTER)
     async def bulk_page(self, request: Request) -> Response:
-        try:
-            where = audit.EventFilter.from_mapping(_filter_fields(query(request)))
-        except audit.FilterError as exc:
-            return self.page(request, "error.html", {"message": str(exc)}, 422)
+        where = event_query(query(request))
         as_of = self.clock.now()
-        count = await run_in_threadpool(audit.count_matching, self.sessions, where)
+        count = await run_in_threadpool(commands.count_matching, self.sessions, where, commands.RESETTABLE)
         return self.page(request, "bulk_reset.html", {
-            "f": where.as_json(), "count": count, "cap": audit.BULK_CAP, "as_of": as_of.isoformat(),
+            "f": where.as_json(), "count": count, "cap": commands.BULK_CAP, "as_of": as_of.isoformat(),
             "filter_query": urlencode(where.as_json()), "error": None, "reason": "",
         })
 
@@ -302,23 +275,24 @@ class Console:
         session = console_session(request)
         if not csrf_ok(session, _field(form, CSRF_FIELD)):
             return self._csrf_refused(request)
-        fields = {k: str(v) for k, v in form.items()}
+        fields = {k: str(v) for k, v in form.items() if k in events.FILTER_FIELDS or k in ("as_of", "expected", "reason")}
         try:
-            where = audit.EventFilter.from_mapping(fields)
-            as_of = audit.parse_time("as_of", fields.get("as_of"))
+            where = events.EventQuery.from_mapping(fields)
+            as_of = events.parse_time("as_of", fields.get("as_of"))
             expected = whole_number("expected", fields.get("expected", ""), low=0, high=2**63 - 1)
-        except (audit.FilterError, Unprocessable) as exc:
+        except (events.QueryError, Unprocessable) as exc:
             return self.page(request, "error.html", {"message": f"bad bulk reset form: {exc}"}, 422)
-        reason = fields.get("reason", "").strip()[:2000]
+        reason = fields.get("reason", "").strip()[:commands.MAX_REASON]
         if as_of is None or not reason:
             return self.page(request, "bulk_reset.html", {
-                "f": where.as_json(), "count": expected, "cap": audit.BULK_CAP,
+                "f": where.as_json(), "count": expected, "cap": commands.BULK_CAP,
                 "as_of": fields.get("as_of", ""), "filter_query": urlencode(where.as_json()),
                 "error": "a bulk reset needs a reason", "reason": reason,
             }, 422)
+        actor = commands.Actor(session.subject, "console")
         result = await run_in_threadpool(
-            lambda: audit.bulk_reset(self.sessions, where, now=self.clock.now(), as_of=as_of, expected=expected,
-                                     actor=session.subject, source="console", reason=reason))
+            lambda: commands.bulk_reset(self.sessions, where, now=self.clock.now(), as_of=as_of, expected=expected,
+                                        actor=actor, reason=reason))
         return self.page(request, "bulk_done.html", {"result": result, "expected": expected,
                                                      "filter_query": urlencode(where.as_json())})
 
@@ -333,27 +307,28 @@ class Console:
         return self.page(request, "audit.html", {"rows": rows, "next_before": rows[-1]["id"] if more else None})
 
 
-def _filter_fields(values: dict[str, Any]) -> dict[str, str]:
-    return {name: values[name] for name in audit.EventFilter.FIELDS if values[name] is not None}
-
-
-def _path_param(request: Request, name: str) -> str:
-    value = str(request.path_params[name])
-    text_param(name, value)
-    return value
-
-
 def _field(form: Any, name: str) -> str | None:
     value = form.get(name)
     return value if isinstance(value, str) else None
 
 
 def _safe_next(request: Request, raw: str | None) -> str:
-    """Only a path inside the console (never another host) is followed after sign-in."""
+    """Only a path inside the console (never another host) is followed after sign-in.
+
+    Anything else lands on the console: another scheme or host (``https://h/``, ``//h/``,
+    ``/\\h``, which browsers read as ``//h``), control characters (which browsers strip),
+    a path beside the console (``/console.evil``, ``/consolex``) or one that climbs out of it
+    with dot segments, literal or percent-encoded (browsers resolve ``%2e%2e`` as ``..``).
+    """
     console = base_path(request) + "/console"
-    if raw and raw.startswith(console) and not raw.startswith("//") and "\\" not in raw:
-        return raw
-    return console
+    if not raw or "\\" in raw or any(ord(c) < 0x20 or ord(c) == 0x7F for c in raw):
+        return console
+    parts = urlsplit(raw)
+    if parts.scheme or parts.netloc or not (parts.path == console or parts.path.startswith(console + "/")):
+        return console
+    if any(segment in (".", "..") for segment in unquote(parts.path).split("/")):
+        return console
+    return raw
 
 
 def _when(value: Any) -> str:

@@ -11,10 +11,11 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
+from scheduler.digits import digits_value
 from scheduler.web.params import (
     Unprocessable as Unprocessable,  # re-exported: the 422 every module raises
 )
-from scheduler.web.params import digits_value
+from scheduler.web.params import text_param
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
@@ -92,3 +93,10 @@ def parse_body(model: type[ModelT], payload: Any) -> ModelT:
         errors = validation_errors(exc)
         summary = "; ".join(f"{e['field']}: {e['message']}" for e in errors)
         raise Unprocessable(errors, f"invalid body: {summary}") from exc
+
+
+def path_param(request: Request, name: str) -> str:
+    """A path parameter, bounded and storable (see ``text_param``)."""
+    value = str(request.path_params[name])
+    text_param(name, value)
+    return value

@@ -11,7 +11,8 @@ The path of a notification to a browser:
 3. Every replica's ``Inbox`` hears the NOTIFY on the process's one LISTEN connection
    (``scheduler.database.listener``), reads what is new from the table (the payload is only the
    number), and offers each row to the queues of that participant's open streams.
-4. Each ``GET /me/notifications/stream`` drains its own queue as server-sent events.
+4. Each ``GET /me/notifications/stream`` (``scheduler.web.inbox_routes``) drains its own queue
+   as server-sent events (``sse_stream``).
 
 Nothing in that path can hold up the loop or another client: the publisher only runs one
 small transaction; the hub never waits for a client (``put_nowait`` into a bounded queue);
@@ -31,34 +32,21 @@ import json
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
-from starlette.exceptions import HTTPException
-from starlette.requests import Request
-from starlette.responses import HTMLResponse, Response
-from starlette.routing import BaseRoute, Route
 
 from scheduler.core.store import _jsonable
 from scheduler.database.queries import statement
 from scheduler.types import OutboundMessage, Publisher
-from scheduler.web.auth import PARTICIPANT, Principal, require
-from scheduler.web.http import respond
-from scheduler.web.params import Param, declares, query, stream_id
-from scheduler.web.schemas import InboxPageOut
 from scheduler.web.sse import RETRY_MS
-
-if TYPE_CHECKING:
-    from scheduler.web.app import SchedulerService
 
 logger = logging.getLogger(__name__)
 
 CHANNEL = "scheduler_inbox"
 STREAM_LOCK_KEY = int.from_bytes(hashlib.blake2b(b"nudging-inbox-stream", digest_size=8).digest(), "big", signed=True)
-PAGE = Path(__file__).parent / "pages" / "inbox.html"
 REPLAY_LIMIT = 500
 
 
@@ -139,7 +127,7 @@ def _read_tail(sessions: sessionmaker[Session], after: int, limit: int) -> list[
         return [dict(r) for r in session.execute(statement("stream_tail"), {"after": after, "limit": limit}).mappings()]
 
 
-def _stream_head(sessions: sessionmaker[Session]) -> int:
+def stream_head(sessions: sessionmaker[Session]) -> int:
     with sessions.begin() as session:
         return int(session.execute(statement("stream_head")).scalar_one())
 
@@ -225,7 +213,7 @@ class Inbox:
             self._loop, self._wake, self._task, self._starting = loop, asyncio.Event(), None, None
         await self._ensure_listening()
         if self.cursor is None:
-            self.cursor = await run_in_threadpool(_stream_head, self.sessions)
+            self.cursor = await run_in_threadpool(stream_head, self.sessions)
         subscriber = Subscriber(user_id, asyncio.Queue(maxsize=self.queue_size))
         self.subscribers.setdefault(user_id, set()).add(subscriber)
         self.stats.streams_opened += 1
@@ -325,74 +313,4 @@ async def sse_stream(inbox: Inbox, user_id: str, after: int, closing: anyio.Even
         inbox.unsubscribe(subscriber)
 
 
-def _whose(request: Request) -> str:
-    """The participant whose inbox this is: the token's subject; an admin may name another."""
-    user = request.user
-    assert isinstance(user, Principal)
-    wanted: str | None = query(request)["user_id"]
-    if wanted is None or wanted == user.subject:
-        return user.subject
-    if "admin" not in request.auth.scopes:
-        raise HTTPException(403, "missing permission: nudging.admin (admin) to read another participant's inbox")
-    return wanted
-
-
-USER_ID = Param.string("another participant's inbox (admin only)")
-
-
-def inbox_routes(service: SchedulerService) -> list[BaseRoute]:
-    """``/me/notifications``, its stream, and the ``/inbox`` page, for ``service``'s inbox."""
-    inbox: Inbox = service.inbox
-
-    @require(PARTICIPANT)
-    @declares(user_id=USER_ID, before=Param.cursor("the previous page's next"),
-              limit=Param.integer(1, 200, default=50, description="at most this many notifications"))
-    async def my_notifications(request: Request) -> Response:
-        """The caller's delivered notifications, newest first, keyset-paginated (?before=)."""
-        user_id = _whose(request)
-        before_at, before_id = query(request)["before"] or (None, None)
-        limit = query(request)["limit"]
-
-        def read() -> list[dict[str, Any]]:
-            with service.sessions.begin() as session:
-                return [_jsonable(r) for r in session.execute(
-                    statement("participant_notifications"),
-                    {"user_id": user_id, "before_at": before_at, "before_id": before_id, "limit": limit},
-                ).mappings()]
-
-        items = await run_in_threadpool(read)
-        last = items[-1] if len(items) == limit else None
-        page = InboxPageOut.model_validate(
-            {"items": items, "next": f"{last['created_at']}~{last['id']}" if last else None})
-        return respond(page)
-
-    @require(PARTICIPANT)
-    @declares(user_id=USER_ID, after=Param.stream_id("replay what came after this event id (as Last-Event-ID)"))
-    async def my_stream(request: Request) -> Response:
-        """Server-sent events; ``Last-Event-ID`` (or ``?after=``) replays what was missed."""
-        header = request.headers.get("last-event-id")
-        after = stream_id("Last-Event-ID", header) if header else query(request)["after"]
-        user_id = _whose(request)
-        if after is None:
-            after = -1
-        head = await run_in_threadpool(_stream_head, service.sessions)
-        # no position: from now on; a position past the head (a restored database) would
-        # hide every new notification until the numbers caught up: start from the head
-        if after < 0 or after > head:
-            after = head
-        return service.streams.response(lambda closing: sse_stream(inbox, user_id, after, closing),
-                                        headers={"Cache-Control": "no-cache"})
-
-    @declares()
-    async def page(request: Request) -> Response:
-        """The participant's page: it holds no data; the token it is given reads the rest."""
-        return HTMLResponse(PAGE.read_text())
-
-    return [
-        Route("/me/notifications", my_notifications, methods=["GET"]),
-        Route("/me/notifications/stream", my_stream, methods=["GET"]),
-        Route("/inbox", page, methods=["GET"]),
-    ]
-
-
-__all__ = ["CHANNEL", "Inbox", "StreamPublisher", "inbox_routes", "sse_stream"]
+__all__ = ["CHANNEL", "STREAM_LOCK_KEY", "Inbox", "StreamPublisher", "sse_stream"]

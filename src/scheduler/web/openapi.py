@@ -58,6 +58,14 @@ def _one_of(models: tuple[type[BaseModel], ...], description: str) -> dict[str, 
     return {"description": description, "content": {"application/json": {"schema": schema}}}
 
 
+# A list paged by keyset: the body stays a plain list; the next page is named in headers.
+PAGE_HEADERS = {
+    "X-Next-Cursor": {"description": "the cursor of the next page; absent on the last page",
+                      "schema": {"type": "string"}},
+    "Link": {"description": 'the next page\'s URL, rel="next" (RFC 8288); absent on the last page',
+             "schema": {"type": "string"}},
+}
+
 ERRORS = {
     "401": _json(ErrorOut, "missing, expired, malformed or invalid bearer token"),
     "403": _json(ErrorOut, "the token lacks the permission this route needs"),
@@ -96,8 +104,9 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
                       "422": _one_of((ValidationErrorOut, ErrorOut, FactsContractErrorOut), MISSING_FACTS)},
     },
     ("/admin/scheduled-events", "get"): {
-        "summary": "List scheduled events (permission: admin)",
-        "responses": {"200": _json(ScheduledEventOut, "rows, newest change first", many=True), **ERRORS},
+        "summary": "List scheduled events by the one query model, newest change first, a page at a time (permission: admin)",
+        "responses": {"200": {**_json(ScheduledEventOut, "rows, newest change first (then by id)", many=True),
+                              "headers": PAGE_HEADERS}, **ERRORS},
     },
     ("/admin/scheduled-events/{event_id}", "get"): {
         "summary": "One scheduled event (permission: admin)",

@@ -33,12 +33,12 @@ from urllib.parse import unquote_to_bytes
 from starlette.requests import Request
 from starlette.responses import Response
 
+from scheduler.digits import digits_value
 from scheduler.web.schemas import MAX_STRING, ValidationErrorOut, check_text
 
 Endpoint = Callable[..., Awaitable[Response]]
 E = TypeVar("E", bound=StrEnum)
 
-ASCII_DIGITS = frozenset("0123456789")
 STREAM_ID_DIGITS = 18  # a bigint stream number fits: 10**18 - 1 < 2**63
 _BAD_PERCENT = re.compile(rb"%(?![0-9A-Fa-f]{2})")
 
@@ -62,16 +62,6 @@ class Unprocessable(Exception):
 
 
 # -- primitives: one value ------------------------------------------------------------
-
-
-def digits_value(raw: str, max_digits: int) -> int | None:
-    """``raw`` as a whole number if it is 1 to ``max_digits`` ASCII digits; else None.
-
-    The base of every number parsed here (and of the Content-Length check): bounded length
-    before ``int()``, so a megabyte of digits costs nothing, and ASCII only."""
-    if not raw or len(raw) > max_digits or not ASCII_DIGITS.issuperset(raw):
-        return None
-    return int(raw)
 
 
 def whole_number(name: str, raw: str, *, low: int, high: int) -> int:

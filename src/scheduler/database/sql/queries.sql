@@ -102,20 +102,35 @@ RETURNING *;
 -- One scheduled event by id.
 SELECT * FROM scheduled_events WHERE id = :id;
 
--- name: list_events
--- Scheduled events for an operator, newest change first, optionally by status and user.
-SELECT * FROM scheduled_events
-WHERE (CAST(:status AS text) IS NULL OR status = :status)
+-- name: event_filter
+-- A fragment, not a statement: the one WHERE clause of every list, count and bulk action over scheduled events (EventQuery.params binds it); statements include it as {{event_filter}}.
+(CAST(:status AS text) IS NULL OR status = :status)
+  AND (CAST(:event_type AS text) IS NULL OR event_type = :event_type)
   AND (CAST(:user_id AS text) IS NULL OR user_id = :user_id)
   AND (CAST(:external_key AS text) IS NULL OR external_key = :external_key)
+  AND (CAST(:community_id AS text) IS NULL OR community_id = :community_id)
+  AND (CAST(:trigger_from AS timestamptz) IS NULL OR trigger_at >= :trigger_from)
+  AND (CAST(:trigger_to AS timestamptz) IS NULL OR trigger_at < :trigger_to)
+  -- :error_like is the text with LIKE's wildcards escaped, wrapped in %
+  AND (CAST(:error_like AS text) IS NULL OR last_error ILIKE :error_like)
+
+-- name: list_events
+-- One page of the API's list (GET /admin/scheduled-events): the filter, newest change first then id, keyset-paginated.
+SELECT * FROM scheduled_events
+WHERE {{event_filter}}
+  -- keyset in this order (updated_at descending, id ascending): strictly after the previous page's last row
+  AND (CAST(:after_at AS timestamptz) IS NULL
+       OR updated_at < :after_at
+       OR (updated_at = :after_at AND id > :after_id))
 ORDER BY updated_at DESC, id
 LIMIT :limit;
 
 -- name: reset_event
--- The operator's reset by hand: back to pending, dispatched_at and last_error cleared.
+-- The operator's reset of one row the caller has locked: back to pending, dispatched_at and last_error cleared, if its status allows.
 UPDATE scheduled_events
 SET status = 'pending', dispatched_at = NULL, last_error = NULL, updated_at = :now
-WHERE id = :id
+-- :sources is RESETTABLE (scheduler.application.commands): the same statuses every adapter resets
+WHERE id = :id AND status = ANY(CAST(:sources AS text[]))
 RETURNING *;
 
 -- name: claim_dedup_key_with_limits
@@ -250,9 +265,23 @@ SELECT count(*) FROM scheduled_events WHERE status = 'failed';
 -- How many rows are pending (due or not), read from the pending partial index only.
 SELECT count(*) FROM scheduled_events WHERE status = 'pending';
 
--- name: count_dispatched
--- How many rows are dispatched (the one count that reads the table itself: small tables only).
-SELECT count(*) FROM scheduled_events WHERE status = 'dispatched';
+-- name: count_events_by_status
+-- How many rows are in each status of :statuses (the EventStatus enum), zero included: one GROUP BY (small tables only: it reads them whole).
+SELECT s.status, count(e.id) AS count
+FROM unnest(CAST(:statuses AS text[])) AS s(status)
+LEFT JOIN scheduled_events AS e ON e.status = s.status
+GROUP BY s.status;
+
+-- name: estimate_events_by_status
+-- ANALYZE's statistics of the status column (most common values, their frequencies, the null fraction) and the table's row estimate; no row read.
+SELECT CAST(greatest(c.reltuples, 0) AS bigint) AS reltuples,
+       CAST(CAST(st.most_common_vals AS text) AS text[]) AS statuses,
+       st.most_common_freqs AS freqs,
+       st.null_frac
+FROM pg_class AS c
+LEFT JOIN pg_stats AS st
+       ON st.schemaname = current_schema() AND st.tablename = 'scheduled_events' AND st.attname = 'status'
+WHERE c.oid = CAST('scheduled_events' AS regclass);
 
 -- name: estimate_events
 -- The planner's row estimate of scheduled_events (kept by ANALYZE and autovacuum; -1 before the first).
@@ -300,15 +329,7 @@ SELECT count(*) FROM scheduled_events WHERE status = 'failed' AND updated_at >= 
 SELECT id, event_type, user_id, community_id, external_key, trigger_at, status, last_error,
        updated_at, dispatched_at
 FROM scheduled_events
-WHERE (CAST(:status AS text) IS NULL OR status = :status)
-  AND (CAST(:event_type AS text) IS NULL OR event_type = :event_type)
-  AND (CAST(:user_id AS text) IS NULL OR user_id = :user_id)
-  AND (CAST(:external_key AS text) IS NULL OR external_key = :external_key)
-  AND (CAST(:community_id AS text) IS NULL OR community_id = :community_id)
-  AND (CAST(:trigger_from AS timestamptz) IS NULL OR trigger_at >= :trigger_from)
-  AND (CAST(:trigger_to AS timestamptz) IS NULL OR trigger_at < :trigger_to)
-  -- :error_like is the text with LIKE's wildcards escaped, wrapped in %
-  AND (CAST(:error_like AS text) IS NULL OR last_error ILIKE :error_like)
+WHERE {{event_filter}}
   -- keyset: strictly after the last row of the previous page (no OFFSET)
   AND (CAST(:after_at AS timestamptz) IS NULL OR (updated_at, id) < (:after_at, :after_id))
 ORDER BY updated_at DESC, id DESC
@@ -321,32 +342,19 @@ SELECT id, event_type, user_id, community_id, external_key, trigger_at, status, 
 FROM scheduled_events
 -- the pending partial index, walked in its own (trigger_at, id) order
 WHERE status = 'pending'
-  AND (CAST(:event_type AS text) IS NULL OR event_type = :event_type)
-  AND (CAST(:user_id AS text) IS NULL OR user_id = :user_id)
-  AND (CAST(:external_key AS text) IS NULL OR external_key = :external_key)
-  AND (CAST(:community_id AS text) IS NULL OR community_id = :community_id)
-  AND (CAST(:trigger_from AS timestamptz) IS NULL OR trigger_at >= :trigger_from)
-  AND (CAST(:trigger_to AS timestamptz) IS NULL OR trigger_at < :trigger_to)
-  AND (CAST(:error_like AS text) IS NULL OR last_error ILIKE :error_like)
+  AND {{event_filter}}
   -- keyset: strictly after the last row of the previous page (no OFFSET)
   AND (CAST(:after_at AS timestamptz) IS NULL OR (trigger_at, id) > (:after_at, :after_id))
 ORDER BY trigger_at, id
 LIMIT :limit;
 
 -- name: count_filtered_events
--- How many rows match the filter now (the dry-run count of a bulk reset), capped at :cap + 1.
+-- How many rows match the filter and a bulk command's source statuses now (its dry-run count), capped at :cap + 1.
 SELECT count(*) FROM (
     SELECT 1 FROM scheduled_events
-    WHERE (CAST(:status AS text) IS NULL OR status = :status)
-      AND (CAST(:event_type AS text) IS NULL OR event_type = :event_type)
-      AND (CAST(:user_id AS text) IS NULL OR user_id = :user_id)
-      AND (CAST(:external_key AS text) IS NULL OR external_key = :external_key)
-      AND (CAST(:community_id AS text) IS NULL OR community_id = :community_id)
-      AND (CAST(:trigger_from AS timestamptz) IS NULL OR trigger_at >= :trigger_from)
-      AND (CAST(:trigger_to AS timestamptz) IS NULL OR trigger_at < :trigger_to)
-      AND (CAST(:error_like AS text) IS NULL OR last_error ILIKE :error_like)
-      -- a pending row has nothing to reset, so the count is of what the action would touch
-      AND status <> 'pending'
+    WHERE {{event_filter}}
+      -- :sources: the statuses the command acts on, so the count is of what it would touch
+      AND status = ANY(CAST(:sources AS text[]))
     -- counting past the cap would only tell the operator to narrow the filter
     LIMIT :cap + 1
 ) AS matching;
@@ -356,19 +364,12 @@ SELECT count(*) FROM (
 WITH chunk AS (
     SELECT id FROM scheduled_events
     -- the filter is evaluated again here: a row that stopped matching since the count is not touched
-    WHERE (CAST(:status AS text) IS NULL OR status = :status)
-      AND (CAST(:event_type AS text) IS NULL OR event_type = :event_type)
-      AND (CAST(:user_id AS text) IS NULL OR user_id = :user_id)
-      AND (CAST(:external_key AS text) IS NULL OR external_key = :external_key)
-      AND (CAST(:community_id AS text) IS NULL OR community_id = :community_id)
-      AND (CAST(:trigger_from AS timestamptz) IS NULL OR trigger_at >= :trigger_from)
-      AND (CAST(:trigger_to AS timestamptz) IS NULL OR trigger_at < :trigger_to)
-      AND (CAST(:error_like AS text) IS NULL OR last_error ILIKE :error_like)
-      -- a row already pending has nothing to reset (and keeps its place in the claim order)
-      AND status <> 'pending'
+    WHERE {{event_filter}}
+      -- only the command's source statuses (a reset leaves a pending row its place in the claim order)
+      AND status = ANY(CAST(:sources AS text[]))
       -- only rows as the dry run saw them: a row that changed since then was not in its count
       AND updated_at <= :as_of
-      -- keyset over id, so each row is visited once even when a reset row still matches
+      -- keyset over id, so each row is visited once even when a changed row still matches
       AND id > :after_id
     ORDER BY id
     LIMIT :chunk
@@ -378,6 +379,30 @@ WITH chunk AS (
 )
 UPDATE scheduled_events AS e
 SET status = 'pending', dispatched_at = NULL, last_error = NULL, updated_at = :now
+FROM chunk
+WHERE e.id = chunk.id
+RETURNING e.id;
+
+-- name: cancel_filtered_chunk
+-- Cancel the next chunk of rows that still match the filter, skipping rows a poll has locked.
+WITH chunk AS (
+    SELECT id FROM scheduled_events
+    -- the filter is evaluated again here: a row that stopped matching since the count is not touched
+    WHERE {{event_filter}}
+      -- only the command's source statuses (a reset leaves a pending row its place in the claim order)
+      AND status = ANY(CAST(:sources AS text[]))
+      -- only rows as the dry run saw them: a row that changed since then was not in its count
+      AND updated_at <= :as_of
+      -- keyset over id, so each row is visited once even when a changed row still matches
+      AND id > :after_id
+    ORDER BY id
+    LIMIT :chunk
+    -- a row a replica is dispatching right now is skipped, never waited for: the loop
+    -- is not held up, and that row's new status decides for itself
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE scheduled_events AS e
+SET status = 'cancelled', dispatched_at = NULL, updated_at = :now
 FROM chunk
 WHERE e.id = chunk.id
 RETURNING e.id;
@@ -445,11 +470,11 @@ SELECT * FROM scheduled_events WHERE id = :id FOR UPDATE;
 SELECT * FROM scheduled_events WHERE external_key = :external_key FOR UPDATE;
 
 -- name: cancel_event
--- Withdraw a pending or failed row: terminal `cancelled`, never claimed (the claim reads pending only).
+-- Withdraw one row the caller has locked, if its status allows: terminal `cancelled`, never claimed (the claim reads pending only).
 UPDATE scheduled_events
 SET status = 'cancelled', dispatched_at = NULL, updated_at = :now
--- the caller holds the row lock; the status test keeps a dispatched row dispatched
-WHERE id = :id AND status IN ('pending', 'failed')
+-- :sources is CANCELLABLE (pending, failed); the status test keeps a dispatched row dispatched
+WHERE id = :id AND status = ANY(CAST(:sources AS text[]))
 RETURNING *;
 
 -- name: event_history

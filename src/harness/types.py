@@ -1,0 +1,88 @@
+"""What the step modules may use of a run: a narrow interface, not the ``Simulation``.
+
+``posts``, ``phases``, ``run_steps``, ``replica_faults``, ``oracle`` and ``teardown`` each
+take a ``RunContext``; ``Simulation`` is one (checked by mypy where it hands itself over).
+So the steps never import ``harness.simulation``, and the harness has no import cycle,
+not even under ``TYPE_CHECKING``. The underscored members are the run's bookkeeping,
+shared by the steps and by nothing outside the harness.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Protocol
+
+from harness.actors import Actor, Client, Replica, Stats
+from harness.broken import Variant
+from harness.model import Call, Model
+from harness.observer import Observer
+
+
+class Violation(AssertionError):
+    """An invariant of specs/simulation.md does not hold."""
+
+    def __init__(self, clause: str, message: str, step: int = 0) -> None:
+        super().__init__(f"{clause} violated at step {step}: {message}")
+        self.clause = clause
+        self.message = message
+        self.step = step
+
+
+class RunContext(Protocol):
+    """The run as its steps see it: its actors, model, observer and bookkeeping."""
+
+    seed: int
+    start: datetime
+    participants: int
+    batch_size: int
+    versions: int  # posts so far (each post is a new version of its row's content)
+    caps: dict[str, int]
+    model: Model
+    observer: Observer
+    replicas: list[Replica]
+    clients: list[Client]
+    stats: Stats
+    variant: Variant
+
+    @property
+    def actors(self) -> list[Actor]: ...
+
+    def now(self) -> datetime: ...
+
+    def fail(self, clause: str, message: str) -> Violation:
+        """The violation of ``clause`` at this step (the run's first is kept)."""
+        ...
+
+    def free_clients(self) -> list[int]: ...
+
+    def requesting_clients(self) -> list[int]: ...
+
+    # -- a step's bookkeeping ---------------------------------------------------------------
+
+    def _step(self, kind: str, code: str) -> None: ...
+
+    def _after_step(self) -> None: ...
+
+    def _settle(self) -> None: ...
+
+    def _fault(self, kind: str) -> None: ...
+
+    def _check(self, clause: str) -> None: ...
+
+    # -- what the phase and run steps share -------------------------------------------------
+
+    def _row_has_waiting_writer(self, key: str | None, event_id: str | None) -> bool: ...
+
+    def _a_claim_waits(self) -> bool: ...
+
+    def _claim_blocked(self, r: Replica, lock: str) -> None: ...
+
+    def _show(self, ids: list[str]) -> str: ...
+
+    def _poll_failed(self, r: Replica) -> None: ...
+
+    def _call(self, r: Replica, raw: dict[str, Any]) -> Call: ...
+
+    def _check_stopped(self, r: Replica) -> None: ...
+
+    def _check_loop_survived(self, r: Replica, needle: str) -> None: ...

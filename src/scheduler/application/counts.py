@@ -1,0 +1,75 @@
+"""How many scheduled events are in each status: for the console's overview and the metrics.
+
+Every status of the ``EventStatus`` enum is counted, ``cancelled`` included, with one
+``GROUP BY`` over the enum's values (a status with no row counts 0). That statement reads
+the table whole, so it runs only while the table is small (``exact_limit`` rows by the
+planner's estimate). Past it, the statuses with a partial index of their own (pending,
+failed) are still counted exactly on it, and the others (the finished rows, the bulk of a
+big table) are the planner's estimate of that status from ANALYZE's statistics, and are
+marked as estimated: never a difference of other counts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import RowMapping
+from sqlalchemy.orm import Session
+
+from scheduler.database.queries import statement
+from scheduler.types import EventStatus
+
+EXACT_LIMIT = 200_000  # rows in the table (the planner's estimate) above which finished rows are estimated
+# Statuses with a partial index of their own: counted exactly at any size, on the index only.
+_INDEXED = {EventStatus.PENDING: "count_pending", EventStatus.FAILED: "count_failed"}
+
+
+@dataclass(frozen=True)
+class StatusCounts:
+    """A count for every status, and which of them are estimates."""
+
+    counts: dict[EventStatus, int]
+    estimated: frozenset[EventStatus]
+
+    def as_json(self) -> dict[str, int]:
+        return {str(s): self.counts[s] for s in EventStatus}
+
+    def estimated_json(self) -> list[str]:
+        return [str(s) for s in EventStatus if s in self.estimated]
+
+
+def indexed_count(session: Session, status: EventStatus) -> int:
+    """The exact count of a status that has a partial index (pending, failed), read from it only."""
+    count: int = session.execute(statement(_INDEXED[status])).scalar_one()
+    return count
+
+
+def status_counts(session: Session, *, exact_limit: int = EXACT_LIMIT) -> StatusCounts:
+    """Every status's count: exact in a table under ``exact_limit`` rows, else exact for the
+    indexed statuses and the planner's estimate for the others (marked ``estimated``)."""
+    size = session.execute(statement("estimate_events")).scalar_one()
+    if size is None or size < exact_limit:
+        rows = session.execute(statement("count_events_by_status"), {"statuses": [str(s) for s in EventStatus]})
+        exact = {EventStatus(status): int(count) for status, count in rows}
+        return StatusCounts({s: exact.get(s, 0) for s in EventStatus}, frozenset())
+    counts = {s: indexed_count(session, s) for s in _INDEXED}
+    estimated = [s for s in EventStatus if s not in _INDEXED]
+    stats = session.execute(statement("estimate_events_by_status")).mappings().one()
+    for status, count in _estimates(stats, estimated).items():
+        counts[status] = count
+    return StatusCounts({s: counts[s] for s in EventStatus}, frozenset(estimated))
+
+
+def _estimates(stats: Mapping[str, Any] | RowMapping, wanted: list[EventStatus]) -> dict[EventStatus, int]:
+    """Each wanted status's row estimate as the planner makes it for ``status = X``: its
+    frequency among ANALYZE's most common values, else an equal share of what those leave
+    to the statuses missing from them (a status seen once in the sample is never listed)."""
+    rows = int(stats["reltuples"] or 0)
+    frequencies = dict(zip(stats["statuses"] or [], stats["freqs"] or [], strict=True))
+    listed = {str(s) for s in EventStatus} & frequencies.keys()
+    rest = max(1.0 - float(stats["null_frac"] or 0.0) - sum(frequencies[s] for s in listed), 0.0)
+    missing = [s for s in EventStatus if str(s) not in listed]
+    share = rest / len(missing) if missing else 0.0
+    return {s: round(rows * (frequencies[str(s)] if str(s) in listed else share)) for s in wanted}

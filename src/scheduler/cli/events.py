@@ -1,0 +1,234 @@
+"""``scheduler events list|show|reset|cancel|history`` and ``rules list``: thin adapters over
+``scheduler.application`` (the one query model and the audited commands) and the catalogue."""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import json
+import sys
+from typing import Any
+
+from scheduler.cli.serve import migrated_engine
+from scheduler.config import Settings
+
+# The query model's fields (scheduler.application.events.EventQuery), as options.
+FILTER_OPTIONS = ("status", "event_type", "user_id", "external_key", "community_id",
+                  "trigger_from", "trigger_to", "error_contains")
+
+
+def add_filter_options(parser: argparse.ArgumentParser, *, statuses: list[str]) -> None:
+    parser.add_argument("--status", choices=statuses, help="only rows in this status")
+    parser.add_argument("--event-type", help="only rows of this event type")
+    parser.add_argument("--user-id", help="only this participant's rows")
+    parser.add_argument("--external-key", help="only the row of this external key")
+    parser.add_argument("--community-id", help="only this community's rows")
+    parser.add_argument("--trigger-from", help="only rows due at or after this ISO 8601 time (with a zone)")
+    parser.add_argument("--trigger-to", help="only rows due before this ISO 8601 time (with a zone)")
+    parser.add_argument("--error-contains", help="only rows whose last_error contains this text (any case)")
+
+
+def _query(args: argparse.Namespace, *, limit: int = 100) -> Any:
+    """The query model from the command's filter options (None when one is malformed: said on stderr)."""
+    from scheduler.application.events import EventQuery, QueryError
+
+    fields = {name: getattr(args, name, None) for name in FILTER_OPTIONS}
+    fields["cursor"] = getattr(args, "cursor", None)
+    try:
+        return EventQuery.from_mapping({k: str(v) for k, v in fields.items() if v}, limit=limit)
+    except QueryError as exc:
+        print(str(exc), file=sys.stderr)
+        return None
+
+
+def cmd_events_list(args: argparse.Namespace, settings: Settings) -> int:
+    from scheduler.application.events import EventOrder, QueryError, list_events
+    from scheduler.database.engine import make_sessionmaker
+
+    query = _query(args, limit=args.limit)
+    if query is None:
+        return 2
+    engine = migrated_engine(settings)
+    try:
+        page = list_events(make_sessionmaker(engine), query, EventOrder.CHANGED)
+    except QueryError as exc:
+        print(str(exc), file=sys.stderr)
+        return 2
+    finally:
+        engine.dispose()
+    rows = page.rows
+    if page.next_cursor is not None:
+        print(f"more rows: add --cursor {page.next_cursor.encode()}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    if not rows:
+        print("no scheduled events")
+    for row in rows:
+        error = f"  last_error={row['last_error']}" if row["last_error"] else ""
+        print(f"{row['id']}  {row['status']:<10} trigger_at={row['trigger_at']}  user={row['user_id']}{error}")
+    return 0
+
+
+def _cli_actor(args: argparse.Namespace) -> Any:
+    from scheduler.application.commands import Actor
+
+    if args.actor:
+        return Actor(str(args.actor), "cli")
+    try:
+        return Actor("cli:" + getpass.getuser(), "cli")
+    except (KeyError, OSError):
+        return Actor("cli", "cli")
+
+
+def cmd_events_show(args: argparse.Namespace, settings: Settings) -> int:
+    from scheduler.application import audit
+    from scheduler.application.events import get_event
+    from scheduler.database.engine import make_sessionmaker
+
+    engine = migrated_engine(settings)
+    sessions = make_sessionmaker(engine)
+    found = get_event(sessions, args.id)
+    notifications = audit.event_notifications(sessions, args.id) if found else []
+    actions = audit.event_actions(sessions, args.id) if found else []
+    engine.dispose()
+    if found is None:
+        print(f"no scheduled event with id {args.id}", file=sys.stderr)
+        return 1
+    row = found.as_json()
+    if args.json:
+        print(json.dumps({**row, "notifications": notifications, "actions": actions}, indent=2))
+        return 0
+    facts = row.pop("facts")
+    width = max(len(k) for k in row)
+    for key, value in row.items():
+        print(f"{key:<{width}}  {'-' if value is None else value}")
+    print("facts:")
+    print("  " + json.dumps(facts, indent=2, sort_keys=True, ensure_ascii=False).replace("\n", "\n  "))
+    print(f"notifications ({len(notifications)}):")
+    for n in notifications:
+        reason = f" ({n['reason']})" if n["reason"] else ""
+        print(f"  {n['created_at']}  {n['status']}{reason}  {n['rule_id']}  {n['title']}")
+    print(f"operator actions ({len(actions)}):")
+    for a in actions:
+        reason = f"  reason: {a['reason']}" if a["reason"] else ""
+        print(f"  {a['at']}  {a['action']} by {a['actor']} ({a['source']}){reason}")
+    return 0
+
+
+def cmd_events_reset(args: argparse.Namespace, settings: Settings) -> int:
+    from scheduler.application import commands
+    from scheduler.core.clock import SystemClock
+    from scheduler.database.engine import make_sessionmaker
+
+    given = any(getattr(args, name, None) for name in FILTER_OPTIONS)
+    if args.id is not None and given:
+        print("give either an ID or a filter (--status, --event-type, ...), not both", file=sys.stderr)
+        return 2
+    if args.id is None and not given:
+        print("give an ID, or a filter (--status, --event-type, --error-contains, ...) to reset every matching row",
+              file=sys.stderr)
+        return 2
+    query = None if args.id is not None else _query(args)
+    if args.id is None and query is None:
+        return 2
+    clock = SystemClock()
+    engine = migrated_engine(settings)
+    sessions = make_sessionmaker(engine)
+    try:
+        if args.id is not None:
+            if args.dry_run:
+                print(f"dry run: would reset {args.id}")
+                return 0
+            result = commands.reset(sessions, args.id, now=clock.now(), actor=_cli_actor(args), reason=args.reason)
+            if result.event is None:
+                print(f"no scheduled event with id {args.id}", file=sys.stderr)
+                return 1
+            print(f"{result.event.id} is pending again (trigger_at={result.event.trigger_at.isoformat()})")
+            return 0
+        assert query is not None
+        as_of = clock.now()
+        count = commands.count_matching(sessions, query, commands.RESETTABLE, cap=args.cap)
+        shown = f"more than {args.cap}" if count > args.cap else str(count)
+        if args.dry_run:
+            print(f"dry run: {shown} rows match; they would be reset")
+            return 0
+        if not (args.reason or "").strip():
+            print(f"{shown} rows match: a bulk reset needs --reason (recorded in the audit trail); "
+                  "--dry-run only counts", file=sys.stderr)
+            return 2
+        print(f"resetting {min(count, args.cap)} rows in chunks of {commands.CHUNK} ...", file=sys.stderr)
+        done = commands.bulk_reset(sessions, query, now=clock.now(), as_of=as_of, expected=count,
+                                   actor=_cli_actor(args), reason=args.reason, cap=args.cap)
+        print(f"reset {done.changed} rows (audit #{done.action_id})")
+        return 0
+    finally:
+        engine.dispose()
+
+
+def cmd_events_cancel(args: argparse.Namespace, settings: Settings) -> int:
+    from scheduler.application import commands
+    from scheduler.core.clock import SystemClock
+    from scheduler.database.engine import make_sessionmaker
+
+    engine = migrated_engine(settings)
+    try:
+        result = commands.cancel(make_sessionmaker(engine), now=SystemClock().now(),
+                                 event_id=None if args.key else args.id,
+                                 external_key=args.id if args.key else None, actor=_cli_actor(args))
+    finally:
+        engine.dispose()
+    what = f"key {args.id}" if args.key else f"id {args.id}"
+    if result.event is None:
+        print(f"no scheduled event with {what}", file=sys.stderr)
+        return 1
+    if result.outcome == "dispatched":
+        dispatched_at = result.event.dispatched_at.isoformat() if result.event.dispatched_at else None
+        print(f"{result.event.id} was already dispatched at {dispatched_at}; it stays dispatched", file=sys.stderr)
+        return 1
+    note = " (it already was)" if result.outcome == "already_cancelled" else ""
+    print(f"{result.event.id} is cancelled{note}")
+    return 0
+
+
+def cmd_events_history(args: argparse.Namespace, settings: Settings) -> int:
+    from scheduler.application.audit import event_history
+    from scheduler.database.engine import make_sessionmaker
+
+    engine = migrated_engine(settings)
+    try:
+        entries = event_history(make_sessionmaker(engine), args.id)
+    finally:
+        engine.dispose()
+    if entries is None:
+        print(f"no scheduled event with id {args.id}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(entries, indent=2))
+        return 0
+    for entry in entries:
+        by = f"  by {entry['actor']}" if entry["actor"] else ""
+        changed = "  ".join(
+            f"{column}: {_short(before)} -> {_short(after)}" for column, (before, after) in entry["changes"].items()
+        )
+        print(f"{entry['at']}  {entry['change']:<10} {entry['status']:<10}{by}  {changed}".rstrip())
+    return 0
+
+
+def _short(value: object, width: int = 60) -> str:
+    text = json.dumps(value) if not isinstance(value, str) else value
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def cmd_rules_list(args: argparse.Namespace, settings: Settings) -> int:
+    from scheduler.nudging.rules import load_catalogue
+
+    catalogue = load_catalogue(settings.rules_dir)
+    summaries = [r.summary() for r in catalogue.rules]
+    if args.json:
+        print(json.dumps(summaries, indent=2))
+        return 0
+    for s in summaries:
+        state = "" if s["enabled"] else "  (disabled)"
+        print(f"{s['id']:<28} {s['frequency']:<8} {s['kind']:<10} {', '.join(s['scenarios'])}{state}")
+    return 0

@@ -1,0 +1,156 @@
+"""``scheduler serve``, ``migrate`` and ``token``: run the service, bring the schema up to date, mint a token."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import errno
+import secrets
+import signal
+import socket
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from scheduler.config import ConfigError, Settings
+
+
+def migrated_engine(settings: Settings):  # type: ignore[no-untyped-def]
+    """An engine on the configured database, migrated to head (a proxy refusing our startup
+    options is a ``ConfigError`` saying what to set)."""
+    from sqlalchemy.exc import OperationalError
+
+    from scheduler.database.engine import make_engine, migrate, resolve_database_url
+
+    engine = make_engine(resolve_database_url(settings), settings)
+    try:
+        migrate(engine)
+    except OperationalError as exc:
+        if "unsupported startup parameter" not in str(exc):
+            raise
+        engine.dispose()
+        # PgBouncer refuses the `options` we send the timeouts in: say what to set.
+        raise ConfigError(
+            "the server refused a startup parameter (" + str(exc.orig).strip().splitlines()[-1] + "): behind a "
+            "transaction-pooling proxy such as PgBouncer, set SCHEDULER_TRANSACTION_POOLING=true"
+        ) from None
+    return engine
+
+
+def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
+    import uvicorn
+
+    from scheduler.database.engine import stop_embedded_servers
+    from scheduler.web.app import create_app
+
+    if settings.effective_jwt_secret() is None and not (settings.jwt_public_key or settings.jwks_url):
+        if settings.environment == "production":
+            raise ConfigError("production mode needs SCHEDULER_JWT_SECRET, SCHEDULER_JWT_PUBLIC_KEY or SCHEDULER_JWKS_URL")
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        settings.secret_file.write_text(secrets.token_urlsafe(48))
+        settings.secret_file.chmod(0o600)
+        print(f"generated a development JWT secret in {settings.secret_file}; "
+              "`scheduler token --scope nudging.admin` mints tokens for it", file=sys.stderr)
+    # Bind first: a port that is taken is a clear message before anything else starts.
+    try:
+        listener = bind_listener(args.host, args.port)
+    except OSError as exc:
+        print(f"cannot listen on {args.host}:{args.port}: {_bind_problem(exc)}", file=sys.stderr)
+        return 1
+    announce = (f"scheduler listening on http://{args.host}:{args.port} "
+                f"({settings.mode} mode: poll every {settings.poll_seconds:g}s, batch {settings.batch_size})")
+    try:
+        migrated_engine(settings).dispose()  # migrate; the service opens (and disposes) its own engines
+        app = create_app(settings)
+        server = _announcing_server(
+            uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=10), announce,
+            on_exit=app.state.service.streams.close_all,
+        )
+        with _graceful_signals():
+            server.run(sockets=[listener])
+    finally:
+        listener.close()
+        stop_embedded_servers()  # the embedded PostgreSQL this process started, if any
+    return 0
+
+
+def bind_listener(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host:port`` (uvicorn listens on it)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
+
+
+def _bind_problem(exc: OSError) -> str:
+    if exc.errno == errno.EADDRINUSE:
+        return ("the port is already in use (another `scheduler serve`?); "
+                "stop it or choose another port with --port")
+    if exc.errno == errno.EACCES:
+        return "permission denied (ports below 1024 need privileges); choose another port with --port"
+    return str(exc)
+
+
+def _announcing_server(config: Any, announce: str, on_exit: Callable[[], object] | None = None) -> Any:
+    """uvicorn's server, saying ``announce`` only once the socket is served and the lifespan
+    (the polling loop) has started, and calling ``on_exit`` as soon as a signal asks it to
+    stop: open streams end then, rather than hold the shutdown for its whole timeout.
+    (uvicorn is imported here: only ``serve`` needs it.)"""
+    import uvicorn
+
+    class AnnouncingServer(uvicorn.Server):
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets=sockets)
+            if not self.should_exit:
+                print(announce, file=sys.stderr, flush=True)
+
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            super().handle_exit(sig, frame)
+            if on_exit is not None:
+                on_exit()
+
+    return AnnouncingServer(config)
+
+
+@contextlib.contextmanager
+def _graceful_signals() -> Iterator[list[int]]:
+    """SIGTERM (what systemd, Docker and Kubernetes send) and SIGINT both mean: stop
+    gracefully and exit 0. uvicorn handles the signal while serving, then raises it again
+    with the handlers it found; these are those handlers, so the process goes on to stop
+    its embedded PostgreSQL instead of dying of the signal."""
+    received: list[int] = []
+
+    def record(signum: int, frame: Any) -> None:
+        received.append(signum)
+
+    previous = {sig: signal.signal(sig, record) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield received
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
+    migrated_engine(settings).dispose()
+    print("database schema is up to date")
+    return 0
+
+
+def cmd_token(args: argparse.Namespace, settings: Settings) -> int:
+    from scheduler.web.auth import mint_token
+
+    secret = settings.effective_jwt_secret()
+    if secret is None:
+        print("no JWT secret configured: set SCHEDULER_JWT_SECRET, or run `scheduler serve` once "
+              f"to generate one in {settings.secret_file}", file=sys.stderr)
+        return 2
+    print(mint_token(secret, scope=args.scope, subject=args.sub, ttl_seconds=args.ttl,
+                     audience=settings.jwt_audience, issuer=settings.jwt_issuer))
+    return 0
