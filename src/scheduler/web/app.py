@@ -122,7 +122,7 @@ class SchedulerService:
         # The route modules, each with what it uses and nothing else.
         self.health = HealthRoutes(scheduler=self.scheduler, clock=self.clock, listener=listener,
                                    settings=self.settings, loop_alive=lambda: self.loop_alive,
-                                   mounted=lambda: self.app.routes, run_scheduler=self.run_scheduler)
+                                   mounted=lambda: self.app.routes, run_scheduler=lambda: self.run_scheduler)
         self.ingest = IngestRoutes(sessions=self.sessions, clock=self.clock, dispatcher=self.dispatcher,
                                    publisher=StreamPublisher(self.sessions, inner_publisher),
                                    max_body_bytes=self.settings.max_body_bytes)

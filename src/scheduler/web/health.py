@@ -47,7 +47,7 @@ class HealthRoutes:
 
     def __init__(self, *, scheduler: Scheduler, clock: Clock, listener: Listener, settings: Settings,
                  loop_alive: Callable[[], bool], mounted: Callable[[], Sequence[BaseRoute]],
-                 run_scheduler: bool = True) -> None:
+                 run_scheduler: Callable[[], bool] = lambda: True) -> None:
         self.scheduler = scheduler
         self.clock = clock
         self.listener = listener
@@ -98,7 +98,7 @@ class HealthRoutes:
         """The state an operator acts on, and why, in words without error text."""
         seconds = f"{snapshot['poll_seconds']:g} s"
         if not snapshot["running"]:
-            if not self.run_scheduler:
+            if not self.run_scheduler():
                 return "stopped", "this process runs no polling loop (SCHEDULER_ENABLED=false or an embedding without one)"
             if snapshot["started_at"] is None:
                 return "stopped", "the polling loop has not started yet"
