@@ -113,7 +113,7 @@ def seed_backlog(engine: Engine, backlog: Backlog, now: datetime | None = None) 
         rows = [
             {"id": e.id, "event_type": "reliability", "user_id": e.user_id, "community_id": "community-1",
              "external_key": None, "trigger_at": now - timedelta(hours=1) + timedelta(milliseconds=i * 10),
-             "facts": json.dumps(e.facts), "now": now}
+             "facts": json.dumps(e.facts), "now": now, "traceparent": None}
             for i, e in enumerate(backlog.events)
         ]
         session.execute(statement("insert_event"), rows)

@@ -15,7 +15,7 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from pydantic import Field, JsonValue, ValidationError, field_validator
 from pydantic.fields import FieldInfo
@@ -30,6 +30,7 @@ from pydantic_settings import (
 from scheduler.types import SchedulerMode
 
 Environment = Literal["development", "production"]
+LogFormat = Literal["text", "json"]
 
 
 class ConfigError(ValueError):
@@ -106,6 +107,10 @@ class Settings(BaseSettings):
         False, "SCHEDULER_METRICS_REQUIRE_ADMIN", "`GET /metrics` needs an admin token")
     console_refresh_seconds: float = _setting(
         2.0, "SCHEDULER_CONSOLE_REFRESH_SECONDS", "how often the console's overview updates", ge=0.1)
+    log_format: LogFormat = _setting(
+        "text", "SCHEDULER_LOG_FORMAT",
+        "`json`: one JSON object a line (`time`, `level`, `logger`, `message`, and `event_id`, `replica`, "
+        "`trace_id` where they exist); secrets are redacted in both formats")
 
     if not TYPE_CHECKING:  # mypy keeps the typed signature pydantic's plugin writes
 
@@ -128,7 +133,7 @@ class Settings(BaseSettings):
         environment; ``from_env`` is the one place that reads it."""
         return (init_settings,)
 
-    @field_validator("environment", "mode", mode="before")
+    @field_validator("environment", "mode", "log_format", mode="before")
     @classmethod
     def _lower(cls, value: object) -> object:
         return value.strip().lower() if isinstance(value, str) else value
@@ -161,6 +166,13 @@ class Settings(BaseSettings):
         if self.secret_file.is_file():
             return self.secret_file.read_text().strip() or None
         return None
+
+
+def log_format_of(env: Mapping[str, str]) -> str:
+    """The log format to start logging in, before the settings are validated: a value that
+    is not ``text`` or ``json`` logs as text (``Settings.from_env`` then refuses it)."""
+    raw = (env.get("SCHEDULER_LOG_FORMAT") or "").strip().lower()
+    return raw if raw in get_args(LogFormat) else "text"
 
 
 class _Environment(EnvSettingsSource):

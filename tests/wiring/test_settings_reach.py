@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
+import subprocess
+import sys
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
@@ -260,6 +263,20 @@ def check_console_refresh_seconds(env: Env) -> None:
         assert 'data-refresh-ms="500"' in client.get("/console").text
 
 
+def check_log_format(env: Env) -> None:
+    """The CLI's log lines (here Alembic's, with --verbose) are JSON objects, or text."""
+    for value in ("json", "text"):
+        done = subprocess.run([sys.executable, "-m", "scheduler", "--verbose", "migrate"], capture_output=True,
+                              text=True, timeout=120, env={**os.environ, **env.base(SCHEDULER_LOG_FORMAT=value)})
+        assert done.returncode == 0, done.stderr
+        lines = [line for line in done.stderr.splitlines() if line.strip()]
+        assert any("alembic" in line for line in lines), done.stderr
+        if value == "json":
+            assert all(json.loads(line)["logger"] for line in lines), done.stderr
+        else:
+            assert not any(line.startswith("{") for line in lines), done.stderr
+
+
 CHECKS: dict[str, Callable[[Env], None]] = {
     "database_url": check_database_url,
     "data_dir": check_data_dir,
@@ -283,6 +300,7 @@ CHECKS: dict[str, Callable[[Env], None]] = {
     "retention_days": check_retention_days,
     "metrics_require_admin": check_metrics_require_admin,
     "console_refresh_seconds": check_console_refresh_seconds,
+    "log_format": check_log_format,
 }
 
 

@@ -25,8 +25,9 @@ from scheduler.cli.events import (
     cmd_rules_list,
 )
 from scheduler.cli.serve import cmd_migrate, cmd_serve, cmd_token
-from scheduler.config import ConfigError, Settings
+from scheduler.config import ConfigError, Settings, log_format_of
 from scheduler.digits import digits_value
+from scheduler.observability.logs import configure_logging
 
 Command = Callable[[argparse.Namespace, Settings], int]
 
@@ -139,8 +140,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     # A read prints only its answer: the embedded server's and Alembic's INFO lines appear
     # with --verbose; serve keeps INFO, since its log is what an operator watches.
     quiet = logging.INFO if args.command == "serve" else logging.WARNING
-    logging.basicConfig(level=logging.DEBUG if args.verbose else quiet,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # SCHEDULER_LOG_FORMAT (text or json, secrets redacted in both); a bad value logs as
+    # text and is reported by run_command as the configuration error it is.
+    configure_logging(logging.DEBUG if args.verbose else quiet, log_format_of(os.environ))
     # pgserver narrates every pg_ctl call at INFO; keep its warnings only.
     logging.getLogger("pgserver").setLevel(logging.DEBUG if args.verbose else logging.WARNING)
     code = run_command(args)

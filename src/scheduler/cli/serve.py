@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
+import logging
 import secrets
 import signal
 import socket
@@ -49,8 +50,8 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
         settings.data_dir.mkdir(parents=True, exist_ok=True)
         settings.secret_file.write_text(secrets.token_urlsafe(48))
         settings.secret_file.chmod(0o600)
-        print(f"generated a development JWT secret in {settings.secret_file}; "
-              "`scheduler token --scope nudging.admin` mints tokens for it", file=sys.stderr)
+        _say(settings, f"generated a development JWT secret in {settings.secret_file}; "
+             "`scheduler token --scope nudging.admin` mints tokens for it")
     # Bind first: a port that is taken is a clear message before anything else starts.
     try:
         listener = bind_listener(args.host, args.port)
@@ -62,8 +63,11 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
     try:
         migrated_engine(settings).dispose()  # migrate; the service opens (and disposes) its own engines
         app = create_app(settings)
+        # JSON logs: uvicorn configures no formatter of its own, its lines reach ours
+        log_config = uvicorn.config.LOGGING_CONFIG if settings.log_format == "text" else None
         server = _announcing_server(
-            uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=10), announce,
+            uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=10, log_config=log_config),
+            lambda: _say(settings, announce),
             on_exit=app.state.service.streams.close_all,
         )
         with _graceful_signals():
@@ -97,7 +101,17 @@ def _bind_problem(exc: OSError) -> str:
     return str(exc)
 
 
-def _announcing_server(config: Any, announce: str, on_exit: Callable[[], object] | None = None) -> Any:
+def _say(settings: Settings, message: str) -> None:
+    """What ``serve`` tells its operator: a plain line on stderr, or with JSON logs a log
+    line like every other (a collector expects nothing else on the stream)."""
+    if settings.log_format == "json":
+        logging.getLogger("scheduler.serve").info(message)
+    else:
+        print(message, file=sys.stderr, flush=True)
+
+
+def _announcing_server(config: Any, announce: Callable[[], None],
+                       on_exit: Callable[[], object] | None = None) -> Any:
     """uvicorn's server, saying ``announce`` only once the socket is served and the lifespan
     (the polling loop) has started, and calling ``on_exit`` as soon as a signal asks it to
     stop: open streams end then, rather than hold the shutdown for its whole timeout.
@@ -108,7 +122,7 @@ def _announcing_server(config: Any, announce: str, on_exit: Callable[[], object]
         async def startup(self, sockets: list[socket.socket] | None = None) -> None:
             await super().startup(sockets=sockets)
             if not self.should_exit:
-                print(announce, file=sys.stderr, flush=True)
+                announce()
 
         def handle_exit(self, sig: int, frame: Any) -> None:
             super().handle_exit(sig, frame)

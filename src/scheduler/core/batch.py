@@ -29,6 +29,7 @@ class ClaimedEvent:
     community_id: str | None
     trigger_at: datetime
     facts: dict[str, Any]
+    traceparent: str | None = None  # the storing request's trace context (observability)
 
     def as_event(self) -> DigitalTwinEvent:
         """The stored facts become a DigitalTwinEvent, exactly as a live event would (REQ-0066)."""

@@ -65,6 +65,7 @@ def claim_rounds(session: Session, now: datetime, batch_size: int) -> tuple[list
                     community_id=r["community_id"],
                     trigger_at=r["trigger_at"],
                     facts=dict(r["facts"]),
+                    traceparent=r["traceparent"],
                 )
             )
         # Fewer rows than asked: nothing more is due. None skipped: the batch is full.

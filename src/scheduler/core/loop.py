@@ -52,6 +52,7 @@ from scheduler.core.runner import (
     run_to_completion,
 )
 from scheduler.database.queries import statement
+from scheduler.observability.observer import Observer
 from scheduler.types import Clock, Dispatcher, Publisher, SchedulerMode
 
 __all__ = [
@@ -108,6 +109,9 @@ class Scheduler:
         self.last_poll_seconds: float | None = None  # how long the last poll of the loop took
         self.pacing = Pacing()  # prompt mode's wake-ups and the wait they imply
         self.state = LoopState()  # whether the loop waits, observable without sleeping
+        # Observability (issue 17): spans around each poll and each event's dispatch, and
+        # the event id in log lines; the service sets a tracing observer when tracing is on.
+        self.observer: Observer = Observer()
 
     # -- the poll's phases ----------------------------------------------------------------
 
@@ -153,7 +157,9 @@ class Scheduler:
         batch = self.claim()
         try:
             while batch.remaining and not (should_stop and should_stop()):
-                self.dispatch_next(batch)
+                # observability: one span per event, linked to the request that stored it
+                with self.observer.dispatch(batch.events[batch.position]) as dispatched:
+                    dispatched(self.dispatch_next(batch))
             return self.finish(batch)
         finally:
             self.abort(batch)
@@ -161,6 +167,16 @@ class Scheduler:
     def poll_guarded(self, should_stop: Callable[[], bool]) -> PollReport | None:
         """The loop's poll: one poll that never raises an ``Exception`` (``None`` when it
         failed), then the poll hooks."""
+        # observability: one span per poll of the loop, its statements and hooks inside
+        with self.observer.poll(self.name, str(self.mode)) as observed:
+            report = self._poll_unobserved(should_stop)
+            if report is None:
+                observed.failed(self.health.last_error)
+            else:
+                observed.completed(report)
+            return report
+
+    def _poll_unobserved(self, should_stop: Callable[[], bool]) -> PollReport | None:
         self.pacing.poll_starts()  # this poll sees every row committed before its claim
         report: PollReport | None = None
         started = time.perf_counter()

@@ -45,12 +45,14 @@ def store_event(
     now: datetime,
     event_id: str | None = None,
     actor: str | None = None,
+    traceparent: str | None = None,
 ) -> dict[str, Any]:
     """Insert a row, or rewrite and reset the row of ``external_key`` (REQ-0064), atomically.
 
     ``event_id`` names a new row (default: a random UUID); the simulation passes seeded
     ids so that a replayed run claims rows in the same ``(trigger_at, id)`` order.
-    ``actor`` (a token's subject) is recorded in the row's history.
+    ``actor`` (a token's subject) is recorded in the row's history. ``traceparent`` (W3C,
+    already validated) is the storing request's trace context, which the dispatch links to.
     """
     params = {
         "id": event_id or str(uuid.uuid4()),
@@ -61,6 +63,7 @@ def store_event(
         "trigger_at": trigger_at,
         "facts": json.dumps(facts),
         "now": now,
+        "traceparent": traceparent,
     }
     name = "insert_event" if external_key is None else "upsert_event_by_key"
     with sessions.begin() as session:

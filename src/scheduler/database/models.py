@@ -32,6 +32,7 @@ NAMING = {
 
 ID_LENGTH = 64
 NAME_LENGTH = 200
+TRACEPARENT_LENGTH = 55  # version 00: 2 + 1 + 32 + 1 + 16 + 1 + 2
 
 
 class Base(DeclarativeBase):
@@ -83,6 +84,9 @@ class ScheduledEvent(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     dispatched_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # The W3C traceparent of the request that stored the row (migration 0006): the dispatch
+    # span links to it. Never shown by the API; NULL when the request carried none.
+    traceparent: Mapped[str | None] = mapped_column(String(TRACEPARENT_LENGTH))
 
 
 class Notification(Base):

@@ -34,6 +34,8 @@ from scheduler.database.listener import Listener, conninfo_of
 from scheduler.nudging.dispatch import NudgingPlatform
 from scheduler.nudging.publishers import LoggingPublisher
 from scheduler.nudging.rules import Catalogue, load_catalogue
+from scheduler.observability.observer import Observer
+from scheduler.observability.tracing import observe, observer_from_env
 from scheduler.operations.retention import Retention
 from scheduler.types import Clock, Dispatcher, Publisher, SchedulerMode
 from scheduler.web.admin import Operations
@@ -66,6 +68,7 @@ class SchedulerService:
         publisher: Publisher | None = None,
         run_scheduler: bool | None = None,
         loop_engine: Engine | None = None,
+        observer: Observer | None = None,
     ) -> None:
         self.settings = settings or Settings.from_env()
         # Engines this service creates are its own to dispose when it stops; an engine the
@@ -123,9 +126,12 @@ class SchedulerService:
         self.health = HealthRoutes(scheduler=self.scheduler, clock=self.clock, listener=listener,
                                    settings=self.settings, loop_alive=lambda: self.loop_alive,
                                    mounted=lambda: self.app.routes, run_scheduler=lambda: self.run_scheduler)
+        # Observability (issue 17): spans for requests, statements, polls and dispatches when
+        # OTEL_TRACES_EXPORTER asks (or ``observer`` traces); log context either way.
+        self.observer = observer if observer is not None else observer_from_env()
         self.ingest = IngestRoutes(sessions=self.sessions, clock=self.clock, dispatcher=self.dispatcher,
                                    publisher=StreamPublisher(self.sessions, inner_publisher),
-                                   max_body_bytes=self.settings.max_body_bytes)
+                                   max_body_bytes=self.settings.max_body_bytes, observer=self.observer)
         self.events = EventRoutes(sessions=self.sessions, clock=self.clock)
         self.participants = ParticipantRoutes(sessions=self.sessions, clock=self.clock,
                                               max_body_bytes=self.settings.max_body_bytes)
@@ -138,6 +144,9 @@ class SchedulerService:
             lifespan=self.lifespan,
         )
         self.app.state.service = self
+        # observability: the loop's observer, the Starlette and SQLAlchemy instrumentation
+        observe(self.observer, app=self.app, engines=[self.engine, self.loop_engine], loop=self.scheduler,
+                replica_id=self.operations.heartbeat.replica_id)
 
     # The live path's publisher and the process's LISTEN connection can be replaced after
     # wiring (a test's witness, a listener with another probe): the root re-wires its parts.

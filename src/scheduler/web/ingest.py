@@ -3,6 +3,8 @@
 ``IngestRoutes`` receives the database, the clock, the dispatch path (dispatcher and
 publisher) and the body limit; a scheduled event is validated when stored (REQ-0063), a
 live one goes through the same engine and orchestrator a scheduled event does (REQ-0066).
+With an observer (issue 17), a stored row keeps the POST's W3C ``traceparent`` and a live
+dispatch gets a span of its own.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from starlette.routing import BaseRoute, Route
 
 from scheduler.core import store
 from scheduler.nudging.facts import ContractViolation, FactsMissing, check_facts_contract
+from scheduler.observability.observer import Observer
 from scheduler.types import (
     Clock,
     DigitalTwinEvent,
@@ -62,12 +65,14 @@ class IngestRoutes:
     """``POST /admin/scheduled-events`` and ``POST /admin/ingest-event``."""
 
     def __init__(self, *, sessions: sessionmaker[Session], clock: Clock, dispatcher: Dispatcher,
-                 publisher: Publisher, max_body_bytes: int) -> None:
+                 publisher: Publisher, max_body_bytes: int, observer: Observer | None = None) -> None:
         self.sessions = sessions
         self.clock = clock
         self.dispatcher = dispatcher
         self.publisher = publisher
         self.max_body_bytes = max_body_bytes
+        # observability: the live dispatch's span, the traceparent a stored row keeps
+        self.observer = observer or Observer()
 
     def routes(self) -> list[BaseRoute]:
         return [
@@ -92,6 +97,8 @@ class IngestRoutes:
             facts=body.facts,
             now=self.clock.now(),
             actor=actor_of(request),
+            # observability: the storing request's trace context, for the dispatch's link
+            traceparent=self.observer.storing_traceparent(request.headers.get("traceparent")),
         )
         return respond(ScheduledEventOut.model_validate(row), 201)
 
@@ -128,8 +135,10 @@ class IngestRoutes:
         return body
 
     def _dispatch_live(self, event: DigitalTwinEvent, now: datetime) -> DispatchResult:
-        with self.sessions() as session:
+        # observability: the live dispatch's span (its statements inside)
+        with self.observer.live_dispatch(event.event_type) as dispatched, self.sessions() as session:
             result = self.dispatcher(session, event, now)
+            dispatched(result)
             if result.refusal is not None:
                 session.rollback()
                 return result

@@ -5,7 +5,7 @@
 -- name: claim_due_events
 -- Take up to :batch_size due pending rows, oldest first, and lock them for this batch.
 SELECT id, event_type, user_id, community_id, external_key, trigger_at, facts,
-       status, last_error, created_at, updated_at, dispatched_at
+       status, last_error, created_at, updated_at, dispatched_at, traceparent
 FROM scheduled_events
 -- only pending rows: dispatched and failed are terminal (REQ-0065); the partial
 -- index ix_scheduled_events_pending_due holds exactly these rows
@@ -72,17 +72,17 @@ WHERE id = :id;
 -- name: insert_event
 -- Store a new scheduled event without an external key (two posts are two rows).
 INSERT INTO scheduled_events (id, event_type, user_id, community_id, external_key,
-                              trigger_at, facts, status, created_at, updated_at)
+                              trigger_at, facts, status, created_at, updated_at, traceparent)
 VALUES (:id, :event_type, :user_id, :community_id, NULL,
-        :trigger_at, CAST(:facts AS jsonb), 'pending', :now, :now)
+        :trigger_at, CAST(:facts AS jsonb), 'pending', :now, :now, :traceparent)
 RETURNING *;
 
 -- name: upsert_event_by_key
 -- Store or rewrite the row of an external key in one atomic statement (REQ-0064).
 INSERT INTO scheduled_events (id, event_type, user_id, community_id, external_key,
-                              trigger_at, facts, status, created_at, updated_at)
+                              trigger_at, facts, status, created_at, updated_at, traceparent)
 VALUES (:id, :event_type, :user_id, :community_id, :external_key,
-        :trigger_at, CAST(:facts AS jsonb), 'pending', :now, :now)
+        :trigger_at, CAST(:facts AS jsonb), 'pending', :now, :now, :traceparent)
 -- the unique constraint arbitrates between concurrent posts of one key; a row that a
 -- replica is dispatching is locked, so this waits for that batch, then rewrites the
 -- newest version
@@ -95,7 +95,9 @@ SET event_type = EXCLUDED.event_type,
     status = 'pending',
     dispatched_at = NULL,
     last_error = NULL,
-    updated_at = EXCLUDED.updated_at
+    updated_at = EXCLUDED.updated_at,
+    -- the rewrite's request is the one a dispatch now links to
+    traceparent = EXCLUDED.traceparent
 RETURNING *;
 
 -- name: get_event
