@@ -107,6 +107,11 @@ class Settings(BaseSettings):
         False, "SCHEDULER_METRICS_REQUIRE_ADMIN", "`GET /metrics` needs an admin token")
     console_refresh_seconds: float = _setting(
         2.0, "SCHEDULER_CONSOLE_REFRESH_SECONDS", "how often the console's overview updates", ge=0.1)
+    session_max_seconds: int = _setting(
+        8 * 3600, "SCHEDULER_SESSION_MAX_SECONDS",
+        "a browser session's (console, inbox page) absolute lifetime (8 h; never past its token's `exp`)", ge=60)
+    session_idle_seconds: int = _setting(
+        30 * 60, "SCHEDULER_SESSION_IDLE_SECONDS", "a browser session unused this long ends (30 min)", ge=60)
     log_format: LogFormat = _setting(
         "text", "SCHEDULER_LOG_FORMAT",
         "`json`: one JSON object a line (`time`, `level`, `logger`, `message`, and `event_id`, `replica`, "

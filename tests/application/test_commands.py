@@ -87,17 +87,26 @@ def test_a_reset_acts_on_the_same_statuses_through_every_adapter(
 
 
 @pytest.mark.clause("APP-2")
-@pytest.mark.parametrize("adapter", ["api", "cli", "bulk"])
+@pytest.mark.parametrize("adapter", ["api", "console", "cli", "bulk", "console-bulk"])
 def test_a_cancel_acts_on_the_same_statuses_through_every_adapter(
     client: TestClient, service: SchedulerService, engine: Engine, clock: ManualClock, database_url: str,
     monkeypatch: pytest.MonkeyPatch, adapter: str,
 ) -> None:
-    """APP-2: pending and failed rows end cancelled; a dispatched row stays dispatched (409, exit 1,
-    not counted by the bulk dry run); a cancelled one stays as it was."""
+    """APP-2: through the API, the console, the CLI, a bulk cancel and the console's bulk cancel,
+    pending and failed rows end cancelled; a dispatched row stays dispatched (409, exit 1, not
+    counted by the bulk dry run); a cancelled one stays as it was."""
     ids = one_row_per_status(client, service)
     before = {s: event_row(engine, i) for s, i in ids.items()}
     monkeypatch.setenv("DATABASE_URL", database_url)
     actor = commands.Actor("ops", "cli")
+    csrf = sign_in(client)
+    if adapter == "console-bulk":
+        for community in ("community-1", "community-2"):
+            form = client.get("/console/bulk-cancel", params={"community_id": community}).text
+            expected, as_of = re.search(r'id="dry-run-count">(\d+)<', form), re.search(r'name="as_of" value="([^"]+)"', form)
+            assert expected is not None and as_of is not None
+            assert client.post("/console/bulk-cancel", data={"csrf": csrf, "community_id": community, "as_of": as_of[1],
+                                                             "expected": expected[1], "reason": "withdrawn"}).status_code == 200
     if adapter == "bulk":
         query = EventQuery()
         count = commands.count_matching(service.sessions, query, commands.CANCELLABLE)
@@ -109,6 +118,10 @@ def test_a_cancel_acts_on_the_same_statuses_through_every_adapter(
         if adapter == "api":
             answer = client.delete(f"/admin/scheduled-events/{event_id}", headers=INGEST)
             assert answer.status_code == (409 if status is EventStatus.DISPATCHED else 200)
+        elif adapter == "console":
+            answer = client.post(f"/console/events/{event_id}/cancel", data={"csrf": csrf, "reason": "withdrawn"},
+                                 follow_redirects=False)
+            assert answer.status_code == (409 if status is EventStatus.DISPATCHED else 303)
         elif adapter == "cli":
             assert main(["events", "cancel", event_id]) == (1 if status is EventStatus.DISPATCHED else 0)
     after = {s: event_row(engine, i) for s, i in ids.items()}

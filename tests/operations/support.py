@@ -24,12 +24,13 @@ def scrape(client: TestClient, **headers: str) -> dict[str, Any]:
     return parse_exposition(response.text)
 
 
-def sign_in(client: TestClient, scope: str | None = "nudging.admin", subject: str = "operator-ann") -> str:
+def sign_in(client: TestClient, scope: str | None = "nudging.admin", subject: str = "operator-ann",
+            ttl_seconds: int = 3600) -> str:
     """Sign in on the console as a browser would; return the page's CSRF token."""
     page = client.get("/console/sign-in")
     nonce = re.search(r'name="nonce" value="([^"]+)"', page.text)
     assert nonce, page.text
-    response = client.post("/console/sign-in", data={"nonce": nonce[1], "token": token(scope, subject=subject),
+    response = client.post("/console/sign-in", data={"nonce": nonce[1], "token": token(scope, subject=subject, ttl_seconds=ttl_seconds),
                                                      "next": ""}, follow_redirects=False)
     assert response.status_code == 303, response.text
     return csrf_of(client.get("/console").text)

@@ -25,7 +25,7 @@ from scheduler.core.loop import Scheduler
 from scheduler.database.engine import make_sessionmaker
 from scheduler.operations.heartbeat import Heartbeat
 from scheduler.web.app import SchedulerService
-from tests.conftest import T0, TEST_SECRET, token
+from tests.conftest import ADMIN, T0, TEST_SECRET, token
 from tests.helpers import drain, event_row, post_event
 from tests.operations.browser import CHROMIUM_ARGS, chromium_or_skip, screenshot, serving
 from tests.operations.support import loop_step
@@ -248,3 +248,89 @@ def test_hostile_facts_and_errors_render_as_inert_text_in_the_browser(
         page.wait_for_load_state("load")
         assert page.evaluate("window.__pwned") is None, path
         assert page.locator("main img, main script, main b").count() == 0, path
+
+
+@pytest.mark.clause("CON-11")
+def test_after_sign_out_the_replayed_old_cookie_is_refused_in_the_browser(
+    page: Any, site: str, client: TestClient, tmp_path: Path
+) -> None:
+    """CON-11: the session cookie, copied before sign-out and put back after it, leads to sign-in."""
+    from playwright.sync_api import expect
+
+    browser_sign_in(page, site)
+    expect(page.locator("#who")).to_have_text("operator-ann")
+    page.click("text=Sessions")
+    expect(page.locator("#sessions tbody tr")).to_have_count(1)
+    expect(page.locator("#sessions")).to_contain_text("(you)")
+    screenshot(page, "sessions", tmp_path)
+    [copied] = [c for c in page.context.cookies() if c["name"] == "scheduler_console"]
+    page.click("#sign-out")
+    assert "/console/sign-in" in page.url
+    assert [c for c in page.context.cookies() if c["name"] == "scheduler_console"] == []
+    page.context.add_cookies([copied])  # the replay: the old cookie, exactly as it was
+    page.goto(site + "/console/events")
+    assert "/console/sign-in" in page.url
+    expect(page.locator("#sign-in")).to_be_visible()
+    assert client.get("/admin/sessions", headers=ADMIN).json() == []
+
+
+@pytest.mark.clause("CON-12")
+def test_an_expired_session_leads_the_browser_to_sign_in(
+    page: Any, site: str, service: SchedulerService, clock: ManualClock
+) -> None:
+    """CON-12: past the idle timeout (the service's clock moved on) the next page is the sign-in page,
+    and signing in again returns to that page."""
+    from playwright.sync_api import expect
+
+    browser_sign_in(page, site)
+    expect(page.locator("#who")).to_have_text("operator-ann")
+    clock.advance(timedelta(seconds=service.settings.session_idle_seconds + 1))
+    page.goto(site + "/console/audit")
+    assert "/console/sign-in?next=%2Fconsole%2Faudit" in page.url
+    page.fill("#token", token("nudging.admin", subject="operator-ann"))
+    page.click("#sign-in")
+    expect(page.locator("#audit")).to_be_visible()
+    assert page.url.endswith("/console/audit")
+
+
+@pytest.mark.clause("CON-14")
+@pytest.mark.clause("CON-15")
+def test_an_operator_cancels_one_event_from_its_page_and_the_rest_by_filter_after_the_dry_run(
+    page: Any, site: str, client: TestClient, service: SchedulerService, engine: Engine, tmp_path: Path
+) -> None:
+    """CON-14, CON-15: in Chromium, one pending reminder is cancelled from its page with a reason; then
+    the dry run counts the participant's other cancellable rows and the confirmed cancel takes them all."""
+    from playwright.sync_api import expect
+
+    later = T0 + timedelta(hours=2)
+    pending = [post_event(client, user_id="mia", external_key=f"mia-{n}", trigger_at=later)["id"] for n in range(3)]
+    failed = post_event(client, user_id="mia", facts=BAD_FACTS)["id"]
+    other = post_event(client, user_id="noah", trigger_at=later)["id"]
+    drain(service)
+    browser_sign_in(page, site)
+    expect(page.locator("#who")).to_have_text("operator-ann")
+
+    page.goto(f"{site}/console/events/{pending[0]}")
+    page.fill("#cancel-reason", "asked by the participant")
+    screenshot(page, "cancel", tmp_path)
+    page.click("#cancel")
+    expect(page.locator("#done")).to_contain_text("Cancelled")
+    expect(page.locator("#history")).to_contain_text("asked by the participant")
+    expect(page.locator("#cancel-form")).to_have_count(0)
+    assert event_row(engine, pending[0])["status"] == "cancelled"
+
+    page.goto(site + "/console/events")
+    page.fill("#f-user", "mia")
+    page.click("#apply-filter")
+    expect(page.locator("#events tbody tr")).to_have_count(4)
+    page.click("#bulk-cancel")
+    expect(page.locator("#dry-run-count")).to_have_text("3")  # the cancelled one is not counted again
+    page.fill("#reason", "participant left the programme")
+    screenshot(page, "bulk-cancel", tmp_path)
+    page.click("#confirm-bulk-cancel")
+    expect(page.locator("#bulk-cancel-count")).to_have_text("3")
+    assert [event_row(engine, i)["status"] for i in [*pending, failed]] == ["cancelled"] * 4
+    assert event_row(engine, other)["status"] == "pending"
+    page.click("text=Audit")
+    expect(page.locator("#audit tbody tr")).to_have_count(2)
+    expect(page.locator("#audit tbody tr").first).to_contain_text("bulk_cancel")

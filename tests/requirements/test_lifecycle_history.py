@@ -148,7 +148,7 @@ def test_the_consoles_event_page_shows_the_rows_changes(
                               "external_key": "k-console", "trigger_at": (T0 + later()).isoformat(),
                               "facts": reminder_facts()})
     assert moved.status_code == 201
-    client.cookies.set("scheduler_console", bearer("nudging.admin")["Authorization"].split()[1], path="/console")
+    sign_in(client)
     page = client.get(f"/console/events/{stored['id']}")
     assert page.status_code == 200, page.text
     changes = page.text.split('<table id="changes">', 1)[1].split("</table>", 1)[0]

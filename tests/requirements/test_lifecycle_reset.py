@@ -82,12 +82,14 @@ def test_a_dispatched_row_reset_on_the_console_is_pending_without_dispatched_at_
     client: TestClient, service: SchedulerService, engine: Engine, clock: ManualClock
 ) -> None:
     """LIFE-9, CON-6: the console's reset form on the event page does the same."""
-    csrf = sign_in(client, subject="operator-ann")
 
     def reset(event_id: str) -> None:
+        # signed in now, on the service's clock: a session idle for the hour the row waited has ended (CON-12)
+        csrf = sign_in(client, subject="operator-ann")
         answer = client.post(f"/console/events/{event_id}/reset", data={"csrf": csrf, "reason": "send again"},
                              follow_redirects=False)
         assert answer.status_code == 303, answer.text
+        assert answer.headers["location"] == f"/console/events/{event_id}?done=reset"
 
     reset_and_check(client, service, engine, clock, reset, actor="operator-ann", source="console")
 

@@ -17,7 +17,7 @@ from starlette.routing import Route
 from tests.conftest import TEST_SECRET
 
 ROUTES_SPEC = Path(__file__).resolve().parents[2] / "specs" / "routes.md"
-PERMISSIONS = ("open", "participant", "ingest", "admin", "console")
+PERMISSIONS = ("open", "participant", "ingest", "admin", "console", "inbox")
 _ROW = re.compile(r"^\|\s*`?(GET|POST|PUT|PATCH|DELETE)`?\s*\|\s*`([^`]+)`\s*\|\s*`?(\w+)`?\s*\|")
 
 

@@ -92,6 +92,7 @@ def test_open_routes_answer_without_a_token(client: TestClient) -> None:
         # the console's sign-in page, its form (403: no sign-in nonce), a static file that does not exist
         "GET /console/sign-in": 200, "POST /console/sign-in": 403, "GET /console/static/{name}": 404,
         "GET /inbox": 200,  # the participant's page holds no data
+        "POST /inbox/session": 422,  # the inbox page's sign-in: the empty body has no token
     }
 
 

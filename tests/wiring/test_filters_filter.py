@@ -20,8 +20,9 @@ from starlette.testclient import TestClient
 from scheduler.cli import main
 from scheduler.web.app import SchedulerService
 from scheduler.web.openapi import openapi_document
-from tests.conftest import ADMIN, INGEST, T0
+from tests.conftest import ADMIN, INGEST, T0, token
 from tests.helpers import drain, post_event, reminder_facts
+from tests.operations.support import sign_in
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,8 @@ FILTERS: dict[tuple[str, str], Case] = {
     # the varied rows' two operator actions have ids 1 and 2 (a fresh database)
     ("/admin/audit", "limit"): Case("1", None),
     ("/admin/audit", "before_id"): Case("2", lambda r: r["id"] < 2),
+    # one console session and one inbox page session
+    ("/admin/sessions", "kind"): Case("participant", lambda r: r["kind"] == "participant"),
 }
 
 
@@ -79,7 +82,7 @@ def documented_filters(service: SchedulerService) -> set[tuple[str, str]]:
 @pytest.fixture
 def varied(client: TestClient, service: SchedulerService) -> None:
     """Rows that differ in every filtered dimension: two users, every event status,
-    sent and suppressed notifications, two operator actions."""
+    sent and suppressed notifications, two operator actions, an admin's and a participant's session."""
     post_event(client, user_id="anna")  # dispatched, sent
     post_event(client, user_id="anna", facts=reminder_facts("not-a-date"))  # failed
     post_event(client, user_id="ben")  # dispatched, then a suppressed live repeat
@@ -93,6 +96,8 @@ def varied(client: TestClient, service: SchedulerService) -> None:
     client.put("/admin/participants/ben/preferences", headers=ADMIN, json={"enabled_kinds": [], "max_per_day": 3})
     live = {"event_type": "reminder", "user_id": "ben", "facts": reminder_facts("2026-12-01")}
     assert client.post("/admin/ingest-event", headers=INGEST, json=live).status_code == 202
+    sign_in(client)
+    assert client.post("/inbox/session", json={"token": token(None, subject="ben")}).status_code == 201
 
 
 @pytest.mark.clause("WIRE-2")

@@ -16,7 +16,7 @@ import re
 import subprocess
 import sys
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, cast
 
@@ -30,6 +30,7 @@ from scheduler.core import store
 from scheduler.database.engine import make_sessionmaker
 from tests.conftest import T0, TEST_SECRET, token
 from tests.helpers import reminder_facts
+from tests.operations.support import sign_in
 from tests.security.support import auth, claims, hs256, other_rsa_private_key, public_pem, rs256
 from tests.wiring.support import jwks_endpoint, service_from_env
 
@@ -259,8 +260,29 @@ def check_console_refresh_seconds(env: Env) -> None:
     with service_from_env(env.base(SCHEDULER_CONSOLE_REFRESH_SECONDS="0.5")) as service, \
             TestClient(service.app) as client:
         assert service.operations.console.refresh_seconds == 0.5
-        client.cookies.set("scheduler_console", token("nudging.admin"), path="/console")
+        sign_in(client)
         assert 'data-refresh-ms="500"' in client.get("/console").text
+
+
+def _signed_in_session(env: Env, **extra: str) -> dict[str, Any]:
+    with service_from_env(env.base(**extra)) as service, TestClient(service.app) as client:
+        sign_in(client, ttl_seconds=86_400)
+        [session] = client.get("/admin/sessions", headers=auth(token("nudging.admin"))).json()
+        assert isinstance(session, dict)
+        return session
+
+
+def check_session_max_seconds(env: Env) -> None:
+    session = _signed_in_session(env, SCHEDULER_SESSION_MAX_SECONDS="120")
+    lifetime = datetime.fromisoformat(session["expires_at"]) - datetime.fromisoformat(session["created_at"])
+    assert lifetime == timedelta(seconds=120)
+
+
+def check_session_idle_seconds(env: Env) -> None:
+    session = _signed_in_session(env, SCHEDULER_SESSION_IDLE_SECONDS="90")
+    assert session["idle_seconds"] == 90
+    idle_end = datetime.fromisoformat(session["ends_at"]) - datetime.fromisoformat(session["last_seen_at"])
+    assert idle_end == timedelta(seconds=90)
 
 
 def check_log_format(env: Env) -> None:
@@ -300,6 +322,8 @@ CHECKS: dict[str, Callable[[Env], None]] = {
     "retention_days": check_retention_days,
     "metrics_require_admin": check_metrics_require_admin,
     "console_refresh_seconds": check_console_refresh_seconds,
+    "session_max_seconds": check_session_max_seconds,
+    "session_idle_seconds": check_session_idle_seconds,
     "log_format": check_log_format,
 }
 

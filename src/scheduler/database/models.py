@@ -251,3 +251,27 @@ class OperatorActionEvent(Base):
         BigInteger, ForeignKey("operator_actions.id", ondelete="CASCADE"), primary_key=True
     )
     event_id: Mapped[str] = mapped_column(String(ID_LENGTH), primary_key=True)
+
+
+class WebSession(Base):
+    """A signed-in browser (the console's admin, the inbox's participant): migration 0006.
+
+    The cookie holds a random session id; only its SHA-256 (``secret_hash``) is stored.
+    ``id`` is a public handle for lists and for ending a session.
+    """
+
+    __tablename__ = "web_sessions"
+    __table_args__ = (
+        CheckConstraint("kind IN ('admin', 'participant')", name="kind"),
+        Index("ix_web_sessions_expires_at", "expires_at"),
+    )
+
+    id: Mapped[str] = mapped_column(String(ID_LENGTH), primary_key=True)
+    secret_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    subject: Mapped[str] = mapped_column(String(NAME_LENGTH))
+    kind: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    last_seen_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    idle_seconds: Mapped[int] = mapped_column(Integer)
+    user_agent: Mapped[str | None] = mapped_column(String(NAME_LENGTH))

@@ -1,7 +1,8 @@
 """Issue 9's part of the service: heartbeats, metrics, the operator API and the console.
 
 The composition root (``scheduler.web.app``) creates one ``Operations`` with the
-settings, the sessionmaker, the clock, the loop and the token verifier, and mounts
+settings, the sessionmaker, the clock, the loop, the token verifier and the web sessions'
+store, and mounts
 ``operations.routes()``; ``Operations`` attaches the heartbeat and the metrics to the
 loop's ``poll_hooks``, so an embedding app gets all of it by mounting ``service.app``.
 """
@@ -28,6 +29,7 @@ from scheduler.web.console import Console
 from scheduler.web.http import respond
 from scheduler.web.params import Param, declares, query
 from scheduler.web.schemas import OperatorActionOut, ReplicaOut
+from scheduler.web.sessions import SessionStore, session_routes
 from scheduler.web.sse import Streams
 
 MAX_ACTION_ID = 2**63 - 1  # operator_actions.id is a bigint
@@ -37,16 +39,18 @@ class Operations:
     """What an operator watches and does: wired to one service's database, clock and loop."""
 
     def __init__(self, settings: Settings, sessions: sessionmaker[Session], clock: Clock,
-                 scheduler: Scheduler, verifier: TokenVerifier, loop_alive: Callable[[], bool],
-                 streams: Streams | None = None) -> None:
+                 scheduler: Scheduler, verifier: TokenVerifier, session_store: SessionStore,
+                 loop_alive: Callable[[], bool], streams: Streams | None = None) -> None:
         self.settings = settings
         self.sessions = sessions
         self.clock = clock
         # On the loop's own pool: requests that hold every API connection never delay it.
         self.heartbeat = Heartbeat(scheduler.sessions, clock)
         self.metrics = Metrics(sessions, clock, loop_alive)
-        self.console = Console(sessions, clock, verifier, refresh_seconds=settings.console_refresh_seconds,
-                               streams=streams)
+        # The signed-in browsers (console and inbox page): ended and listed by /admin/sessions.
+        self.session_store = session_store
+        self.console = Console(sessions, clock, verifier, self.session_store,
+                               refresh_seconds=settings.console_refresh_seconds, streams=streams)
         scheduler.poll_hooks.extend([self.heartbeat, self.metrics])
 
     def routes(self) -> list[BaseRoute]:
@@ -55,6 +59,7 @@ class Operations:
             Route("/metrics", metrics, methods=["GET"]),
             Route("/admin/replicas", self.replicas, methods=["GET"]),
             Route("/admin/audit", self.audit_trail, methods=["GET"]),
+            *session_routes(self.session_store),
             *[_hidden(r) for r in self.console.routes],
         ]
 

@@ -1,9 +1,9 @@
 """The composition root: ``SchedulerService`` builds the service's parts and wires them.
 
 It creates the engines, the clock, the catalogue and dispatch path, the loop and its
-LISTEN connection, the inbox hub, retention and the operations (heartbeat, metrics,
-console), then hands each route module only what it uses: the sessionmaker, the clock,
-the dispatch path, the token verifier, the loop. No route module knows this class, so
+LISTEN connection, the inbox hub, retention, the web sessions' store and the operations
+(heartbeat, metrics, console), then hands each route module only what it uses: the
+sessionmaker, the clock, the dispatch path, the token verifier, the sessions' store, the loop. No route module knows this class, so
 nothing imports back into it. ``create_app`` is the standalone service; another Starlette
 app embeds the same thing by mounting ``service.app`` and entering ``service.lifespan``
 (see README).
@@ -47,6 +47,7 @@ from scheduler.web.inbox_routes import inbox_routes
 from scheduler.web.ingest import IngestRoutes
 from scheduler.web.participants import ParticipantRoutes
 from scheduler.web.scheduled_events import EventRoutes
+from scheduler.web.sessions import SessionStore
 from scheduler.web.sse import Streams
 
 logger = logging.getLogger(__name__)
@@ -120,8 +121,11 @@ class SchedulerService:
         # Every open stream (the inbox's, the console's): ended at once when the server stops.
         self.streams = Streams()
         # Heartbeats, metrics, the operator API and the console (issue 9).
+        # Signed-in browsers (the console's, the inbox page's), in the database: any replica serves them.
+        self.web_sessions = SessionStore(self.sessions, self.clock, max_seconds=self.settings.session_max_seconds,
+                                         idle_seconds=self.settings.session_idle_seconds)
         self.operations = Operations(self.settings, self.sessions, self.clock, self.scheduler, self.verifier,
-                                     lambda: self.loop_alive, self.streams)
+                                     self.web_sessions, lambda: self.loop_alive, self.streams)
         # The route modules, each with what it uses and nothing else.
         self.health = HealthRoutes(scheduler=self.scheduler, clock=self.clock, listener=listener,
                                    settings=self.settings, loop_alive=lambda: self.loop_alive,
@@ -196,7 +200,8 @@ class SchedulerService:
             *self.ingest.routes(),
             *self.events.routes(),
             *self.participants.routes(),
-            *inbox_routes(sessions=self.sessions, inbox=self.inbox, streams=self.streams),
+            *inbox_routes(sessions=self.sessions, inbox=self.inbox, store=self.web_sessions, verifier=self.verifier,
+                          max_body_bytes=self.settings.max_body_bytes, streams=self.streams),
             *self.operations.routes(),
         ]
 

@@ -2,7 +2,8 @@
 
 Overview (live over server-sent events), events with filters and keyset pagination, an
 event's detail with its notifications and action history, reset and bulk reset (dry-run
-count first, a required reason), and the audit trail. Sign-in and CSRF: ``console_auth``.
+count first, a required reason), cancel and bulk cancel (``console_cancel``), the audit trail
+and the open sessions. Sign-in, sessions and CSRF: ``console_auth`` and ``sessions``.
 Pages are sent with a Content-Security-Policy that allows only the package's own script
 and style, so even a bug in escaping could not run injected script.
 """
@@ -13,6 +14,7 @@ import asyncio
 import functools
 import json
 import secrets
+import time
 from collections.abc import AsyncIterator
 from datetime import datetime
 from importlib.resources import files
@@ -41,14 +43,16 @@ from scheduler.web.console_auth import (
     console_admin,
     console_session,
     csrf_ok,
-    session_from_token,
     set_session_cookie,
     set_signin_nonce,
     signin_nonce_ok,
+    verify_admin,
 )
+from scheduler.web.console_cancel import cancel_routes
 from scheduler.web.http import path_param
 from scheduler.web.params import Endpoint, Param, Unprocessable, declares, query, whole_number
 from scheduler.web.scheduled_events import CURSOR, EVENT_FILTER, event_query
+from scheduler.web.sessions import SessionStore
 from scheduler.web.sse import Streams, wait_or_close
 
 PACKAGE = Path(str(files("scheduler.web")))
@@ -68,20 +72,21 @@ HEADERS = {
 class Console:
     """The console's routes, bound to the service's database, clock and token verifier."""
 
-    def __init__(self, sessions: sessionmaker[Session], clock: Clock, verifier: TokenVerifier,
+    def __init__(self, sessions: sessionmaker[Session], clock: Clock, verifier: TokenVerifier, store: SessionStore,
                  *, refresh_seconds: float = 2.0, stream_seconds: float = 300.0,
                  streams: Streams | None = None) -> None:
         self.sessions = sessions
         self.streams = streams or Streams()
         self.clock = clock
         self.verifier = verifier
+        self.store = store
         self.refresh_seconds = refresh_seconds
         self.stream_seconds = stream_seconds
         self.env = Environment(loader=FileSystemLoader(PACKAGE / "templates" / "console"),
                                autoescape=select_autoescape(default=True), auto_reload=False)
         self.env.filters["duration"] = duration
         self.env.filters["when"] = _when
-        admin = console_admin(lambda: self.verifier, lambda r, m: self.page(r, "error.html", {"message": m}, 403))
+        admin = console_admin(store)
 
         def guard(endpoint: Endpoint) -> Endpoint:
             return admin(self.refusals_as_page(endpoint))
@@ -94,7 +99,10 @@ class Console:
             Route("/console/events/{event_id}/reset", guard(self.reset), methods=["POST"]),
             Route("/console/bulk-reset", guard(self.bulk_page), methods=["GET"]),
             Route("/console/bulk-reset", guard(self.bulk_reset), methods=["POST"]),
+            *cancel_routes(self, guard),
             Route("/console/audit", guard(self.audit_page), methods=["GET"]),
+            Route("/console/sessions", guard(self.sessions_page), methods=["GET"]),
+            Route("/console/sessions/{session_id}/end", guard(self.end_session), methods=["POST"]),
             Route("/console/sign-out", guard(self.sign_out), methods=["POST"]),
             Route("/console/sign-in", self.refusals_as_page(self.sign_in_page), methods=["GET"]),
             Route("/console/sign-in", self.refusals_as_page(self.sign_in), methods=["POST"]),
@@ -152,13 +160,17 @@ class Console:
         token = (_field(form, "token") or "").strip()
         error, status = None, 200
         try:
-            session = await session_from_token(self.verifier, token)
+            # the token is checked once, here, against the verifier's own clock (its exp)
+            admin = await verify_admin(self.verifier, token, time.time())
         except jwt.PyJWTError as exc:
             error, status = f"this token is not valid here: {token_problem(exc)}", 401
         except NotAdmin:
             error, status = "this token lacks the admin permission (nudging.admin)", 403
         if error is not None:
             return self._sign_in_form(request, _field(form, "next") or "", error, status)
+        session = await run_in_threadpool(lambda: self.store.create(
+            admin.subject, "admin", token_seconds_left=admin.seconds_left,
+            user_agent=request.headers.get("user-agent")))
         target = _safe_next(request, _field(form, "next"))
         response = RedirectResponse(target, status_code=303)
         set_session_cookie(request, response, session)
@@ -166,14 +178,16 @@ class Console:
 
     @declares()
     async def sign_out(self, request: Request) -> Response:
+        """Delete the session: its cookie is refused by every replica from now on."""
         form = await request.form()
         if not csrf_ok(console_session(request), _field(form, CSRF_FIELD)):
-            return self._csrf_refused(request)
+            return self.csrf_refused(request)
+        await run_in_threadpool(self.store.sign_out, console_session(request).secret)
         response = RedirectResponse(base_path(request) + "/console/sign-in", status_code=303)
         clear_session_cookie(request, response)
         return response
 
-    def _csrf_refused(self, request: Request) -> Response:
+    def csrf_refused(self, request: Request) -> Response:
         return self.page(request, "error.html", {"message": "missing or wrong CSRF token: reload the page and try again"}, 403)
 
     # -- overview ----------------------------------------------------------------------
@@ -186,9 +200,10 @@ class Console:
     @declares(once=Param.flag("send one overview and end"))
     async def stream(self, request: Request) -> Response:
         """Server-sent events: the overview every ``refresh_seconds``; ``?once=1`` sends one.
-        A stream ends after ``stream_seconds`` (the browser's EventSource reconnects), and at
-        once when the server stops (with a retry hint)."""
+        A stream ends after ``stream_seconds`` (the browser's EventSource reconnects), as soon
+        as its session has ended, and at once when the server stops (with a retry hint)."""
         once = query(request)["once"]
+        secret = console_session(request).secret
 
         async def overviews(closing: anyio.Event) -> AsyncIterator[str]:
             loop = asyncio.get_running_loop()
@@ -201,6 +216,9 @@ class Console:
                 if await wait_or_close(closing, self.refresh_seconds):
                     return  # the server stops: the stream ends with a retry hint
                 if await request.is_disconnected():
+                    return
+                # a session signed out or ended elsewhere stops its stream (not counted as use)
+                if not await run_in_threadpool(self.store.is_open, secret, "admin"):
                     return
 
         return self.streams.response(overviews, headers={"Cache-Control": "no-store"})
@@ -248,7 +266,7 @@ class Console:
         form = await request.form()
         session = console_session(request)
         if not csrf_ok(session, _field(form, CSRF_FIELD)):
-            return self._csrf_refused(request)
+            return self.csrf_refused(request)
         event_id = path_param(request, "event_id")
         actor = commands.Actor(session.subject, "console")
         result = await run_in_threadpool(lambda: commands.reset(
@@ -274,7 +292,7 @@ class Console:
         form = await request.form()
         session = console_session(request)
         if not csrf_ok(session, _field(form, CSRF_FIELD)):
-            return self._csrf_refused(request)
+            return self.csrf_refused(request)
         fields = {k: str(v) for k, v in form.items() if k in events.FILTER_FIELDS or k in ("as_of", "expected", "reason")}
         try:
             where = events.EventQuery.from_mapping(fields)
@@ -305,6 +323,31 @@ class Console:
         more = len(rows) > PAGE_SIZE
         rows = rows[:PAGE_SIZE]
         return self.page(request, "audit.html", {"rows": rows, "next_before": rows[-1]["id"] if more else None})
+
+    # -- sessions ----------------------------------------------------------------------
+
+    @declares(done=Param.string("the action just done, to confirm it"))
+    async def sessions_page(self, request: Request) -> Response:
+        """The open sessions of the console and the inbox, each with a button that ends it."""
+        rows = await run_in_threadpool(self.store.list_open)
+        return self.page(request, "sessions.html", {"rows": rows, "mine": console_session(request).id,
+                                                    "done": query(request)["done"]})
+
+    @declares()
+    async def end_session(self, request: Request) -> Response:
+        form = await request.form()
+        session = console_session(request)
+        if not csrf_ok(session, _field(form, CSRF_FIELD)):
+            return self.csrf_refused(request)
+        ended = await run_in_threadpool(lambda: self.store.end(
+            path_param(request, "session_id"), actor=session.subject, source="console"))
+        if ended is None:
+            return self.page(request, "error.html", {"message": "no open session with that id"}, 404)
+        if ended["id"] == session.id:  # the operator ended their own session: signed out
+            response = RedirectResponse(base_path(request) + "/console/sign-in", status_code=303)
+            clear_session_cookie(request, response)
+            return response
+        return RedirectResponse(f"{base_path(request)}/console/sessions?done=ended", status_code=303)
 
 
 def _field(form: Any, name: str) -> str | None:

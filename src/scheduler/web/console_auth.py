@@ -1,65 +1,61 @@
-"""The console's sign-in: an admin token pasted once becomes an HttpOnly cookie.
+"""The console's sign-in: an admin token pasted once opens a session kept in the database.
 
-The cookie holds the token itself (so it expires with it and any replica can verify it):
-``HttpOnly`` (no script reads it), ``SameSite=Strict`` (no other site's request carries
-it), ``Secure`` over https, scoped to the console's path, ``Max-Age`` = the token's
-remaining lifetime. Each state-changing form carries a CSRF token derived from the
-session's token with HMAC: a page of another origin can neither read the cookie nor
-compute the value. The sign-in form itself uses a double-submit cookie.
+The token is verified once, at sign-in; the service then stores a session
+(``scheduler.web.sessions``) and gives the browser only its random id in the
+``scheduler_console`` cookie: ``HttpOnly`` (no script reads it), ``SameSite=Strict`` (no
+other site's request carries it), ``Secure`` over https, scoped to the console's path,
+``Max-Age`` = the session's absolute lifetime. The cookie is not a token: the API refuses it,
+and once the session is deleted (sign-out, or an admin ending it) every replica refuses it.
+Each state-changing form carries the session's CSRF token (an HMAC of its id): a page of
+another origin can neither read the cookie nor compute the value. The sign-in form itself
+uses a double-submit cookie.
 """
 
 from __future__ import annotations
 
 import functools
-import hashlib
 import hmac
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
-import jwt
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
 from scheduler.web.auth import SCOPE_PERMISSIONS, TokenVerifier, scopes_of
+from scheduler.web.sessions import SessionStore, WebSession
 
 COOKIE = "scheduler_console"
 SIGNIN_COOKIE = "scheduler_console_signin"
 CSRF_FIELD = "csrf"
-_CSRF_KEY = b"scheduler-console-csrf-v1"
 
 ConsoleEndpoint = Callable[[Request], Awaitable[Response]]
+ConsoleGuard = Callable[[ConsoleEndpoint], ConsoleEndpoint]
 
 
 @dataclass(frozen=True)
-class ConsoleSession:
+class VerifiedAdmin:
+    """A token checked at sign-in: whose it is and how long it stays valid (in seconds)."""
+
     subject: str
-    token: str
-    expires_at: int
-
-    @property
-    def csrf(self) -> str:
-        return csrf_for(self.token)
-
-
-def csrf_for(token: str) -> str:
-    return hmac.new(_CSRF_KEY, token.encode(), hashlib.sha256).hexdigest()
+    seconds_left: float
 
 
 class NotAdmin(Exception):
     """A valid token that lacks the admin permission."""
 
 
-async def session_from_token(verifier: TokenVerifier, token: str) -> ConsoleSession:
+async def verify_admin(verifier: TokenVerifier, token: str, now: float) -> VerifiedAdmin:
     """Verify ``token`` for the console: ``jwt.PyJWTError`` if invalid, ``NotAdmin`` if not admin.
-    (A JWKS fetch runs off the event loop, as for the API.)"""
+    (A JWKS fetch runs off the event loop, as for the API.) ``now`` is the time, in seconds
+    since the epoch, the token's ``exp`` is measured against (the verifier's own clock)."""
     claims: dict[str, Any] = await verifier.verify_async(token)
     permissions = {p for s in scopes_of(claims) for p in SCOPE_PERMISSIONS.get(s, ())}
     if "admin" not in permissions:
         raise NotAdmin(str(claims.get("sub")))
-    return ConsoleSession(str(claims["sub"]), token, int(claims["exp"]))
+    return VerifiedAdmin(str(claims["sub"]), float(claims["exp"]) - now)
 
 
 def base_path(request: Request) -> str:
@@ -71,9 +67,10 @@ def cookie_path(request: Request) -> str:
     return base_path(request) + "/console"
 
 
-def set_session_cookie(request: Request, response: Response, session: ConsoleSession) -> None:
+def set_session_cookie(request: Request, response: Response, session: WebSession) -> None:
+    max_age = int((session.expires_at - session.created_at).total_seconds())
     response.set_cookie(
-        COOKIE, session.token, max_age=max(session.expires_at - int(time.time()), 0),
+        COOKIE, session.secret, max_age=max(max_age, 0),
         path=cookie_path(request), secure=request.url.scheme == "https", httponly=True, samesite="strict",
     )
 
@@ -93,19 +90,19 @@ def signin_nonce_ok(request: Request, submitted: str | None) -> bool:
     return bool(expected and submitted and hmac.compare_digest(expected, submitted))
 
 
-def csrf_ok(session: ConsoleSession, submitted: str | None) -> bool:
-    return bool(submitted) and hmac.compare_digest(session.csrf, str(submitted))
+def csrf_ok(session: WebSession, submitted: str | None) -> bool:
+    return session.csrf_ok(submitted)
 
 
-def console_session(request: Request) -> ConsoleSession:
+def console_session(request: Request) -> WebSession:
     session = request.scope.get("console_session")
-    assert isinstance(session, ConsoleSession)
+    assert isinstance(session, WebSession)
     return session
 
 
-def console_admin(verifier_of: Callable[[], TokenVerifier],
-                  forbidden: Callable[[Request, str], Response]) -> Callable[[ConsoleEndpoint], ConsoleEndpoint]:
-    """Guard a console page: no (valid) cookie redirects to sign-in; a non-admin token is 403.
+def console_admin(store: SessionStore) -> ConsoleGuard:
+    """Guard a console page: without an open admin session (no cookie, an unknown, signed-out,
+    ended, expired or idle one) it redirects to sign-in.
 
     The endpoint is marked ``permission = "console"`` for the route table in specs/routes.md.
     """
@@ -113,18 +110,16 @@ def console_admin(verifier_of: Callable[[], TokenVerifier],
     def decorator(endpoint: ConsoleEndpoint) -> ConsoleEndpoint:
         @functools.wraps(endpoint)
         async def wrapper(request: Request) -> Response:
-            token = request.cookies.get(COOKIE)
-            try:
-                if not token:
-                    raise jwt.InvalidTokenError("no session")
-                session = await session_from_token(verifier_of(), token)
-            except jwt.PyJWTError:
+            secret = request.cookies.get(COOKIE)
+            session = await run_in_threadpool(store.resolve, secret, "admin") if secret else None
+            if session is None:
                 target = base_path(request) + "/console/sign-in"
                 if request.method == "GET":
                     target += "?next=" + quote(request.url.path + (f"?{request.url.query}" if request.url.query else ""), safe="")
-                return RedirectResponse(target, status_code=303)
-            except NotAdmin:
-                return forbidden(request, "this token lacks the admin permission (nudging.admin)")
+                response = RedirectResponse(target, status_code=303)
+                if secret:
+                    clear_session_cookie(request, response)  # a dead session's cookie is of no use
+                return response
             request.scope["console_session"] = session
             return await endpoint(request)
 

@@ -30,7 +30,7 @@ import contextlib
 import hashlib
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -273,9 +273,12 @@ def _event(row: dict[str, Any]) -> str:
     return f"id: {row['stream_seq']}\nevent: notification\ndata: {data}\n\n"
 
 
-async def sse_stream(inbox: Inbox, user_id: str, after: int, closing: anyio.Event | None = None) -> AsyncIterator[str]:
+async def sse_stream(inbox: Inbox, user_id: str, after: int, closing: anyio.Event | None = None,
+                     still_open: Callable[[], Awaitable[bool]] | None = None) -> AsyncIterator[str]:
     """The stream of one client: what it missed after ``after``, then live rows, heartbeats;
-    it returns as soon as ``closing`` is set (the server stops: see scheduler.web.sse)."""
+    it returns as soon as ``closing`` is set (the server stops: see scheduler.web.sse).
+    ``still_open`` (a stream opened by a session cookie) is asked before each live row and
+    heartbeat: the stream of a session that has ended (signed out, ended, expired) stops."""
     closing = closing or anyio.Event()
     subscriber = await inbox.subscribe(user_id)  # first, so nothing committed from now on is missed
     closer: asyncio.Future[Any] = asyncio.ensure_future(closing.wait())
@@ -300,9 +303,13 @@ async def sse_stream(inbox: Inbox, user_id: str, after: int, closing: anyio.Even
                                          return_when=asyncio.FIRST_COMPLETED)
             if getter not in done:
                 if closer not in done:
+                    if still_open is not None and not await still_open():
+                        return
                     yield ": heartbeat\n\n"
                 continue
             row, getter = getter.result(), None
+            if still_open is not None and not await still_open():
+                return
             if int(row["stream_seq"]) > last:  # the replay may already have sent it
                 last = int(row["stream_seq"])
                 yield _event(row)

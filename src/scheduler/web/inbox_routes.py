@@ -1,9 +1,11 @@
-"""The participant's inbox routes: ``/me/notifications``, its live stream, the ``/inbox`` page.
+"""The participant's inbox routes: ``/me/notifications``, its live stream, the ``/inbox`` page
+and the page's session (``/inbox/session``, ``scheduler.web.inbox_session``).
 
 A page reads the caller's delivered notifications newest first (keyset ``?before=``); the
 stream replays what the client missed (``Last-Event-ID`` or ``?after=``) and then follows
 the process's ``Inbox`` hub (``scheduler.web.inbox``). A participant reads their own
-inbox; an admin may name another (``?user_id=``).
+inbox; an admin may name another (``?user_id=``). The ``/me`` routes take a bearer token or
+the inbox page's session cookie; a stream opened by the cookie stops when its session ends.
 """
 
 from __future__ import annotations
@@ -23,11 +25,13 @@ from starlette.routing import BaseRoute, Route
 
 from scheduler.core.store import _jsonable
 from scheduler.database.queries import statement
-from scheduler.web.auth import PARTICIPANT, Principal, require
+from scheduler.web.auth import PARTICIPANT, Principal, TokenVerifier, require
 from scheduler.web.http import respond
 from scheduler.web.inbox import Inbox, sse_stream, stream_head
+from scheduler.web.inbox_session import inbox_session_routes, session_check, with_inbox_session
 from scheduler.web.params import Param, declares, query, stream_id
 from scheduler.web.schemas import InboxPageOut
+from scheduler.web.sessions import SessionStore
 from scheduler.web.sse import Streams
 
 PAGE = Path(__file__).parent / "pages" / "inbox.html"
@@ -36,7 +40,7 @@ PAGE = Path(__file__).parent / "pages" / "inbox.html"
 def page_headers(html: str) -> dict[str, str]:
     """The ``/inbox`` page's headers: a Content-Security-Policy as strict as the console's.
 
-    The page holds a participant's token and shows text a sender wrote, so nothing but its
+    The page signs a participant in with a token and shows text a sender wrote, so nothing but its
     own inline script and style may run (allowed by their hashes, not ``'unsafe-inline'``),
     it talks only to its own origin, and no other site may frame it.
     """
@@ -72,9 +76,11 @@ def _whose(request: Request) -> str:
 USER_ID = Param.string("another participant's inbox (admin only)")
 
 
-def inbox_routes(*, sessions: sessionmaker[Session], inbox: Inbox, streams: Streams) -> list[BaseRoute]:
-    """``/me/notifications``, its stream, and the ``/inbox`` page, over ``sessions``, the
-    process's ``inbox`` hub and its open ``streams`` (ended at once when the server stops)."""
+def inbox_routes(*, sessions: sessionmaker[Session], inbox: Inbox, store: SessionStore, verifier: TokenVerifier,
+                 max_body_bytes: int, streams: Streams) -> list[BaseRoute]:
+    """``/me/notifications``, its stream, the ``/inbox`` page and its session, over
+    ``sessions``, the process's ``inbox`` hub, the web sessions' ``store`` and its open
+    ``streams`` (ended at once when the server stops)."""
 
     @require(PARTICIPANT)
     @declares(user_id=USER_ID, before=Param.cursor("the previous page's next"),
@@ -112,7 +118,8 @@ def inbox_routes(*, sessions: sessionmaker[Session], inbox: Inbox, streams: Stre
         # hide every new notification until the numbers caught up: start from the head
         if after < 0 or after > head:
             after = head
-        return streams.response(lambda closing: sse_stream(inbox, user_id, after, closing),
+        check = session_check(store, request)
+        return streams.response(lambda closing: sse_stream(inbox, user_id, after, closing, check),
                                 headers={"Cache-Control": "no-cache"})
 
     page_html = PAGE.read_text()
@@ -124,8 +131,9 @@ def inbox_routes(*, sessions: sessionmaker[Session], inbox: Inbox, streams: Stre
         return HTMLResponse(page_html, headers=headers)
 
     return [
-        Route("/me/notifications", my_notifications, methods=["GET"]),
-        Route("/me/notifications/stream", my_stream, methods=["GET"]),
+        Route("/me/notifications", with_inbox_session(store, my_notifications), methods=["GET"]),
+        Route("/me/notifications/stream", with_inbox_session(store, my_stream), methods=["GET"]),
         Route("/inbox", page, methods=["GET"]),
+        *inbox_session_routes(store, verifier, max_body_bytes),
     ]
 

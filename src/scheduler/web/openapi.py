@@ -19,6 +19,8 @@ from scheduler.web.schemas import (
     HistoryEntryOut,
     InboxNotificationOut,
     InboxPageOut,
+    InboxSessionOut,
+    InboxSignInIn,
     IngestOut,
     LiveEventIn,
     NotificationOut,
@@ -32,6 +34,7 @@ from scheduler.web.schemas import (
     SchedulerHealthDetailOut,
     SchedulerHealthOut,
     ValidationErrorOut,
+    WebSessionOut,
 )
 
 MODELS: tuple[type[BaseModel], ...] = (
@@ -39,6 +42,7 @@ MODELS: tuple[type[BaseModel], ...] = (
     IngestOut, DuplicateOut, PreferencesOut, SchedulerHealthOut, HealthOut, ErrorOut,
     ValidationErrorOut, FactsContractErrorOut, RuleRefusalOut, ReplicaOut, OperatorActionOut,
     HistoryEntryOut, CancelConflictOut, InboxNotificationOut, InboxPageOut, SchedulerHealthDetailOut,
+    WebSessionOut, InboxSignInIn, InboxSessionOut,
 )
 
 
@@ -196,6 +200,45 @@ OPERATIONS.update({
     ("/inbox", "get"): {
         "summary": "The participant's inbox page (signs in with a participant token, shows the stream)",
         "responses": {"200": {"description": "an HTML page", "content": {"text/html": {"schema": {"type": "string"}}}}},
+    },
+})
+
+# Issue 17: sessions of the console and the inbox page.
+OPERATIONS.update({
+    ("/admin/sessions", "get"): {
+        "summary": "The open browser sessions (console and inbox), most recently seen first (permission: admin)",
+        "responses": {"200": _json(WebSessionOut, "open sessions", many=True), **ERRORS},
+    },
+    ("/admin/sessions/{session_id}", "delete"): {
+        "summary": "End a session now: every replica refuses its cookie from the next request (permission: admin)",
+        "responses": {"200": _json(WebSessionOut, "the session, ended"),
+                      "404": _json(ErrorOut, "no session with that id (never, or already ended)"), **ERRORS},
+    },
+    ("/inbox/session", "post"): {
+        "summary": "The inbox page signs in: a valid token opens a participant session; the answer sets its "
+                   "HttpOnly cookie (scheduler_inbox), which the routes under /me accept",
+        "request": InboxSignInIn,
+        "responses": {
+            "201": _json(InboxSessionOut, "signed in: the cookie holds the session's id, never the token"),
+            "401": _json(ErrorOut, "the token is malformed, expired or not valid here"),
+            "413": TOO_LARGE["413"],
+            "415": _json(ErrorOut, "the body is not sent as application/json"),
+            "422": _json(ValidationErrorOut, "malformed body; errors names each field"),
+            "503": ERRORS["503"],
+        },
+    },
+    ("/inbox/session", "get"): {
+        "summary": "The inbox page's open session (by its cookie), with its CSRF token",
+        "responses": {"200": _json(InboxSessionOut, "the open session"),
+                      "401": _json(ErrorOut, "no open session: no cookie, or signed out, ended or expired"),
+                      "503": ERRORS["503"]},
+    },
+    ("/inbox/session", "delete"): {
+        "summary": "Sign out of the inbox page (header X-CSRF-Token): every replica refuses the cookie from now on",
+        "responses": {"204": {"description": "signed out; the cookie is cleared"},
+                      "401": _json(ErrorOut, "no open session"),
+                      "403": _json(ErrorOut, "missing or wrong X-CSRF-Token"),
+                      "503": ERRORS["503"]},
     },
 })
 

@@ -136,6 +136,14 @@ class PreferencesIn(BaseModel):
         return value
 
 
+class InboxSignInIn(BaseModel):
+    """``POST /inbox/session``: the participant's token, checked once (the page then forgets it)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    token: str = Field(min_length=1, max_length=8192, description="a valid token; its sub is the participant")
+
+
 # -- responses ----------------------------------------------------------------------------
 # Every answer is built from one of these (``scheduler.web.http.respond``), so /openapi.json
 # describes exactly what is sent. Times keep Python's ISO 8601 form (``+00:00``).
@@ -269,6 +277,29 @@ class OperatorActionOut(_Out):
     filter: dict[str, Any] | None
     count: int
     reason: str | None
+
+
+class WebSessionOut(_Out):
+    """A signed-in browser (``GET /admin/sessions``); ``id`` names it, its secret is never shown."""
+
+    id: str
+    subject: str = Field(description="the token's sub at sign-in")
+    kind: Literal["admin", "participant"] = Field(description="admin: the console; participant: the inbox page")
+    created_at: Timestamp
+    expires_at: Timestamp = Field(description="the absolute end: the token's exp or SCHEDULER_SESSION_MAX_SECONDS")
+    last_seen_at: Timestamp
+    idle_seconds: int = Field(description="the session ends when unused this long (SCHEDULER_SESSION_IDLE_SECONDS)")
+    ends_at: Timestamp = Field(description="when it ends if unused from now: min(expires_at, last_seen_at + idle)")
+    user_agent: str | None
+
+
+class InboxSessionOut(_Out):
+    """The inbox page's session (``/inbox/session``): whose it is, when it ends, its CSRF token."""
+
+    subject: str
+    expires_at: Timestamp
+    idle_seconds: int
+    csrf: str = Field(description="send as X-CSRF-Token to sign out")
 
 
 class HealthOut(_Out):

@@ -570,3 +570,54 @@ WHERE user_id = :user_id
        OR (created_at, id) < (CAST(:before_at AS timestamptz), CAST(:before_id AS text)))
 ORDER BY created_at DESC, id DESC
 LIMIT :limit;
+
+-- Sessions (issue 17 §3): the console's and the inbox's signed-in browsers.
+-- ---------------------------------------------------------------------------------------
+
+-- name: insert_web_session
+-- Store a new session: only the hash of its secret id, with its absolute expiry and idle timeout.
+INSERT INTO web_sessions (id, secret_hash, subject, kind, created_at, expires_at, last_seen_at, idle_seconds, user_agent)
+VALUES (:id, :secret_hash, :subject, :kind, :now, :expires_at, :now, :idle_seconds, :user_agent);
+
+-- name: touch_web_session
+-- Resolve a cookie: the session of that hash and kind if neither expired nor idle too long, marked seen now.
+UPDATE web_sessions
+SET last_seen_at = greatest(last_seen_at, :now)
+WHERE secret_hash = :secret_hash
+  AND kind = :kind
+  AND expires_at > :now
+  AND last_seen_at + idle_seconds * interval '1 second' > :now
+RETURNING id, subject, kind, created_at, expires_at, last_seen_at, idle_seconds, user_agent;
+
+-- name: web_session_open
+-- Whether a session is still open, without marking it seen (an open stream checks this as it runs).
+SELECT 1 FROM web_sessions
+WHERE secret_hash = :secret_hash
+  AND kind = :kind
+  AND expires_at > :now
+  AND last_seen_at + idle_seconds * interval '1 second' > :now;
+
+-- name: delete_web_session_by_hash
+-- Sign-out: delete the session of a cookie, so the cookie is refused by every replica from now on.
+DELETE FROM web_sessions WHERE secret_hash = :secret_hash RETURNING id;
+
+-- name: delete_web_session
+-- An admin ends a session by its public id.
+DELETE FROM web_sessions WHERE id = :id
+RETURNING id, subject, kind, created_at, expires_at, last_seen_at, idle_seconds, user_agent;
+
+-- name: list_web_sessions
+-- The sessions still open (neither expired nor idle too long), most recently seen first.
+SELECT id, subject, kind, created_at, expires_at, last_seen_at, idle_seconds, user_agent
+FROM web_sessions
+WHERE expires_at > :now
+  AND last_seen_at + idle_seconds * interval '1 second' > :now
+  AND (CAST(:kind AS text) IS NULL OR kind = :kind)
+ORDER BY last_seen_at DESC, id
+LIMIT :limit;
+
+-- name: purge_web_sessions
+-- Delete sessions that ended by expiry or idleness (at each sign-in; the table stays small).
+DELETE FROM web_sessions
+WHERE expires_at <= :now
+   OR last_seen_at + idle_seconds * interval '1 second' <= :now;

@@ -1,0 +1,114 @@
+"""The console's cancel (issue 17 §4): one row from its page, or every row a filter selects.
+
+Like reset and bulk reset: a CSRF-protected form with a required reason; the filter's
+page first shows the dry-run count (pending and failed rows that match), and the action
+cancels at most what was counted, in chunks that skip rows a poll holds. The work is done by
+the application layer's commands (``commands.cancel``, ``commands.count_matching`` over
+``CANCELLABLE``, ``commands.bulk_cancel``): the same ones the API and the CLI run, and they
+record every action in the audit trail.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+from urllib.parse import urlencode
+
+from sqlalchemy.orm import Session, sessionmaker
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.routing import Route
+
+from scheduler.application import commands, events
+from scheduler.types import Clock
+from scheduler.web.console_auth import CSRF_FIELD, ConsoleGuard, base_path, console_session, csrf_ok
+from scheduler.web.http import path_param
+from scheduler.web.params import Unprocessable, declares, query, whole_number
+from scheduler.web.scheduled_events import EVENT_FILTER, event_query
+
+
+class ConsolePages(Protocol):
+    """What the cancel routes use of the console (``scheduler.web.console.Console``), which
+    mounts them: so this module does not import it back."""
+
+    sessions: sessionmaker[Session]
+    clock: Clock
+
+    def page(self, request: Request, template: str, context: dict[str, Any], status: int = 200) -> HTMLResponse: ...
+
+    def csrf_refused(self, request: Request) -> Response: ...
+
+
+def cancel_routes(console: ConsolePages, guard: ConsoleGuard) -> list[Route]:
+    """``POST /console/events/{id}/cancel`` and ``GET``/``POST /console/bulk-cancel``."""
+
+    @declares()
+    async def cancel_one(request: Request) -> Response:
+        """Cancel the row of this page (a reason is required); 409 once it was dispatched."""
+        form = await request.form()
+        session = console_session(request)
+        if not csrf_ok(session, _text(form.get(CSRF_FIELD))):
+            return console.csrf_refused(request)
+        event_id = path_param(request, "event_id")
+        reason = _text(form.get("reason")).strip()
+        if not reason:
+            return console.page(request, "error.html", {"message": "a cancel needs a reason"}, 422)
+        actor = commands.Actor(session.subject, "console")
+        done = await run_in_threadpool(lambda: commands.cancel(
+            console.sessions, now=console.clock.now(), actor=actor, event_id=event_id, reason=reason))
+        if done.outcome == "missing":
+            return console.page(request, "error.html", {"message": "no scheduled event with that id"}, 404)
+        if done.outcome == "dispatched":
+            return console.page(request, "error.html", {
+                "message": "already dispatched: a dispatched event cannot be cancelled"}, 409)
+        outcome = "cancelled" if done.outcome == "cancelled" else "already-cancelled"
+        return RedirectResponse(f"{base_path(request)}/console/events/{event_id}?done={outcome}", status_code=303)
+
+    @declares(**EVENT_FILTER)
+    async def bulk_page(request: Request) -> Response:
+        """The dry run: how many pending or failed rows match the filter, and the form to cancel them."""
+        where = event_query(query(request))
+        as_of = console.clock.now()
+        count = await run_in_threadpool(commands.count_matching, console.sessions, where, commands.CANCELLABLE)
+        return console.page(request, "bulk_cancel.html", {
+            "f": where.as_json(), "count": count, "cap": commands.BULK_CAP, "as_of": as_of.isoformat(),
+            "filter_query": urlencode(where.as_json()), "error": None, "reason": "",
+        })
+
+    @declares()
+    async def bulk_cancel(request: Request) -> Response:
+        """Cancel what the dry run counted (rows changed since are left alone), with a reason."""
+        form = await request.form()
+        session = console_session(request)
+        if not csrf_ok(session, _text(form.get(CSRF_FIELD))):
+            return console.csrf_refused(request)
+        fields = {k: str(v) for k, v in form.items() if k in events.FILTER_FIELDS or k in ("as_of", "expected", "reason")}
+        try:
+            where = events.EventQuery.from_mapping(fields)
+            as_of = events.parse_time("as_of", fields.get("as_of"))
+            expected = whole_number("expected", fields.get("expected", ""), low=0, high=2**63 - 1)
+        except (events.QueryError, Unprocessable) as exc:
+            return console.page(request, "error.html", {"message": f"bad bulk cancel form: {exc}"}, 422)
+        reason = fields.get("reason", "").strip()[:commands.MAX_REASON]
+        if as_of is None or not reason:
+            return console.page(request, "bulk_cancel.html", {
+                "f": where.as_json(), "count": expected, "cap": commands.BULK_CAP,
+                "as_of": fields.get("as_of", ""), "filter_query": urlencode(where.as_json()),
+                "error": "a bulk cancel needs a reason", "reason": reason,
+            }, 422)
+        actor = commands.Actor(session.subject, "console")
+        result = await run_in_threadpool(lambda: commands.bulk_cancel(
+            console.sessions, where, now=console.clock.now(), as_of=as_of, expected=expected,
+            actor=actor, reason=reason))
+        return console.page(request, "bulk_cancel_done.html", {
+            "result": result, "expected": expected, "filter_query": urlencode(where.as_json())})
+
+    return [
+        Route("/console/events/{event_id}/cancel", guard(cancel_one), methods=["POST"]),
+        Route("/console/bulk-cancel", guard(bulk_page), methods=["GET"]),
+        Route("/console/bulk-cancel", guard(bulk_cancel), methods=["POST"]),
+    ]
+
+
+def _text(value: object) -> str:
+    return value if isinstance(value, str) else ""
