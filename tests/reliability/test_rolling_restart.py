@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import time
 from collections.abc import Iterator
 from datetime import date, timedelta
@@ -56,6 +57,19 @@ def replicas(database_url: str, tmp_path: Path) -> Iterator[tuple[Replica, Repli
         for replica in (a, b):
             if replica.alive():
                 replica.kill()
+
+
+def console_session(http: httpx.Client, base_url: str) -> str:
+    """Sign in on a replica's console as a browser does; the session cookie's value."""
+    form = http.get(f"{base_url}/console/sign-in")
+    nonce = re.search(r'name="nonce" value="([^"]+)"', form.text)
+    assert nonce, form.text
+    signed_in = http.post(f"{base_url}/console/sign-in", follow_redirects=False,
+                          data={"nonce": nonce[1], "token": token("nudging.admin"), "next": ""})
+    assert signed_in.status_code == 303, signed_in.text
+    value = signed_in.cookies.get("scheduler_console")
+    assert value, signed_in.headers
+    return value
 
 
 class Lines:
@@ -127,7 +141,7 @@ def test_sigterm_ends_open_inbox_and_console_streams_at_once_and_exits_quietly(
     with httpx.Client() as http:
         inbox = Lines(http, f"{a.base_url}/me/notifications/stream", dict(PARTICIPANT))
         console = Lines(http, f"{a.base_url}/console/stream",
-                        {"Cookie": f"scheduler_console={token('nudging.admin')}"})
+                        {"Cookie": f"scheduler_console={console_session(http, a.base_url)}"})
         inbox.until(": connected")
         console.until("event: overview")
         code, seconds = a.terminate(timeout=30)

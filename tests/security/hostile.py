@@ -19,7 +19,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message
 
 from scheduler.web.params import Param, declared
-from tests.conftest import ADMIN, INGEST, PARTICIPANT, token
+from tests.conftest import ADMIN, INGEST, PARTICIPANT
 
 DEADLINE = 10.0
 
@@ -60,13 +60,14 @@ class Target:
         inbox (403 for a participant), one console overview (``once``); empty elsewhere."""
         return {"/me/notifications/stream": b"user_id=someone-else", "/console/stream": b"once=1"}.get(self.path, b"")
 
-    def credentials(self) -> list[tuple[bytes, bytes]]:
+    def credentials(self, console_session: str) -> list[tuple[bytes, bytes]]:
         """Headers of a caller the route lets through, so that the parameters are reached.
 
-        The participant routes get a participant token: a valid ``user_id`` other than its
-        own is then a 403 rather than a stream that never ends."""
+        The console's pages get the cookie of ``console_session`` (an open admin session's
+        secret); the participant routes get a participant token: a valid ``user_id`` other
+        than its own is then a 403 rather than a stream that never ends."""
         if self.permission == "console":
-            return [(b"cookie", f"scheduler_console={token('nudging.admin')}".encode())]
+            return [(b"cookie", f"scheduler_console={console_session}".encode())]
         bearer = {"admin": ADMIN, "ingest": INGEST, "participant": PARTICIPANT}.get(self.permission)
         return [] if bearer is None else [(b"authorization", bearer["Authorization"].encode())]
 

@@ -72,8 +72,18 @@ def _every_parameter(service: SchedulerService) -> list[tuple[Target, str, Param
     return found
 
 
+def console_session(service: SchedulerService) -> str:
+    """An open console session of ``service`` (stored as a sign-in stores it), one per service."""
+    found: str | None = getattr(service, "_hostile_console_session", None)
+    if found is None:
+        found = service.web_sessions.create("operator-ann", "admin", token_seconds_left=3600).secret
+        setattr(service, "_hostile_console_session", found)  # noqa: B010 - a test's note on the service
+    return found
+
+
 def _send(service: SchedulerService, target: Target, query: bytes, extra: list[tuple[bytes, bytes]] | None = None) -> Answer:
-    return call(service.app, target.method, target.path, query, [*target.credentials(), *(extra or [])])
+    return call(service.app, target.method, target.path, query,
+                [*target.credentials(console_session(service)), *(extra or [])])
 
 
 @pytest.mark.clause("PARAM-1")
@@ -90,7 +100,7 @@ def test_every_route_declares_its_query_parameters_and_the_schema_shows_them(ser
         documented += 1
         in_schema = {p["name"]: p["schema"] for p in operation.get("parameters", []) if p["in"] == "query"}
         assert in_schema == {name: param.schema for name, param in target.params.items()}, target.label
-    assert documented == 19  # every API operation (the console's pages are not API operations)
+    assert documented == 24  # every API operation (the console's pages are not API operations)
     assert {"limit", "before_id"} <= {n for t in listed if t.template == "/admin/audit" for n in t.params}
 
 
@@ -234,7 +244,7 @@ def test_hostile_authorization_cookie_host_and_content_length_headers_are_never_
         for value in [*HOSTILE_HEADER_VALUES[::3], b"Bearer \x00", b"Bearer " + b"a" * 10_000, b"Bearer a.b.c"]:
             for header in (b"authorization", b"cookie", b"host", b"content-length"):
                 answer = call(service.app, target.method, target.path, target.finite,
-                              [*([] if header == b"authorization" else target.credentials()), (header, value)])
+                              [*([] if header == b"authorization" else target.credentials(console_session(service))), (header, value)])
                 if target.is_console and answer.status in (303, 401, 403):
                     continue
                 _no_5xx(target, answer, (header, value[:20]))
@@ -284,7 +294,7 @@ def test_fuzzing_every_route_with_raw_query_strings_and_headers_finds_no_5xx(
                                            st.binary(max_size=40)), max_size=2), label="headers")
     if target.finite:
         raw += b"&" + target.finite  # a valid query would open a stream that never ends
-    credentials = [] if any(h == b"authorization" for h, _ in headers) else target.credentials()
+    credentials = [] if any(h == b"authorization" for h, _ in headers) else target.credentials(console_session(service))
     answer = call(service.app, target.method, target.path, raw, [*credentials, *headers])
     if target.is_console and answer.status in (303, 401, 403):
         return
