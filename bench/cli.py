@@ -47,6 +47,10 @@ class Sizes:
     burst_single_modes: tuple[str, ...]
     console_rows: int = 1_000_000
     console_samples: int = 30
+    scale_sizes: tuple[int, ...] = (10_000, 1_000_000, 10_000_000)
+    scale_samples: int = 1_000
+    scale_page_samples: int = 30
+    scale_budget: float = 60.0
 
 
 FULL = Sizes(claim_sizes=(10_000, 100_000, 1_000_000), claim_samples=300, claim_budget=10.0,
@@ -59,7 +63,8 @@ QUICK = Sizes(claim_sizes=(10_000, 100_000), claim_samples=100, claim_budget=3.0
               formula_events=400, formula_poll=0.1, http_requests=600, http_concurrency=(8,),
               http_seconds=10.0, shutdown_repeats=3, memory_events=10_000, profile_events=1_000, repeats=1,
               burst_events=2_000, burst_replicas=(1, 2), burst_single_modes=("prompt",),
-              console_rows=100_000, console_samples=15)
+              console_rows=100_000, console_samples=15,
+              scale_sizes=(10_000, 100_000), scale_samples=200, scale_page_samples=10, scale_budget=10.0)
 
 DESCRIPTIONS = {
     "claim": "claim latency (median, p90, EXPLAIN ANALYZE BUFFERS) with 1,000 due rows among 10k/100k/1M "
@@ -89,9 +94,15 @@ DESCRIPTIONS = {
                "with the trigger enabled and disabled, alternated",
     "inbox": "latency from one replica's commit to a participant's SSE stream on another replica "
              "(uvicorn), with LISTEN/NOTIFY and on the hub's timer",
+    "scale": "the claim (median, p99; alone and while other replicas hold batches), the console's overview "
+             "and events pages, the /metrics scrape, each hot statement with its EXPLAIN (ANALYZE, BUFFERS), and "
+             "retention, at 10k, 1M and 10M rows (--quick: 10k and 100k; --rows N ... to choose), loaded "
+             "set-based and sampled side by side; ratio largest / smallest. Not part of `all`: at 10M rows "
+             "it needs about 8 GB of disk and 20 minutes on two cores",
 }
 ORDER = ("claim", "mechanics", "fullpath", "http", "shutdown", "memory", "profile", "burst", "console", "history",
          "inbox")
+EXTRA = ("scale",)  # run by name only (too big for `all`)
 
 
 def _claim(server: Any, s: Sizes, results: dict[str, Any]) -> dict[str, Any]:
@@ -194,15 +205,22 @@ def _inbox(server: Any, s: Sizes, results: dict[str, Any]) -> dict[str, Any]:
     return inbox.run(server, events=s.formula_events // 10)
 
 
+def _scale(server: Any, s: Sizes, results: dict[str, Any]) -> dict[str, Any]:
+    from bench import scale
+
+    return scale.run(server, sizes=list(s.scale_sizes), samples=s.scale_samples, budget=s.scale_budget,
+                     page_samples=s.scale_page_samples)
+
+
 RUNNERS: dict[str, Callable[[Any, Sizes, dict[str, Any]], dict[str, Any]]] = {
     "claim": _claim, "mechanics": _mechanics, "fullpath": _fullpath, "http": _http,
     "shutdown": _shutdown, "memory": _memory, "profile": _profile, "burst": _burst, "console": _console,
-    "history": _history, "inbox": _inbox,
+    "history": _history, "inbox": _inbox, "scale": _scale,
 }
 
 
 def run_benchmarks(names: Sequence[str], *, quick: bool, out: Path, database_url: str | None,
-                   burst_events: int | None = None) -> int:
+                   burst_events: int | None = None, rows: Sequence[int] | None = None) -> int:
     """Run ``names`` in order; one failing benchmark is reported and the others still run."""
     from bench import report
     from bench.env import Server, machine_facts, progress
@@ -214,6 +232,10 @@ def run_benchmarks(names: Sequence[str], *, quick: bool, out: Path, database_url
         if burst_events < 1:
             raise SystemExit("--events must be at least 1")
         sizes = dataclasses.replace(sizes, burst_events=burst_events)
+    if rows:
+        if min(rows) <= 1_000:
+            raise SystemExit("--rows: every size must be above the 1,000 pending rows")
+        sizes = dataclasses.replace(sizes, scale_sizes=tuple(sorted(set(rows))))
     started = time.perf_counter()
     results: dict[str, Any] = {
         "started": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
@@ -257,7 +279,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                                f"{n}: {DESCRIPTIONS[n]}" for n in ORDER) + ".")
     _common(every)
     every.set_defaults(bench_names=ORDER)
-    for name in ORDER:
+    for name in ORDER + EXTRA:
         one = sub.add_parser(name, help=DESCRIPTIONS[name], description=DESCRIPTIONS[name] + ".")
         _common(one)
         one.set_defaults(bench_names=(name,))
@@ -265,11 +287,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
             one.add_argument("--events", type=int, default=None, metavar="N",
                              help=f"reminders due at once (default {FULL.burst_events:,}; "
                                   f"--quick: {QUICK.burst_events:,})")
+        if name == "scale":
+            one.add_argument("--rows", type=int, nargs="+", default=None, metavar="N",
+                             help="table sizes to measure side by side (default "
+                                  f"{' '.join(str(n) for n in FULL.scale_sizes)}; --quick: "
+                                  f"{' '.join(str(n) for n in QUICK.scale_sizes)}); the smallest is the "
+                                  "ratio's base")
 
 
 def _run(args: argparse.Namespace, settings: Any = None) -> int:
     return run_benchmarks(args.bench_names, quick=args.quick, out=args.out, database_url=args.database_url,
-                          burst_events=getattr(args, "events", None))
+                          burst_events=getattr(args, "events", None), rows=getattr(args, "rows", None))
 
 
 EPILOG = ("Figures are ratios measured side by side in one run; absolute times on a shared machine "

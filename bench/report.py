@@ -327,6 +327,10 @@ def markdown(results: dict[str, Any]) -> str:
         lines += ["", *history_table(sections["history"])]
     if "inbox" in sections:
         lines += ["", *inbox_table(sections["inbox"])]
+    if "scale" in sections:
+        from bench.scale import table as scale_table
+
+        lines += ["", *scale_table(sections["scale"])]
     errors = results.get("errors") or {}
     for name, message in errors.items():
         lines += ["", f"**{name} failed**: {message}"]
@@ -340,4 +344,8 @@ def write(results: dict[str, Any], directory: Path) -> tuple[Path, Path]:
     md_path = directory / f"{stem}.md"
     json_path.write_text(json.dumps(results, indent=2, default=str))
     md_path.write_text(markdown(results))
+    if "scale" in results["benchmarks"]:
+        from bench.scale import plans_markdown
+
+        (directory / f"{stem}-plans.md").write_text(plans_markdown(results["benchmarks"]["scale"]))
     return json_path, md_path

@@ -19,6 +19,8 @@ SCENARIOS = [
     ("slow-database", "slow_database", "an operator holds locks: lock/statement timeouts bound the damage"),
     ("shutdown", "shutdown", "SIGTERM replicas while batches are in flight"),
     ("pgbouncer", "pgbouncer", "two prompt-mode replicas behind a real PgBouncer in transaction mode"),
+    ("partition", "partition", "a replica frozen mid-batch (a SIGSTOPped proxy or process) while others drain"),
+    ("clock-skew", "clock_skew", "replicas whose host clocks are 5 minutes ahead and behind (libfaketime)"),
     ("fuzz", "fuzz", "the nightly-style schemathesis run (a few thousand cases)"),
 ]
 

@@ -101,3 +101,29 @@ WHERE scheduled_events.id = pick.id;
 -- name: vacuum_analyze_events
 -- VACUUM (for the visibility map: index-only scans) and ANALYZE after a bulk load.
 VACUUM (ANALYZE) scheduled_events;
+
+-- name: load_history_events
+-- Rows :first..:last of a long history (bench scale): dispatched (nine in ten) or failed, one finished a second going back from two days before :now, for 5,000 participants.
+INSERT INTO scheduled_events (id, event_type, user_id, community_id, external_key, trigger_at,
+                              facts, status, last_error, created_at, updated_at, dispatched_at)
+SELECT 'old-' || g, 'commitment', 'user-' || (g % 5000), 'bench-community', NULL,
+       -- due five minutes before it was finished: a history spread over g seconds, not one instant
+       CAST(:now AS timestamptz) - interval '2 days' - g * interval '1 second' - interval '5 minutes',
+       jsonb_build_object('facts_version', '1', 'scenario', 'commitment_reminder',
+                          'commitment', 'run the dishwasher at noon', 'date', '2026-11-28'),
+       CASE WHEN g % 10 = 0 THEN 'failed' ELSE 'dispatched' END,
+       CASE WHEN g % 10 = 0 THEN 'RuntimeError: benchmark failure' END,
+       CAST(:now AS timestamptz) - interval '3 days' - g * interval '1 second',
+       CAST(:now AS timestamptz) - interval '2 days' - g * interval '1 second',
+       CASE WHEN g % 10 = 0 THEN NULL
+            ELSE CAST(:now AS timestamptz) - interval '2 days' - g * interval '1 second' END
+FROM generate_series(CAST(:first AS bigint), CAST(:last AS bigint)) AS g;
+
+-- name: relation_sizes
+-- The size on disk of scheduled_events, each of its indexes and the history table (bytes).
+SELECT c.relname AS name, pg_relation_size(c.oid) AS bytes
+FROM pg_class AS c
+WHERE c.oid IN (CAST('scheduled_events' AS regclass), CAST('scheduled_event_history' AS regclass))
+   OR c.oid IN (SELECT indexrelid FROM pg_index
+                WHERE indrelid IN (CAST('scheduled_events' AS regclass), CAST('scheduled_event_history' AS regclass)))
+ORDER BY c.relname;

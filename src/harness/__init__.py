@@ -1,8 +1,8 @@
 """The replica simulation harness: several production schedulers, one PostgreSQL, one frozen clock.
 
-``Simulation`` runs explicit steps (posts, claims, dispatches, commits, crashes, kills, clock
-jumps) across replicas and compares the database with an in-memory model after each one;
-``driver.run_random`` drives it from a seed; ``broken.VARIANTS`` are schedulers with one
+``Simulation`` runs explicit steps (posts, claims, dispatches, commits, crashes, kills,
+freezes, clock jumps and skews) across replicas and compares the database with an in-memory
+model after each one; ``driver.run_random`` drives it from a seed; ``broken.VARIANTS`` are schedulers with one
 deliberate bug each, which the invariants must catch. See docs/simulation.md.
 
 One concept per module:
@@ -12,7 +12,9 @@ One concept per module:
 - ``posts``: the API side (posts in one or two steps, resets by hand, cancels);
 - ``phases``: a replica's claim, dispatch, finish and stop, one phase per step;
 - ``run_steps``: a replica running the production loop (literal or prompt mode);
-- ``replica_faults``: a poll armed to fail, a crash, a killed backend;
+- ``replica_faults``: a poll armed to fail, a crash, a killed backend, a replica frozen
+  mid-batch past the idle-in-transaction timeout;
+- ``clocks``: each replica's host clock (skewed by a step) and the clock its scheduler reads;
 - ``settle``: waiting until every actor has finished or waits on a lock;
 - ``oracle``: the whole-database invariants, checked after every step;
 - ``teardown``: ending a run in any state, and what it suppresses;

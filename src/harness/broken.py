@@ -156,6 +156,8 @@ class Variant:
     scheduler_class: type[Scheduler] = Scheduler
     read_then_write: bool = False
     modes: str | None = None  # forces the simulation's modes (a prompt-mode bug needs prompt)
+    trusts_host_clock: bool = False  # the scheduler reads its host's wall clock (clocks.py)
+    faults: frozenset[str] = frozenset()  # the driver's faults the bug needs to show (``skew``)
 
     def build_rewrites(self) -> list[Rewrite]:
         """The statement rewrites of this variant, each regex checked against queries.sql now;
@@ -191,6 +193,8 @@ VARIANTS: dict[str, Variant] = {
                 "SIM-1", scheduler_class=CatchUpScheduler, modes="prompt"),
         Variant("status-first", "status set before the engine runs and committed apart from it",
                 "SIM-5", scheduler_class=StatusFirstScheduler),
+        Variant("host-clock", "the scheduler reads its host's wall clock, not the database's",
+                "SIM-10", trusts_host_clock=True, faults=frozenset({"skew"})),
     )
 }
 

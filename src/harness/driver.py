@@ -20,7 +20,7 @@ from typing import TextIO
 from harness.simulation import Simulation
 from harness.types import Violation
 
-FAULTS = ("event-errors", "poll-errors", "crash", "kill", "stop", "clock")
+FAULTS = ("event-errors", "poll-errors", "crash", "kill", "stop", "clock", "skew", "freeze")
 
 Step = tuple[int, str, Callable[[], bool]]
 
@@ -68,9 +68,14 @@ def _choices(sim: Simulation, rng: random.Random, faults: frozenset[str]) -> lis
             add(1, "stop", partial(sim.stop, r))
         if "kill" in faults:
             add(1, "kill", partial(sim.kill, r))
+        if "freeze" in faults:
+            add(1, "freeze", partial(sim.freeze, r))
     if "kill" in faults:
         for r in sim.busy_replicas():
             add(1, "kill", partial(sim.kill, r))
+    if "skew" in faults:
+        for r in sim.idle_replicas():
+            add(1, "skew_clock", partial(sim.skew_clock, r, rng.choice((-60, -5, 0, 5, 60))))
     if "poll-errors" in faults:
         add(1, "fail_next_poll", partial(sim.fail_next_poll, rng.randrange(len(sim.replicas)),
                                          rng.choice(("claim", "commit"))))

@@ -51,6 +51,8 @@ class Phases:
                 sim.model.discard(r.index)
             raise sim.fail("SIM-4", f"{r.name}'s claim raised {error!r}")
         r.batch = batch
+        sim.clock_faults.check_not_early(r, [e.id for e in batch.events])
+        sim.clock_faults.check_claim_time(r, batch.claimed_at)
         self.check_claim(r, [e.id for e in batch.events], expected, list(batch.skipped), skipped)
 
     def check_claim(self, r: Replica, actual: list[str], expected: list[str],
@@ -58,6 +60,7 @@ class Phases:
         """What a claim took: no busy participant's row (SIM-6), at most a batch (SIM-1), no row
         another batch holds (SIM-2), only pending rows (SIM-3), the due ones oldest first (SIM-1)."""
         sim = self.sim
+        sim.clock_faults.check_not_early(r, actual)
         sim._check("SIM-6")
         busy = sim.model.busy_users(besides=r.index)
         for event_id in actual:
@@ -121,6 +124,7 @@ class Phases:
         if expected is None:
             raise sim.fail("SIM-1", f"{r.name} dispatched {outcome.id}, which it never claimed")
         event_id, status = expected
+        sim.clock_faults.check_recorded_time(r, outcome)
         if outcome.id != event_id:
             raise sim.fail("SIM-1", f"{r.name} dispatched {outcome.id} before {event_id}")
         if outcome.status != status:

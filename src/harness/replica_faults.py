@@ -1,4 +1,5 @@
-"""Faults a step does to a replica: a poll armed to fail, a process crash, a killed backend.
+"""Faults a step does to a replica: a poll armed to fail, a process crash, a killed backend,
+a replica frozen mid-batch past the idle-in-transaction timeout.
 
 (Faults inside an event, and the broken variants, live in ``faults.py`` and ``broken.py``.)
 """
@@ -13,6 +14,12 @@ from harness.actors import Replica
 from harness.settle import HarnessError
 from harness.types import RunContext
 from scheduler.core.loop import Batch
+from scheduler.database.queries import statement
+from scheduler.nudging.publishers import RecordingPublisher
+
+# The frozen replica's bound on idling inside its transaction, in ms: production's setting
+# (SCHEDULER_IDLE_IN_TRANSACTION_TIMEOUT_MS, 10 s) shortened so that a step need not wait.
+FREEZE_TIMEOUT_MS = 50
 
 
 class ReplicaFaults:
@@ -20,6 +27,7 @@ class ReplicaFaults:
 
     def __init__(self, sim: RunContext) -> None:
         self.sim = sim
+        self.published_at_freeze: dict[int, int] = {}
 
     def fail_next_poll(self, replica: int, where: str = "claim") -> bool:
         """Arm replica ``replica`` so that its next poll raises outside any event."""
@@ -82,3 +90,51 @@ class ReplicaFaults:
             sim.model.discard(replica)
         sim._after_step()
         return True
+
+    def freeze(self, replica: int) -> bool:
+        """Replica ``replica`` freezes mid-batch for longer than its idle-in-transaction
+        timeout: its batch's transaction carries production's per-transaction bound
+        (``set_local_timeouts``, as behind a transaction pooler, here 50 ms), the replica
+        goes quiet, and the database itself ends the session, rolling the transaction back
+        and releasing its locks. The replica does not know yet: it still holds its Batch and
+        finds out at its next statement (SIM-11)."""
+        sim = self.sim
+        r = sim.replicas[replica]
+        if r.op is not None or r.batch is None or r.zombie or r.pid is None:
+            return False
+        sim._step("freeze", f"sim.freeze({replica})")
+        sim._fault("frozen-past-timeout")
+        self.published_at_freeze[replica] = self.published(r)
+        r.submit("freeze", f"freeze({replica})", partial(self.bound_idle, r.batch),
+                 partial(self.frozen, r, r.pid))
+        sim._after_step()
+        return True
+
+    @staticmethod
+    def bound_idle(batch: Batch) -> None:
+        timeouts = {"statement": "0", "lock": "0", "idle": str(FREEZE_TIMEOUT_MS)}
+        batch.session.execute(statement("set_local_timeouts"), timeouts)
+
+    def frozen(self, r: Replica, pid: int, _: Any, error: BaseException | None) -> None:
+        sim = self.sim
+        if error is not None:
+            raise HarnessError(f"bounding {r.name}'s idle time failed: {error!r}")
+        sim.observer.wait_gone(pid)  # the server ends the idle session by itself
+        sim._check("SIM-11")
+        r.zombie = True
+        sim.model.discard(r.index)
+
+    @staticmethod
+    def published(r: Replica) -> int:
+        publisher = r.scheduler.publisher
+        return len(publisher.messages) if isinstance(publisher, RecordingPublisher) else 0
+
+    def check_nothing_published(self, r: Replica) -> None:
+        """SIM-11: a frozen replica's batch, failed on resuming, pushed nothing."""
+        before = self.published_at_freeze.pop(r.index, None)
+        if before is None:
+            return
+        self.sim._check("SIM-11")
+        if self.published(r) != before:
+            raise self.sim.fail("SIM-11", f"{r.name} published notifications of the batch the database "
+                                          "ended while it was frozen")

@@ -103,6 +103,10 @@ class LiteralRun(_Run):
             sim._check_loop_survived(r, "InjectedPollFault")
         dispatched = [c.event_id for c in calls]
         report = r.scheduler.last_report
+        sim.clock_faults.check_not_early(r, dispatched)
+        sim.clock_faults.check_claim_time(r, r.scheduler.last_claimed_at)
+        for outcome in report.outcomes if report is not None else ():
+            sim.clock_faults.check_recorded_time(r, outcome)
         if report is not None and report.skipped != len(self.skipped):
             sim.model.discard(replica)
             raise sim.fail("SIM-1", f"{r.name}'s loop skipped {report.skipped} rows as busy, "
@@ -198,6 +202,12 @@ class PromptRun(_Run):
         sim._check("SIM-1")
         budget = self.stop_after
         position = 0
+        for report in self.reports:
+            sim.clock_faults.check_not_early(r, [o.id for o in report.outcomes])
+        if self.reports:
+            sim.clock_faults.check_claim_time(r, r.scheduler.last_claimed_at)
+            for outcome in report.outcomes:
+                sim.clock_faults.check_recorded_time(r, outcome)
         for number, report in enumerate(self.reports):
             if report.claimed > sim.batch_size:
                 if replica in sim.model.batches:

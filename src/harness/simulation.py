@@ -15,6 +15,7 @@ from typing import Any
 
 from harness.actors import Actor, Client, Replica, Stats
 from harness.broken import variant
+from harness.clocks import ClockFaults, scheduler_clock
 from harness.faults import FaultyDispatcher, install_rewrites
 from harness.model import Call, Model
 from harness.observer import Observer
@@ -43,7 +44,7 @@ MODES = ("literal", "prompt", "mixed")
 
 
 # Replicas and clients wait as long as it takes: the harness, not a timeout, ends a wait.
-NO_TIMEOUTS = Settings(statement_timeout_ms=0, lock_timeout_ms=0)
+NO_TIMEOUTS = Settings(statement_timeout_ms=0, lock_timeout_ms=0, idle_in_transaction_timeout_ms=0)
 
 
 def _minutes(n: int) -> timedelta:
@@ -99,6 +100,7 @@ class Simulation:
         self.participants = participants
         self.model = Model(self.caps)
         self.clock = ManualClock(start)
+        self.clock_faults = ClockFaults(self, self.clock)
         self.catalogue = load_catalogue()
         self.replicas: list[Replica] = []
         self.clients: list[Client] = []
@@ -132,8 +134,10 @@ class Simulation:
 
     def _make_scheduler(self, replica: Replica) -> Scheduler:
         """A replica's production scheduler (again after each crash), of the run's variant."""
+        clock = scheduler_clock(self.clock, self.clock_faults.host(replica.index),
+                                trusts_host=self.variant.trusts_host_clock)
         return self.variant.scheduler_class(
-            replica.sessions, replica.dispatcher, self.clock,
+            replica.sessions, replica.dispatcher, clock,
             publisher=RecordingPublisher(), batch_size=self.batch_size,
             poll_seconds=30.0, name=replica.name, mode=self.mode_of(replica.index),
         )
@@ -310,6 +314,7 @@ class Simulation:
         if r.index in self.model.batches:
             self.model.discard(r.index)
         r.dispatcher.take_calls()
+        self.replica_faults.check_nothing_published(r)
 
     def _call(self, r: Replica, raw: dict[str, Any]) -> Call:
         serial = self.model.batches[r.index].serial if r.index in self.model.batches else 0
@@ -358,6 +363,15 @@ class Simulation:
     def kill(self, replica: int) -> bool:
         """``pg_terminate_backend`` on replica ``replica``'s backend, from the observer's session."""
         return self.replica_faults.kill(replica)
+
+    def freeze(self, replica: int) -> bool:
+        """Replica ``replica`` freezes mid-batch past the idle-in-transaction timeout: the
+        database ends its session while the replica still runs (it resumes later)."""
+        return self.replica_faults.freeze(replica)
+
+    def skew_clock(self, replica: int, minutes: int) -> bool:
+        """Replica ``replica``'s host clock goes ``minutes`` off the reference (clocks.py)."""
+        return self.clock_faults.skew_clock(replica, minutes)
 
     # -- waiting (settle.py) ------------------------------------------------------------
 

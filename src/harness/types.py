@@ -16,6 +16,17 @@ from harness.actors import Actor, Client, Replica, Stats
 from harness.broken import Variant
 from harness.model import Call, Model
 from harness.observer import Observer
+from scheduler.core.loop import EventOutcome
+
+
+class ClockChecks(Protocol):
+    """The SIM-10 checks the phase and run steps make of a replica's clock (``clocks.ClockFaults``)."""
+
+    def check_not_early(self, r: Replica, event_ids: list[str]) -> None: ...
+
+    def check_claim_time(self, r: Replica, claimed_at: datetime | None) -> None: ...
+
+    def check_recorded_time(self, r: Replica, outcome: EventOutcome) -> None: ...
 
 
 class Violation(AssertionError):
@@ -46,6 +57,11 @@ class RunContext(Protocol):
 
     @property
     def actors(self) -> list[Actor]: ...
+
+    @property
+    def clock_faults(self) -> ClockChecks:
+        """The per-replica host clocks' checks (SIM-10)."""
+        ...
 
     def now(self) -> datetime: ...
 

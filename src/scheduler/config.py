@@ -107,6 +107,23 @@ class Settings(BaseSettings):
         False, "SCHEDULER_METRICS_REQUIRE_ADMIN", "`GET /metrics` needs an admin token")
     console_refresh_seconds: float = _setting(
         2.0, "SCHEDULER_CONSOLE_REFRESH_SECONDS", "how often the console's overview updates", ge=0.1)
+    # A frozen peer holds nothing for long (issue 14): DEC-11 says why 10 s.
+    idle_in_transaction_timeout_ms: int = _setting(
+        10_000, "SCHEDULER_IDLE_IN_TRANSACTION_TIMEOUT_MS",
+        "PostgreSQL ends a session idle inside a transaction this long (a frozen replica), releasing its "
+        "batch's locks to the other replicas; per transaction behind a pooler; `0` disables (DEC-11)", ge=0)
+    tcp_keepalives_idle_seconds: int = _setting(
+        30, "SCHEDULER_TCP_KEEPALIVES_IDLE_SECONDS",
+        "TCP keepalive probes on every database connection after this much silence (then every 10 s, "
+        "3 times); TCP connections only", ge=1)
+    tcp_user_timeout_ms: int = _setting(
+        30_000, "SCHEDULER_TCP_USER_TIMEOUT_MS",
+        "libpq's `tcp_user_timeout`: a send unacknowledged this long ends the connection (`0`: the "
+        "kernel's default)", ge=0)
+    clock_skew_warn_seconds: float = _setting(
+        1.0, "SCHEDULER_CLOCK_SKEW_WARN_SECONDS",
+        "the log warns once when this host's clock is further than this from the database's (the service "
+        "uses the database's clock either way, DEC-10)", ge=0.0)
     session_max_seconds: int = _setting(
         8 * 3600, "SCHEDULER_SESSION_MAX_SECONDS",
         "a browser session's (console, inbox page) absolute lifetime (8 h; never past its token's `exp`)", ge=60)

@@ -73,7 +73,8 @@ class SchedulerMode(StrEnum):
 
 
 class Clock(Protocol):
-    """Where time comes from. Production reads the wall clock; tests freeze it."""
+    """Where time comes from. Production reads the database server's clock (``DatabaseClock``,
+    DEC-10); tests and the simulation inject one they control."""
 
     def now(self) -> datetime:
         """An aware UTC datetime."""

@@ -17,6 +17,7 @@ from bench.env import NOW, load_events
 from sqlalchemy import Connection, Engine, text
 from sqlalchemy.orm import sessionmaker
 
+from scheduler.application import counts
 from scheduler.application.events import EventQuery
 from scheduler.database.queries import sql
 from scheduler.types import EventStatus
@@ -28,6 +29,7 @@ UPDATED_AT = "ix_scheduled_events_updated_at"
 # retention's partial index (issue 10) holds exactly the dispatched and cancelled rows by
 # updated_at: as good a window for the lateness of the last hour, and smaller
 FINISHED = "ix_scheduled_events_finished"
+USER = "ix_scheduled_events_user_id"
 
 
 def explain(conn: Connection, name: str, params: dict[str, Any], *, generic: bool = False) -> dict[str, Any]:
@@ -92,7 +94,7 @@ def test_the_metrics_gauges_read_only_the_partial_indexes(settled_table: Engine,
     (custom and generic plans: a scraper's statements get prepared)."""
     with settled_table.connect() as conn:
         backlog = explain(conn, "backlog_gauges", {"now": NOW}, generic=generic)
-        failed = explain(conn, "count_failed", {})
+        failed = explain(conn, "count_failed", {"cap": counts.COUNT_CAP})
     assert problems(backlog, PENDING, 200) == [], json.dumps(backlog, indent=1)
     assert problems(failed, FAILED, 3_000) == [], json.dumps(failed, indent=1)
 
@@ -104,7 +106,7 @@ def test_the_overview_queries_read_their_indexes(settled_table: Engine) -> None:
     with settled_table.connect() as conn:
         lateness = explain(conn, "lateness_percentiles", {"since": NOW - timedelta(hours=1), "now": NOW})
         failures = explain(conn, "failures_by_kind", {"since": NOW - timedelta(hours=24), "sample": 10_000})
-        pending = explain(conn, "count_pending", {})
+        pending = explain(conn, "count_pending", {"cap": counts.COUNT_CAP})
     assert problems(lateness, {UPDATED_AT, FINISHED}, 50) == [], json.dumps(lateness, indent=1)
     assert problems(failures, FAILED, 3_000) == [], json.dumps(failures, indent=1)
     assert problems(pending, PENDING, 200) == [], json.dumps(pending, indent=1)
@@ -165,8 +167,6 @@ def test_past_the_exact_limit_the_status_counts_read_no_row_of_the_table(
 ) -> None:
     """CON-16: in a big table the estimate of each status reads the catalogue only, the exact pending
     and failed counts their partial indexes, and the estimates land near the truth."""
-    from scheduler.application import counts
-
     with settled_table.connect() as conn:
         estimate = explain(conn, "estimate_events_by_status", {})
         truth = {s: n for s, n in conn.execute(text("SELECT status, count(*) FROM scheduled_events GROUP BY 1"))}
@@ -178,3 +178,52 @@ def test_past_the_exact_limit_the_status_counts_read_no_row_of_the_table(
     assert figures.counts[EventStatus.PENDING] == truth["pending"]
     assert figures.counts[EventStatus.FAILED] == truth["failed"]
     assert abs(figures.counts[EventStatus.DISPATCHED] - truth["dispatched"]) <= truth["dispatched"] * 0.05
+
+
+@pytest.mark.clause("PERF-4")
+def test_the_pending_and_failed_counts_stop_at_the_cap_and_are_estimated_past_it(
+    settled_table: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PERF-4: a count of an indexed status reads at most cap + 1 entries of its partial index; past
+    the cap the overview and the failed gauge show the planner's estimate (near the truth), and the
+    overview names it estimated; under the cap both stay exact."""
+    from scheduler.operations.metrics import database_gauges
+
+    with settled_table.connect() as conn:
+        failed_plan = explain(conn, "count_failed", {"cap": 1_000})
+        pending_plan = explain(conn, "count_pending", {"cap": 100})
+        truth = {s: n for s, n in conn.execute(text("SELECT status, count(*) FROM scheduled_events GROUP BY 1"))}
+    assert problems(failed_plan, FAILED, 1_001) == [], json.dumps(failed_plan, indent=1)
+    assert problems(pending_plan, PENDING, 101) == [], json.dumps(pending_plan, indent=1)
+    sessions = sessionmaker(settled_table)
+    with sessions.begin() as session:
+        assert counts.counted_or_estimated(session, EventStatus.FAILED, cap=10_000) == (truth["failed"], False)
+        estimate, estimated = counts.counted_or_estimated(session, EventStatus.FAILED, cap=1_000)
+        assert estimated and abs(estimate - truth["failed"]) <= truth["failed"] * 0.1
+        figures = counts.status_counts(session, exact_limit=10_000, cap=1_000)
+    assert figures.estimated == {EventStatus.DISPATCHED, EventStatus.FAILED, EventStatus.CANCELLED}
+    assert figures.counts[EventStatus.PENDING] == truth["pending"]
+    assert abs(figures.counts[EventStatus.FAILED] - truth["failed"]) <= truth["failed"] * 0.1
+    # 1,000 more failures since ANALYZE: the estimate lags them, the exact count does not
+    with settled_table.begin() as conn:
+        conn.execute(text("UPDATE scheduled_events SET status = 'failed' WHERE id IN "
+                          "(SELECT id FROM scheduled_events WHERE status = 'dispatched' ORDER BY id LIMIT 1000)"))
+    monkeypatch.setattr(counts, "COUNT_CAP", 1_000)
+    assert abs(database_gauges(sessions, NOW)["failed"] - truth["failed"]) <= truth["failed"] * 0.1
+    monkeypatch.setattr(counts, "COUNT_CAP", 10_000)
+    assert database_gauges(sessions, NOW)["failed"] == truth["failed"] + 1_000
+
+
+@pytest.mark.clause("PERF-5")
+@pytest.mark.parametrize("user_id", ["user-42", "nobody"], ids=["some-rows", "no-row"])
+def test_a_participants_rows_are_read_from_the_participant_index_one_page_at_most(
+    settled_table: Engine, user_id: str
+) -> None:
+    """PERF-5: the console's events page and the API's list filtered by participant read
+    ix_scheduled_events_user_id and that participant's rows only (one page at most), whether the
+    participant has rows or none: never a walk of the whole table."""
+    with settled_table.connect() as conn:
+        for name, order_note in (("filter_events_page", "console"), ("list_events", "api")):
+            params = {**EventQuery(user_id=user_id).params(), "after_at": None, "after_id": "", "limit": 51}
+            plan = explain(conn, name, params)
+            assert problems(plan, USER, 51) == [], (order_note, json.dumps(plan, indent=1))

@@ -190,7 +190,8 @@ def test_events_reset_by_filter_counts_first_needs_a_reason_and_is_audited(
     post_event(client, user_id="fine")
     service.scheduler.poll_once()
     monkeypatch.setenv("DATABASE_URL", database_url)
-    # The CLI reads the wall clock; put it after the rows' (frozen-clock) updates.
+    # The CLI reads the database's clock (DEC-10), which is after the rows' frozen-clock updates
+    # (T0); the frozen wall clock only keeps the rest of this test off the real one.
     frozen = freeze_time(T0 + timedelta(minutes=5))
     frozen.start()
     request.addfinalizer(frozen.stop)

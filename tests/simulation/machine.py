@@ -164,6 +164,15 @@ class ReplicaMachine(RuleBasedStateMachine):
     def fail_next_poll(self, replica: int, where: str) -> None:
         self.sim.fail_next_poll(replica, where)
 
+    @precondition(lambda self: self.sim.live_holding_replicas())
+    @rule(replica=replicas)
+    def freeze(self, replica: int) -> None:
+        self.sim.freeze(replica)
+
+    @rule(replica=replicas, minutes=st.sampled_from([-60, -5, 0, 5, 60]))
+    def skew_clock(self, replica: int, minutes: int) -> None:
+        self.sim.skew_clock(replica, minutes)
+
     # -- the oracle ----------------------------------------------------------------------
 
     @invariant()

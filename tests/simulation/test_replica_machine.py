@@ -30,8 +30,10 @@ def _machine(database_url: str) -> type[ReplicaMachine]:
 @pytest.mark.clause("SIM-6")
 @pytest.mark.clause("SIM-7")
 @pytest.mark.clause("SIM-CANCEL")
+@pytest.mark.clause("SIM-10")
+@pytest.mark.clause("SIM-11")
 def test_a_fixed_derandomised_search_of_replica_programs_agrees_with_the_model(database_url: str) -> None:
-    """SIM-1 to SIM-7 and SIM-CANCEL hold after every step of the same 60 programs on every run."""
+    """SIM-1 to SIM-7, SIM-10, SIM-11 and SIM-CANCEL hold after every step of the same 60 programs on every run."""
     name = "test_a_fixed_derandomised_search_of_replica_programs_agrees_with_the_model"
     print(f"simulation seed: derandomized (fixed); replay: python -m pytest '{TEST_FILE}::{name}'")
     run_state_machine_as_test(_machine(database_url), settings=profile("simulation-ci"))
@@ -45,8 +47,11 @@ def test_a_fixed_derandomised_search_of_replica_programs_agrees_with_the_model(d
 @pytest.mark.clause("SIM-6")
 @pytest.mark.clause("SIM-7")
 @pytest.mark.clause("SIM-CANCEL")
+@pytest.mark.clause("SIM-10")
+@pytest.mark.clause("SIM-11")
 def test_replica_programs_from_a_fresh_seed_agree_with_the_model(database_url: str) -> None:
-    """SIM-1 to SIM-7 and SIM-CANCEL hold for a few programs drawn from a new seed each run (SIM_SEED replays one)."""
+    """SIM-1 to SIM-7, SIM-10, SIM-11 and SIM-CANCEL hold for a few programs drawn from a new seed each run
+    (SIM_SEED replays one)."""
     seed = int(os.environ.get("SIM_SEED") or random.randrange(2**32))
     name = "test_replica_programs_from_a_fresh_seed_agree_with_the_model"
     replay = f"SIM_SEED={seed} python -m pytest '{TEST_FILE}::{name}'"

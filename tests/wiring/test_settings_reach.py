@@ -27,6 +27,7 @@ from starlette.testclient import TestClient
 
 from scheduler.config import ConfigError, Settings
 from scheduler.core import store
+from scheduler.core.clock import DatabaseClock
 from scheduler.database.engine import make_sessionmaker
 from tests.conftest import T0, TEST_SECRET, token
 from tests.helpers import reminder_facts
@@ -264,6 +265,46 @@ def check_console_refresh_seconds(env: Env) -> None:
         assert 'data-refresh-ms="500"' in client.get("/console").text
 
 
+def check_idle_in_transaction_timeout_ms(env: Env) -> None:
+    with service_from_env(env.base(SCHEDULER_IDLE_IN_TRANSACTION_TIMEOUT_MS="2345")) as service:
+        for engine in (service.engine, service.loop_engine):
+            with engine.begin() as conn:
+                assert conn.execute(text("SHOW idle_in_transaction_session_timeout")).scalar_one() == "2345ms"
+    pooled = env.base(SCHEDULER_TRANSACTION_POOLING="true", SCHEDULER_IDLE_IN_TRANSACTION_TIMEOUT_MS="3456")
+    with service_from_env(pooled) as service, service.loop_engine.begin() as conn:
+        assert "options" not in _raw(conn).info.get_parameters()
+        assert conn.execute(text("SHOW idle_in_transaction_session_timeout")).scalar_one() == "3456ms"  # SET LOCAL
+
+
+def _libpq_parameter(engine: Engine, name: str) -> str | None:
+    with engine.connect() as conn:
+        return _raw(conn).info.get_parameters().get(name)
+
+
+def check_tcp_keepalives_idle_seconds(env: Env) -> None:
+    with service_from_env(env.base(SCHEDULER_TCP_KEEPALIVES_IDLE_SECONDS="17")) as service:
+        for engine in (service.engine, service.loop_engine):
+            assert _libpq_parameter(engine, "keepalives") == "1"
+            assert _libpq_parameter(engine, "keepalives_idle") == "17"
+        assert service.listener.connect_args["keepalives_idle"] == 17
+
+
+def check_tcp_user_timeout_ms(env: Env) -> None:
+    with service_from_env(env.base(SCHEDULER_TCP_USER_TIMEOUT_MS="4567")) as service:
+        for engine in (service.engine, service.loop_engine):
+            assert _libpq_parameter(engine, "tcp_user_timeout") == "4567"
+        assert service.listener.connect_args["tcp_user_timeout"] == 4567
+
+
+def check_clock_skew_warn_seconds(env: Env) -> None:
+    for value, warns in (("0", True), ("86400", False)):
+        with service_from_env(env.base(SCHEDULER_CLOCK_SKEW_WARN_SECONDS=value), clock=None) as service:
+            clock = service.clock
+            assert isinstance(clock, DatabaseClock) and clock.warn_seconds == float(value)
+            clock.sync()  # this host and the test's server differ by some microseconds at least
+            assert clock.warned is warns, value
+
+
 def _signed_in_session(env: Env, **extra: str) -> dict[str, Any]:
     with service_from_env(env.base(**extra)) as service, TestClient(service.app) as client:
         sign_in(client, ttl_seconds=86_400)
@@ -322,6 +363,10 @@ CHECKS: dict[str, Callable[[Env], None]] = {
     "retention_days": check_retention_days,
     "metrics_require_admin": check_metrics_require_admin,
     "console_refresh_seconds": check_console_refresh_seconds,
+    "idle_in_transaction_timeout_ms": check_idle_in_transaction_timeout_ms,
+    "tcp_keepalives_idle_seconds": check_tcp_keepalives_idle_seconds,
+    "tcp_user_timeout_ms": check_tcp_user_timeout_ms,
+    "clock_skew_warn_seconds": check_clock_skew_warn_seconds,
     "session_max_seconds": check_session_max_seconds,
     "session_idle_seconds": check_session_idle_seconds,
     "log_format": check_log_format,

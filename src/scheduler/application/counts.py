@@ -4,9 +4,13 @@ Every status of the ``EventStatus`` enum is counted, ``cancelled`` included, wit
 ``GROUP BY`` over the enum's values (a status with no row counts 0). That statement reads
 the table whole, so it runs only while the table is small (``exact_limit`` rows by the
 planner's estimate). Past it, the statuses with a partial index of their own (pending,
-failed) are still counted exactly on it, and the others (the finished rows, the bulk of a
-big table) are the planner's estimate of that status from ANALYZE's statistics, and are
-marked as estimated: never a difference of other counts.
+failed) are still counted exactly on it up to ``COUNT_CAP`` rows each, and the others (the
+finished rows, the bulk of a big table) are the planner's estimate of that status from
+ANALYZE's statistics, and are marked as estimated: never a difference of other counts.
+An indexed status past ``COUNT_CAP`` rows (failed rows pile up, retention keeps them) is
+estimated the same way and marked too, so no count reads more than ``COUNT_CAP + 1``
+index entries: at 10M rows with a million failed ones, counting them took a fifth of a
+second per overview refresh and per scrape (docs/performance.md, "Scale").
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from scheduler.database.queries import statement
 from scheduler.types import EventStatus
 
 EXACT_LIMIT = 200_000  # rows in the table (the planner's estimate) above which finished rows are estimated
+COUNT_CAP = 100_000  # rows of an indexed status counted one by one; past it, the planner's estimate
 # Statuses with a partial index of their own: counted exactly at any size, on the index only.
 _INDEXED = {EventStatus.PENDING: "count_pending", EventStatus.FAILED: "count_failed"}
 
@@ -40,22 +45,38 @@ class StatusCounts:
         return [str(s) for s in EventStatus if s in self.estimated]
 
 
-def indexed_count(session: Session, status: EventStatus) -> int:
-    """The exact count of a status that has a partial index (pending, failed), read from it only."""
-    count: int = session.execute(statement(_INDEXED[status])).scalar_one()
-    return count
+def indexed_count(session: Session, status: EventStatus, *, cap: int | None = None) -> int | None:
+    """The exact count of a status that has a partial index (pending, failed), read from it
+    only; None when there are more than ``cap`` (default ``COUNT_CAP``) such rows."""
+    limit = COUNT_CAP if cap is None else cap
+    count: int = session.execute(statement(_INDEXED[status]), {"cap": limit}).scalar_one()
+    return count if count <= limit else None
 
 
-def status_counts(session: Session, *, exact_limit: int = EXACT_LIMIT) -> StatusCounts:
+def counted_or_estimated(session: Session, status: EventStatus, *, cap: int | None = None) -> tuple[int, bool]:
+    """An indexed status's count, exact up to ``cap`` rows, else the planner's estimate: (count, estimated)."""
+    exact = indexed_count(session, status, cap=cap)
+    if exact is not None:
+        return exact, False
+    stats = session.execute(statement("estimate_events_by_status")).mappings().one()
+    return _estimates(stats, [status])[status], True
+
+
+def status_counts(session: Session, *, exact_limit: int = EXACT_LIMIT, cap: int | None = None) -> StatusCounts:
     """Every status's count: exact in a table under ``exact_limit`` rows, else exact for the
-    indexed statuses and the planner's estimate for the others (marked ``estimated``)."""
+    indexed statuses up to ``cap`` rows each and the planner's estimate for the others and
+    for an indexed status past the cap (all marked ``estimated``)."""
     size = session.execute(statement("estimate_events")).scalar_one()
     if size is None or size < exact_limit:
         rows = session.execute(statement("count_events_by_status"), {"statuses": [str(s) for s in EventStatus]})
         exact = {EventStatus(status): int(count) for status, count in rows}
         return StatusCounts({s: exact.get(s, 0) for s in EventStatus}, frozenset())
-    counts = {s: indexed_count(session, s) for s in _INDEXED}
-    estimated = [s for s in EventStatus if s not in _INDEXED]
+    counts: dict[EventStatus, int] = {}
+    for status in _INDEXED:
+        found = indexed_count(session, status, cap=cap)
+        if found is not None:
+            counts[status] = found
+    estimated = [s for s in EventStatus if s not in counts]
     stats = session.execute(statement("estimate_events_by_status")).mappings().one()
     for status, count in _estimates(stats, estimated).items():
         counts[status] = count

@@ -118,8 +118,7 @@ def cmd_events_show(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_events_reset(args: argparse.Namespace, settings: Settings) -> int:
     from scheduler.application import commands
-    from scheduler.core.clock import SystemClock
-    from scheduler.database.engine import make_sessionmaker
+    from scheduler.database.engine import make_sessionmaker, synced_database_clock
 
     given = any(getattr(args, name, None) for name in FILTER_OPTIONS)
     if args.id is not None and given:
@@ -132,10 +131,10 @@ def cmd_events_reset(args: argparse.Namespace, settings: Settings) -> int:
     query = None if args.id is not None else _query(args)
     if args.id is None and query is None:
         return 2
-    clock = SystemClock()
     engine = migrated_engine(settings)
     sessions = make_sessionmaker(engine)
     try:
+        clock = synced_database_clock(engine, warn_seconds=settings.clock_skew_warn_seconds)  # DEC-10
         if args.id is not None:
             if args.dry_run:
                 print(f"dry run: would reset {args.id}")
@@ -168,12 +167,12 @@ def cmd_events_reset(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_events_cancel(args: argparse.Namespace, settings: Settings) -> int:
     from scheduler.application import commands
-    from scheduler.core.clock import SystemClock
-    from scheduler.database.engine import make_sessionmaker
+    from scheduler.database.engine import make_sessionmaker, synced_database_clock
 
     engine = migrated_engine(settings)
     try:
-        result = commands.cancel(make_sessionmaker(engine), now=SystemClock().now(),
+        now = synced_database_clock(engine, warn_seconds=settings.clock_skew_warn_seconds).now()  # DEC-10
+        result = commands.cancel(make_sessionmaker(engine), now=now,
                                  event_id=None if args.key else args.id,
                                  external_key=args.id if args.key else None, actor=_cli_actor(args))
     finally:

@@ -38,6 +38,7 @@ from scheduler.core.batch import (
     outcome_parameters,
 )
 from scheduler.core.claim import MAX_CLAIM_ROUNDS, claim_params, claim_rounds
+from scheduler.core.clock import ensure_ready
 from scheduler.core.health import SchedulerHealth
 from scheduler.core.isolation import abort_batch, commit_batch
 from scheduler.core.isolation import dispatch_next as dispatch_in_batch
@@ -117,7 +118,10 @@ class Scheduler:
 
     def claim(self) -> Batch:
         """Open a transaction and lock up to ``batch_size`` due pending rows, oldest first,
-        whose participants' locks are free; never wait for a lock (DEC-2, ``core.claim``)."""
+        whose participants' locks are free; never wait for a lock (DEC-2, ``core.claim``).
+        "Due" is judged by the database's clock in production: before production's clock
+        has read it once, the claim refuses (the poll fails and is retried, DEC-10)."""
+        ensure_ready(self.clock)
         now = self.clock.now()
         self.last_claimed_at = now
         session = self.sessions()

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import logging
 import warnings
+from datetime import datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlparse
@@ -19,6 +21,7 @@ from sqlalchemy import Connection, Engine, create_engine, event, make_url, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from scheduler.config import Settings
+from scheduler.core.clock import DatabaseClock
 from scheduler.database.queries import statement
 
 logger = logging.getLogger(__name__)
@@ -162,23 +165,31 @@ def make_engine(url: str, settings: Settings | None = None, **kwargs: Any) -> En
     next), and the timeouts travel with every transaction (``set_config(..., true)``, i.e.
     ``SET LOCAL``, at its start) instead of in the ``options`` startup parameter, which
     PgBouncer refuses ("unsupported startup parameter: options").
+
+    A frozen peer holds nothing for long (issue 14, DEC-11): PostgreSQL ends a session that
+    sits idle inside a transaction longer than ``idle_in_transaction_timeout_ms`` (a frozen
+    replica, a paused VM, a stopped proxy), which releases the batch's row and participant
+    locks to the other replicas; TCP keepalives and ``tcp_user_timeout`` let this side give
+    up on a database host that vanished (``tcp_parameters``).
     """
     # Without settings, the environment's, like every other part of the service.
     settings = settings if settings is not None else Settings.from_env()
-    connect_args: dict[str, Any] = {"connect_timeout": 10}
+    connect_args: dict[str, Any] = {"connect_timeout": 10, **tcp_parameters(settings)}
     if settings.transaction_pooling:
         connect_args["prepare_threshold"] = None
     else:
         connect_args["options"] = (
             f"-c statement_timeout={settings.statement_timeout_ms} "
-            f"-c lock_timeout={settings.lock_timeout_ms}"
+            f"-c lock_timeout={settings.lock_timeout_ms} "
+            f"-c idle_in_transaction_session_timeout={settings.idle_in_transaction_timeout_ms}"
         )
     connect_args.update(kwargs.pop("connect_args", {}))
     kwargs.setdefault("pool_pre_ping", True)
     kwargs.setdefault("pool_timeout", settings.pool_timeout_seconds)
     engine = create_engine(url, connect_args=connect_args, **kwargs)
     if settings.transaction_pooling:
-        timeouts = {"statement": str(settings.statement_timeout_ms), "lock": str(settings.lock_timeout_ms)}
+        timeouts = {"statement": str(settings.statement_timeout_ms), "lock": str(settings.lock_timeout_ms),
+                    "idle": str(settings.idle_in_transaction_timeout_ms)}
 
         @event.listens_for(engine, "begin")
         def _timeouts_per_transaction(conn: Connection) -> None:
@@ -186,6 +197,41 @@ def make_engine(url: str, settings: Settings | None = None, **kwargs: Any) -> En
             conn.execute(statement("set_local_timeouts"), timeouts)
 
     return engine
+
+
+# Keepalive probes: every this many seconds once the first one goes unanswered, this many times.
+KEEPALIVES_INTERVAL_SECONDS = 10
+KEEPALIVES_COUNT = 3
+
+
+def tcp_parameters(settings: Settings) -> dict[str, Any]:
+    """libpq's dead-peer detection for a TCP connection to the database (ignored on a Unix
+    socket): keepalive probes after ``tcp_keepalives_idle_seconds`` of silence, and a send
+    left unacknowledged for ``tcp_user_timeout_ms`` ends the connection (0: the kernel's)."""
+    return {
+        "keepalives": 1,
+        "keepalives_idle": settings.tcp_keepalives_idle_seconds,
+        "keepalives_interval": KEEPALIVES_INTERVAL_SECONDS,
+        "keepalives_count": KEEPALIVES_COUNT,
+        "tcp_user_timeout": settings.tcp_user_timeout_ms,
+    }
+
+
+def database_time(engine: Engine) -> datetime:
+    """The database server's current time (``DatabaseClock`` measures its offset with it)."""
+    with engine.connect() as conn:
+        value = conn.execute(statement("database_clock")).scalar_one()
+    if not isinstance(value, datetime):
+        raise TypeError(f"clock_timestamp() returned {value!r}")
+    return value
+
+
+def synced_database_clock(engine: Engine, *, warn_seconds: float = 1.0) -> DatabaseClock:
+    """Production's clock for a short-lived command (``scheduler events reset``, ``cancel``):
+    the database's, read once now (DEC-10)."""
+    clock = DatabaseClock(partial(database_time, engine), warn_seconds=warn_seconds)
+    clock.sync()
+    return clock
 
 
 def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:

@@ -28,8 +28,9 @@ import threading
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import psycopg
 from psycopg import sql
@@ -80,8 +81,12 @@ class Listener:
         probe_seconds: float = 2.0,
         retry_seconds: float = 1.0,
         reprobe_seconds: float = 60.0,
+        connect_args: Mapping[str, Any] | None = None,
     ) -> None:
         self.conninfo = conninfo
+        # libpq parameters of the LISTEN connection (TCP keepalives: a vanished database
+        # host is noticed on this long-lived idle connection too)
+        self.connect_args = dict(connect_args or {})
         self.name = name
         self.probe_engine = probe_engine
         self.probe_seconds = probe_seconds
@@ -155,7 +160,8 @@ class Listener:
         while not run.stop.is_set():
             try:
                 # No prepared statements: harmless here, and safe behind a transaction pooler.
-                with psycopg.connect(self.conninfo, autocommit=True, connect_timeout=10, prepare_threshold=None) as conn:
+                with psycopg.connect(self.conninfo, autocommit=True, connect_timeout=10, prepare_threshold=None,
+                                     **self.connect_args) as conn:
                     if run.stop.is_set():
                         return  # stopped while connecting: this run is over
                     self._listen(run, conn)

@@ -70,6 +70,9 @@ class ScheduledEvent(Base):
         # The console's events page, newest change first, and the last hour's dispatches
         # for its lateness percentiles (a dispatched row's updated_at is its dispatched_at).
         Index("ix_scheduled_events_updated_at", "updated_at", "id"),
+        # One participant's rows, newest change first: the console's and the API's user_id
+        # filter reads one page of them at any table size (issue 16 §4, migration 0007).
+        Index("ix_scheduled_events_user_id", "user_id", "updated_at", "id"),
     )
 
     id: Mapped[str] = mapped_column(String(ID_LENGTH), primary_key=True)

@@ -16,9 +16,14 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator
 from datetime import datetime
+from functools import partial
 from typing import Any
 
+import anyio.to_thread
+from anyio import CapacityLimiter
 from sqlalchemy import Engine
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.middleware import Middleware
@@ -27,9 +32,15 @@ from starlette.routing import BaseRoute
 from starlette.types import ASGIApp
 
 from scheduler.config import ConfigError, Settings
-from scheduler.core.clock import SystemClock
+from scheduler.core.clock import DatabaseClock
 from scheduler.core.loop import DUE_CHANNEL, Scheduler
-from scheduler.database.engine import make_engine, make_sessionmaker, resolve_database_url
+from scheduler.database.engine import (
+    database_time,
+    make_engine,
+    make_sessionmaker,
+    resolve_database_url,
+    tcp_parameters,
+)
 from scheduler.database.listener import Listener, conninfo_of
 from scheduler.nudging.dispatch import NudgingPlatform
 from scheduler.nudging.publishers import LoggingPublisher
@@ -53,6 +64,10 @@ from scheduler.web.sse import Streams
 logger = logging.getLogger(__name__)
 
 LOOP_POOL_SIZE = 2
+# How often production's clock measures the database's time again (DEC-10), and how soon
+# it tries again while it has never succeeded (the database unreachable at start).
+CLOCK_SYNC_SECONDS = 5.0
+CLOCK_RETRY_SECONDS = 1.0
 
 
 class SchedulerService:
@@ -87,7 +102,11 @@ class SchedulerService:
         self.engine = engine
         self.loop_engine = loop_engine or engine
         self.sessions = make_sessionmaker(engine)
-        self.clock = clock or SystemClock()
+        # One clock in production: the database server's, measured (DEC-10). An injected
+        # clock (tests, the simulation) is used as it is.
+        self.clock: Clock = clock or DatabaseClock(partial(database_time, self.loop_engine),
+                                                   warn_seconds=self.settings.clock_skew_warn_seconds)
+        self._clock_task: asyncio.Task[None] | None = None
         self.catalogue = catalogue or load_catalogue(self.settings.rules_dir)
         self.dispatcher: Dispatcher = dispatcher or NudgingPlatform(self.catalogue)
         # After commit: number web notifications for the inbox stream and NOTIFY the
@@ -108,7 +127,8 @@ class SchedulerService:
         )
         # One LISTEN connection for the process, started with the loop when anything
         # subscribed: prompt mode's wake-ups (below) and whatever else fans out by NOTIFY.
-        listener = Listener(conninfo_of(engine), name="scheduler", probe_engine=engine)
+        listener = Listener(conninfo_of(engine), name="scheduler", probe_engine=engine,
+                            connect_args=tcp_parameters(self.settings))
         if self.settings.mode is SchedulerMode.PROMPT and self.settings.listen and self.run_scheduler:
             listener.subscribe(DUE_CHANNEL, self._on_due)
         # The participants' live inbox: fan-out by the process's LISTEN connection.
@@ -215,7 +235,7 @@ class SchedulerService:
 
         Re-entrant: entered while the service already runs (started by an embedding app's
         own lifespan, or a test), it neither starts a second loop nor stops the first."""
-        already_running = self._task is not None or self.listener.running
+        already_running = self._task is not None or self.listener.running or self._clock_task is not None
         await self.start()
         try:
             yield
@@ -233,6 +253,10 @@ class SchedulerService:
 
     async def start(self) -> None:
         self.streams.reopen()
+        if isinstance(self.clock, DatabaseClock) and self._clock_task is None:
+            # The first reading before the loop's first claim; then every few seconds.
+            await self._sync_clock(self.clock, CapacityLimiter(1))
+            self._clock_task = asyncio.create_task(self._keep_clock_synced(self.clock), name="scheduler-clock")
         if self.listener.has_subscribers and not self.listener.running:
             await run_in_threadpool(self.listener.start)
         if not self.run_scheduler or self._task is not None:
@@ -241,10 +265,32 @@ class SchedulerService:
         self._task = asyncio.create_task(self.scheduler.run(self._stop), name="scheduler-loop")
         self._task.add_done_callback(_report_exit)
 
+    async def _sync_clock(self, clock: DatabaseClock, limiter: CapacityLimiter) -> bool:
+        try:
+            await anyio.to_thread.run_sync(clock.sync, limiter=limiter)
+        except (DBAPIError, PoolTimeout) as exc:
+            # Unreachable database: the loop's polls fail too and say why; keep trying.
+            logger.debug("reading the database's clock failed: %s", type(exc).__name__)
+            return False
+        return True
+
+    async def _keep_clock_synced(self, clock: DatabaseClock) -> None:
+        """Measure the database's time every CLOCK_SYNC_SECONDS, on a thread limiter of its
+        own (requests filling the threadpool cannot hold it up); cancelled by ``stop``."""
+        limiter = CapacityLimiter(1)
+        while True:
+            await asyncio.sleep(CLOCK_SYNC_SECONDS if clock.synced else CLOCK_RETRY_SECONDS)
+            await self._sync_clock(clock, limiter)
+
     async def stop(self) -> None:
         """Set the loop's stop event and wait for the loop to return (it is never cancelled);
         then stop the listener and dispose of the engines this service created."""
         self.streams.close_all()  # any stream still open ends now (``serve`` ended them earlier)
+        if self._clock_task is not None:
+            self._clock_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._clock_task
+            self._clock_task = None
         if self._task is not None and self._stop is not None:
             self._stop.set()
             with contextlib.suppress(Exception):

@@ -25,6 +25,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from scheduler.config import Settings
+from scheduler.core.clock import clock_details
 from scheduler.core.loop import Scheduler
 from scheduler.database.listener import Listener
 from scheduler.types import Clock, SchedulerMode
@@ -90,6 +91,7 @@ class HealthRoutes:
         snapshot["poll_seconds"] = scheduler.poll_seconds
         snapshot["mode"] = str(scheduler.mode)
         snapshot["wakeups"] = self.wakeups()
+        snapshot["clock"] = clock_details(self.clock)
         snapshot["state"], snapshot["reason"] = self.judge(snapshot)
         snapshot["status"] = "healthy" if snapshot["state"] == "running" else "unhealthy"
         return snapshot

@@ -217,6 +217,17 @@ class WakeupsOut(_Out):
     next_wake_at: Timestamp | None = None
 
 
+class ClockOut(_Out):
+    """How this replica tells time: the database's clock as measured (production), or the
+    clock a test or an embedding app injected (DEC-10)."""
+
+    source: Literal["database", "injected"]
+    synced: bool | None = Field(description="whether the database's time has been read yet (null: injected)")
+    offset_seconds: float | None = Field(description="the database's clock minus this host's, at the last sync")
+    round_trip_seconds: float | None = Field(description="how long the last reading took (the clock's bound on lag)")
+    synced_at: Timestamp | None
+
+
 class SchedulerHealthOut(_Out):
     """``GET /health/scheduler`` (open): is the loop healthy and why, without error text."""
 
@@ -236,6 +247,7 @@ class SchedulerHealthOut(_Out):
     poll_seconds: float
     mode: SchedulerMode
     wakeups: WakeupsOut
+    clock: ClockOut
 
 
 class SchedulerHealthDetailOut(SchedulerHealthOut):

@@ -1,6 +1,12 @@
 -- Every SQL statement of the scheduler, each a named block with a one-line description.
--- Time is always bound as :now; nothing here reads the database clock, so a frozen
--- clock in the tests and the simulation controls every decision.
+-- Time is always bound as :now; no statement but database_clock reads the database clock,
+-- so a frozen clock in the tests and the simulation controls every decision. In production
+-- :now comes from the database's clock anyway (DatabaseClock, DEC-10), measured with
+-- database_clock.
+
+-- name: database_clock
+-- The server's current time (not the transaction's): production's clock measures its offset with it.
+SELECT clock_timestamp();
 
 -- name: claim_due_events
 -- Take up to :batch_size due pending rows, oldest first, and lock them for this batch.
@@ -42,7 +48,9 @@ WHERE status = 'pending' AND trigger_at > :now;
 -- name: set_local_timeouts
 -- Apply the service's timeouts to this transaction only (behind a transaction-pooling proxy,
 -- where the options startup parameter is refused and a session SET would leak to others).
-SELECT set_config('statement_timeout', :statement, true), set_config('lock_timeout', :lock, true);
+SELECT set_config('statement_timeout', :statement, true), set_config('lock_timeout', :lock, true),
+       -- a session frozen inside this transaction is ended by the server, releasing its locks
+       set_config('idle_in_transaction_session_timeout', :idle, true);
 
 -- name: lock_participant
 -- Take one participant's advisory lock until the end of the transaction (re-entrant).
@@ -260,12 +268,26 @@ WHERE status = 'pending'
   AND trigger_at <= :now;
 
 -- name: count_failed
--- How many rows are failed, read from the failed partial index only.
-SELECT count(*) FROM scheduled_events WHERE status = 'failed';
+-- How many rows are failed, read from the failed partial index only, at most :cap + 1 of them (past :cap the caller estimates).
+SELECT count(*) FROM (
+    SELECT 1 FROM scheduled_events WHERE status = 'failed'
+    -- the index's own order: a walk of ix_scheduled_events_failed that stops at the cap, never
+    -- a scan of the table that stops after cap failed rows among however many others
+    ORDER BY updated_at, id
+    -- failed rows are never deleted by retention, so they pile up: counting stops past the
+    -- cap, and the count's cost is bounded whatever the table holds (issue 16 §4)
+    LIMIT :cap + 1
+) AS counted;
 
 -- name: count_pending
--- How many rows are pending (due or not), read from the pending partial index only.
-SELECT count(*) FROM scheduled_events WHERE status = 'pending';
+-- How many rows are pending (due or not), read from the pending partial index only, at most :cap + 1 of them (past :cap the caller estimates).
+SELECT count(*) FROM (
+    SELECT 1 FROM scheduled_events WHERE status = 'pending'
+    -- the order of ix_scheduled_events_pending_due: a walk of that index, stopped at the cap
+    ORDER BY trigger_at, id
+    -- reminders scheduled months ahead are pending too: counting stops past the cap
+    LIMIT :cap + 1
+) AS counted;
 
 -- name: count_events_by_status
 -- How many rows are in each status of :statuses (the EventStatus enum), zero included: one GROUP BY (small tables only: it reads them whole).
