@@ -140,15 +140,15 @@ def ids(items: Iterator[dict[str, Any]] | list[dict[str, Any]]) -> list[str]:
     return sorted(item["id"] for item in items)
 
 
-def wait_until_blocked_on_a_lock(engine: Engine, timeout: float = 30.0) -> None:
-    """Wait (on PostgreSQL's own view, not a timer) until some backend waits on a lock."""
+def wait_until_blocked_on_a_lock(engine: Engine, timeout: float = 30.0, count: int = 1) -> None:
+    """Wait (on PostgreSQL's own view, not a timer) until ``count`` backends wait on a lock."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         waiting = rows(
             engine,
             "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'",
         )
-        if waiting:
+        if len(waiting) >= count:
             return
         threading.Event().wait(0.01)
-    raise AssertionError("no backend started waiting on a lock")
+    raise AssertionError(f"{count} backend(s) did not start waiting on a lock within {timeout:g} s")

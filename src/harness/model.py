@@ -16,8 +16,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import date, datetime
 
-from scheduler.core.loop import MAX_CLAIM_ROUNDS
-
 # Event faults carried in the facts (``sim_fault``): what the dispatch of that event does.
 EVENT_FAULTS = ("python", "database", "refused")
 
@@ -172,7 +170,7 @@ class Model:
         """What a claim takes, and what it locks but skips (DEC-2), as the production claim
         does it: due pending rows not held by another replica, oldest first, at most the
         batch size; rows of a participant another batch holds are skipped, and the claim
-        takes up to ``MAX_CLAIM_ROUNDS`` rounds past them."""
+        takes further rounds past them until the batch is full or nothing more is due."""
         held = self.held(besides=replica)
         locked_elsewhere = self.busy_users(besides=replica)
         due = [
@@ -184,7 +182,7 @@ class Model:
         skipped: list[str] = []
         busy: set[str] = set()
         position = 0
-        for _ in range(MAX_CLAIM_ROUNDS):
+        while True:
             wanted = batch_size - len(events)
             taken: list[Row] = []
             while position < len(due) and len(taken) < wanted:

@@ -10,9 +10,11 @@ since the count untouched) are recorded in the audit trail, listed on a page and
 from __future__ import annotations
 
 import html
+import json
 import re
 import time
 from datetime import timedelta
+from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import jwt
@@ -528,3 +530,73 @@ def test_an_operators_hostile_reason_shows_as_text_on_the_audit_and_event_pages(
         page = client.get(path).text
         assert "&lt;script&gt;alert(&#34;x&#34;)&lt;/script&gt;" in page, path
         assert "<script>alert" not in page and "<img src=x" not in page, path
+
+
+@pytest.mark.clause("CON-3")
+def test_the_overviews_windows_follow_the_clock_and_failures_group_by_kind(
+    client: TestClient, service: SchedulerService, clock: ManualClock, engine: Engine
+) -> None:
+    """CON-3: figures over windows of the clock, at several instants. Lateness is over the last
+    hour's dispatches only: one dispatched 2 min late an hour and a minute ago no longer counts
+    beside one 10 s late now. Failures are the last 24 hours', grouped by the text before the
+    first colon of `last_error` (a whole text without a colon, non-ASCII, is its own kind):
+    two failures of one kind 25 hours ago have left the window, the two kinds of the last day
+    stay, each with its count."""
+    from tests.helpers import reminder_facts
+
+    def dispatch(user: str, late: timedelta) -> None:
+        when = clock.now() - late
+        post_event(client, user_id=user, trigger_at=when, facts=reminder_facts(when.date().isoformat()))
+        assert service.scheduler.poll_once().dispatched == 1
+
+    def figures() -> dict[str, Any]:
+        sign_in(client)  # a fresh session: the clock moves on by hours, past an idle session's end (CON-12)
+        with client.stream("GET", "/console/stream?once=1") as stream:
+            body = "".join(stream.iter_text())
+        figures: dict[str, Any] = json.loads(body.split("data: ", 1)[1].split("\n", 1)[0])
+        return figures
+
+    service.operations.console.stream_seconds = 3.0  # a stream that ignores once=1 fails in seconds
+    _failed(client, service, ["old-1", "old-2"])  # missing_or_invalid_time_scope, at T0
+    dispatch("early", timedelta(minutes=2))  # at T0, 2 min late
+    clock.advance(timedelta(hours=1, minutes=1))
+    dispatch("now", timedelta(seconds=10))
+    now = figures()
+    assert (now["lateness"]["p50"], now["lateness"]["dispatched"]) == (10, 1)
+    clock.advance(timedelta(hours=22))  # T0 + 23 h 1 min: two more failures, one of another kind
+    recent = _failed(client, service, ["new-1", "new-2"])
+    with engine.begin() as conn:
+        conn.execute(sql_text("UPDATE scheduled_events SET last_error = :e WHERE id = :id"),
+                     {"e": "Zeitüberschreitung beim Versand — ohne Doppelpunkt", "id": recent[1]})
+    assert {(f["kind"], f["count"]) for f in figures()["failures"]} == {
+        ("missing_or_invalid_time_scope", 3), ("Zeitüberschreitung beim Versand — ohne Doppelpunkt", 1)}
+    clock.advance(timedelta(hours=2))  # T0 + 25 h 1 min: the two failures of T0 are a day old
+    later = figures()
+    assert {(f["kind"], f["count"]) for f in later["failures"]} == {
+        ("missing_or_invalid_time_scope", 1), ("Zeitüberschreitung beim Versand — ohne Doppelpunkt", 1)}
+    assert later["failures_total"] == 2
+    assert later["lateness"]["dispatched"] == 0
+
+
+@pytest.mark.clause("CON-4")
+def test_pending_rows_due_at_one_instant_page_next_due_first_without_losing_or_repeating_one(
+    client: TestClient, service: SchedulerService, engine: Engine
+) -> None:
+    """CON-4: the pending list pages by `(trigger_at, id)`, next due first. Five rows due at
+    five earlier instants and fifty-five due at one later instant: the first page opens with
+    the five in trigger order, and the two pages (50 and 10) hold every row once (the tie at
+    one trigger_at is broken by id)."""
+    early = [post_event(client, user_id=f"early-{n}", trigger_at=T0 + timedelta(minutes=n + 1))["id"] for n in range(5)]
+    for n in range(55):
+        post_event(client, user_id=f"tied-{n:02d}", trigger_at=T0 + timedelta(hours=2))
+    sign_in(client)
+    found: list[list[str]] = []
+    link: str | None = "status=pending"
+    while link is not None and len(found) < 5:
+        page = client.get("/console/events?" + link).text
+        found.append(re.findall(r'<tr class="status-\w+" data-id="([^"]+)"', page))
+        more = re.search(r'href="/console/events\?([^"]+)" id="next-page"', page)
+        link = more[1].replace("&amp;", "&") if more else None
+    assert [len(p) for p in found] == [50, 10]
+    assert found[0][:5] == early
+    assert sorted(i for p in found for i in p) == sorted(r["id"] for r in rows(engine, "SELECT id FROM scheduled_events"))

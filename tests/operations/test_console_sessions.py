@@ -166,3 +166,27 @@ def test_the_sessions_page_lists_sessions_and_ends_one_with_its_csrf_token(
     mine = client.post(f"/console/sessions/{ids['operator-ann']}/end", data={"csrf": csrf}, follow_redirects=False)
     assert mine.headers["location"] == "/console/sign-in"
     assert _open(client) == 303
+
+
+@pytest.mark.clause("CON-11")
+def test_sign_out_ends_only_its_own_session_not_the_operators_others_nor_anyone_elses(
+    client: TestClient, service: SchedulerService, engine: Engine
+) -> None:
+    """CON-11: operator-ann is signed in from two browsers and operator-bob from a third. Ann
+    signs out in the first: that cookie is refused at once, while her second browser and Bob's
+    still open the console and their CSRF tokens still work (a sign-out by subject, or of every
+    session, would sign them out too)."""
+    csrf = sign_in(client, subject="operator-ann")
+    old = _cookie(client)
+    with TestClient(service.app) as second, TestClient(service.app) as bob:
+        csrf_second = sign_in(second, subject="operator-ann")
+        sign_in(bob, subject="operator-bob")
+        assert len(rows(engine, "SELECT id FROM web_sessions")) == 3
+        assert client.post("/console/sign-out", data={"csrf": csrf}, follow_redirects=False).status_code == 303
+        client.cookies.set("scheduler_console", old, path="/console")
+        assert _open(client) == 303
+        assert (_open(second), _open(bob)) == (200, 200)
+        assert len(rows(engine, "SELECT id FROM web_sessions")) == 2
+        done = second.post("/console/sign-out", data={"csrf": csrf_second}, follow_redirects=False)
+        assert done.status_code == 303 and _open(second) == 303
+        assert _open(bob) == 200

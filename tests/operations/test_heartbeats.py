@@ -124,3 +124,54 @@ def test_a_replica_that_stops_cleanly_leaves_the_list_instead_of_going_stale(
         assert service.scheduler.wait_for(lambda: service.scheduler.health.polls >= 1, 30)
         assert [r["name"] for r in _replicas(engine)] == ["scheduler"]
     assert _replicas(engine) == []
+
+
+@pytest.mark.clause("OBS-2")
+def test_of_two_replicas_the_one_that_stops_leaves_the_list_and_the_other_stays(
+    settings: Settings, engine: Engine, clock: ManualClock
+) -> None:
+    """OBS-2: two replicas (both named `scheduler`, as replicas of one deployment are) run their
+    loops on one database; each is listed. The first stops cleanly: only its own row goes; the
+    other is still listed, `ok`, and goes when it stops in turn."""
+    from scheduler.web.app import create_app
+    from tests.servers import wait_for
+
+    apps = [create_app(settings.with_(poll_seconds=3600.0), engine=engine, clock=clock) for _ in range(2)]
+    first, second = (app.state.service for app in apps)
+    ids = [first.operations.heartbeat.replica_id, second.operations.heartbeat.replica_id]
+    assert ids[0] != ids[1]
+    with TestClient(apps[1]) as client:
+        with TestClient(apps[0]):
+            wait_for(lambda: len(_replicas(engine)) == 2, what="both replicas' first heartbeat")
+            assert sorted(str(r["replica_id"]) for r in _replicas(engine)) == sorted(ids)
+        assert [r["replica_id"] for r in _replicas(engine)] == [ids[1]]
+        assert [(r["name"], r["state"]) for r in client.get("/admin/replicas", headers=ADMIN).json()] == [
+            ("scheduler", "ok")]
+    assert _replicas(engine) == []
+
+
+@pytest.mark.clause("OBS-1")
+def test_a_recovery_is_written_at_once_too_and_the_next_beats_wait_their_second(
+    service: SchedulerService, engine: Engine, clock: ManualClock
+) -> None:
+    """OBS-1: the failure state changes both ways. Within one second of the clock: a poll
+    succeeds (written), the next fails (written at once), the next succeeds again (written at
+    once: the replica must not stay `failing` after it recovered), and one more success in
+    that second is not written; a second later it is."""
+    real_claim = service.scheduler.claim
+
+    def broken_claim() -> None:
+        raise RuntimeError("database said no")
+
+    def step(works: bool) -> dict[str, object]:
+        service.scheduler.claim = real_claim if works else broken_claim  # type: ignore[assignment,method-assign]
+        loop_step(service)
+        [row] = _replicas(engine)
+        return {"polls": row["polls"], "failures": row["consecutive_failures"], "error": row["last_error"]}
+
+    assert step(True) == {"polls": 1, "failures": 0, "error": None}
+    assert step(False) == {"polls": 1, "failures": 1, "error": "RuntimeError: database said no"}
+    assert step(True) == {"polls": 2, "failures": 0, "error": None}
+    assert step(True) == {"polls": 2, "failures": 0, "error": None}  # same second: not written
+    clock.advance(timedelta(seconds=1))
+    assert step(True) == {"polls": 4, "failures": 0, "error": None}

@@ -10,6 +10,7 @@ nor starve the participant.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -129,6 +130,27 @@ def test_a_busy_participant_at_the_head_of_the_queue_does_not_empty_the_batch(
     assert report.dispatched == 5
     assert report.skipped == 20  # the first round's rows; the second round excluded busy
     assert {r["status"] for r in snapshot(engine, "busy")} == {"pending"}
+
+
+@pytest.mark.clause("BUSY-1")
+def test_however_many_participants_are_busy_at_the_head_of_the_queue_the_rest_still_goes_ahead(
+    client: TestClient, service: SchedulerService, engine: Engine
+) -> None:
+    """BUSY-1: five busy participants, each with a batch's worth (20) of the oldest due rows,
+    ahead of a free participant's row: one poll still dispatches the free row (the claim goes
+    on past every busy participant it meets), and every busy row stays pending."""
+    for n in range(5):
+        post_for(client, f"busy-{n}", 20, oldest=1000 - n * 100)
+    post_event(client, user_id="free", trigger_at=T0 - timedelta(minutes=1))
+    with contextlib.ExitStack() as stack:
+        for n in range(5):
+            stack.enter_context(held(engine, f"busy-{n}"))
+        report = service.scheduler.poll_once()
+    assert report.dispatched == 1
+    assert report.skipped == 100  # one round per busy participant, then the free row
+    for n in range(5):
+        assert {r["status"] for r in snapshot(engine, f"busy-{n}")} == {"pending"}
+    assert [r["status"] for r in snapshot(engine, "free")] == ["dispatched"]
 
 
 @pytest.mark.clause("BUSY-2")

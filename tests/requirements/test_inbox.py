@@ -433,3 +433,65 @@ def test_a_last_event_id_past_the_newest_number_still_receives_what_comes_next(
         deliver(client, service)
         seq, note = stream.next_event()
         assert note["user_id"] == "participant-1" and seq < 10**15
+
+
+@pytest.mark.clause("INBOX-5")
+def test_when_one_of_a_participants_streams_vanishes_the_others_keep_receiving(
+    client: TestClient, service: SchedulerService, replica_b: SchedulerService
+) -> None:
+    """INBOX-5: participant-1 has the page open in two tabs (two streams on one replica) and
+    participant-2 one. One of participant-1's tabs goes: its subscription is cleaned up, and
+    only that one: participant-1's other tab and participant-2's stream still receive what is
+    delivered next (cleaning up by participant would silence the remaining tab)."""
+    other = bearer(None, subject="participant-2")
+    with serve(replica_b) as base_b, httpx.Client() as http:
+        gone, kept, theirs = (open_stream(base_b, PARTICIPANT, http), open_stream(base_b, PARTICIPANT, http),
+                              open_stream(base_b, other, http))
+        try:
+            for stream in (gone, kept, theirs):
+                stream.until_connected()
+            assert replica_b.inbox.snapshot()["streams"] == 3
+            gone.close()
+            wait_for(lambda: replica_b.inbox.snapshot()["streams"] == 2, what="the vanished stream to be cleaned up")
+            deliver(client, service)
+            deliver(client, service, user_id="participant-2")
+            assert kept.next_event()[1]["user_id"] == "participant-1"
+            assert theirs.next_event()[1]["user_id"] == "participant-2"
+            assert replica_b.inbox.stats.streams_closed == 1
+        finally:
+            for stream in (kept, theirs):
+                stream.close()
+
+
+class PublisherFailingFor(RecordingPublisher):
+    """A fake at the publisher edge: the push of one participant's notification fails."""
+
+    def __init__(self, user_id: str) -> None:
+        super().__init__()
+        self.user_id = user_id
+
+    def publish(self, message: Any) -> None:
+        if message.user_id == self.user_id:
+            raise ConnectionError("push service refused (fake)")
+        super().publish(message)
+
+
+@pytest.mark.clause("INBOX-8")
+def test_a_batch_whose_numbering_and_one_push_fail_still_pushes_the_others_and_keeps_every_record(
+    client: TestClient, service: SchedulerService, database_url: str
+) -> None:
+    """INBOX-8: one poll delivers to three participants; numbering for the stream fails (the
+    database went away after the commit) and the push of the second participant's message
+    fails too. The other two are still pushed, and all three notifications stay readable by
+    their participants (unnumbered)."""
+    gone = make_url(database_url).set(database="no_such_database").render_as_string(hide_password=False)
+    pushed = PublisherFailingFor("participant-2")
+    service.scheduler.publisher = StreamPublisher(make_sessionmaker(make_engine(gone)), pushed)
+    users = ("participant-1", "participant-2", "participant-3")
+    for user in users:
+        post_event(client, user_id=user, trigger_at=service.clock.now())
+    assert service.scheduler.poll_once().dispatched == 3
+    assert sorted(m.user_id for m in pushed.messages) == ["participant-1", "participant-3"]
+    for user in users:
+        page = client.get(ME, headers=bearer(None, subject=user)).json()
+        assert [(n["user_id"], n["stream_seq"]) for n in page["items"]] == [(user, None)]

@@ -148,3 +148,24 @@ def test_a_stream_opened_by_the_cookie_ends_when_its_session_is_signed_out(
             assert http.get(ME).status_code == 401
     finally:
         engine_b.dispose()
+
+
+@pytest.mark.clause("INBOX-13")
+def test_sign_out_ends_only_its_own_session_not_the_participants_others_nor_anyone_elses(
+    client: TestClient, service: SchedulerService, engine: Engine
+) -> None:
+    """INBOX-13: participant-1 has the page open in two browsers, participant-2 in a third.
+    The first browser signs out: its cookie is refused at once; participant-1's second browser
+    and participant-2's still read their own inboxes (a sign-out by participant, or of every
+    session, would sign them out too)."""
+    session = _sign_in(client)
+    old = client.cookies["scheduler_inbox"]
+    with TestClient(service.app) as second, TestClient(service.app) as other:
+        _sign_in(second)
+        _sign_in(other, subject="participant-2")
+        assert client.delete(SESSION, headers={"X-CSRF-Token": session["csrf"]}).status_code == 204
+        client.cookies.set("scheduler_inbox", old)
+        assert client.get(ME).status_code == 401
+        assert (second.get(ME).status_code, other.get(ME).status_code) == (200, 200)
+        assert second.get(SESSION).status_code == 200
+        assert len(rows(engine, "SELECT id FROM web_sessions")) == 2

@@ -189,3 +189,75 @@ def test_an_operator_finds_a_row_by_its_external_key(client: TestClient) -> None
     assert client.get("/admin/scheduled-events?external_key=nope", headers=ADMIN).json() == []
     cancelled = client.get("/admin/scheduled-events?status=cancelled", headers=ADMIN)
     assert cancelled.status_code == 200
+
+
+# Keys a sender may choose (any non-empty string without NUL): a slash, percent signs and
+# LIKE wildcards, quotes and markup, non-ASCII, spaces, query and fragment characters. Each
+# has a decoy beside it that a pattern match, a prefix match or a decoding slip would take.
+HARD_KEYS = {
+    "orders/42": "orders",
+    "50%_off": "50xxoff",
+    "rappel-été ☀ 7": "rappel-ete 7",
+    "a'b\"c<d>": "a'b",
+    "k?x=1#frag": "k",
+    "x%2Fy": "x/y",
+}
+
+
+@pytest.mark.clause("LIFE-1")
+@pytest.mark.clause("LIFE-7")
+def test_a_key_with_slashes_wildcards_quotes_or_non_ascii_cancels_and_finds_exactly_its_row(
+    client: TestClient, service: SchedulerService, engine: Engine
+) -> None:
+    """LIFE-1, LIFE-7: the key is the sender's own string. Whatever it holds (a slash, `%` and
+    `_`, quotes, markup, non-ASCII, `?` and `#`, an encoded slash), `?external_key=` finds exactly
+    its row and `DELETE .../by-key/{key}` (the key percent-encoded in the path, sent to a real
+    server: Starlette's TestClient decodes a path twice) cancels exactly that row: never a 404
+    for a stored key, never the decoy beside it."""
+    from urllib.parse import quote
+
+    import httpx
+
+    from tests.servers import serve
+
+    stored = {key: post_event(client, user_id=f"p-{n}", external_key=key)["id"] for n, key in enumerate(HARD_KEYS)}
+    decoys = {key: post_event(client, user_id=f"d-{n}", external_key=decoy)["id"]
+              for n, (key, decoy) in enumerate(HARD_KEYS.items())}
+    with serve(service) as base, httpx.Client(base_url=base, timeout=10) as http:
+        for key, event_id in stored.items():
+            found = http.get("/admin/scheduled-events", params={"external_key": key}, headers=dict(ADMIN))
+            assert [r["id"] for r in found.json()] == [event_id], key
+            response = http.delete(f"/admin/scheduled-events/by-key/{quote(key, safe='')}", headers=dict(INGEST))
+            assert response.status_code == 200, (key, response.status_code, response.text)
+            assert (response.json()["id"], response.json()["external_key"]) == (event_id, key)
+    assert {event_row(engine, i)["status"] for i in stored.values()} == {"cancelled"}
+    assert {event_row(engine, i)["status"] for i in decoys.values()} == {"pending"}
+
+
+@pytest.mark.clause("LIFE-4")
+def test_two_cancels_racing_on_one_row_both_answer_it_and_it_is_cancelled_once(
+    client: TestClient, engine: Engine
+) -> None:
+    """LIFE-4: two senders cancel the same row at the same moment (both wait on a third session
+    holding the row, then go at once): both answer 200 with the same cancelled row, and the row
+    is cancelled once: one `cancelled` history entry, one operator action that changed it."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from sqlalchemy import text
+
+    stored = post_event(client, external_key="k-twice")
+    paths = [f"/admin/scheduled-events/{stored['id']}", "/admin/scheduled-events/by-key/k-twice"]
+    with engine.connect() as holder, ThreadPoolExecutor(max_workers=2) as pool:
+        holder.execute(text("SELECT 1 FROM scheduled_events WHERE id = :id FOR UPDATE"), {"id": stored["id"]})
+        answers = [pool.submit(client.delete, path, headers=INGEST) for path in paths]
+        wait_until_blocked_on_a_lock(engine, count=2)  # both cancels wait on the row
+        holder.rollback()
+        results = [answer.result(timeout=30) for answer in answers]
+    assert [r.status_code for r in results] == [200, 200], [r.text for r in results]
+    assert results[0].json() == results[1].json()
+    assert results[0].json()["status"] == "cancelled"
+    changes = [r["change"] for r in rows(engine, "SELECT change FROM scheduled_event_history "
+                                                 "WHERE event_id = :id ORDER BY id", id=stored["id"])]
+    assert changes == ["stored", "cancelled"]
+    counts = [r["count"] for r in rows(engine, "SELECT count FROM operator_actions WHERE action = 'cancel'")]
+    assert sorted(counts) == [0, 1]

@@ -181,3 +181,72 @@ def test_the_consoles_history_of_a_hostile_rewrite_shows_it_as_text(
     assert "<script" not in changes and "<img" not in changes
     assert changes.count("&lt;script&gt;window.__pwned = 1&lt;/script&gt;") == 2  # the new facts, and the actor
     assert "<script" not in page.text.split("</main>")[0].split("<main")[-1]
+
+
+@pytest.mark.clause("HIST-1")
+@pytest.mark.clause("HIST-3")
+def test_each_rows_history_holds_its_own_changes_only_among_rows_changed_at_the_same_instants(
+    client: TestClient, service: SchedulerService, clock: ManualClock, engine: Engine
+) -> None:
+    """HIST-1, HIST-3: three rows of two participants change in turn, several at one instant of
+    the clock and by different actors (stored, rewritten, dispatched, failed, reset, cancelled).
+    The history of each, from the API and on the console's event page, lists that row's changes
+    only, in the order they happened, with their own actors: none of its neighbours'."""
+    sender, operator = bearer("nudging.ingest", subject="sender-app"), bearer("nudging.admin", subject="op-ann")
+
+    def post(user: str, key: str, **facts: Any) -> str:
+        body = {"event_type": "commitment_reminder", "user_id": user, "external_key": key,
+                "trigger_at": T0.isoformat(), "facts": reminder_facts(**facts)}
+        answer = client.post("/admin/scheduled-events", headers=sender, json=body)
+        assert answer.status_code == 201, answer.text
+        return str(answer.json()["id"])
+
+    a = post("participant-1", "k-a")
+    b = post("participant-2", "k-b", day="soon")  # fails: an unusable day
+    c = post("participant-1", "k-c", day="2026-12-01")
+    post("participant-1", "k-a", commitment="water the plants")  # a's rewrite, same instant as the stores
+    clock.advance(timedelta(minutes=1))
+    assert service.scheduler.poll_once().claimed == 3  # a and c dispatched, b failed: one instant
+    assert client.post(f"/admin/scheduled-events/{b}/reset", headers=operator).status_code == 200
+    assert client.delete("/admin/scheduled-events/by-key/k-b", headers=sender).status_code == 200
+    expected = {
+        a: [("stored", "sender-app"), ("rewritten", "sender-app"), ("dispatched", None)],
+        b: [("stored", "sender-app"), ("failed", None), ("reset", "op-ann"), ("cancelled", "sender-app")],
+        c: [("stored", "sender-app"), ("dispatched", None)],
+    }
+    sign_in(client)
+    for event_id, changes in expected.items():
+        entries = history(client, event_id)
+        assert [(e["change"], e["actor"]) for e in entries] == changes, event_id
+        assert {e["event_id"] for e in entries} == {event_id}
+        page = client.get(f"/console/events/{event_id}")
+        assert page.status_code == 200, page.text
+        table = page.text.split('<table id="changes">', 1)[1].split("</table>", 1)[0]
+        assert table.count("<tr><td>") == len(changes), (event_id, table)
+
+
+@pytest.mark.clause("HIST-1")
+def test_a_bulk_action_in_several_chunks_names_its_change_and_operator_in_every_rows_history(
+    client: TestClient, service: SchedulerService, clock: ManualClock, engine: Engine
+) -> None:
+    """HIST-1: a bulk cancel of five pending rows and a bulk reset of five failed rows, each
+    in chunks of two (three transactions each): every row's newest entry is `reset` or
+    `cancelled` by the operator, whichever chunk's transaction changed it (not an anonymous
+    `updated` for the chunks after the first)."""
+    from scheduler.application import commands
+    from scheduler.application.events import EventQuery
+    from scheduler.types import EventStatus
+
+    failing = [post_event(client, user_id=f"f-{n}", facts=reminder_facts(day="soon"))["id"] for n in range(5)]
+    waiting = [post_event(client, user_id=f"w-{n}", trigger_at=T0 + later(24))["id"] for n in range(5)]
+    clock.advance(later())
+    assert service.scheduler.poll_once().failed == 5
+    operator = commands.Actor("op-zoë", "cli")
+    for command, status in ((commands.bulk_cancel, EventStatus.PENDING), (commands.bulk_reset, EventStatus.FAILED)):
+        result = command(service.sessions, EventQuery(status=status), now=clock.now(), as_of=clock.now(),
+                         expected=5, actor=operator, reason="audit", chunk=2)
+        assert (result.changed, result.chunks) == (5, 3)
+    for ids, change in ((failing, "reset"), (waiting, "cancelled")):
+        for event_id in ids:
+            last = history(client, event_id)[-1]
+            assert (last["change"], last["actor"], last["at"]) == (change, "op-zoë", clock.now().isoformat()), event_id

@@ -21,7 +21,7 @@ from scheduler.core.clock import ManualClock
 from scheduler.database.engine import make_engine
 from scheduler.operations.retention import RETENTION_LOCK_KEY, Retention
 from scheduler.web.app import SchedulerService
-from tests.conftest import INGEST
+from tests.conftest import ADMIN, INGEST
 from tests.helpers import later, post_event, reminder_facts, rows, statuses
 
 
@@ -175,3 +175,65 @@ def test_a_failing_run_gives_the_election_back(
     clock.advance(timedelta(hours=2))
     report = failing.run_if_due()
     assert report is not None and report.deleted == 2
+
+
+@pytest.mark.clause("RET-1")
+def test_the_age_is_counted_from_when_the_row_finished_not_when_it_was_stored_or_due(
+    client: TestClient, service: SchedulerService, clock: ManualClock, engine: Engine
+) -> None:
+    """RET-1: rows whose store, trigger and finish lie at different instants. Forty days on,
+    with thirty days' retention: a row stored forty days ago but dispatched (at its trigger)
+    twenty days ago stays; a row dispatched forty days ago and reset and dispatched again
+    twenty days ago stays; a row due a year from now but cancelled thirty-five days ago goes;
+    a row stored and dispatched forty days ago goes. Only updated_at says when a row finished."""
+
+    def store(user: str, due: timedelta = timedelta(0)) -> str:
+        when = clock.now() + due
+        return str(post_event(client, user_id=user, trigger_at=when, facts=reminder_facts(when.date().isoformat()))["id"])
+
+    old = store("p-old")
+    due_later = store("p-due-later", due=timedelta(days=20))
+    sent_again = store("p-sent-again")
+    far_off = store("p-far-off", due=timedelta(days=365))
+    assert service.scheduler.poll_once().dispatched == 2  # old and sent_again, at T0
+    clock.advance(timedelta(days=5))
+    assert client.delete(f"/admin/scheduled-events/{far_off}", headers=INGEST).status_code == 200
+    clock.advance(timedelta(days=15))  # T0 + 20 days
+    assert client.post(f"/admin/scheduled-events/{sent_again}/reset", headers=ADMIN).status_code == 200
+    assert service.scheduler.poll_once().dispatched == 2  # due_later at its trigger, sent_again again
+    clock.advance(timedelta(days=20))  # T0 + 40 days
+    report = service.retention.run_if_due()
+    assert report is not None and report.deleted == 2
+    assert set(statuses(engine)) == {due_later, sent_again}
+    assert history_ids(engine) == {due_later, sent_again}
+    assert old not in statuses(engine) and far_off not in statuses(engine)
+
+
+@pytest.mark.clause("RET-2")
+def test_a_row_a_writer_is_making_pending_during_a_run_is_neither_deleted_nor_waited_for(
+    client: TestClient, service: SchedulerService, clock: ManualClock, engine: Engine
+) -> None:
+    """RET-2: a run that starts while a writer is re-arming an expired dispatched row (the
+    writer's transaction holds the row, pending but not yet committed) leaves that row alone
+    without waiting for the writer, deletes the other expired row, and once the writer commits
+    the row is there, pending, with its history. A run that read the doomed rows first and
+    deleted them by id afterwards would delete the row that had just become pending."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    rearmed = post_event(client, user_id="p-rearmed", external_key="k-rearmed")["id"]
+    other = post_event(client, user_id="p-other")["id"]
+    assert service.scheduler.poll_once().dispatched == 2
+    clock.advance(timedelta(days=31))
+    # the writer is the inner block: on a failure it rolls back first, so the run can end
+    with ThreadPoolExecutor(max_workers=1) as pool, engine.connect() as writer:
+        writer.execute(text("UPDATE scheduled_events SET status = 'pending', dispatched_at = NULL, updated_at = :now "
+                            "WHERE id = :id"), {"now": clock.now(), "id": rearmed})
+        run = pool.submit(Retention(engine, clock, days=30).run_if_due)
+        try:
+            report = run.result(timeout=20)
+        except TimeoutError:
+            raise AssertionError("the run waited for the writer's transaction") from None
+        assert report is not None and report.deleted == 1
+        writer.commit()
+    assert statuses(engine) == {rearmed: "pending"}
+    assert rearmed in history_ids(engine) and other not in history_ids(engine)

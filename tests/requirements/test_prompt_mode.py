@@ -421,3 +421,104 @@ def test_a_post_wakes_every_waiting_replica_not_only_one(
         assert scheduler.wait_for(polled_again(scheduler), DEADLINE), "a waiting replica was not woken"
     assert sum(s.health.dispatched for s in loops) == 1
     assert statuses(engine)[row["id"]] == "dispatched"
+
+
+@pytest.mark.clause("PROMPT-4")
+def test_rows_due_at_several_instants_wake_the_loop_at_each_trigger_in_turn(
+    engine: Engine, clock: ManualClock, running: list[LoopThread]
+) -> None:
+    """PROMPT-4: rows due in 5, 8 and 20 minutes, with a one-hour interval. The loop waits for
+    the first; as the clock reaches each trigger it polls once, dispatches that row only, and
+    then waits for the next trigger (read again from the pending index after each poll): never
+    a deadline already past (a hot loop of polls), never the interval."""
+    service = make_service(engine, clock)
+    triggers = [T0 + timedelta(minutes=m) for m in (5, 8, 20)]
+    with api(engine, clock) as client:
+        ids = [post_event(client, user_id=f"at-{n}", trigger_at=when)["id"] for n, when in enumerate(triggers)]
+    scheduler = start(running, service)
+    assert scheduler.wait_for(lambda: scheduler.waiting_until == triggers[0] and scheduler.waiting, DEADLINE)
+    for n, when in enumerate(triggers):
+        clock.set(when)
+        scheduler.recheck()
+        following = triggers[n + 1] if n + 1 < len(triggers) else None
+        assert scheduler.wait_for(
+            lambda n=n, following=following: scheduler.health.polls == n + 2 and scheduler.waiting  # type: ignore[misc]
+            and scheduler.waiting_until == following,
+            DEADLINE), (n, scheduler.health.polls, scheduler.waiting_until)
+        assert [statuses(engine)[i] for i in ids] == ["dispatched"] * (n + 1) + ["pending"] * (len(ids) - n - 1)
+        scheduler.recheck()  # the clock did not move: no poll
+        assert waits(scheduler) and scheduler.health.polls == n + 2
+
+
+class AnnouncementSpy:
+    """Records each wake-up the loop's pacing is handed (after handing it on), so that a test
+    knows a NOTIFY has arrived instead of guessing with a timer."""
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        self.seen: list[Any] = []
+        self._changed = threading.Condition()
+        self._real = scheduler.pacing.announce
+        scheduler.pacing.announce = self  # type: ignore[method-assign]
+
+    def __call__(self, trigger_at: Any) -> None:
+        self._real(trigger_at)
+        with self._changed:
+            self.seen.append(trigger_at)
+            self._changed.notify_all()
+
+    def until(self, count: int) -> list[Any]:
+        with self._changed:
+            assert self._changed.wait_for(lambda: len(self.seen) >= count, DEADLINE), (
+                f"{count} wake-ups expected within {DEADLINE:g} s, got {self.seen}")
+            return list(self.seen)
+
+
+@pytest.mark.clause("PROMPT-5")
+def test_wake_ups_for_several_posts_keep_the_earliest_trigger_whatever_their_order(
+    engine: Engine, clock: ManualClock, running: list[LoopThread]
+) -> None:
+    """PROMPT-5: a replica waits out its interval with nothing pending. Posts through another
+    replica announce rows due in 10, then 30 minutes: the wait's deadline is 10 minutes (a
+    later announcement never postpones an earlier one), and when the clock gets there the loop
+    polls, with no poll before. Its wait then moves to the next trigger (30 minutes); a row
+    posted due already (5 minutes, the clock being at 10) is polled for at once."""
+    service = make_service(engine, clock)
+    scheduler = start(running, service)
+    assert waits(scheduler) and scheduler.waiting_until is None
+    spy = AnnouncementSpy(scheduler)
+    at = {m: T0 + timedelta(minutes=m) for m in (5, 10, 30)}
+    with api(engine, clock) as client:
+        ten = post_event(client, user_id="in-10", trigger_at=at[10])["id"]
+        thirty = post_event(client, user_id="in-30", trigger_at=at[30])["id"]
+        assert spy.until(2) == [at[10], at[30]]  # both wake-ups have reached the loop
+        assert scheduler.wait_for(lambda: scheduler.waiting_until == at[10] and scheduler.waiting, DEADLINE)
+        assert scheduler.health.polls == 1
+        clock.set(at[10])
+        scheduler.recheck()
+        assert scheduler.wait_for(lambda: scheduler.health.polls == 2 and scheduler.waiting
+                                  and scheduler.waiting_until == at[30], DEADLINE), scheduler.waiting_until
+        assert (statuses(engine)[ten], statuses(engine)[thirty]) == ("dispatched", "pending")
+        five = post_event(client, user_id="in-5", trigger_at=at[5])["id"]
+        assert scheduler.wait_for(lambda: scheduler.health.polls == 3 and scheduler.waiting, DEADLINE)
+    assert (statuses(engine)[five], statuses(engine)[thirty]) == ("dispatched", "pending")
+    assert scheduler.waiting_until == at[30]
+
+
+@pytest.mark.clause("PROMPT-5")
+def test_a_pending_row_rewritten_to_fall_due_now_wakes_the_loop_at_once(
+    engine: Engine, clock: ManualClock, running: list[LoopThread]
+) -> None:
+    """PROMPT-5: a row stays pending while its sender moves it. The loop waits for a row due in
+    an hour; its sender re-posts the same key due now (REQ-0064: the same row, rewritten, never
+    having left `pending`). That wakes the loop at once, which dispatches it, an hour early
+    by the old trigger: a wake-up only for rows *becoming* pending would leave it waiting."""
+    with api(engine, clock) as client:
+        row = post_event(client, user_id="moved", external_key="k-moved", trigger_at=T0 + timedelta(hours=1))
+        scheduler = start(running, make_service(engine, clock))
+        assert scheduler.wait_for(lambda: scheduler.waiting_until == T0 + timedelta(hours=1) and scheduler.waiting,
+                                  DEADLINE)
+        again = post_event(client, user_id="moved", external_key="k-moved", trigger_at=T0)
+        assert again["id"] == row["id"]
+        assert scheduler.wait_for(lambda: scheduler.health.dispatched == 1, DEADLINE), "the rewrite woke nobody"
+    assert statuses(engine)[row["id"]] == "dispatched"
+    assert scheduler.health.polls == 2

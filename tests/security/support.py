@@ -50,7 +50,7 @@ def app_table(routes: list[Any]) -> list[RouteEntry]:
         assert isinstance(route, Route), f"unexpected route type {type(route).__name__}: {route!r}"
         permission = getattr(route.endpoint, "permission", "open")
         for method in sorted((route.methods or set()) - {"HEAD"}):
-            entries.append(RouteEntry(method, route.path, permission))
+            entries.append(RouteEntry(method, route.path_format, permission))
     return sorted(entries)
 
 

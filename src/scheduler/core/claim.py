@@ -17,10 +17,6 @@ from scheduler.core.batch import ClaimedEvent
 from scheduler.core.participant_locks import participant_lock_key, try_lock_participants
 from scheduler.database.queries import statement
 
-# A claim that finds busy participants takes further rounds past them, at most this many,
-# so that one participant's held lock cannot empty the batch (DEC-2).
-MAX_CLAIM_ROUNDS = 4
-
 # The start of the claim's keyset: before every row.
 _BEFORE_ALL = (datetime(1, 1, 2, tzinfo=UTC), "")
 
@@ -40,7 +36,13 @@ def claim_rounds(session: Session, now: datetime, batch_size: int) -> tuple[list
     events: list[ClaimedEvent] = []
     skipped: list[str] = []
     after = _BEFORE_ALL
-    for _ in range(MAX_CLAIM_ROUNDS):
+    # Rounds go on until the batch is full or nothing more is due: however many participants
+    # are busy at the head of the queue, the rest of the batch goes ahead (BUSY-1, DEC-2).
+    # This ends: each further round starts after the last row seen (no row is read twice) and
+    # follows a round that skipped rows, i.e. found at least one participant busy for the first
+    # time (rows of known busy participants are excluded), so a poll takes at most one round
+    # per busy participant, plus one.
+    while True:
         wanted = batch_size - len(events)
         params = {**claim_params(now, wanted), "after_trigger": after[0], "after_id": after[1],
                   "busy": sorted(busy)}

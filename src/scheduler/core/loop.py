@@ -37,7 +37,7 @@ from scheduler.core.batch import (
     error_text,
     outcome_parameters,
 )
-from scheduler.core.claim import MAX_CLAIM_ROUNDS, claim_params, claim_rounds
+from scheduler.core.claim import claim_params, claim_rounds
 from scheduler.core.clock import ensure_ready
 from scheduler.core.health import SchedulerHealth
 from scheduler.core.isolation import abort_batch, commit_batch
@@ -57,7 +57,7 @@ from scheduler.observability.observer import Observer
 from scheduler.types import Clock, Dispatcher, Publisher, SchedulerMode
 
 __all__ = [
-    "BUSY_RETRY_SECONDS", "DUE_CHANNEL", "MAX_CLAIM_ROUNDS", "MAX_ERROR_LENGTH", "STOP_SLICE_SECONDS",
+    "BUSY_RETRY_SECONDS", "DUE_CHANNEL", "MAX_ERROR_LENGTH", "STOP_SLICE_SECONDS",
     "Batch", "ClaimedEvent", "EventOutcome", "PollReport", "Scheduler", "SchedulerHealth",
     "claim_params", "error_text", "outcome_parameters",
 ]

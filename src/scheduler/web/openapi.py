@@ -258,9 +258,9 @@ def openapi_document(routes: Sequence[BaseRoute], root_path: str = "") -> dict[s
         if not isinstance(route, Route) or not route.include_in_schema:
             continue
         for method in sorted((route.methods or set()) - {"HEAD"}):
-            key = (route.path, method.lower())
+            key = (route.path_format, method.lower())
             if key not in OPERATIONS:
-                raise KeyError(f"route {method} {route.path} has no OpenAPI description")
+                raise KeyError(f"route {method} {route.path_format} has no OpenAPI description")
             spec = dict(OPERATIONS[key])
             operation: dict[str, Any] = {"summary": spec["summary"], "responses": spec["responses"]}
             params = [
@@ -285,9 +285,9 @@ def openapi_document(routes: Sequence[BaseRoute], root_path: str = "") -> dict[s
                     "required": True,
                     "content": {"application/json": {"schema": _ref(spec["request"])}},
                 }
-            if route.path.startswith(("/admin", "/me")):
+            if route.path_format.startswith(("/admin", "/me")):
                 operation["security"] = [{"bearer": []}]
-            paths.setdefault(route.path, {})[method.lower()] = operation
+            paths.setdefault(route.path_format, {})[method.lower()] = operation
     document: dict[str, Any] = {
         "openapi": "3.1.0",
         "info": {"title": "scheduler", "version": "0.1.0",

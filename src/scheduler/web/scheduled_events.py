@@ -78,7 +78,7 @@ class EventRoutes:
             Route("/admin/scheduled-events/{event_id}", self.get_event, methods=["GET"]),
             Route("/admin/scheduled-events/{event_id}/reset", self.reset, methods=["POST"]),
             Route("/admin/scheduled-events/{event_id}", self.cancel_by_id, methods=["DELETE"]),
-            Route("/admin/scheduled-events/by-key/{external_key}", self.cancel_by_key, methods=["DELETE"]),
+            Route("/admin/scheduled-events/by-key/{external_key:path}", self.cancel_by_key, methods=["DELETE"]),
             Route("/admin/scheduled-events/{event_id}/history", self.history, methods=["GET"]),
         ]
 
