@@ -80,7 +80,7 @@ def targets(routes: list[Any]) -> Iterator[Target]:
         assert params is not None, f"{route.path} declares no query parameters (use @declares())"
         for method in sorted((route.methods or set()) - {"HEAD"}):
             yield Target(method, re.sub(r"\{[^}]+\}", "some-id", route.path),
-                         getattr(route.endpoint, "permission", "open"), route.path, dict(params))
+                         getattr(route.endpoint, "permission", "open"), route.path_format, dict(params))
 
 
 async def _call(app: ASGIApp, method: str, path: str, query: bytes, headers: list[tuple[bytes, bytes]]) -> Answer:
