@@ -25,6 +25,7 @@ from scheduler.cli.events import (
     cmd_rules_list,
 )
 from scheduler.cli.serve import cmd_migrate, cmd_serve, cmd_token
+from scheduler.cli.terminal import terminal_safe
 from scheduler.config import ConfigError, Settings, log_format_of
 from scheduler.digits import digits_value
 from scheduler.observability.logs import configure_logging
@@ -170,7 +171,7 @@ def run_command(args: argparse.Namespace) -> int:
         result: int = args.func(args, Settings.from_env())
         return result
     except ConfigError as exc:
-        print(f"configuration error: {exc}", file=sys.stderr)
+        print(terminal_safe(f"configuration error: {exc}"), file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
