@@ -54,6 +54,23 @@ def test_without_a_session_every_console_page_redirects_to_sign_in(client: TestC
 
 
 @pytest.mark.clause("CON-1")
+def test_a_live_stream_without_a_session_is_told_to_stop_and_leaves_an_open_sign_in_form_valid(
+    client: TestClient,
+) -> None:
+    """CON-1: the overview's EventSource reconnecting after a sign-out (Accept: text/event-stream)
+    gets 204, which ends an EventSource, not the sign-in page: rendering that page would set a
+    new sign-in nonce and make the form open in another tab fail as "expired"."""
+    page = client.get("/console/sign-in")
+    nonce = re.search(r'name="nonce" value="([^"]+)"', page.text)
+    assert nonce
+    stream = client.get("/console/stream", headers={"Accept": "text/event-stream"}, follow_redirects=False)
+    assert stream.status_code == 204 and "set-cookie" not in stream.headers
+    signed_in = client.post("/console/sign-in", data={"nonce": nonce[1], "token": token("nudging.admin")},
+                            follow_redirects=False)
+    assert (signed_in.status_code, signed_in.headers["location"]) == (303, "/console")
+
+
+@pytest.mark.clause("CON-1")
 def test_an_admin_token_signs_in_with_a_strict_httponly_cookie_that_expires_with_it(client: TestClient) -> None:
     """CON-1: the cookie is HttpOnly, SameSite=Strict, scoped to /console, Max-Age = the token's remaining life."""
     page = client.get("/console/sign-in?next=%2Fconsole%2Faudit")

@@ -70,20 +70,25 @@ class BackendKillingDispatcher:
 
 
 @pytest.mark.clause("REL-1")
+@pytest.mark.clause("HEALTH-1")
 def test_an_unreachable_database_answers_503_on_every_route_and_the_loop_shows_it(
     tmp_path: Path, clock: ManualClock
 ) -> None:
     """REL-1: no server behind the socket: every database route answers 503 with a JSON detail and
-    Retry-After (no traceback, no hang); the loop keeps polling and /health/scheduler is 503 with the error."""
+    Retry-After (no traceback, no hang); the loop keeps polling and /health/scheduler is 503 (the error for admins)."""
     settings = Settings(jwt_secret=TEST_SECRET, poll_seconds=0.02, pool_timeout_seconds=1)
     nowhere = make_engine(f"postgresql+psycopg://postgres@/scheduler?host={tmp_path}", settings)
     app = create_app(settings, engine=nowhere, clock=clock, catalogue=load_catalogue())
     with TestClient(app) as client:
-        health = wait_until(lambda: (r := client.get("/health/scheduler")).json()["consecutive_failures"] >= 3
-                            and r, "three failed polls")
+        health = wait_until(lambda: (r := client.get("/admin/health/scheduler", headers=ADMIN)).json()[
+            "consecutive_failures"] >= 3 and r, "three failed polls")
         assert health.status_code == 503
         assert health.json()["running"] is True
         assert health.json()["last_error"].startswith("OperationalError: (psycopg.OperationalError) connection")
+        # the open route says the same in words, without the error (it names the socket's path)
+        open_health = client.get("/health/scheduler")
+        assert open_health.status_code == 503 and open_health.json()["state"] == "failing"
+        assert "last_error" not in open_health.json() and str(tmp_path) not in open_health.text
         for method, path, body in DATABASE_ROUTES:
             headers = INGEST if path in {"/admin/scheduled-events", "/admin/ingest-event"} and method == "POST" else ADMIN
             response = bounded(functools.partial(client.request, method, path, headers=headers, json=body),

@@ -7,7 +7,8 @@ their ``last_error`` and ``events reset`` puts one back to pending; ``rules list
 loaded catalogue; ``migrate`` brings the schema up to date. ``events show`` prints one row
 with its facts, notifications and operator actions; ``events reset`` also resets every row
 matching a filter (``--dry-run`` counts, ``--reason`` is required) and records each reset in
-the audit trail; reads print only their answer unless ``--verbose``.
+the audit trail; reads print only their answer unless ``--verbose``. Their text outputs show
+the control and bidi characters of stored text as visible escapes, non-ASCII text as it is.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import socket
 import subprocess
 import sys
 import threading
+import unicodedata
 from datetime import timedelta
 from pathlib import Path
 
@@ -29,10 +31,15 @@ from sqlalchemy import text as sql_text
 from starlette.testclient import TestClient
 
 from scheduler.cli import build_parser, main
+from scheduler.config import Settings
+from scheduler.core.clock import ManualClock
 from scheduler.database.engine import drop_database, ensure_database
+from scheduler.nudging.dispatch import NudgingPlatform
+from scheduler.nudging.publishers import RecordingPublisher
+from scheduler.nudging.rules import load_catalogue
 from scheduler.web.app import SchedulerService
-from tests.conftest import T0, TEST_SECRET
-from tests.helpers import event_row, post_event
+from tests.conftest import T0, TEST_SECRET, bearer
+from tests.helpers import FakeDispatcher, event_body, event_row, post_event, reminder_facts
 
 
 @pytest.mark.clause("OPS-1")
@@ -226,6 +233,91 @@ def test_cli_reads_print_only_their_answer_unless_verbose(database_url: str) -> 
     loud = subprocess.run([sys.executable, "-m", "scheduler", "--verbose", "events", "list"], capture_output=True,
                           text=True, env=env, timeout=120, check=True)
     assert "alembic" in loud.stderr and loud.stdout == "no scheduled events\n"
+
+
+NON_ASCII = "été 漢字 🎉"
+# Only these may reach the terminal raw; a line's own end is the one control character printed.
+RAW = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
+
+
+def hostile(label: str) -> str:
+    """Text a sender or an operator could write: ESC sequences (clear the screen, red), a
+    carriage return and newline forging a line, a right-to-left override, a C1 CSI, BEL, tab,
+    DEL and a line separator, around ordinary non-ASCII text."""
+    return f"{label}-{NON_ASCII} \x1b[2J\x1b[31mred\x1b[0m\r\nFORGED {label}\u202eevil\x9b\x07\t\x7f\u2028end"
+
+
+def visible(label: str) -> str:
+    """``hostile(label)`` as the terminal must show it (written out, not computed by the code under test)."""
+    return (f"{label}-{NON_ASCII} \\x1b[2J\\x1b[31mred\\x1b[0m\\r\\nFORGED {label}"
+            "\\u202eevil\\x9b\\x07\\t\\x7f\\u2028end")
+
+
+def raw_controls(out: str) -> list[str]:
+    return [f"U+{ord(c):04X}" for c in out if c != "\n" and unicodedata.category(c) in RAW]
+
+
+@pytest.mark.clause("OPS-25")
+def test_cli_text_outputs_show_hostile_stored_text_as_visible_escapes_and_non_ascii_as_is(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], settings: Settings, engine: Engine,
+    clock: ManualClock, database_url: str,
+) -> None:
+    """OPS-25: rows stored through the API with hostile text in every field a sender writes, a
+    dispatch failure quoting it, a reset by an operator naming it, a rewrite by a token whose
+    subject carries it: ``events list``, ``show`` and ``history`` print no raw control, format or
+    line-separator character and no forged line; the escapes are visible and the non-ASCII text
+    is unchanged; ``--json`` still gives the text exactly as stored."""
+    dispatcher = FakeDispatcher(NudgingPlatform(load_catalogue(None)),
+                                fail_for={hostile("bob"): RuntimeError(hostile("error"))})
+    service = SchedulerService(settings, engine=engine, clock=clock, publisher=RecordingPublisher(),
+                               dispatcher=dispatcher, run_scheduler=False)
+    with TestClient(service.app) as client:
+        anna = post_event(client, user_id=hostile("anna"), event_type=hostile("type"), external_key=hostile("key"),
+                          community_id=hostile("community"),
+                          facts=reminder_facts(commitment=hostile("title"), note=hostile("facts")))
+        bob = post_event(client, user_id=hostile("bob"))
+        service.scheduler.poll_once()
+        monkeypatch.setenv("DATABASE_URL", database_url)
+
+        def run(*words: str) -> str:
+            assert main(list(words)) == 0, words
+            captured = capsys.readouterr()
+            assert raw_controls(captured.out) == [], (words, captured.out)
+            assert raw_controls(captured.err) == [], (words, captured.err)
+            return captured.out
+
+        listed = run("events", "list")
+        assert len(listed.splitlines()) == 2 and {line.split()[0] for line in listed.splitlines()} == {anna["id"], bob["id"]}
+        assert f"user={visible('anna')}" in listed and f"user={visible('bob')}" in listed
+        assert visible("error") in listed  # bob's last_error
+        as_json = json.loads(run("events", "list", "--json"))
+        assert {r["user_id"] for r in as_json} == {hostile("anna"), hostile("bob")}
+
+        assert main(["events", "reset", bob["id"], "--actor", hostile("actor"), "--reason", hostile("reason")]) == 0
+        capsys.readouterr()
+        moved = client.post("/admin/scheduled-events", headers=bearer("nudging.ingest", subject=hostile("sender")),
+                            json=event_body(user_id=hostile("anna"), event_type=hostile("type"),
+                                            external_key=hostile("key"), community_id=hostile("moved"),
+                                            trigger_at=T0 + timedelta(hours=1),
+                                            facts=reminder_facts(commitment=hostile("title"), note=hostile("facts"))))
+        assert moved.status_code == 201, moved.text
+
+        shown_anna = run("events", "show", anna["id"])
+        for field in ("anna", "type", "key", "moved", "title"):
+            assert visible(field) in shown_anna, field
+        assert NON_ASCII in shown_anna.split("facts:", 1)[1]  # the facts block, ensure_ascii=False
+        shown_bob = run("events", "show", bob["id"])
+        assert f"by {visible('actor')} (cli)  reason: {visible('reason')}" in shown_bob
+        history_anna = run("events", "history", anna["id"])
+        assert f"by {visible('sender')}" in history_anna and "community_id: " in history_anna
+        history_bob = run("events", "history", bob["id"])
+        assert f"by {visible('actor')}" in history_bob
+        for out in (listed, shown_anna, shown_bob, history_anna, history_bob):
+            assert NON_ASCII in out
+            assert not [line for line in out.splitlines() if line.startswith("FORGED")], out
+        assert [line.split()[1] for line in history_bob.splitlines()] == ["stored", "failed", "reset"]
+        assert json.loads(run("events", "show", anna["id"], "--json"))["notifications"][0]["title"].endswith(
+            hostile("title"))
 
 
 @pytest.mark.clause("OPS-8")

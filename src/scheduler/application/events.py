@@ -25,6 +25,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from scheduler.core.store import event_to_json
 from scheduler.database.queries import statement
+from scheduler.digits import digits_value
 from scheduler.types import EventStatus
 
 MAX_TEXT = 200
@@ -155,9 +156,10 @@ class EventQuery:
             raise QueryError("status", f"unknown status {status!r}; expected one of {expected}")
         raw_limit = text["limit"]
         if raw_limit is not None:
-            if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= MAX_LIMIT:
-                raise QueryError("limit", f"must be a whole number from 1 to {MAX_LIMIT}")
-            limit = int(raw_limit)
+            parsed = digits_value(raw_limit, len(str(MAX_LIMIT)))
+            if parsed is None or not 1 <= parsed <= MAX_LIMIT:
+                raise QueryError("limit", f"must be a whole number from 1 to {MAX_LIMIT} (ASCII digits only)")
+            limit = parsed
         query = cls(
             status=EventStatus(status) if status else None, event_type=text["event_type"],
             user_id=text["user_id"], external_key=text["external_key"], community_id=text["community_id"],

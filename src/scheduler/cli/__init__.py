@@ -25,18 +25,21 @@ from scheduler.cli.events import (
     cmd_rules_list,
 )
 from scheduler.cli.serve import cmd_migrate, cmd_serve, cmd_token
+from scheduler.cli.terminal import terminal_safe
 from scheduler.config import ConfigError, Settings, log_format_of
+from scheduler.digits import digits_value
 from scheduler.observability.logs import configure_logging
 
 Command = Callable[[argparse.Namespace, Settings], int]
 
 
 def _positive_int(raw: str) -> int:
-    """An argparse type: a whole number of at least 1."""
-    try:
-        value = int(raw)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a whole number, got {raw!r}") from None
+    """An argparse type: a whole number of at least 1, in ASCII digits (as the API reads them)."""
+    value = digits_value(raw, 18)
+    if value is None and raw.startswith("-") and digits_value(raw[1:], 18) is not None:
+        value = -int(raw[1:])  # a negative number: say what the least is
+    if value is None:
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {raw!r}")
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
@@ -143,7 +146,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure_logging(logging.DEBUG if args.verbose else quiet, log_format_of(os.environ))
     # pgserver narrates every pg_ctl call at INFO; keep its warnings only.
     logging.getLogger("pgserver").setLevel(logging.DEBUG if args.verbose else logging.WARNING)
-    return run_command(args)
+    code = run_command(args)
+    if args.command == "serve" and argv is None:
+        _exit_now(code)
+    return code
+
+
+def _exit_now(code: int) -> None:
+    """End a ``serve`` process that has already shut down cleanly, without the interpreter's
+    teardown of every module (0.6 to 1.4 s on a busy two-core machine, more than the rest of
+    the shutdown: a rolling restart waits for it). Everything that matters is done by then:
+    the lifespan stopped the loop, the streams and the listener, the engines are disposed,
+    the embedded PostgreSQL is stopped; the logs and stdio are flushed here. Only for the
+    process's own command line (``argv is None``), never for a caller in the same process."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def run_command(args: argparse.Namespace) -> int:
@@ -152,7 +171,7 @@ def run_command(args: argparse.Namespace) -> int:
         result: int = args.func(args, Settings.from_env())
         return result
     except ConfigError as exc:
-        print(f"configuration error: {exc}", file=sys.stderr)
+        print(terminal_safe(f"configuration error: {exc}"), file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -10,6 +10,7 @@ import sys
 from typing import Any
 
 from scheduler.cli.serve import migrated_engine
+from scheduler.cli.terminal import terminal_safe
 from scheduler.config import Settings
 
 # The query model's fields (scheduler.application.events.EventQuery), as options.
@@ -37,7 +38,7 @@ def _query(args: argparse.Namespace, *, limit: int = 100) -> Any:
     try:
         return EventQuery.from_mapping({k: str(v) for k, v in fields.items() if v}, limit=limit)
     except QueryError as exc:
-        print(str(exc), file=sys.stderr)
+        print(terminal_safe(exc), file=sys.stderr)
         return None
 
 
@@ -52,7 +53,7 @@ def cmd_events_list(args: argparse.Namespace, settings: Settings) -> int:
     try:
         page = list_events(make_sessionmaker(engine), query, EventOrder.CHANGED)
     except QueryError as exc:
-        print(str(exc), file=sys.stderr)
+        print(terminal_safe(exc), file=sys.stderr)
         return 2
     finally:
         engine.dispose()
@@ -66,7 +67,8 @@ def cmd_events_list(args: argparse.Namespace, settings: Settings) -> int:
         print("no scheduled events")
     for row in rows:
         error = f"  last_error={row['last_error']}" if row["last_error"] else ""
-        print(f"{row['id']}  {row['status']:<10} trigger_at={row['trigger_at']}  user={row['user_id']}{error}")
+        line = f"{row['id']}  {row['status']:<10} trigger_at={row['trigger_at']}  user={row['user_id']}{error}"
+        print(terminal_safe(line))  # OPS-25: what senders wrote never drives the terminal
     return 0
 
 
@@ -93,26 +95,30 @@ def cmd_events_show(args: argparse.Namespace, settings: Settings) -> int:
     actions = audit.event_actions(sessions, args.id) if found else []
     engine.dispose()
     if found is None:
-        print(f"no scheduled event with id {args.id}", file=sys.stderr)
+        print(terminal_safe(f"no scheduled event with id {args.id}"), file=sys.stderr)
         return 1
     row = found.as_json()
     if args.json:
         print(json.dumps({**row, "notifications": notifications, "actions": actions}, indent=2))
         return 0
+    # Text: every line through terminal_safe (OPS-25); the JSON above escapes by itself.
     facts = row.pop("facts")
     width = max(len(k) for k in row)
     for key, value in row.items():
-        print(f"{key:<{width}}  {'-' if value is None else value}")
+        print(terminal_safe(f"{key:<{width}}  {'-' if value is None else value}"))
     print("facts:")
-    print("  " + json.dumps(facts, indent=2, sort_keys=True, ensure_ascii=False).replace("\n", "\n  "))
+    # json.dumps escapes C0 controls in strings but, with ensure_ascii=False, not DEL, C1 or
+    # U+202E: each of its lines (split on "\n" only, the one separator it writes) goes through too.
+    dumped = json.dumps(facts, indent=2, sort_keys=True, ensure_ascii=False)
+    print("  " + "\n  ".join(terminal_safe(line) for line in dumped.split("\n")))
     print(f"notifications ({len(notifications)}):")
     for n in notifications:
         reason = f" ({n['reason']})" if n["reason"] else ""
-        print(f"  {n['created_at']}  {n['status']}{reason}  {n['rule_id']}  {n['title']}")
+        print(terminal_safe(f"  {n['created_at']}  {n['status']}{reason}  {n['rule_id']}  {n['title']}"))
     print(f"operator actions ({len(actions)}):")
     for a in actions:
         reason = f"  reason: {a['reason']}" if a["reason"] else ""
-        print(f"  {a['at']}  {a['action']} by {a['actor']} ({a['source']}){reason}")
+        print(terminal_safe(f"  {a['at']}  {a['action']} by {a['actor']} ({a['source']}){reason}"))
     return 0
 
 
@@ -137,11 +143,11 @@ def cmd_events_reset(args: argparse.Namespace, settings: Settings) -> int:
         clock = synced_database_clock(engine, warn_seconds=settings.clock_skew_warn_seconds)  # DEC-10
         if args.id is not None:
             if args.dry_run:
-                print(f"dry run: would reset {args.id}")
+                print(terminal_safe(f"dry run: would reset {args.id}"))
                 return 0
             result = commands.reset(sessions, args.id, now=clock.now(), actor=_cli_actor(args), reason=args.reason)
             if result.event is None:
-                print(f"no scheduled event with id {args.id}", file=sys.stderr)
+                print(terminal_safe(f"no scheduled event with id {args.id}"), file=sys.stderr)
                 return 1
             print(f"{result.event.id} is pending again (trigger_at={result.event.trigger_at.isoformat()})")
             return 0
@@ -177,7 +183,7 @@ def cmd_events_cancel(args: argparse.Namespace, settings: Settings) -> int:
                                  external_key=args.id if args.key else None, actor=_cli_actor(args))
     finally:
         engine.dispose()
-    what = f"key {args.id}" if args.key else f"id {args.id}"
+    what = terminal_safe(f"key {args.id}" if args.key else f"id {args.id}")
     if result.event is None:
         print(f"no scheduled event with {what}", file=sys.stderr)
         return 1
@@ -200,7 +206,7 @@ def cmd_events_history(args: argparse.Namespace, settings: Settings) -> int:
     finally:
         engine.dispose()
     if entries is None:
-        print(f"no scheduled event with id {args.id}", file=sys.stderr)
+        print(terminal_safe(f"no scheduled event with id {args.id}"), file=sys.stderr)
         return 1
     if args.json:
         print(json.dumps(entries, indent=2))
@@ -210,7 +216,7 @@ def cmd_events_history(args: argparse.Namespace, settings: Settings) -> int:
         changed = "  ".join(
             f"{column}: {_short(before)} -> {_short(after)}" for column, (before, after) in entry["changes"].items()
         )
-        print(f"{entry['at']}  {entry['change']:<10} {entry['status']:<10}{by}  {changed}".rstrip())
+        print(terminal_safe(f"{entry['at']}  {entry['change']:<10} {entry['status']:<10}{by}  {changed}").rstrip())
     return 0
 
 
@@ -229,5 +235,5 @@ def cmd_rules_list(args: argparse.Namespace, settings: Settings) -> int:
         return 0
     for s in summaries:
         state = "" if s["enabled"] else "  (disabled)"
-        print(f"{s['id']:<28} {s['frequency']:<8} {s['kind']:<10} {', '.join(s['scenarios'])}{state}")
+        print(terminal_safe(f"{s['id']:<28} {s['frequency']:<8} {s['kind']:<10} {', '.join(s['scenarios'])}{state}"))
     return 0

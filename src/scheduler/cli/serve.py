@@ -68,6 +68,7 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
         server = _announcing_server(
             uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=10, log_config=log_config),
             lambda: _say(settings, announce),
+            on_exit=app.state.service.streams.close_all,
         )
         with _graceful_signals():
             server.run(sockets=[listener])
@@ -109,9 +110,12 @@ def _say(settings: Settings, message: str) -> None:
         print(message, file=sys.stderr, flush=True)
 
 
-def _announcing_server(config: Any, announce: Callable[[], None]) -> Any:
+def _announcing_server(config: Any, announce: Callable[[], None],
+                       on_exit: Callable[[], object] | None = None) -> Any:
     """uvicorn's server, saying ``announce`` only once the socket is served and the lifespan
-    (the polling loop) has started. (uvicorn is imported here: only ``serve`` needs it.)"""
+    (the polling loop) has started, and calling ``on_exit`` as soon as a signal asks it to
+    stop: open streams end then, rather than hold the shutdown for its whole timeout.
+    (uvicorn is imported here: only ``serve`` needs it.)"""
     import uvicorn
 
     class AnnouncingServer(uvicorn.Server):
@@ -119,6 +123,11 @@ def _announcing_server(config: Any, announce: Callable[[], None]) -> Any:
             await super().startup(sockets=sockets)
             if not self.should_exit:
                 announce()
+
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            super().handle_exit(sig, frame)
+            if on_exit is not None:
+                on_exit()
 
     return AnnouncingServer(config)
 

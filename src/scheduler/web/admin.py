@@ -26,9 +26,13 @@ from scheduler.operations.metrics import CONTENT_TYPE, Metrics
 from scheduler.types import Clock
 from scheduler.web.auth import TokenVerifier, require
 from scheduler.web.console import Console
-from scheduler.web.http import Unprocessable, respond
+from scheduler.web.http import respond
+from scheduler.web.params import Param, declares, query
 from scheduler.web.schemas import OperatorActionOut, ReplicaOut
 from scheduler.web.sessions import SessionStore, session_routes
+from scheduler.web.sse import Streams
+
+MAX_ACTION_ID = 2**63 - 1  # operator_actions.id is a bigint
 
 
 class Operations:
@@ -36,7 +40,7 @@ class Operations:
 
     def __init__(self, settings: Settings, sessions: sessionmaker[Session], clock: Clock,
                  scheduler: Scheduler, verifier: TokenVerifier, session_store: SessionStore,
-                 loop_alive: Callable[[], bool]) -> None:
+                 loop_alive: Callable[[], bool], streams: Streams | None = None) -> None:
         self.settings = settings
         self.sessions = sessions
         self.clock = clock
@@ -46,7 +50,7 @@ class Operations:
         # The signed-in browsers (console and inbox page): ended and listed by /admin/sessions.
         self.session_store = session_store
         self.console = Console(sessions, clock, verifier, self.session_store,
-                               refresh_seconds=settings.console_refresh_seconds)
+                               refresh_seconds=settings.console_refresh_seconds, streams=streams)
         scheduler.poll_hooks.extend([self.heartbeat, self.metrics])
 
     def routes(self) -> list[BaseRoute]:
@@ -59,23 +63,26 @@ class Operations:
             *[_hidden(r) for r in self.console.routes],
         ]
 
+    @declares()
     async def metrics_endpoint(self, request: Request) -> Response:
         """Prometheus text format; gauges that need a query are computed here (cached)."""
         body = await run_in_threadpool(self.metrics.exposition)
         return Response(body, media_type=CONTENT_TYPE)
 
     @require("admin")
+    @declares()
     async def replicas(self, request: Request) -> Response:
         """Every replica's heartbeat, with ``stale`` (silent three poll intervals) and ``state``."""
         rows = await run_in_threadpool(list_replicas, self.sessions, self.clock.now())
         return respond([ReplicaOut.model_validate(row) for row in rows])
 
     @require("admin")
+    @declares(limit=Param.integer(1, 1000, default=100, description="at most this many actions"),
+              before_id=Param.integer(1, MAX_ACTION_ID, description="the previous page's last id"))
     async def audit_trail(self, request: Request) -> Response:
         """Operator actions, newest first (``limit``, and ``before_id`` for the next page)."""
-        limit = _int_param(request, "limit", 100, 1, 1000)
-        before = request.query_params.get("before_id")
-        before_id = _int_param(request, "before_id", 0, 1, 2**62) if before else None
+        q = query(request)
+        limit, before_id = q["limit"], q["before_id"]
         rows: list[dict[str, Any]] = await run_in_threadpool(
             lambda: audit.list_actions(self.sessions, limit=limit, before_id=before_id))
         return respond([OperatorActionOut.model_validate(row) for row in rows])
@@ -85,12 +92,3 @@ def _hidden(route: Route) -> Route:
     """Console pages are HTML for people, not API operations: left out of /openapi.json."""
     route.include_in_schema = False
     return route
-
-
-def _int_param(request: Request, name: str, default: int, low: int, high: int) -> int:
-    raw = request.query_params.get(name)
-    if raw is None:
-        return default
-    if not raw.isdigit() or not low <= int(raw) <= high:
-        raise Unprocessable.field(name, f"must be a whole number from {low} to {high}")
-    return int(raw)

@@ -59,6 +59,7 @@ from scheduler.web.ingest import IngestRoutes
 from scheduler.web.participants import ParticipantRoutes
 from scheduler.web.scheduled_events import EventRoutes
 from scheduler.web.sessions import SessionStore
+from scheduler.web.sse import Streams
 
 logger = logging.getLogger(__name__)
 
@@ -137,16 +138,18 @@ class SchedulerService:
         self.scheduler.poll_hooks.append(self.retention)
         self._task: asyncio.Task[None] | None = None
         self._stop: asyncio.Event | None = None
+        # Every open stream (the inbox's, the console's): ended at once when the server stops.
+        self.streams = Streams()
         # Heartbeats, metrics, the operator API and the console (issue 9).
         # Signed-in browsers (the console's, the inbox page's), in the database: any replica serves them.
         self.web_sessions = SessionStore(self.sessions, self.clock, max_seconds=self.settings.session_max_seconds,
                                          idle_seconds=self.settings.session_idle_seconds)
         self.operations = Operations(self.settings, self.sessions, self.clock, self.scheduler, self.verifier,
-                                     self.web_sessions, lambda: self.loop_alive)
+                                     self.web_sessions, lambda: self.loop_alive, self.streams)
         # The route modules, each with what it uses and nothing else.
         self.health = HealthRoutes(scheduler=self.scheduler, clock=self.clock, listener=listener,
                                    settings=self.settings, loop_alive=lambda: self.loop_alive,
-                                   mounted=lambda: self.app.routes)
+                                   mounted=lambda: self.app.routes, run_scheduler=lambda: self.run_scheduler)
         # Observability (issue 17): spans for requests, statements, polls and dispatches when
         # OTEL_TRACES_EXPORTER asks (or ``observer`` traces); log context either way.
         self.observer = observer if observer is not None else observer_from_env()
@@ -218,7 +221,7 @@ class SchedulerService:
             *self.events.routes(),
             *self.participants.routes(),
             *inbox_routes(sessions=self.sessions, inbox=self.inbox, store=self.web_sessions, verifier=self.verifier,
-                          max_body_bytes=self.settings.max_body_bytes),
+                          max_body_bytes=self.settings.max_body_bytes, streams=self.streams),
             *self.operations.routes(),
         ]
 
@@ -249,6 +252,7 @@ class SchedulerService:
         self.scheduler.announce(trigger_at)
 
     async def start(self) -> None:
+        self.streams.reopen()
         if isinstance(self.clock, DatabaseClock) and self._clock_task is None:
             # The first reading before the loop's first claim; then every few seconds.
             await self._sync_clock(self.clock, CapacityLimiter(1))
@@ -281,6 +285,7 @@ class SchedulerService:
     async def stop(self) -> None:
         """Set the loop's stop event and wait for the loop to return (it is never cancelled);
         then stop the listener and dispose of the engines this service created."""
+        self.streams.close_all()  # any stream still open ends now (``serve`` ended them earlier)
         if self._clock_task is not None:
             self._clock_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -11,21 +11,24 @@ and style, so even a bug in escaping could not run injected script.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import secrets
 import time
+from collections.abc import AsyncIterator
 from datetime import datetime
 from importlib.resources import files
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlencode, urlsplit
 
+import anyio
 import jwt
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
+from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 from scheduler.application import audit, commands, events
@@ -46,7 +49,11 @@ from scheduler.web.console_auth import (
     verify_admin,
 )
 from scheduler.web.console_cancel import cancel_routes
+from scheduler.web.http import path_param
+from scheduler.web.params import Endpoint, Param, Unprocessable, declares, query, whole_number
+from scheduler.web.scheduled_events import CURSOR, EVENT_FILTER, event_query
 from scheduler.web.sessions import SessionStore
+from scheduler.web.sse import Streams, wait_or_close
 
 PACKAGE = Path(str(files("scheduler.web")))
 STATIC = PACKAGE / "static"
@@ -66,8 +73,10 @@ class Console:
     """The console's routes, bound to the service's database, clock and token verifier."""
 
     def __init__(self, sessions: sessionmaker[Session], clock: Clock, verifier: TokenVerifier, store: SessionStore,
-                 *, refresh_seconds: float = 2.0, stream_seconds: float = 300.0) -> None:
+                 *, refresh_seconds: float = 2.0, stream_seconds: float = 300.0,
+                 streams: Streams | None = None) -> None:
         self.sessions = sessions
+        self.streams = streams or Streams()
         self.clock = clock
         self.verifier = verifier
         self.store = store
@@ -77,7 +86,11 @@ class Console:
                                autoescape=select_autoescape(default=True), auto_reload=False)
         self.env.filters["duration"] = duration
         self.env.filters["when"] = _when
-        guard = console_admin(store)
+        admin = console_admin(store)
+
+        def guard(endpoint: Endpoint) -> Endpoint:
+            return admin(self.refusals_as_page(endpoint))
+
         self.routes = [
             Route("/console", guard(self.overview_page), methods=["GET"]),
             Route("/console/stream", guard(self.stream), methods=["GET"]),
@@ -91,9 +104,9 @@ class Console:
             Route("/console/sessions", guard(self.sessions_page), methods=["GET"]),
             Route("/console/sessions/{session_id}/end", guard(self.end_session), methods=["POST"]),
             Route("/console/sign-out", guard(self.sign_out), methods=["POST"]),
-            Route("/console/sign-in", self.sign_in_page, methods=["GET"]),
-            Route("/console/sign-in", self.sign_in, methods=["POST"]),
-            Route("/console/static/{name}", self.static, methods=["GET"]),
+            Route("/console/sign-in", self.refusals_as_page(self.sign_in_page), methods=["GET"]),
+            Route("/console/sign-in", self.refusals_as_page(self.sign_in), methods=["POST"]),
+            Route("/console/static/{name}", self.refusals_as_page(self.static), methods=["GET"]),
         ]
 
     # -- rendering ---------------------------------------------------------------------
@@ -106,6 +119,19 @@ class Console:
         )
         return HTMLResponse(html, status_code=status, headers=HEADERS)
 
+    def refusals_as_page(self, endpoint: Endpoint) -> Endpoint:
+        """A malformed query parameter or path segment is the 422 error page, naming each field."""
+
+        @functools.wraps(endpoint)
+        async def wrapper(request: Request) -> Response:
+            try:
+                return await endpoint(request)
+            except Unprocessable as exc:
+                return self.page(request, "error.html", {"message": f"malformed request: {exc.detail}"}, 422)
+
+        return wrapper
+
+    @declares()
     async def static(self, request: Request) -> Response:
         name = request.path_params["name"]
         path = STATIC / name
@@ -116,8 +142,9 @@ class Console:
 
     # -- sign in and out ---------------------------------------------------------------
 
+    @declares(next=Param.string("the console page to show after sign-in", max_length=4000))
     async def sign_in_page(self, request: Request) -> Response:
-        return self._sign_in_form(request, request.query_params.get("next", ""), None, 200)
+        return self._sign_in_form(request, query(request)["next"] or "", None, 200)
 
     def _sign_in_form(self, request: Request, next_path: str, error: str | None, status: int) -> Response:
         nonce = secrets.token_urlsafe(24)
@@ -125,6 +152,7 @@ class Console:
         set_signin_nonce(request, page, nonce)
         return page
 
+    @declares()
     async def sign_in(self, request: Request) -> Response:
         form = await request.form()
         if not signin_nonce_ok(request, _field(form, "nonce")):
@@ -148,6 +176,7 @@ class Console:
         set_session_cookie(request, response, session)
         return response
 
+    @declares()
     async def sign_out(self, request: Request) -> Response:
         """Delete the session: its cookie is refused by every replica from now on."""
         form = await request.form()
@@ -163,18 +192,20 @@ class Console:
 
     # -- overview ----------------------------------------------------------------------
 
+    @declares()
     async def overview_page(self, request: Request) -> Response:
         data = await run_in_threadpool(overview, self.sessions, self.clock.now())
         return self.page(request, "overview.html", {"o": data, "refresh_ms": int(self.refresh_seconds * 1000)})
 
+    @declares(once=Param.flag("send one overview and end"))
     async def stream(self, request: Request) -> Response:
         """Server-sent events: the overview every ``refresh_seconds``; ``?once=1`` sends one.
-        A stream ends after ``stream_seconds`` (the browser's EventSource reconnects), or as
-        soon as its session has ended."""
-        once = request.query_params.get("once") == "1"
+        A stream ends after ``stream_seconds`` (the browser's EventSource reconnects), as soon
+        as its session has ended, and at once when the server stops (with a retry hint)."""
+        once = query(request)["once"]
         secret = console_session(request).secret
 
-        async def events() -> Any:
+        async def overviews(closing: anyio.Event) -> AsyncIterator[str]:
             loop = asyncio.get_running_loop()
             deadline = loop.time() + self.stream_seconds
             while True:
@@ -182,37 +213,38 @@ class Console:
                 yield f"event: overview\ndata: {json.dumps(data, default=str)}\n\n"
                 if once or loop.time() >= deadline:
                     return
-                await asyncio.sleep(self.refresh_seconds)
+                if await wait_or_close(closing, self.refresh_seconds):
+                    return  # the server stops: the stream ends with a retry hint
                 if await request.is_disconnected():
                     return
                 # a session signed out or ended elsewhere stops its stream (not counted as use)
                 if not await run_in_threadpool(self.store.is_open, secret, "admin"):
                     return
 
-        return StreamingResponse(events(), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
+        return self.streams.response(overviews, headers={"Cache-Control": "no-store"})
 
     # -- events ------------------------------------------------------------------------
 
+    @declares(**EVENT_FILTER, cursor=CURSOR)
     async def events_page(self, request: Request) -> Response:
+        where = event_query(query(request), limit=PAGE_SIZE)  # pages of PAGE_SIZE
         try:
-            fields = {k: v for k, v in request.query_params.items() if k != "limit"}  # pages of PAGE_SIZE
-            where = events.EventQuery.from_mapping(fields, limit=PAGE_SIZE)
             # Pending rows come next due first, on the pending index (the claim's order);
             # the others newest change first, on the (updated_at, id) indexes.
             page = await run_in_threadpool(events.list_events, self.sessions, where, where.default_order())
         except events.QueryError as exc:
             return self.page(request, "error.html", {"message": str(exc)}, 422)
-        query = where.as_json()
-        next_link = urlencode({**query, "cursor": page.next_cursor.encode()}) if page.next_cursor else None
+        chosen = where.as_json()
+        next_link = urlencode({**chosen, "cursor": page.next_cursor.encode()}) if page.next_cursor else None
         return self.page(request, "events.html", {
-            "rows": page.rows, "f": query, "statuses": [str(s) for s in EventStatus], "next_link": next_link,
-            "filter_query": urlencode(query), "first_page": where.cursor is None,
+            "rows": page.rows, "f": chosen, "statuses": [str(s) for s in EventStatus], "next_link": next_link,
+            "filter_query": urlencode(chosen), "first_page": where.cursor is None,
             "pending": where.status == EventStatus.PENDING,
         })
 
+    @declares(done=Param.string("the action just done, to confirm it"))
     async def event_page(self, request: Request) -> Response:
-        event_id = request.path_params["event_id"]
+        event_id = path_param(request, "event_id")
         row, notifications, actions = await run_in_threadpool(self._detail, event_id)
         if row is None:
             return self.page(request, "error.html", {"message": "no scheduled event with that id"}, 404)
@@ -220,7 +252,7 @@ class Console:
         facts = json.dumps(row.pop("facts"), indent=2, sort_keys=True, ensure_ascii=False)
         return self.page(request, "event.html", {"row": row, "facts": facts, "notifications": notifications,
                                                  "actions": actions, "changes": changes,
-                                                 "done": request.query_params.get("done")})
+                                                 "done": query(request)["done"]})
 
     def _detail(self, event_id: str) -> tuple[dict[str, Any] | None, list[dict[str, Any]], list[dict[str, Any]]]:
         found = events.get_event(self.sessions, event_id)
@@ -229,12 +261,13 @@ class Console:
         row = {**found.as_json(), "facts": found.facts}
         return row, audit.event_notifications(self.sessions, event_id), audit.event_actions(self.sessions, event_id)
 
+    @declares()
     async def reset(self, request: Request) -> Response:
         form = await request.form()
         session = console_session(request)
         if not csrf_ok(session, _field(form, CSRF_FIELD)):
             return self.csrf_refused(request)
-        event_id = request.path_params["event_id"]
+        event_id = path_param(request, "event_id")
         actor = commands.Actor(session.subject, "console")
         result = await run_in_threadpool(lambda: commands.reset(
             self.sessions, event_id, now=self.clock.now(), actor=actor, reason=_field(form, "reason")))
@@ -244,11 +277,9 @@ class Console:
 
     # -- bulk reset --------------------------------------------------------------------
 
+    @declares(**EVENT_FILTER)
     async def bulk_page(self, request: Request) -> Response:
-        try:
-            where = events.EventQuery.from_mapping(request.query_params)
-        except events.QueryError as exc:
-            return self.page(request, "error.html", {"message": str(exc)}, 422)
+        where = event_query(query(request))
         as_of = self.clock.now()
         count = await run_in_threadpool(commands.count_matching, self.sessions, where, commands.RESETTABLE)
         return self.page(request, "bulk_reset.html", {
@@ -256,6 +287,7 @@ class Console:
             "filter_query": urlencode(where.as_json()), "error": None, "reason": "",
         })
 
+    @declares()
     async def bulk_reset(self, request: Request) -> Response:
         form = await request.form()
         session = console_session(request)
@@ -265,8 +297,8 @@ class Console:
         try:
             where = events.EventQuery.from_mapping(fields)
             as_of = events.parse_time("as_of", fields.get("as_of"))
-            expected = int(fields.get("expected", ""))
-        except (events.QueryError, ValueError) as exc:
+            expected = whole_number("expected", fields.get("expected", ""), low=0, high=2**63 - 1)
+        except (events.QueryError, Unprocessable) as exc:
             return self.page(request, "error.html", {"message": f"bad bulk reset form: {exc}"}, 422)
         reason = fields.get("reason", "").strip()[:commands.MAX_REASON]
         if as_of is None or not reason:
@@ -284,9 +316,9 @@ class Console:
 
     # -- audit -------------------------------------------------------------------------
 
+    @declares(before_id=Param.integer(1, 2**63 - 1, description="the previous page's last id"))
     async def audit_page(self, request: Request) -> Response:
-        raw = request.query_params.get("before_id")
-        before_id = int(raw) if raw and raw.isdigit() else None
+        before_id = query(request)["before_id"]
         rows = await run_in_threadpool(lambda: audit.list_actions(self.sessions, limit=PAGE_SIZE + 1, before_id=before_id))
         more = len(rows) > PAGE_SIZE
         rows = rows[:PAGE_SIZE]
@@ -294,19 +326,21 @@ class Console:
 
     # -- sessions ----------------------------------------------------------------------
 
+    @declares(done=Param.string("the action just done, to confirm it"))
     async def sessions_page(self, request: Request) -> Response:
         """The open sessions of the console and the inbox, each with a button that ends it."""
         rows = await run_in_threadpool(self.store.list_open)
         return self.page(request, "sessions.html", {"rows": rows, "mine": console_session(request).id,
-                                                    "done": request.query_params.get("done")})
+                                                    "done": query(request)["done"]})
 
+    @declares()
     async def end_session(self, request: Request) -> Response:
         form = await request.form()
         session = console_session(request)
         if not csrf_ok(session, _field(form, CSRF_FIELD)):
             return self.csrf_refused(request)
         ended = await run_in_threadpool(lambda: self.store.end(
-            str(request.path_params["session_id"]), actor=session.subject, source="console"))
+            path_param(request, "session_id"), actor=session.subject, source="console"))
         if ended is None:
             return self.page(request, "error.html", {"message": "no open session with that id"}, 404)
         if ended["id"] == session.id:  # the operator ended their own session: signed out

@@ -113,6 +113,14 @@ def console_admin(store: SessionStore) -> ConsoleGuard:
             secret = request.cookies.get(COOKIE)
             session = await run_in_threadpool(store.resolve, secret, "admin") if secret else None
             if session is None:
+                if "text/event-stream" in request.headers.get("accept", ""):
+                    # An EventSource (the overview's live stream reconnecting after a sign-out)
+                    # is told to stop (204), not sent to the sign-in page: rendering that page
+                    # would replace the sign-in nonce of a form open in another tab.
+                    response = Response(status_code=204)
+                    if secret:
+                        clear_session_cookie(request, response)
+                    return response
                 target = base_path(request) + "/console/sign-in"
                 if request.method == "GET":
                     target += "?next=" + quote(request.url.path + (f"?{request.url.query}" if request.url.query else ""), safe="")

@@ -22,6 +22,9 @@ from starlette.routing import Route
 from scheduler.application import commands, events
 from scheduler.types import Clock
 from scheduler.web.console_auth import CSRF_FIELD, ConsoleGuard, base_path, console_session, csrf_ok
+from scheduler.web.http import path_param
+from scheduler.web.params import Unprocessable, declares, query, whole_number
+from scheduler.web.scheduled_events import EVENT_FILTER, event_query
 
 
 class ConsolePages(Protocol):
@@ -39,13 +42,14 @@ class ConsolePages(Protocol):
 def cancel_routes(console: ConsolePages, guard: ConsoleGuard) -> list[Route]:
     """``POST /console/events/{id}/cancel`` and ``GET``/``POST /console/bulk-cancel``."""
 
+    @declares()
     async def cancel_one(request: Request) -> Response:
         """Cancel the row of this page (a reason is required); 409 once it was dispatched."""
         form = await request.form()
         session = console_session(request)
         if not csrf_ok(session, _text(form.get(CSRF_FIELD))):
             return console.csrf_refused(request)
-        event_id = str(request.path_params["event_id"])
+        event_id = path_param(request, "event_id")
         reason = _text(form.get("reason")).strip()
         if not reason:
             return console.page(request, "error.html", {"message": "a cancel needs a reason"}, 422)
@@ -60,12 +64,10 @@ def cancel_routes(console: ConsolePages, guard: ConsoleGuard) -> list[Route]:
         outcome = "cancelled" if done.outcome == "cancelled" else "already-cancelled"
         return RedirectResponse(f"{base_path(request)}/console/events/{event_id}?done={outcome}", status_code=303)
 
+    @declares(**EVENT_FILTER)
     async def bulk_page(request: Request) -> Response:
         """The dry run: how many pending or failed rows match the filter, and the form to cancel them."""
-        try:
-            where = events.EventQuery.from_mapping(request.query_params)
-        except events.QueryError as exc:
-            return console.page(request, "error.html", {"message": str(exc)}, 422)
+        where = event_query(query(request))
         as_of = console.clock.now()
         count = await run_in_threadpool(commands.count_matching, console.sessions, where, commands.CANCELLABLE)
         return console.page(request, "bulk_cancel.html", {
@@ -73,6 +75,7 @@ def cancel_routes(console: ConsolePages, guard: ConsoleGuard) -> list[Route]:
             "filter_query": urlencode(where.as_json()), "error": None, "reason": "",
         })
 
+    @declares()
     async def bulk_cancel(request: Request) -> Response:
         """Cancel what the dry run counted (rows changed since are left alone), with a reason."""
         form = await request.form()
@@ -83,8 +86,8 @@ def cancel_routes(console: ConsolePages, guard: ConsoleGuard) -> list[Route]:
         try:
             where = events.EventQuery.from_mapping(fields)
             as_of = events.parse_time("as_of", fields.get("as_of"))
-            expected = int(fields.get("expected", ""))
-        except (events.QueryError, ValueError) as exc:
+            expected = whole_number("expected", fields.get("expected", ""), low=0, high=2**63 - 1)
+        except (events.QueryError, Unprocessable) as exc:
             return console.page(request, "error.html", {"message": f"bad bulk cancel form: {exc}"}, 422)
         reason = fields.get("reason", "").strip()[:commands.MAX_REASON]
         if as_of is None or not reason:

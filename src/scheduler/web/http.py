@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from enum import StrEnum
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -12,7 +11,11 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from scheduler.web.schemas import MAX_STRING, ValidationErrorOut, check_text
+from scheduler.digits import digits_value
+from scheduler.web.params import (
+    Unprocessable as Unprocessable,  # re-exported: the 422 every module raises
+)
+from scheduler.web.params import text_param
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
@@ -25,24 +28,6 @@ class HTTPRefusal(Exception):
         super().__init__(detail)
         self.status_code = status_code
         self.detail = detail
-
-
-class Unprocessable(Exception):
-    """A 422 that names each offending field: ``{"detail": message, "errors": [{field, message}]}``."""
-
-    def __init__(self, errors: list[dict[str, str]], detail: str | None = None) -> None:
-        if not errors:
-            raise ValueError("an Unprocessable names at least one field")
-        self.errors = errors
-        self.detail = detail or "; ".join(f"{e['field']}: {e['message']}" for e in errors)
-        super().__init__(self.detail)
-
-    @classmethod
-    def field(cls, name: str, message: str, detail: str | None = None) -> Unprocessable:
-        return cls([{"field": name, "message": message}], detail)
-
-    def body(self) -> ValidationErrorOut:
-        return ValidationErrorOut.model_validate({"detail": self.detail, "errors": self.errors})
 
 
 class BodyTooLarge(HTTPException):
@@ -61,8 +46,12 @@ def respond(model: BaseModel | Sequence[BaseModel], status_code: int = 200) -> J
 async def read_json(request: Request, limit: int) -> Any:
     """The body as JSON, refusing more than ``limit`` bytes before reading them all."""
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise BodyTooLarge(limit)
+    if declared is not None:
+        size_declared = digits_value(declared.strip(), 19)
+        if size_declared is None:
+            raise HTTPException(400, "malformed Content-Length header: expected ASCII digits")
+        if size_declared > limit:
+            raise BodyTooLarge(limit)
     chunks: list[bytes] = []
     size = 0
     async for chunk in request.stream():
@@ -106,46 +95,8 @@ def parse_body(model: type[ModelT], payload: Any) -> ModelT:
         raise Unprocessable(errors, f"invalid body: {summary}") from exc
 
 
-def text_param(name: str, value: str | None) -> str | None:
-    """A path or query parameter the database can compare: bounded, no NUL, valid Unicode."""
-    if value is None:
-        return None
-    if len(value) > MAX_STRING:
-        raise Unprocessable.field(name, f"at most {MAX_STRING} characters")
-    try:
-        check_text(value)
-    except ValueError as exc:
-        raise Unprocessable.field(name, str(exc)) from None
-    return value
-
-
 def path_param(request: Request, name: str) -> str:
     """A path parameter, bounded and storable (see ``text_param``)."""
     value = str(request.path_params[name])
     text_param(name, value)
     return value
-
-
-def limit_param(request: Request, default: int = 100, high: int = 1000) -> int:
-    """``?limit=``: a whole number from 1 to ``high``, else a 422 naming it."""
-    raw = request.query_params.get("limit")
-    if raw is None:
-        return default
-    if not raw.isdigit() or not 1 <= int(raw) <= high:
-        raise Unprocessable.field("limit", f"must be a whole number from 1 to {high}")
-    return int(raw)
-
-
-StatusT = TypeVar("StatusT", bound=StrEnum)
-
-
-def status_param(request: Request, statuses: type[StatusT]) -> StatusT | None:
-    """The ``status`` query parameter as one of ``statuses``, or a 422 naming them."""
-    raw = request.query_params.get("status") or None
-    if raw is None:
-        return None
-    try:
-        return statuses(raw)
-    except ValueError:
-        expected = ", ".join(statuses)
-        raise Unprocessable.field("status", f"unknown status {raw!r}; expected one of {expected}") from None

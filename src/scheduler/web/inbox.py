@@ -34,19 +34,20 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+import anyio
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
 from scheduler.core.store import _jsonable
 from scheduler.database.queries import statement
 from scheduler.types import OutboundMessage, Publisher
+from scheduler.web.sse import RETRY_MS
 
 logger = logging.getLogger(__name__)
 
 CHANNEL = "scheduler_inbox"
 STREAM_LOCK_KEY = int.from_bytes(hashlib.blake2b(b"nudging-inbox-stream", digest_size=8).digest(), "big", signed=True)
 REPLAY_LIMIT = 500
-
 
 
 class StreamPublisher:
@@ -272,38 +273,50 @@ def _event(row: dict[str, Any]) -> str:
     return f"id: {row['stream_seq']}\nevent: notification\ndata: {data}\n\n"
 
 
-async def sse_stream(inbox: Inbox, user_id: str, after: int,
+async def sse_stream(inbox: Inbox, user_id: str, after: int, closing: anyio.Event | None = None,
                      still_open: Callable[[], Awaitable[bool]] | None = None) -> AsyncIterator[str]:
-    """The stream of one client: what it missed after ``after``, then live rows, heartbeats.
+    """The stream of one client: what it missed after ``after``, then live rows, heartbeats;
+    it returns as soon as ``closing`` is set (the server stops: see scheduler.web.sse).
     ``still_open`` (a stream opened by a session cookie) is asked before each live row and
     heartbeat: the stream of a session that has ended (signed out, ended, expired) stops."""
+    closing = closing or anyio.Event()
     subscriber = await inbox.subscribe(user_id)  # first, so nothing committed from now on is missed
+    closer: asyncio.Future[Any] = asyncio.ensure_future(closing.wait())
+    getter: asyncio.Future[dict[str, Any]] | None = None
     try:
-        yield "retry: 1000\n: connected\n\n"
+        yield f"retry: {RETRY_MS}\n: connected\n\n"
         last = after
-        while True:  # the replay: everything after the client's last id, from the table
+        while not closing.is_set():  # the replay: everything after the client's last id, from the table
             rows = await run_in_threadpool(_replay, inbox.sessions, user_id, last, REPLAY_LIMIT)
             for row in rows:
                 last = int(row["stream_seq"])
                 yield _event(row)
             if len(rows) < REPLAY_LIMIT:
                 break
-        while True:
+        while not closing.is_set():
             if subscriber.dropped and subscriber.queue.empty():
                 return  # too slow: end; the client reconnects with Last-Event-ID
-            try:
-                row = await asyncio.wait_for(subscriber.queue.get(), timeout=inbox.heartbeat_seconds)
-            except TimeoutError:
-                if still_open is not None and not await still_open():
-                    return
-                yield ": heartbeat\n\n"
+            if getter is None:
+                getter = asyncio.ensure_future(subscriber.queue.get())
+            waiting: set[asyncio.Future[Any]] = {getter, closer}
+            done, _ = await asyncio.wait(waiting, timeout=inbox.heartbeat_seconds,
+                                         return_when=asyncio.FIRST_COMPLETED)
+            if getter not in done:
+                if closer not in done:
+                    if still_open is not None and not await still_open():
+                        return
+                    yield ": heartbeat\n\n"
                 continue
+            row, getter = getter.result(), None
             if still_open is not None and not await still_open():
                 return
             if int(row["stream_seq"]) > last:  # the replay may already have sent it
                 last = int(row["stream_seq"])
                 yield _event(row)
     finally:
+        for task in (getter, closer):
+            if task is not None:
+                task.cancel()
         inbox.unsubscribe(subscriber)
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import re
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -21,17 +20,19 @@ from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, Response, StreamingResponse
+from starlette.responses import HTMLResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from scheduler.core.store import _jsonable
 from scheduler.database.queries import statement
 from scheduler.web.auth import PARTICIPANT, Principal, TokenVerifier, require
-from scheduler.web.http import Unprocessable, respond, text_param
+from scheduler.web.http import respond
 from scheduler.web.inbox import Inbox, sse_stream, stream_head
 from scheduler.web.inbox_session import inbox_session_routes, session_check, with_inbox_session
+from scheduler.web.params import Param, declares, query, stream_id
 from scheduler.web.schemas import InboxPageOut
 from scheduler.web.sessions import SessionStore
+from scheduler.web.sse import Streams
 
 PAGE = Path(__file__).parent / "pages" / "inbox.html"
 
@@ -64,7 +65,7 @@ def _whose(request: Request) -> str:
     """The participant whose inbox this is: the token's subject; an admin may name another."""
     user = request.user
     assert isinstance(user, Principal)
-    wanted = text_param("user_id", request.query_params.get("user_id") or None)
+    wanted: str | None = query(request)["user_id"]
     if wanted is None or wanted == user.subject:
         return user.subject
     if "admin" not in request.auth.scopes:
@@ -72,42 +73,23 @@ def _whose(request: Request) -> str:
     return wanted
 
 
-def _cursor(raw: str | None) -> tuple[datetime | None, str | None]:
-    if raw is None:
-        return None, None
-    at, sep, note_id = raw.partition("~")
-    try:
-        parsed = datetime.fromisoformat(at)
-    except ValueError:
-        parsed = None
-    if not sep or parsed is None or parsed.tzinfo is None or not note_id:
-        raise Unprocessable.field("before", "not a cursor from this API (use the previous page's next)")
-    text_param("before", note_id)
-    return parsed, note_id
-
-
-def _seq(name: str, raw: str | None) -> int:
-    if raw is None or raw == "":
-        return -1
-    if not raw.isdigit() or len(raw) > 18:
-        raise Unprocessable.field(name, "must be a stream event id (a whole number)")
-    return int(raw)
+USER_ID = Param.string("another participant's inbox (admin only)")
 
 
 def inbox_routes(*, sessions: sessionmaker[Session], inbox: Inbox, store: SessionStore, verifier: TokenVerifier,
-                 max_body_bytes: int) -> list[BaseRoute]:
+                 max_body_bytes: int, streams: Streams) -> list[BaseRoute]:
     """``/me/notifications``, its stream, the ``/inbox`` page and its session, over
-    ``sessions``, the process's ``inbox`` hub and the web sessions' ``store``."""
+    ``sessions``, the process's ``inbox`` hub, the web sessions' ``store`` and its open
+    ``streams`` (ended at once when the server stops)."""
 
     @require(PARTICIPANT)
+    @declares(user_id=USER_ID, before=Param.cursor("the previous page's next"),
+              limit=Param.integer(1, 200, default=50, description="at most this many notifications"))
     async def my_notifications(request: Request) -> Response:
         """The caller's delivered notifications, newest first, keyset-paginated (?before=)."""
         user_id = _whose(request)
-        before_at, before_id = _cursor(request.query_params.get("before") or None)
-        raw_limit = request.query_params.get("limit") or "50"
-        if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= 200:
-            raise Unprocessable.field("limit", "must be a whole number from 1 to 200")
-        limit = int(raw_limit)
+        before_at, before_id = query(request)["before"] or (None, None)
+        limit = query(request)["limit"]
 
         def read() -> list[dict[str, Any]]:
             with sessions.begin() as session:
@@ -123,24 +105,27 @@ def inbox_routes(*, sessions: sessionmaker[Session], inbox: Inbox, store: Sessio
         return respond(page)
 
     @require(PARTICIPANT)
+    @declares(user_id=USER_ID, after=Param.stream_id("replay what came after this event id (as Last-Event-ID)"))
     async def my_stream(request: Request) -> Response:
         """Server-sent events; ``Last-Event-ID`` (or ``?after=``) replays what was missed."""
+        header = request.headers.get("last-event-id")
+        after = stream_id("Last-Event-ID", header) if header else query(request)["after"]
         user_id = _whose(request)
-        after = _seq("Last-Event-ID", request.headers.get("last-event-id"))
-        if after < 0:
-            after = _seq("after", request.query_params.get("after"))
+        if after is None:
+            after = -1
         head = await run_in_threadpool(stream_head, sessions)
         # no position: from now on; a position past the head (a restored database) would
         # hide every new notification until the numbers caught up: start from the head
         if after < 0 or after > head:
             after = head
-        headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-        return StreamingResponse(sse_stream(inbox, user_id, after, session_check(store, request)),
-                                 media_type="text/event-stream", headers=headers)
+        check = session_check(store, request)
+        return streams.response(lambda closing: sse_stream(inbox, user_id, after, closing, check),
+                                headers={"Cache-Control": "no-cache"})
 
     page_html = PAGE.read_text()
     headers = page_headers(page_html)
 
+    @declares()
     async def page(request: Request) -> Response:
         """The participant's page: it holds no data; the token it is given reads the rest."""
         return HTMLResponse(page_html, headers=headers)

@@ -29,6 +29,7 @@ from starlette.routing import BaseRoute, Route
 from scheduler.web.auth import Endpoint, Principal, TokenVerifier, token_problem
 from scheduler.web.console_auth import base_path
 from scheduler.web.http import parse_body, read_json, respond
+from scheduler.web.params import declares
 from scheduler.web.schemas import InboxSessionOut, InboxSignInIn
 from scheduler.web.sessions import SessionStore, WebSession
 
@@ -96,6 +97,7 @@ def session_check(store: SessionStore, request: Request) -> Callable[[], Awaitab
 def inbox_session_routes(store: SessionStore, verifier: TokenVerifier, max_body_bytes: int) -> list[BaseRoute]:
     """``/inbox/session``: sign in (POST), who am I (GET), sign out (DELETE)."""
 
+    @declares()
     async def sign_in(request: Request) -> Response:
         """Open a participant session for a valid token; the cookie holds only the session's id."""
         media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
@@ -116,6 +118,7 @@ def inbox_session_routes(store: SessionStore, verifier: TokenVerifier, max_body_
                             samesite="strict")
         return response
 
+    @declares()
     async def current(request: Request) -> Response:
         """The open session of this browser (the page's CSRF token after a reload), or 401."""
         session = await run_in_threadpool(store.resolve, request.cookies.get(COOKIE), "participant")
@@ -123,6 +126,7 @@ def inbox_session_routes(store: SessionStore, verifier: TokenVerifier, max_body_
             return _refused(401, "no inbox session: sign in with a token", request)
         return respond(_out(session))
 
+    @declares()
     async def sign_out(request: Request) -> Response:
         """Delete the session (it needs its CSRF token): every replica refuses the cookie from now on."""
         session = await run_in_threadpool(store.resolve, request.cookies.get(COOKIE), "participant")

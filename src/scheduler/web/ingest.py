@@ -32,6 +32,7 @@ from scheduler.types import (
 )
 from scheduler.web.auth import actor_of, require
 from scheduler.web.http import HTTPRefusal, parse_body, read_json, respond
+from scheduler.web.params import declares
 from scheduler.web.schemas import (
     DuplicateOut,
     IngestOut,
@@ -80,6 +81,7 @@ class IngestRoutes:
         ]
 
     @require("ingest")
+    @declares()
     async def create_scheduled_event(self, request: Request) -> Response:
         """Store an event for later (REQ-0063, REQ-0064). Validated now, not when it fires."""
         body = await self._event_body(request, ScheduledEventIn, MISSING_FACTS_SCHEDULED)
@@ -101,6 +103,7 @@ class IngestRoutes:
         return respond(ScheduledEventOut.model_validate(row), 201)
 
     @require("ingest")
+    @declares()
     async def ingest_event(self, request: Request) -> Response:
         """The live path: the same engine and orchestrator a scheduled event goes through."""
         body = await self._event_body(request, LiveEventIn, MISSING_FACTS_LIVE)

@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from enum import StrEnum
 from typing import Any
 
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 from starlette.routing import BaseRoute, Route
 
-from scheduler.types import EventStatus, NotificationStatus
+from scheduler.web.params import STREAM_ID_DIGITS, declared
 from scheduler.web.schemas import (
-    MAX_STRING,
     CancelConflictOut,
     DuplicateOut,
     ErrorOut,
@@ -33,6 +31,7 @@ from scheduler.web.schemas import (
     RuleRefusalOut,
     ScheduledEventIn,
     ScheduledEventOut,
+    SchedulerHealthDetailOut,
     SchedulerHealthOut,
     ValidationErrorOut,
     WebSessionOut,
@@ -42,8 +41,8 @@ MODELS: tuple[type[BaseModel], ...] = (
     ScheduledEventIn, LiveEventIn, PreferencesIn, ScheduledEventOut, NotificationOut,
     IngestOut, DuplicateOut, PreferencesOut, SchedulerHealthOut, HealthOut, ErrorOut,
     ValidationErrorOut, FactsContractErrorOut, RuleRefusalOut, ReplicaOut, OperatorActionOut,
-    HistoryEntryOut, CancelConflictOut, InboxNotificationOut, InboxPageOut, WebSessionOut,
-    InboxSignInIn, InboxSessionOut,
+    HistoryEntryOut, CancelConflictOut, InboxNotificationOut, InboxPageOut, SchedulerHealthDetailOut,
+    WebSessionOut, InboxSignInIn, InboxSessionOut,
 )
 
 
@@ -62,13 +61,6 @@ def _one_of(models: tuple[type[BaseModel], ...], description: str) -> dict[str, 
     schema = {"anyOf": [_ref(m) for m in models]}
     return {"description": description, "content": {"application/json": {"schema": schema}}}
 
-
-def _enum(values: type[StrEnum]) -> dict[str, Any]:
-    return {"type": "string", "enum": [str(v) for v in values]}
-
-
-# Query parameters' schemas, by name (a route may override one with "parameter_schemas").
-QUERY_SCHEMAS: dict[str, dict[str, Any]] = {"limit": {"type": "integer", "minimum": 1, "maximum": 1000}}
 
 # A list paged by keyset: the body stays a plain list; the next page is named in headers.
 PAGE_HEADERS = {
@@ -93,11 +85,19 @@ MISSING_FACTS = "REQ-0063: facts absent, null or empty ({detail: 'Missing facts 
 OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
     ("/health", "get"): {"summary": "Liveness", "responses": {"200": _json(HealthOut, "alive"), **BAD_TOKEN}},
     ("/health/scheduler", "get"): {
-        "summary": "Is the polling loop alive and polling?",
+        "summary": "Is the polling loop healthy, and why (no error text: that is /admin/health/scheduler)",
         "responses": {
-            "200": _json(SchedulerHealthOut, "the loop runs and polled recently"),
-            "503": _json(SchedulerHealthOut, "the loop task exited, its last poll failed (a database outage), or no poll completed in three intervals"),
+            "200": _json(SchedulerHealthOut, "state running: the loop runs and polled recently"),
+            "503": _json(SchedulerHealthOut, "state stopped (the loop task exited or never started), failing (its last poll failed: a database outage) or stale (no poll completed in three intervals); reason says which in words"),
             **BAD_TOKEN,
+        },
+    },
+    ("/admin/health/scheduler", "get"): {
+        "summary": "The loop's health with the last poll's error (permission: admin)",
+        "responses": {
+            **ERRORS,
+            "200": _json(SchedulerHealthDetailOut, "state running"),
+            "503": _json(SchedulerHealthDetailOut, "state stopped, failing or stale; last_error is the last failed poll's error"),
         },
     },
     ("/admin/scheduled-events", "post"): {
@@ -109,16 +109,6 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
     },
     ("/admin/scheduled-events", "get"): {
         "summary": "List scheduled events by the one query model, newest change first, a page at a time (permission: admin)",
-        "parameters": ["status", "event_type", "user_id", "external_key", "community_id", "trigger_from",
-                       "trigger_to", "error_contains", "cursor", "limit"],
-        "parameter_schemas": {
-            "status": _enum(EventStatus),
-            "trigger_from": {"type": "string", "format": "date-time", "description": "trigger_at at or after (with a zone)"},
-            "trigger_to": {"type": "string", "format": "date-time", "description": "trigger_at before (with a zone)"},
-            "error_contains": {"type": "string", "maxLength": MAX_STRING, "description": "in last_error, any case"},
-            "cursor": {"type": "string", "maxLength": 4 * MAX_STRING,
-                       "description": "the X-Next-Cursor of the previous page (same filters)"},
-        },
         "responses": {"200": {**_json(ScheduledEventOut, "rows, newest change first (then by id)", many=True),
                               "headers": PAGE_HEADERS}, **ERRORS},
     },
@@ -150,8 +140,6 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
     },
     ("/admin/notifications", "get"): {
         "summary": "Participants' notifications with status and reason (permission: admin)",
-        "parameters": ["user_id", "status", "limit"],
-        "parameter_schemas": {"status": _enum(NotificationStatus)},
         "responses": {"200": _json(NotificationOut, "notifications, newest first", many=True), **ERRORS},
     },
     ("/admin/participants/{user_id}/preferences", "put"): {
@@ -171,7 +159,6 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
     },
     ("/admin/audit", "get"): {
         "summary": "The operators' audit trail, newest first (permission: admin)",
-        "parameters": ["limit", "before_id"],
         "responses": {"200": _json(OperatorActionOut, "operator actions", many=True), **ERRORS},
     },
 }
@@ -197,12 +184,11 @@ OPERATIONS.update({
     },
     ("/me/notifications", "get"): {
         "summary": "The caller's own delivered notifications, newest first (any valid token; admin may pass user_id)",
-        "parameters": ["user_id", "before", "limit"],
         "responses": {"200": _json(InboxPageOut, "one page, newest first"), **ERRORS},
     },
     ("/me/notifications/stream", "get"): {
         "summary": "Server-sent events: the caller's notifications as they are delivered by any replica",
-        "parameters": ["user_id", "after"],
+        "headers": {"Last-Event-ID": {"type": "integer", "minimum": 0, "maximum": 10**STREAM_ID_DIGITS - 1}},
         "responses": {
             "200": {"description": "text/event-stream: `id:` the stream number, `event: notification`, "
                                    "`data:` an InboxNotificationOut; comment heartbeats. Send Last-Event-ID "
@@ -221,8 +207,6 @@ OPERATIONS.update({
 OPERATIONS.update({
     ("/admin/sessions", "get"): {
         "summary": "The open browser sessions (console and inbox), most recently seen first (permission: admin)",
-        "parameters": ["kind"],
-        "parameter_schemas": {"kind": {"type": "string", "enum": ["admin", "participant"]}},
         "responses": {"200": _json(WebSessionOut, "open sessions", many=True), **ERRORS},
     },
     ("/admin/sessions/{session_id}", "delete"): {
@@ -283,11 +267,16 @@ def openapi_document(routes: Sequence[BaseRoute], root_path: str = "") -> dict[s
                 {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
                 for name in route.param_convertors
             ]
-            schemas = {**QUERY_SCHEMAS, **spec.get("parameter_schemas", {})}
+            # Query parameters from the endpoint's own declaration (scheduler.web.params):
+            # what is validated is what is documented. Any other parameter is a 422.
             params += [
-                {"name": name, "in": "query", "required": False,
-                 "schema": schemas.get(name, {"type": "string", "maxLength": MAX_STRING})}
-                for name in spec.get("parameters", [])
+                {"name": name, "in": "query", "required": False, "schema": param.schema,
+                 **({"description": param.description} if param.description else {})}
+                for name, param in (declared(route.endpoint) or {}).items()
+            ]
+            params += [
+                {"name": name, "in": "header", "required": False, "schema": schema}
+                for name, schema in spec.get("headers", {}).items()
             ]
             if params:
                 operation["parameters"] = params

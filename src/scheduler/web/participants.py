@@ -14,15 +14,8 @@ from starlette.routing import BaseRoute, Route
 from scheduler.core import store
 from scheduler.types import Clock, NotificationStatus
 from scheduler.web.auth import require
-from scheduler.web.http import (
-    limit_param,
-    parse_body,
-    path_param,
-    read_json,
-    respond,
-    status_param,
-    text_param,
-)
+from scheduler.web.http import parse_body, path_param, read_json, respond
+from scheduler.web.params import Param, declares, query
 from scheduler.web.schemas import NotificationOut, PreferencesIn, PreferencesOut
 
 
@@ -41,18 +34,21 @@ class ParticipantRoutes:
         ]
 
     @require("admin")
+    @declares(user_id=Param.string(), status=Param.enum(NotificationStatus),
+              limit=Param.integer(1, 1000, default=100, description="at most this many rows"))
     async def list_notifications(self, request: Request) -> Response:
-        status = status_param(request, NotificationStatus)
+        q = query(request)
         rows = await run_in_threadpool(
             store.list_notifications,
             self.sessions,
-            user_id=text_param("user_id", request.query_params.get("user_id") or None),
-            status=status,
-            limit=limit_param(request),
+            user_id=q["user_id"],
+            status=q["status"],
+            limit=q["limit"],
         )
         return respond([NotificationOut.model_validate(r) for r in rows])
 
     @require("admin")
+    @declares()
     async def set_preferences(self, request: Request) -> Response:
         user_id = path_param(request, "user_id")
         body = parse_body(PreferencesIn, await read_json(request, self.max_body_bytes))

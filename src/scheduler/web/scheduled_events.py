@@ -13,6 +13,7 @@ dispatching the row waits for it: either the batch committed first and the cance
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from functools import partial
 from typing import Any
 from urllib.parse import urlencode
@@ -25,18 +26,38 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from scheduler.application import audit, commands, events
-from scheduler.types import Clock
+from scheduler.types import Clock, EventStatus
 from scheduler.web.auth import actor_of, require
 from scheduler.web.http import Unprocessable, path_param, respond
+from scheduler.web.params import Param, declares, query, query_pairs
 from scheduler.web.schemas import CancelConflictOut, HistoryEntryOut, ScheduledEventOut
 
+# The query model's fields as query parameters (the API list, the console's events page and
+# bulk reset): declared, so parsed strictly and documented, before the query model sees them.
+EVENT_FILTER: dict[str, Param] = {
+    "status": Param.enum(EventStatus),
+    "event_type": Param.string(max_length=events.MAX_TEXT),
+    "user_id": Param.string(max_length=events.MAX_TEXT),
+    "external_key": Param.string(max_length=events.MAX_TEXT),
+    "community_id": Param.string(max_length=events.MAX_TEXT),
+    "trigger_from": Param.time("trigger_at at or after (with a zone)"),
+    "trigger_to": Param.time("trigger_at before (with a zone)"),
+    "error_contains": Param.string("in last_error, any case", max_length=events.MAX_TEXT),
+}
+CURSOR = Param.string("the X-Next-Cursor of the previous page (same filters)", max_length=events.MAX_TEXT * 4)
+LIMIT = Param.integer(1, events.MAX_LIMIT, default=100, description="at most this many rows")
 
-def event_query(values: Any) -> events.EventQuery:
-    """The query model from query parameters; a malformed one is a 422 naming its field."""
+
+def event_query(values: Mapping[str, Any], *, limit: int = 100) -> events.EventQuery:
+    """The query model from the declared parameters' values (``EVENT_FILTER``, and
+    ``cursor`` and ``limit`` where the route declares them); a cursor this service did not
+    give is a 422 naming it."""
     try:
-        return events.EventQuery.from_mapping(values)
+        cursor = events.Cursor.decode(values["cursor"]) if values.get("cursor") else None
     except events.QueryError as exc:
         raise Unprocessable.field(exc.field, exc.problem) from None
+    return events.EventQuery(**{name: values[name] for name in EVENT_FILTER}, cursor=cursor,
+                             limit=values.get("limit") or limit)
 
 
 def _out(record: events.EventRecord) -> ScheduledEventOut:
@@ -62,20 +83,28 @@ class EventRoutes:
         ]
 
     @require("admin")
+    @declares(**EVENT_FILTER, cursor=CURSOR, limit=LIMIT)
     async def list_events(self, request: Request) -> Response:
         """Rows by the one query model, newest change first; the next page's cursor is in
         ``X-Next-Cursor`` and ``Link`` (rel="next"), so the body stays a plain list."""
-        query = event_query(request.query_params)
-        page = await run_in_threadpool(events.list_events, self.sessions, query, events.EventOrder.CHANGED)
+        page = await run_in_threadpool(self._page, event_query(query(request)))
         response = respond([ScheduledEventOut.model_validate(r) for r in page.rows])
         if page.next_cursor is not None:
             token = page.next_cursor.encode()
-            params = [(k, v) for k, v in request.query_params.multi_items() if k != "cursor"] + [("cursor", token)]
+            params = [(k, v) for k, v in query_pairs(request.scope.get("query_string", b""))
+                      if k != "cursor" and v != ""] + [("cursor", token)]
             response.headers["X-Next-Cursor"] = token
             response.headers["Link"] = f'<{request.url.replace(query=urlencode(params))}>; rel="next"'
         return response
 
+    def _page(self, where: events.EventQuery) -> events.EventPage:
+        try:
+            return events.list_events(self.sessions, where, events.EventOrder.CHANGED)
+        except events.QueryError as exc:  # a cursor of another list
+            raise Unprocessable.field(exc.field, exc.problem) from None
+
     @require("admin")
+    @declares()
     async def get_event(self, request: Request) -> Response:
         event_id = path_param(request, "event_id")
         row = await run_in_threadpool(events.get_event, self.sessions, event_id)
@@ -84,6 +113,7 @@ class EventRoutes:
         return respond(_out(row))
 
     @require("admin")
+    @declares()
     async def reset(self, request: Request) -> Response:
         """The reset by hand: the row goes back to pending, cleared (any status, a cancelled
         one too: DEC-12); audited with the token's subject."""
@@ -108,16 +138,19 @@ class EventRoutes:
         return respond(_out(result.event))
 
     @require("ingest")
+    @declares()
     async def cancel_by_id(self, request: Request) -> Response:
         """Cancel a pending or failed row (200 with the row; 409 once dispatched)."""
         return await self._cancel(request, event_id=path_param(request, "event_id"))
 
     @require("ingest")
+    @declares()
     async def cancel_by_key(self, request: Request) -> Response:
         """Cancel the row of an external key, as cancel_by_id does."""
         return await self._cancel(request, external_key=path_param(request, "external_key"))
 
     @require("admin")
+    @declares()
     async def history(self, request: Request) -> Response:
         """Every change of a row, oldest first."""
         event_id = path_param(request, "event_id")

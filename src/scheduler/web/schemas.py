@@ -229,10 +229,14 @@ class ClockOut(_Out):
 
 
 class SchedulerHealthOut(_Out):
+    """``GET /health/scheduler`` (open): is the loop healthy and why, without error text."""
+
+    status: Literal["healthy", "unhealthy"]
+    state: Literal["running", "stale", "failing", "stopped"]
+    reason: str
     running: bool
     started_at: Timestamp | None
     last_poll_at: Timestamp | None
-    last_error: str | None
     last_error_at: Timestamp | None
     polls: int
     dispatched: int
@@ -244,6 +248,12 @@ class SchedulerHealthOut(_Out):
     mode: SchedulerMode
     wakeups: WakeupsOut
     clock: ClockOut
+
+
+class SchedulerHealthDetailOut(SchedulerHealthOut):
+    """``GET /admin/health/scheduler`` (admin): the same, with the last poll's error."""
+
+    last_error: str | None
 
 
 class ReplicaOut(_Out):

@@ -27,6 +27,7 @@ import json
 import secrets
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from enum import StrEnum
 from typing import Any, Literal
 
 from sqlalchemy import RowMapping
@@ -40,11 +41,19 @@ from starlette.routing import BaseRoute, Route
 from scheduler.database.queries import statement
 from scheduler.types import Clock
 from scheduler.web.auth import require
-from scheduler.web.http import Unprocessable, respond, text_param
+from scheduler.web.http import respond
+from scheduler.web.params import Param, declares, query, text_param
 from scheduler.web.schemas import WebSessionOut
 
 SessionKind = Literal["admin", "participant"]
 SESSION_KINDS: tuple[SessionKind, ...] = ("admin", "participant")
+
+
+class KindParam(StrEnum):
+    """``?kind=`` of ``GET /admin/sessions``: the session kinds."""
+
+    ADMIN = "admin"
+    PARTICIPANT = "participant"
 _CSRF_MESSAGE = b"scheduler-session-csrf-v1"
 
 
@@ -169,16 +178,16 @@ def session_routes(store: SessionStore) -> list[BaseRoute]:
     """``GET /admin/sessions`` and ``DELETE /admin/sessions/{id}`` (permission: admin)."""
 
     @require("admin")
+    @declares(kind=Param.enum(KindParam, "only the console's (admin) or the inbox page's (participant) sessions"))
     async def list_sessions(request: Request) -> Response:
         """The open sessions of the console and the inbox, most recently seen first."""
-        raw = request.query_params.get("kind") or None
-        if raw is not None and raw not in SESSION_KINDS:
-            raise Unprocessable.field("kind", f"unknown kind {raw!r}; expected one of {', '.join(SESSION_KINDS)}")
+        raw = query(request)["kind"]
         kind: SessionKind | None = "admin" if raw == "admin" else "participant" if raw == "participant" else None
         rows = await run_in_threadpool(lambda: store.list_open(kind=kind))
         return respond([WebSessionOut.model_validate(r) for r in rows])
 
     @require("admin")
+    @declares()
     async def end_session(request: Request) -> Response:
         """End a session now (audited): its cookie is refused by every replica from the next request."""
         session_id = text_param("session_id", str(request.path_params["session_id"]))

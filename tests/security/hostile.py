@@ -1,0 +1,126 @@
+"""Raw requests for the hostile-input tests: bytes as a stranger sends them, straight to ASGI.
+
+An HTTP client normalises what it sends (it re-encodes a stray ``%``, refuses control
+characters in a header); the app must not rely on that, so these requests skip it: the
+query string and the headers reach the app byte for byte. A request whose answer has not
+finished within ``DEADLINE`` seconds fails (an accepted stream never ends), so a bug fails
+fast rather than hanging the suite.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.routing import Route
+from starlette.types import ASGIApp, Message
+
+from scheduler.web.params import Param, declared
+from tests.conftest import ADMIN, INGEST, PARTICIPANT
+
+DEADLINE = 10.0
+
+
+@dataclass
+class Answer:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+    error: BaseException | None = None
+
+    @property
+    def text(self) -> str:
+        return self.body.decode("utf-8", "replace")
+
+
+@dataclass(frozen=True)
+class Target:
+    """One route and method as the fuzz calls it: a concrete path and the caller's headers."""
+
+    method: str
+    path: str
+    permission: str
+    template: str
+    params: dict[str, Param] = field(hash=False, compare=False)
+
+    @property
+    def label(self) -> str:
+        return f"{self.method} {self.path}"
+
+    @property
+    def is_console(self) -> bool:
+        return self.path.startswith("/console")
+
+    @property
+    def finite(self) -> bytes:
+        """A query that keeps a stream route from streaming for ever: another participant's
+        inbox (403 for a participant), one console overview (``once``); empty elsewhere."""
+        return {"/me/notifications/stream": b"user_id=someone-else", "/console/stream": b"once=1"}.get(self.path, b"")
+
+    def credentials(self, console_session: str) -> list[tuple[bytes, bytes]]:
+        """Headers of a caller the route lets through, so that the parameters are reached.
+
+        The console's pages get the cookie of ``console_session`` (an open admin session's
+        secret); the participant routes get a participant token: a valid ``user_id`` other
+        than its own is then a 403 rather than a stream that never ends."""
+        if self.permission == "console":
+            return [(b"cookie", f"scheduler_console={console_session}".encode())]
+        bearer = {"admin": ADMIN, "ingest": INGEST, "participant": PARTICIPANT}.get(self.permission)
+        return [] if bearer is None else [(b"authorization", bearer["Authorization"].encode())]
+
+
+def targets(routes: list[Any]) -> Iterator[Target]:
+    """Every method of every route, with its declared query parameters."""
+    for route in routes:
+        assert isinstance(route, Route)
+        params = declared(route.endpoint)
+        assert params is not None, f"{route.path} declares no query parameters (use @declares())"
+        for method in sorted((route.methods or set()) - {"HEAD"}):
+            yield Target(method, re.sub(r"\{[^}]+\}", "some-id", route.path),
+                         getattr(route.endpoint, "permission", "open"), route.path_format, dict(params))
+
+
+async def _call(app: ASGIApp, method: str, path: str, query: bytes, headers: list[tuple[bytes, bytes]]) -> Answer:
+    scope: dict[str, Any] = {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method,
+        "scheme": "http", "path": path, "raw_path": path.encode(), "root_path": "", "query_string": query,
+        "headers": [(b"host", b"testserver"), *headers], "client": ("127.0.0.1", 1), "server": ("testserver", 80),
+    }
+    sent = False
+    done = asyncio.Event()
+    answer = Answer(0, {}, b"")
+
+    async def receive() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": b"", "more_body": False}
+        await done.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            answer.status = message["status"]
+            answer.headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in message["headers"]}
+        elif message["type"] == "http.response.body":
+            answer.body += message.get("body", b"")
+            if not message.get("more_body", False):
+                done.set()
+
+    try:
+        await asyncio.wait_for(app(scope, receive, send), timeout=DEADLINE)
+    except TimeoutError:
+        answer.error = TimeoutError(f"{method} {path}?{query!r}: no complete answer within {DEADLINE} s")
+    except Exception as exc:  # noqa: BLE001 - the server error the app raised after (or instead of) its 500
+        answer.error = exc
+        answer.status = answer.status or 500
+    return answer
+
+
+def call(app: ASGIApp, method: str, path: str, query: bytes = b"",
+         headers: list[tuple[bytes, bytes]] | None = None) -> Answer:
+    """One raw request to ``app``, answered within ``DEADLINE`` seconds."""
+    return asyncio.run(_call(app, method, path, query, headers or []))
