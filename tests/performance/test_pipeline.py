@@ -76,3 +76,31 @@ def test_a_pipelined_error_is_sqlalchemys_and_the_transaction_rolls_back_to_its_
     assert session.execute(text("SELECT count(*) FROM pipeline_probe")).scalar_one() == 0
     [rows] = pipeline.send(session, [pipeline.Step(command="SELECT 2 AS two")])
     assert rows == [{"two": 2}]
+
+
+class ListenerFault(RuntimeError):
+    """Raised by a statement listener, as the simulation's injected claim fault is."""
+
+
+@pytest.mark.clause("PERF-6")
+@pytest.mark.timeout(60)
+def test_a_listener_that_raises_mid_pipeline_fails_the_call_and_leaves_the_session_usable(
+    session: Session, engine: Engine
+) -> None:
+    """PERF-6: a ``before_cursor_execute`` listener that raises while statements are being queued
+    (the simulation injects a failing claim so) ends the call with its error, at once: the
+    pipeline still sends what it queued and reads the answers, and the session rolls back."""
+    def fail_on_second(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if "second" in statement:
+            raise ListenerFault("injected")
+
+    event.listen(engine, "before_cursor_execute", fail_on_second)
+    try:
+        with pytest.raises(ListenerFault):
+            pipeline.send(session, [pipeline.Step(command="SELECT 'first' AS a"),
+                                    pipeline.Step(command="SELECT 'second' AS b")])
+    finally:
+        event.remove(engine, "before_cursor_execute", fail_on_second)
+    session.rollback()
+    [rows] = pipeline.send(session, [pipeline.Step(command="SELECT 3 AS three")])
+    assert rows == [{"three": 3}]

@@ -87,18 +87,22 @@ def send(session: Session, steps: Sequence[Step]) -> list[list[dict[str, Any]] |
         with driver.pipeline() as queue:
             _no_flush_after_sync(queue)
             held_back = _hold_back_sends(queue)
-            _begin_in_pipeline(driver, queue)
-            for i, (sql, params) in enumerate(compiled):
-                cursor = driver.cursor(row_factory=dict_row)
-                # as SQLAlchemy does: each listener may rewrite the statement (retval=True)
-                for listener in conn.dispatch.before_cursor_execute:
-                    sql, params = listener(conn, cursor, sql, params, None, False)
-                compiled[i] = (sql, params)
-                current = (sql, params, cursor)
-                cursor.execute(sql, params)
-                cursors.append(cursor)
-            if held_back:
-                del queue._communicate_gen  # psycopg's own again, for the pipeline's end
+            try:
+                _begin_in_pipeline(driver, queue)
+                for i, (sql, params) in enumerate(compiled):
+                    cursor = driver.cursor(row_factory=dict_row)
+                    # as SQLAlchemy does: each listener may rewrite the statement (retval=True)
+                    for listener in conn.dispatch.before_cursor_execute:
+                        sql, params = listener(conn, cursor, sql, params, None, False)
+                    compiled[i] = (sql, params)
+                    current = (sql, params, cursor)
+                    cursor.execute(sql, params)
+                    cursors.append(cursor)
+            finally:
+                if held_back:
+                    # psycopg's own again, whatever happened: the pipeline's end sends what
+                    # is queued and reads every answer (else it would wait for ever)
+                    del queue._communicate_gen
             _send_with_sync(driver, queue)
         for step, cursor, (sql, params) in zip(everything, cursors, compiled, strict=True):
             current = (sql, params, cursor)
