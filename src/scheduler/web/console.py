@@ -48,9 +48,10 @@ from scheduler.web.console_auth import (
     signin_nonce_ok,
     verify_admin,
 )
+from scheduler.web.console_bulk import bulk_action
 from scheduler.web.console_cancel import cancel_routes
 from scheduler.web.http import path_param
-from scheduler.web.params import Endpoint, Param, Unprocessable, declares, query, whole_number
+from scheduler.web.params import Endpoint, Param, Unprocessable, declares, query
 from scheduler.web.scheduled_events import CURSOR, EVENT_FILTER, event_query
 from scheduler.web.sessions import SessionStore
 from scheduler.web.sse import Streams, wait_or_close
@@ -289,30 +290,9 @@ class Console:
 
     @declares()
     async def bulk_reset(self, request: Request) -> Response:
-        form = await request.form()
-        session = console_session(request)
-        if not csrf_ok(session, _field(form, CSRF_FIELD)):
-            return self.csrf_refused(request)
-        fields = {k: str(v) for k, v in form.items() if k in events.FILTER_FIELDS or k in ("as_of", "expected", "reason")}
-        try:
-            where = events.EventQuery.from_mapping(fields)
-            as_of = events.parse_time("as_of", fields.get("as_of"))
-            expected = whole_number("expected", fields.get("expected", ""), low=0, high=2**63 - 1)
-        except (events.QueryError, Unprocessable) as exc:
-            return self.page(request, "error.html", {"message": f"bad bulk reset form: {exc}"}, 422)
-        reason = fields.get("reason", "").strip()[:commands.MAX_REASON]
-        if as_of is None or not reason:
-            return self.page(request, "bulk_reset.html", {
-                "f": where.as_json(), "count": expected, "cap": commands.BULK_CAP,
-                "as_of": fields.get("as_of", ""), "filter_query": urlencode(where.as_json()),
-                "error": "a bulk reset needs a reason", "reason": reason,
-            }, 422)
-        actor = commands.Actor(session.subject, "console")
-        result = await run_in_threadpool(
-            lambda: commands.bulk_reset(self.sessions, where, now=self.clock.now(), as_of=as_of, expected=expected,
-                                        actor=actor, reason=reason))
-        return self.page(request, "bulk_done.html", {"result": result, "expected": expected,
-                                                     "filter_query": urlencode(where.as_json())})
+        """Reset what the dry run counted (rows changed since are left alone), with a reason."""
+        return await bulk_action(self, request, noun="reset", form_template="bulk_reset.html",
+                                 done_template="bulk_done.html", command=commands.bulk_reset)
 
     # -- audit -------------------------------------------------------------------------
 

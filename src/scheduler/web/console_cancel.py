@@ -10,33 +10,19 @@ record every action in the audit trail.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
 from urllib.parse import urlencode
 
-from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
-from scheduler.application import commands, events
-from scheduler.types import Clock
+from scheduler.application import commands
 from scheduler.web.console_auth import CSRF_FIELD, ConsoleGuard, base_path, console_session, csrf_ok
+from scheduler.web.console_bulk import ConsolePages, bulk_action
 from scheduler.web.http import path_param
-from scheduler.web.params import Unprocessable, declares, query, whole_number
+from scheduler.web.params import declares, query
 from scheduler.web.scheduled_events import EVENT_FILTER, event_query
-
-
-class ConsolePages(Protocol):
-    """What the cancel routes use of the console (``scheduler.web.console.Console``), which
-    mounts them: so this module does not import it back."""
-
-    sessions: sessionmaker[Session]
-    clock: Clock
-
-    def page(self, request: Request, template: str, context: dict[str, Any], status: int = 200) -> HTMLResponse: ...
-
-    def csrf_refused(self, request: Request) -> Response: ...
 
 
 def cancel_routes(console: ConsolePages, guard: ConsoleGuard) -> list[Route]:
@@ -78,30 +64,8 @@ def cancel_routes(console: ConsolePages, guard: ConsoleGuard) -> list[Route]:
     @declares()
     async def bulk_cancel(request: Request) -> Response:
         """Cancel what the dry run counted (rows changed since are left alone), with a reason."""
-        form = await request.form()
-        session = console_session(request)
-        if not csrf_ok(session, _text(form.get(CSRF_FIELD))):
-            return console.csrf_refused(request)
-        fields = {k: str(v) for k, v in form.items() if k in events.FILTER_FIELDS or k in ("as_of", "expected", "reason")}
-        try:
-            where = events.EventQuery.from_mapping(fields)
-            as_of = events.parse_time("as_of", fields.get("as_of"))
-            expected = whole_number("expected", fields.get("expected", ""), low=0, high=2**63 - 1)
-        except (events.QueryError, Unprocessable) as exc:
-            return console.page(request, "error.html", {"message": f"bad bulk cancel form: {exc}"}, 422)
-        reason = fields.get("reason", "").strip()[:commands.MAX_REASON]
-        if as_of is None or not reason:
-            return console.page(request, "bulk_cancel.html", {
-                "f": where.as_json(), "count": expected, "cap": commands.BULK_CAP,
-                "as_of": fields.get("as_of", ""), "filter_query": urlencode(where.as_json()),
-                "error": "a bulk cancel needs a reason", "reason": reason,
-            }, 422)
-        actor = commands.Actor(session.subject, "console")
-        result = await run_in_threadpool(lambda: commands.bulk_cancel(
-            console.sessions, where, now=console.clock.now(), as_of=as_of, expected=expected,
-            actor=actor, reason=reason))
-        return console.page(request, "bulk_cancel_done.html", {
-            "result": result, "expected": expected, "filter_query": urlencode(where.as_json())})
+        return await bulk_action(console, request, noun="cancel", form_template="bulk_cancel.html",
+                                 done_template="bulk_cancel_done.html", command=commands.bulk_cancel)
 
     return [
         Route("/console/events/{event_id}/cancel", guard(cancel_one), methods=["POST"]),
