@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 import psycopg
@@ -78,6 +79,7 @@ def send(session: Session, steps: Sequence[Step]) -> list[list[dict[str, Any]] |
     if not isinstance(driver, psycopg.Connection):
         return _one_by_one(conn, everything)[len(deferred):]
     compiled = [_compiled(conn, step) for step in everything]
+    contexts = [SimpleNamespace() for _ in everything]  # what the listeners see as the execution context
     results: list[list[dict[str, Any]] | None] = []
     cursors: list[Any] = []
     current: tuple[str | None, Any, Any] = (None, None, None)
@@ -91,9 +93,12 @@ def send(session: Session, steps: Sequence[Step]) -> list[list[dict[str, Any]] |
                 _begin_in_pipeline(driver, queue)
                 for i, (sql, params) in enumerate(compiled):
                     cursor = driver.cursor(row_factory=dict_row)
-                    # as SQLAlchemy does: each listener may rewrite the statement (retval=True)
+                    # as SQLAlchemy does: each listener may rewrite the statement (retval=True);
+                    # a listener that keeps state for its after-hook (OpenTelemetry's span) keeps
+                    # it on the context, here one object per statement handed to both hooks
+                    context = contexts[i]
                     for listener in conn.dispatch.before_cursor_execute:
-                        sql, params = listener(conn, cursor, sql, params, None, False)
+                        sql, params = listener(conn, cursor, sql, params, context, False)
                     compiled[i] = (sql, params)
                     current = (sql, params, cursor)
                     cursor.execute(sql, params)
@@ -104,11 +109,12 @@ def send(session: Session, steps: Sequence[Step]) -> list[list[dict[str, Any]] |
                     # is queued and reads every answer (else it would wait for ever)
                     del queue._communicate_gen
             _send_with_sync(driver, queue)
-        for step, cursor, (sql, params) in zip(everything, cursors, compiled, strict=True):
+        for step, cursor, (sql, params), context in zip(everything, cursors, compiled, contexts[:len(cursors)],
+                                                        strict=True):
             current = (sql, params, cursor)
             results.append(cursor.fetchall() if step.fetch else None)
             for after in conn.dispatch.after_cursor_execute:
-                after(conn, cursor, sql, params, None, False)
+                after(conn, cursor, sql, params, context, False)
     except psycopg.Error as exc:
         # SQLAlchemy's own translation: a DBAPIError, and the pool told of a lost connection
         conn._handle_dbapi_exception(exc, current[0], current[1], current[2], None)
