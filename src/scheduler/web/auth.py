@@ -80,6 +80,17 @@ class TokenVerifier:
         """True when verifying may fetch keys over the network (a JWKS endpoint)."""
         return self._jwks is not None
 
+    @staticmethod
+    def seconds_left(claims: dict[str, Any]) -> float:
+        """A verified token's remaining life: its ``exp`` less the time PyJWT checked it with.
+
+        Token lifetimes are the issuer's and PyJWT's business, measured by the host's wall
+        clock (PyJWT reads it itself and takes no ``now``); the scheduler's clock, the
+        database's in production, never judges a token. So this is the one place the web
+        edge reads that wall clock, beside PyJWT's own check.
+        """
+        return float(claims["exp"]) - time.time()
+
     async def verify_async(self, token: str) -> dict[str, Any]:
         """``verify`` for async code: a JWKS fetch (blocking network I/O) runs in a worker
         thread, so a slow key endpoint never stalls the event loop."""
@@ -185,7 +196,11 @@ def mint_token(
     audience: str = "svc-nudging",
     issuer: str | None = None,
 ) -> str:
-    """An HS256 token for local use (``scheduler token``); no scope gives a participant's token."""
+    """An HS256 token for local use (``scheduler token``); no scope gives a participant's token.
+
+    Its ``iat``/``nbf``/``exp`` come from the host's wall clock, the clock PyJWT verifies
+    them with (see ``TokenVerifier.seconds_left``), not from the scheduler's clock.
+    """
     now = int(time.time())
     claims: dict[str, Any] = {"sub": subject, "aud": audience, "iat": now, "nbf": now, "exp": now + ttl_seconds}
     if scope:

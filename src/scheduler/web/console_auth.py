@@ -47,15 +47,14 @@ class NotAdmin(Exception):
     """A valid token that lacks the admin permission."""
 
 
-async def verify_admin(verifier: TokenVerifier, token: str, now: float) -> VerifiedAdmin:
+async def verify_admin(verifier: TokenVerifier, token: str) -> VerifiedAdmin:
     """Verify ``token`` for the console: ``jwt.PyJWTError`` if invalid, ``NotAdmin`` if not admin.
-    (A JWKS fetch runs off the event loop, as for the API.) ``now`` is the time, in seconds
-    since the epoch, the token's ``exp`` is measured against (the verifier's own clock)."""
+    (A JWKS fetch runs off the event loop, as for the API.)"""
     claims: dict[str, Any] = await verifier.verify_async(token)
     permissions = {p for s in scopes_of(claims) for p in SCOPE_PERMISSIONS.get(s, ())}
     if "admin" not in permissions:
         raise NotAdmin(str(claims.get("sub")))
-    return VerifiedAdmin(str(claims["sub"]), float(claims["exp"]) - now)
+    return VerifiedAdmin(str(claims["sub"]), verifier.seconds_left(claims))
 
 
 def base_path(request: Request) -> str:

@@ -15,7 +15,6 @@ sign a browser in as someone else.
 from __future__ import annotations
 
 import functools
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -108,7 +107,7 @@ def inbox_session_routes(store: SessionStore, verifier: TokenVerifier, max_body_
             claims: dict[str, Any] = await verifier.verify_async(body.token.strip())
         except jwt.PyJWTError as exc:
             return _refused(401, token_problem(exc))
-        seconds_left = float(claims["exp"]) - time.time()  # the verifier's clock measured exp
+        seconds_left = verifier.seconds_left(claims)
         session = await run_in_threadpool(lambda: store.create(
             str(claims["sub"]), "participant", token_seconds_left=seconds_left,
             user_agent=request.headers.get("user-agent")))
