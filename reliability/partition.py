@@ -180,6 +180,15 @@ def _waits_on_client(engine: Engine, pid: int) -> bool:
     return state != "active"
 
 
+def _backend(engine: Engine, pid: int) -> dict[str, Any] | None:
+    """What pg_stat_activity says of a backend (a scenario's error shows it)."""
+    with engine.connect() as conn:
+        row = conn.execute(text(
+            "SELECT state, wait_event_type, wait_event, backend_xid::text AS xid, left(query, 300) AS query, "
+            "now() - state_change AS in_state_for FROM pg_stat_activity WHERE pid = :pid"), {"pid": pid}).first()
+    return dict(row._mapping) if row else None
+
+
 def _held_rows(engine: Engine, xid: str) -> tuple[list[str], list[str]]:
     """Pending rows the frozen batch holds: its own (locked by its transaction), and the
     other pending rows of their participants (whose advisory locks it holds, so that every
@@ -209,8 +218,11 @@ def _freeze_mid_batch(c: Cluster, victim: Replica, proxy: TcpProxy | None,
         frozen_at = time.monotonic()
         # What the victim sent before the freeze still runs (the set-based write with its
         # COMMIT is one round trip): wait until its backend has finished it, then look.
-        wait_for(partial(_waits_on_client, c.engine, pid), 10, f"{victim.name}'s backend to finish what it was sent",
-                 interval=0.002)
+        try:
+            wait_for(partial(_waits_on_client, c.engine, pid), 10,
+                     f"{victim.name}'s backend to finish what it was sent", interval=0.002)
+        except ScenarioError as exc:
+            raise ScenarioError(f"{exc}; the backend: {_backend(c.engine, pid)}") from None
         held = _held_rows(c.engine, xid)
         if held[0]:
             return held, pid, frozen_at

@@ -117,8 +117,16 @@ class ArmedFaults:
             self.armed = None
             self.fired.append("claim")
             raise InjectedPollFault("injected failure of the poll while claiming")
+        if self.armed == "commit" and statement.strip().upper() == "COMMIT":
+            # the batch's COMMIT travels as a statement, with its last write (DEC-1): fail it
+            # before it leaves, as a COMMIT that fails commits nothing
+            self._fail_commit()
 
     def _on_commit(self, conn: Any) -> None:
+        # a transaction SQLAlchemy commits itself (no COMMIT statement went first)
+        self._fail_commit()
+
+    def _fail_commit(self) -> None:
         if self.armed == "commit":
             self.armed = None
             self.fired.append("commit")

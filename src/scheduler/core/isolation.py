@@ -45,11 +45,14 @@ from scheduler.core.batch import (
     outcome_parameters,
 )
 from scheduler.core.set_based import (
+    CHECKPOINT,
     commit_set_based,
     dispatch_set_based,
     next_planned,
+    rollback_to_checkpoint,
     settle_planned,
 )
+from scheduler.database import pipeline
 from scheduler.database.queries import statement
 from scheduler.types import Clock, Dispatcher
 
@@ -76,14 +79,17 @@ def _dispatch_next(batch: Batch, dispatcher: Dispatcher, clock: Clock, name: str
     event = batch.events[batch.position]
     batch.position += 1
     now = clock.now()
-    if batch.checkpoint is None or not batch.checkpoint.is_active:
-        batch.checkpoint = batch.session.begin_nested()
+    if batch.checkpoint is None:
+        # the checkpoint's SAVEPOINT goes ahead of the dispatcher's first statement, in its
+        # round trip; a dispatcher that writes nothing never sends it (``database.pipeline``)
+        pipeline.defer(batch.session, pipeline.command(f"SAVEPOINT {CHECKPOINT}"))
+        batch.checkpoint = batch.session.get_transaction()
         batch.checkpoint_position = batch.position - 1
         batch.checkpoint_outbound = len(batch.outbound)
     checkpoint = batch.checkpoint
     try:
         result = dispatcher(batch.session, event.as_event(), now)
-        if not checkpoint.is_active:
+        if checkpoint is None or not checkpoint.is_active:
             raise RuntimeError("the dispatcher ended the transaction it was handed")
     except Exception as exc:
         if isinstance(exc, DBAPIError) and exc.connection_invalidated:
@@ -114,7 +120,9 @@ def _replay(batch: Batch, dispatcher: Dispatcher, event: ClaimedEvent, now: date
         # nothing left to roll back to, so the event is recorded failed as it stands.
         logger.error("%s: dispatch of scheduled event %s failed: %s", name, event.id, first_error)
         return failed(event, first_error, now)
-    checkpoint.rollback()  # ROLLBACK TO SAVEPOINT: the claim's locks predate it and stay held
+    # ROLLBACK TO SAVEPOINT (nothing to undo if it was never sent): the claim's locks predate it
+    # and stay held
+    rollback_to_checkpoint(batch.session)
     start = batch.checkpoint_position
     earlier = batch.outcomes[start:]
     logger.info("%s: scheduled event %s failed (%s); replaying the %d event(s) before it in the batch, "
@@ -163,16 +171,29 @@ def commit_batch(batch: Batch) -> None:
     batch.closed = True
     try:
         settle_planned(batch)
-        decided = commit_set_based(batch) if batch.set_write is not None else None
-        if decided is not None and batch.per_event is not None:
-            # the set-based write failed and was rolled back: the events it decided run per event
-            dispatcher, clock, name = batch.per_event
-            while batch.position < decided:
-                _dispatch_next(batch, dispatcher, clock, name)
+        if batch.set_write is not None:
+            decided = commit_set_based(batch)
+            if decided is None:
+                batch.session.commit()  # the set-based write went with the COMMIT: nothing is sent
+                return
+            if batch.per_event is not None:
+                # the set-based write failed and was rolled back: the events it decided run per event
+                dispatcher, clock, name = batch.per_event
+                while batch.position < decided:
+                    _dispatch_next(batch, dispatcher, clock, name)
         unrecorded = batch.outcomes[batch.recorded:]  # the set-based statement wrote its own
-        if unrecorded:
-            batch.session.execute(statement("record_outcomes"), outcome_parameters(unrecorded))
-        batch.session.commit()  # after the set-based write, already committed: nothing is sent
+        if batch.session.in_nested_transaction():
+            # a savepoint the dispatcher left open: SQLAlchemy releases it before its COMMIT
+            if unrecorded:
+                batch.session.execute(statement("record_outcomes"), outcome_parameters(unrecorded))
+            batch.session.commit()
+            return
+        # the outcomes and the COMMIT in one round trip; the checkpoint is not released first
+        # (the COMMIT ends it); the session's commit then sends nothing
+        pipeline.discard(batch.session)  # a checkpoint never sent stays unsent
+        steps = [pipeline.named("record_outcomes", outcome_parameters(unrecorded), fetch=False)] if unrecorded else []
+        pipeline.send(batch.session, [*steps, pipeline.command("COMMIT")])
+        batch.session.commit()
     except BaseException:
         batch.session.rollback()
         raise

@@ -38,8 +38,9 @@ from scheduler.types import BatchDispatcher, Clock, Dispatcher, OutboundMessage
 
 logger = logging.getLogger(__name__)
 
-# The set-based checkpoint: a savepoint of its own name, unknown to SQLAlchemy's session
-# (sent ahead of the batch's read, rolled back by name on a failure, ended by the COMMIT).
+# The batch's checkpoint: a savepoint of its own name, unknown to SQLAlchemy's session (sent
+# ahead of the batch's first statement after the claim, rolled back by name on a failure,
+# ended by the COMMIT), for the set-based and the per-event run alike (``core.isolation``).
 CHECKPOINT = "scheduler_set_based"
 
 
@@ -59,7 +60,7 @@ def dispatch_set_based(batch: Batch, dispatcher: Dispatcher, clock: Clock, name:
         decisions = dispatcher.decide_batch(session, [e.as_event() for e in batch.events], now, batch.should_stop)
         if decisions is None:
             # no set-based path for this dispatcher: the per-event path takes its own checkpoint
-            _undo(session)
+            rollback_to_checkpoint(session)
             return False
         planned: list[tuple[EventOutcome, list[OutboundMessage]]] = []
         # fewer results than events: a stop arrived, the rest stay untouched (DEC-7)
@@ -78,7 +79,7 @@ def dispatch_set_based(batch: Batch, dispatcher: Dispatcher, clock: Clock, name:
             raise  # nothing can be recorded on this transaction: the poll fails whole
         logger.warning("%s: the set-based batch failed (%s); its %d event(s) run one by one",
                        name, error_text(exc), len(batch.events))
-        _undo(session)
+        rollback_to_checkpoint(session)
         return False
     batch.planned = planned
     batch.set_write = write
@@ -105,7 +106,7 @@ def commit_set_based(batch: Batch) -> int | None:
         replica = batch.per_event[2] if batch.per_event else "scheduler"
         logger.warning("%s: the set-based write failed (%s); the batch's %d event(s) run one by one",
                        replica, error_text(exc), len(batch.events))
-        session.connection().exec_driver_sql(f"ROLLBACK TO SAVEPOINT {CHECKPOINT}")
+        rollback_to_checkpoint(session)
         decided = len(batch.planned or [])
         batch.position, batch.recorded, batch.planned = 0, 0, []
         batch.outcomes.clear()
@@ -114,11 +115,14 @@ def commit_set_based(batch: Batch) -> int | None:
     return None
 
 
-def _undo(session: Session) -> None:
-    """Undo whatever the set-based run wrote: roll back to its savepoint if it was sent
-    (the claim's row and participant locks predate it and stay held), else drop it unsent."""
+def rollback_to_checkpoint(session: Session) -> None:
+    """Undo whatever ran since the batch's checkpoint: roll back to its savepoint if it was
+    sent (the claim's row and participant locks predate it and stay held), else drop it
+    unsent (nothing ran since). SQLAlchemy does not know this savepoint, so the session's
+    objects are expunged, as its own rollback to a savepoint would expire them."""
     if not pipeline.discard(session):
         session.connection().exec_driver_sql(f"ROLLBACK TO SAVEPOINT {CHECKPOINT}")
+        session.expunge_all()
 
 
 def next_planned(batch: Batch) -> EventOutcome | None:

@@ -1,22 +1,38 @@
-"""Statements sent together: psycopg's pipeline mode under a SQLAlchemy session (issue 16 §2).
+"""Statements sent together, in one round trip and one message, under a SQLAlchemy session
+(issue 16 §2).
 
-In pipeline mode psycopg sends several statements without waiting for each one's answer,
-with its implicit ``BEGIN`` ahead of the first, so they cost one round trip instead of one
-each. SQLAlchemy has no pipeline of its own, so ``send`` runs the statements on the
-session's psycopg connection, inside the session's transaction, and tells SQLAlchemy's
-``before_cursor_execute`` / ``after_cursor_execute`` listeners about each of them as if
-SQLAlchemy had sent it (the statement tests, the benchmarks' profile and tracing hooks see
-every statement, and a listener registered with ``retval=True`` may rewrite it, as the
-simulation's broken variants do). A database error is raised as SQLAlchemy raises it (a ``DBAPIError``,
-with ``connection_invalidated`` set and the connection invalidated when it is gone).
+``send`` runs several statements on the session's psycopg connection, inside the session's
+transaction (its ``BEGIN`` ahead of them when none is open), as ONE message of PostgreSQL's
+simple query protocol: the statements joined, their parameters bound on the client
+(psycopg's ``ClientCursor.mogrify``, the same adaptation as psycopg's server-side binding).
+One message, not several, because of what a frozen client leaves behind (DEC-11, REL-13):
+PostgreSQL arms ``idle_in_transaction_session_timeout`` only when it answers a whole round
+trip, and runs each message the moment it has it whole. Several messages (psycopg's
+pipeline mode: Parse/Bind/Execute per statement, then Sync) leave the client's socket in
+pieces as libpq's buffer passes 8 KB, so a replica frozen between two pieces would leave its
+backend holding the batch's locks, waiting for the rest with no timeout at all. A message
+that arrived in part runs nothing, and the timeout armed by the previous answer still ends
+the session. As for psycopg's pipeline, the first error ends the message: nothing after it
+runs (a ``COMMIT`` after a failed write does not run, and the transaction can roll back to a
+savepoint sent before it).
 
-``defer`` queues a command (a ``SAVEPOINT``) to travel ahead of the next ``send`` on the
-same session, so it costs no round trip of its own; ``discard`` drops it unsent. A
-statement run through ``Session.execute`` meanwhile would run before the deferred command:
-the callers send nothing else in between (``core.set_based``).
+SQLAlchemy's ``before_cursor_execute`` / ``after_cursor_execute`` listeners hear of each
+statement as if SQLAlchemy had sent it (the statement tests, the benchmarks' profile and
+tracing see every statement, and a listener registered with ``retval=True`` may rewrite it,
+as the simulation's broken variants do). A database error is raised as SQLAlchemy raises it
+(a ``DBAPIError``, with ``connection_invalidated`` set and the connection invalidated when it
+is gone).
 
-On a connection that is not psycopg's (another driver), ``send`` runs the statements one
-by one through the session: the same results, a round trip each.
+``defer`` queues a command (a ``SAVEPOINT``) to travel ahead of the next statement on the
+same connection: with the next ``send``, in the same message, or just ahead of a statement
+run any other way (``Session.execute``, a dispatcher's ORM flush), which a listener on every
+engine sees first. A command never followed by a statement is never sent (the batch's
+checkpoint of a dispatcher that wrote nothing costs nothing); ``discard`` drops it and says
+whether it was still unsent. The end of the transaction drops it too.
+
+On a connection that is not psycopg's (another driver), or a psycopg without the pieces
+used here, ``send`` runs the statements one by one through the session: the same results,
+a round trip each.
 """
 
 from __future__ import annotations
@@ -27,9 +43,11 @@ from types import SimpleNamespace
 from typing import Any
 
 import psycopg
+from psycopg import pq
 from psycopg.rows import dict_row
-from sqlalchemy import Connection
+from sqlalchemy import Connection, Engine, event
 from sqlalchemy.orm import Session
+from sqlalchemy.pool import Pool
 
 from scheduler.database.queries import statement
 
@@ -60,59 +78,90 @@ def command(sql: str) -> Step:
 
 
 def defer(session: Session, step: Step) -> None:
-    """Send ``step`` ahead of the next ``send`` on this session, in the same round trip."""
-    session.info.setdefault(_DEFERRED, []).append(step)
+    """Send the command ``step`` ahead of the next statement on this session's connection
+    (with the next ``send``, in its round trip); never, if no statement follows before the
+    transaction ends."""
+    assert step.command is not None, "only commands without parameters or rows are deferred"
+    session.connection().info.setdefault(_DEFERRED, []).append(step)
 
 
 def discard(session: Session) -> list[Step]:
-    """Drop the commands deferred and not yet sent; return them."""
-    return list(session.info.pop(_DEFERRED, []))
+    """Drop the commands deferred and not yet sent; return them (empty: all were sent)."""
+    return list(session.connection().info.pop(_DEFERRED, []))
+
+
+@event.listens_for(Engine, "before_cursor_execute")
+def _deferred_first(conn: Connection, cursor: Any, sql: str, params: Any, context: Any, executemany: bool) -> None:
+    """A statement about to run outside ``send``: the commands deferred go first (popped
+    before they run, so their own execution does not come back here)."""
+    deferred = conn.info.pop(_DEFERRED, None)
+    for step in deferred or ():
+        assert step.command is not None
+        conn.exec_driver_sql(step.command)
+
+
+@event.listens_for(Engine, "commit")
+@event.listens_for(Engine, "rollback")
+def _drop_deferred(conn: Connection) -> None:
+    """A command deferred inside a transaction belongs to it: its end drops what is unsent
+    (an invalidated connection's is dropped when the pool takes it back)."""
+    if not conn.invalidated:
+        conn.info.pop(_DEFERRED, None)
+
+
+@event.listens_for(Pool, "checkin")
+def _drop_deferred_on_checkin(dbapi_connection: Any, record: Any) -> None:
+    """Nor does it outlive the connection's checkout (a session closed without commit or
+    rollback: the pool's reset rolls back without SQLAlchemy's events)."""
+    if record is not None:
+        record.info.pop(_DEFERRED, None)
 
 
 def send(session: Session, steps: Sequence[Step]) -> list[list[dict[str, Any]] | None]:
-    """Run ``steps`` (after the deferred commands) in one round trip in the session's
-    transaction; return each step's rows (``None`` where ``fetch`` is false)."""
+    """Run ``steps`` (after the deferred commands) in one message and one round trip in the
+    session's transaction; return each step's rows (``None`` where ``fetch`` is false)."""
     deferred = discard(session)
     everything = [*deferred, *steps]
     conn = session.connection()
     driver = conn.connection.driver_connection
-    if not isinstance(driver, psycopg.Connection):
+    if not isinstance(driver, psycopg.Connection) or _execute is None:
         return _one_by_one(conn, everything)[len(deferred):]
     compiled = [_compiled(conn, step) for step in everything]
     contexts = [SimpleNamespace() for _ in everything]  # what the listeners see as the execution context
-    results: list[list[dict[str, Any]] | None] = []
     cursors: list[Any] = []
     current: tuple[str | None, Any, Any] = (None, None, None)
     try:
-        # Queued inside the block; the block's end sends them with one Sync and reads every
-        # answer (one round trip); the rows are then read from the cursors.
-        with driver.pipeline() as queue:
-            _no_flush_after_sync(queue)
-            held_back = _hold_back_sends(queue)
-            try:
-                _begin_in_pipeline(driver, queue)
-                for i, (sql, params) in enumerate(compiled):
-                    cursor = driver.cursor(row_factory=dict_row)
-                    # as SQLAlchemy does: each listener may rewrite the statement (retval=True);
-                    # a listener that keeps state for its after-hook (OpenTelemetry's span) keeps
-                    # it on the context, here one object per statement handed to both hooks
-                    context = contexts[i]
-                    for listener in conn.dispatch.before_cursor_execute:
-                        sql, params = listener(conn, cursor, sql, params, context, False)
-                    compiled[i] = (sql, params)
-                    current = (sql, params, cursor)
-                    cursor.execute(sql, params)
-                    cursors.append(cursor)
-            finally:
-                if held_back:
-                    # psycopg's own again, whatever happened: the pipeline's end sends what
-                    # is queued and reads every answer (else it would wait for ever)
-                    del queue._communicate_gen
-            _send_with_sync(driver, queue)
-        for step, cursor, (sql, params), context in zip(everything, cursors, compiled, contexts[:len(cursors)],
-                                                        strict=True):
+        with psycopg.ClientCursor(driver) as binder:
+            texts = []
+            for i, (sql, params) in enumerate(compiled):
+                cursor = driver.cursor(row_factory=dict_row)
+                cursors.append(cursor)
+                # as SQLAlchemy does: each listener may rewrite the statement (retval=True);
+                # a listener that keeps state for its after-hook (OpenTelemetry's span) keeps
+                # it on the context, here one object per statement handed to both hooks
+                for listener in conn.dispatch.before_cursor_execute:
+                    sql, params = listener(conn, cursor, sql, params, contexts[i], False)
+                compiled[i] = (sql, params)
+                current = (sql, params, cursor)
+                texts.append(binder.mogrify(sql, params) if params else sql)
+        begin = _transaction_start(driver)
+        message = ";\n".join([*([begin] if begin else []), *texts])
+        driver.pgconn.send_query(message.encode(driver.info.encoding))
+        results = driver.wait(_execute(driver.pgconn))
+        if begin:
+            _check(results.pop(0), driver)
+        for i, result in enumerate(results):
+            current = (compiled[i][0], compiled[i][1], cursors[i])
+            _check(result, driver)
+        if len(results) != len(everything):
+            raise psycopg.InternalError(f"{len(everything)} statements sent, {len(results)} answers")
+        answers: list[list[dict[str, Any]] | None] = []
+        for step, cursor, result, (sql, params), context in zip(everything, cursors, results, compiled, contexts,
+                                                                strict=True):
             current = (sql, params, cursor)
-            results.append(cursor.fetchall() if step.fetch else None)
+            cursor._tx = psycopg.adapt.Transformer(cursor)  # as psycopg's own execute starts a cursor
+            cursor._set_results([result])
+            answers.append(cursor.fetchall() if step.fetch else None)
             for after in conn.dispatch.after_cursor_execute:
                 after(conn, cursor, sql, params, context, False)
     except psycopg.Error as exc:
@@ -121,7 +170,29 @@ def send(session: Session, steps: Sequence[Step]) -> list[list[dict[str, Any]] |
     finally:
         for cursor in cursors:
             cursor.close()
-    return results[len(deferred):]
+    return answers[len(deferred):]
+
+
+def _transaction_start(driver: psycopg.Connection[Any]) -> str | None:
+    """The ``BEGIN`` psycopg would send before a statement (with the connection's isolation
+    level, read-only and deferrable settings), or ``None`` when a transaction is open (or
+    the connection commits each statement itself)."""
+    if driver.autocommit or driver.pgconn.transaction_status != pq.TransactionStatus.IDLE:
+        return None
+    parts = ["BEGIN"]
+    if driver.isolation_level is not None:
+        parts += ["ISOLATION LEVEL", psycopg.IsolationLevel(driver.isolation_level).name.replace("_", " ")]
+    if driver.read_only is not None:
+        parts.append("READ ONLY" if driver.read_only else "READ WRITE")
+    if driver.deferrable is not None:
+        parts.append("DEFERRABLE" if driver.deferrable else "NOT DEFERRABLE")
+    return " ".join(parts)
+
+
+def _check(result: pq.abc.PGresult, driver: psycopg.Connection[Any]) -> None:
+    """Raise the error a statement's answer carries (as psycopg would)."""
+    if result.status == pq.ExecStatus.FATAL_ERROR:
+        raise psycopg.errors.error_from_result(result, encoding=driver.info.encoding)
 
 
 def in_failed_transaction(session: Session) -> bool:
@@ -131,82 +202,6 @@ def in_failed_transaction(session: Session) -> bool:
     if not isinstance(driver, psycopg.Connection):
         return True
     return driver.pgconn.transaction_status == psycopg.pq.TransactionStatus.INERROR
-
-
-def _begin_in_pipeline(driver: psycopg.Connection[Any], queue: psycopg.Pipeline) -> None:
-    """Queue the transaction's BEGIN ahead of the statements, in the same round trip.
-
-    psycopg begins a transaction itself before a statement, but in pipeline mode it sends
-    its BEGIN with a Sync of its own and waits for it: a round trip for nothing. Queued
-    here first (psycopg's own BEGIN command, its answer checked by the pipeline like any
-    command's), libpq reports the connection busy, so psycopg sends no second BEGIN. Uses
-    two psycopg internals; without them psycopg's own BEGIN goes as before.
-    """
-    if driver.autocommit or driver.pgconn.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-        return
-    begin = getattr(driver, "_get_tx_start_command", None)
-    results = getattr(queue, "result_queue", None)
-    if begin is None or results is None:
-        return
-    driver.pgconn.send_query_params(begin(), None)
-    results.append(None)  # a command's answer: checked, raised if it failed
-
-
-def _no_flush_after_sync(queue: psycopg.Pipeline) -> None:
-    """Read the pipeline's answers without sending a Flush message after its last Sync.
-
-    psycopg ends a pipeline with a Sync, then a Flush request before reading. PostgreSQL
-    arms ``idle_in_transaction_session_timeout`` when it answers a Sync, and disarms it when
-    the next message arrives; a Flush does not arm it again. So after a pipeline that leaves
-    the transaction open (the claim, the set-based read) the backend would sit "idle in
-    transaction" with no timeout at all, and a replica frozen there would hold its batch's
-    locks until it woke (reliability's partition scenario, REL-13). Every read here follows
-    a Sync, which makes the server send everything before it, so no Flush is needed. Uses
-    the pipeline's ``_fetch_gen`` (a psycopg internal); without it psycopg reads as before.
-    """
-    fetch = getattr(queue, "_fetch_gen", None)
-    if fetch is None:
-        return
-
-    def fetch_after_sync(*, flush: bool) -> Any:
-        return fetch(flush=False)
-
-    queue._fetch_gen = fetch_after_sync  # type: ignore[method-assign]
-
-
-def _hold_back_sends(queue: psycopg.Pipeline) -> bool:
-    """Keep psycopg from sending each statement as it is queued (it flushes one by one);
-    ``_send_with_sync`` then sends them all with their Sync in one write. True when held."""
-    if not hasattr(queue, "_communicate_gen") or not hasattr(queue, "command_queue"):
-        return False
-
-    def nothing_yet() -> Any:
-        return iter(())
-
-    queue._communicate_gen = nothing_yet  # type: ignore[method-assign]
-    return True
-
-
-def _send_with_sync(driver: psycopg.Connection[Any], queue: psycopg.Pipeline) -> None:
-    """Hand every queued statement to libpq and end them with a Sync, flushed in one write.
-
-    psycopg sends a pipeline's commands one at a time, flushing each (held back here by
-    ``_hold_back_sends``), and its Sync last; the server runs each statement as it arrives. A replica frozen between the two (a paused VM,
-    a partition) would leave its backend in the middle of the pipeline: no Sync, so not
-    "idle in transaction", so ``idle_in_transaction_session_timeout`` never ends it and its
-    locks stay held (reliability's partition scenario). libpq buffers pipeline commands and
-    its Sync flushes them together: the server has the Sync with the statements. psycopg's
-    own Sync at the pipeline's end then follows, answered in the same round trip. Uses the
-    pipeline's ``command_queue`` and ``result_queue`` (psycopg internals, like the BEGIN).
-    """
-    commands = getattr(queue, "command_queue", None)
-    results = getattr(queue, "result_queue", None)
-    if commands is None or results is None:
-        return
-    while commands:
-        commands.popleft()()
-    driver.pgconn.pipeline_sync()
-    results.append(None)  # the Sync's answer, consumed like psycopg's own
 
 
 def _compiled(conn: Connection, step: Step) -> tuple[str, Any]:
@@ -219,6 +214,14 @@ def _compiled(conn: Connection, step: Step) -> tuple[str, Any]:
         compiled = _COMPILED[(step.name, conn.dialect.name)] = statement(step.name).compile(dialect=conn.dialect)
     return compiled.string, compiled.construct_params(dict(step.params or {}))
 
+
+# psycopg's generator that sends a query already handed to libpq and reads every answer
+# (one list of results per message); ``None`` in a psycopg without it (``send`` then runs
+# statements one by one).
+# A cursor is handed its answer as psycopg's own execute does (a ``Transformer``, ``_set_results``).
+_execute: Any = getattr(getattr(psycopg, "generators", None), "execute", None)
+if not hasattr(psycopg.Cursor, "_set_results"):
+    _execute = None
 
 # Each named statement compiled once per dialect (SQLAlchemy caches its own executions alike).
 _COMPILED: dict[tuple[str, str], Any] = {}

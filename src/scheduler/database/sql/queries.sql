@@ -261,13 +261,16 @@ SELECT
 -- (what the caller decided) fails the statement, so the COMMIT sent after it in the same
 -- round trip does not run: the caller rolls back to its checkpoint and takes the per-event
 -- path (DEC-1.2)
-WITH new_keys AS (
+WITH document AS MATERIALIZED (
+    -- the batch's one parameter, named once: bound on the client, it is a literal in the text
+    SELECT CAST(:batch AS jsonb) AS b
+), new_keys AS (
     -- the keys first claimed in this batch, with the duplicates the batch itself made of them
     INSERT INTO dedup_keys (key, notification_id, created_at, duplicate_count, last_duplicate_at,
                             duplicate_notification_id)
     SELECT k->>'key', k->>'notification_id', CAST(k->>'at' AS timestamptz), CAST(k->>'duplicates' AS integer),
            CAST(k->>'last_duplicate_at' AS timestamptz), k->>'duplicate_notification_id'
-    FROM jsonb_array_elements(CAST(:batch AS jsonb)->'new_keys') AS k
+    FROM document, jsonb_array_elements(document.b->'new_keys') AS k
     -- the key's primary key still arbitrates: a key taken meanwhile is not counted below
     ON CONFLICT (key) DO NOTHING
     RETURNING key
@@ -277,7 +280,7 @@ WITH new_keys AS (
     SET duplicate_count = d.duplicate_count + CAST(r->>'duplicates' AS integer),
         last_duplicate_at = CAST(r->>'at' AS timestamptz),
         duplicate_notification_id = coalesce(d.duplicate_notification_id, r->>'notification_id')
-    FROM jsonb_array_elements(CAST(:batch AS jsonb)->'repeated_keys') AS r
+    FROM document, jsonb_array_elements(document.b->'repeated_keys') AS r
     -- only as the read saw it: a new suppressed_dedup row exactly when the key had none
     WHERE d.key = r->>'key'
       AND (d.duplicate_notification_id IS NULL) = (r->>'notification_id' IS NOT NULL)
@@ -290,7 +293,7 @@ WITH new_keys AS (
            n.e->>'scenario', n.e->>'time_scope', n.e->>'dedup_key', n.e->>'title', n.e->>'body',
            n.e->>'status', n.e->>'reason', n.e->>'source', n.e->>'scheduled_event_id',
            CAST(n.e->>'now' AS timestamptz)
-    FROM jsonb_array_elements(CAST(:batch AS jsonb)->'notifications') WITH ORDINALITY AS n(e, ord)
+    FROM document, jsonb_array_elements(document.b->'notifications') WITH ORDINALITY AS n(e, ord)
     ORDER BY n.ord
     RETURNING id
 ), delivery AS (
@@ -298,7 +301,7 @@ WITH new_keys AS (
     -- the foreign key to the notifications above is checked at the end of the statement
     INSERT INTO deliveries (notification_id, user_id, channel, status, detail, created_at)
     SELECT d.e->>'notification_id', d.e->>'user_id', :channel, 'sent', NULL, CAST(d.e->>'now' AS timestamptz)
-    FROM jsonb_array_elements(CAST(:batch AS jsonb)->'deliveries') WITH ORDINALITY AS d(e, ord)
+    FROM document, jsonb_array_elements(document.b->'deliveries') WITH ORDINALITY AS d(e, ord)
     ORDER BY d.ord
     RETURNING id
 ), outcome AS (
@@ -308,7 +311,7 @@ WITH new_keys AS (
         dispatched_at = CASE WHEN o->>'status' = 'dispatched' THEN CAST(o->>'at' AS timestamptz) END,
         last_error = o->>'error',
         updated_at = CAST(o->>'at' AS timestamptz)
-    FROM jsonb_array_elements(CAST(:batch AS jsonb)->'outcomes') AS o
+    FROM document, jsonb_array_elements(document.b->'outcomes') AS o
     WHERE e.id = o->>'id'
     RETURNING e.id
 ), wrote AS (
@@ -323,7 +326,7 @@ WITH new_keys AS (
            jsonb_array_length(b->'notifications') AS notifications,
            jsonb_array_length(b->'deliveries') AS deliveries,
            jsonb_array_length(b->'outcomes') AS outcomes
-    FROM (SELECT CAST(:batch AS jsonb) AS b) AS batch
+    FROM document AS batch
 )
 SELECT w.*,
        -- CASE runs only the branch it takes; the cast of a text that is no number is the
