@@ -95,6 +95,10 @@ class Settings(BaseSettings):
     pool_timeout_seconds: float = _setting(
         10.0, "SCHEDULER_POOL_TIMEOUT_SECONDS",
         "how long a request waits for a connection before a 503", ge=0.1)
+    pool_ping_after_idle_seconds: float = _setting(
+        1.0, "SCHEDULER_POOL_PING_AFTER_IDLE_SECONDS",
+        "a poll's pooled connection used less than this ago is not pinged before use (requests always "
+        "are); `0`: ping before every poll too", ge=0)
     retention_days: int = _setting(
         30, "SCHEDULER_RETENTION_DAYS",
         "dispatched and cancelled rows older than this are deleted with their history (`0`: keep everything)",

@@ -104,3 +104,33 @@ def test_a_listener_that_raises_mid_pipeline_fails_the_call_and_leaves_the_sessi
     session.rollback()
     [rows] = pipeline.send(session, [pipeline.Step(command="SELECT 3 AS three")])
     assert rows == [{"three": 3}]
+
+
+@pytest.mark.clause("PERF-6")
+def test_a_deferred_command_goes_ahead_of_any_statement_and_is_never_sent_when_none_follows(
+    session: Session, engine: Engine
+) -> None:
+    """PERF-6: a deferred savepoint runs just ahead of a statement sent through the session
+    (a per-event dispatcher's), in the same transaction, and can be rolled back to; one that no
+    statement follows is never sent, and the transaction's end drops it."""
+    seen: list[str] = []
+
+    def listen(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        seen.append(" ".join(statement.split()[:2]))
+
+    event.listen(engine, "before_cursor_execute", listen)
+    try:
+        session.execute(text("SELECT 1"))  # the transaction is open
+        pipeline.defer(session, pipeline.command("SAVEPOINT checkpoint"))
+        session.execute(text("CREATE TEMP TABLE written (n int)"))
+        assert seen == ["SELECT 1", "SAVEPOINT checkpoint", "CREATE TEMP"]
+        assert pipeline.discard(session) == []  # it was sent
+        session.connection().exec_driver_sql("ROLLBACK TO SAVEPOINT checkpoint")
+        assert session.execute(text("SELECT to_regclass('pg_temp.written')")).scalar_one() is None
+        seen.clear()
+        pipeline.defer(session, pipeline.command("SAVEPOINT unused"))
+        session.commit()
+        session.execute(text("SELECT 2"))
+        assert seen == ["SELECT 2"]  # the commit dropped it unsent
+    finally:
+        event.remove(engine, "before_cursor_execute", listen)

@@ -10,13 +10,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, event, text
+from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.orm import Session
+from sqlalchemy.pool import NullPool
 from starlette.testclient import TestClient
 
 from scheduler.config import Settings
 from scheduler.core.clock import ManualClock
-from scheduler.database.engine import make_engine
+from scheduler.database.engine import make_engine, ping_when_idle, polling
 from scheduler.nudging.dispatch import NudgingPlatform
 from scheduler.nudging.rules import load_catalogue
 from scheduler.types import DigitalTwinEvent, DispatchResult
@@ -177,3 +178,47 @@ def test_a_connection_terminated_mid_request_answers_503_and_the_retry_succeeds(
         second = client.post("/admin/scheduled-events", headers=INGEST, json=body)
         assert second.status_code == 201, second.text
     assert statuses(engine) == {second.json()["id"]: "pending"}
+
+
+@pytest.mark.clause("REL-2")
+def test_a_polls_connection_used_a_moment_ago_is_not_pinged_and_a_requests_always_is(database_url: str) -> None:
+    """REL-2: a poll's pooled connection used less than a second ago is taken without a ping (the
+    round trip a burst's polls saved, issue 16 §2); one idle longer is pinged, and so is every
+    request's; a connection killed while idle is replaced at a pinged checkout, unseen."""
+    now = [100.0]
+    engine = create_engine(database_url, pool_size=1, max_overflow=0)
+    pings: list[int] = []
+    real_ping = engine.dialect.do_ping
+
+    def counting_ping(dbapi_connection: Any) -> bool:
+        pings.append(1)
+        return real_ping(dbapi_connection)
+
+    engine.dialect.do_ping = counting_ping  # type: ignore[method-assign]
+    ping_when_idle(engine, 1.0, monotonic=lambda: now[0])
+
+    def use(poll: bool) -> int:
+        with Session(engine) as session:
+            if poll:
+                with polling():
+                    session.connection()
+            return int(session.execute(text("SELECT pg_backend_pid()")).scalar_one())
+
+    try:
+        first = use(poll=True)
+        assert pings == []  # connected a moment ago
+        now[0] += 0.5
+        assert use(poll=True) == first and pings == []
+        assert use(poll=False) == first and len(pings) == 1  # a request: pinged whatever the time
+        now[0] += 1.5
+        assert use(poll=True) == first and len(pings) == 2  # idle past the second: pinged
+        killer = create_engine(database_url, poolclass=NullPool)
+        try:
+            assert terminate_other_backends(killer) >= 1  # the pooled connection, idle
+        finally:
+            killer.dispose()
+        now[0] += 1.5
+        replaced = use(poll=True)  # the ping fails, the pool connects afresh: the poll sees nothing
+        assert replaced != first and len(pings) == 3
+    finally:
+        engine.dispose()

@@ -23,12 +23,13 @@ from typing import Any, cast
 import psycopg
 import pytest
 from sqlalchemy import Connection, Engine, make_url, text
+from sqlalchemy.orm import Session
 from starlette.testclient import TestClient
 
 from scheduler.config import ConfigError, Settings
 from scheduler.core import store
 from scheduler.core.clock import DatabaseClock
-from scheduler.database.engine import make_sessionmaker
+from scheduler.database.engine import make_sessionmaker, polling
 from tests.conftest import T0, TEST_SECRET, token
 from tests.helpers import reminder_facts
 from tests.operations.support import sign_in
@@ -209,6 +210,24 @@ def check_pool_timeout_seconds(env: Env) -> None:
         assert service.loop_engine.pool.timeout() == 2.5  # type: ignore[attr-defined]
 
 
+def check_pool_ping_after_idle_seconds(env: Env) -> None:
+    for value, pinged in (("0", True), ("3600", False)):
+        with service_from_env(env.base(SCHEDULER_POOL_PING_AFTER_IDLE_SECONDS=value)) as service:
+            engine = service.loop_engine
+            pings: list[int] = []
+            real_ping = engine.dialect.do_ping
+
+            def counting_ping(dbapi_connection: Any, real: Any = real_ping, seen: list[int] = pings) -> bool:
+                seen.append(1)
+                return bool(real(dbapi_connection))
+
+            engine.dialect.do_ping = counting_ping  # type: ignore[method-assign]
+            for _ in range(2):  # a poll's checkout, a moment after the last
+                with Session(engine) as session, polling():
+                    session.connection()
+            assert bool(pings) is pinged, value
+
+
 def _raw(conn: Connection) -> psycopg.Connection[Any]:
     return cast("psycopg.Connection[Any]", conn.connection.dbapi_connection)
 
@@ -358,6 +377,7 @@ CHECKS: dict[str, Callable[[Env], None]] = {
     "statement_timeout_ms": check_statement_timeout_ms,
     "lock_timeout_ms": check_lock_timeout_ms,
     "pool_timeout_seconds": check_pool_timeout_seconds,
+    "pool_ping_after_idle_seconds": check_pool_ping_after_idle_seconds,
     "transaction_pooling": check_transaction_pooling,
     "environment": check_environment,
     "retention_days": check_retention_days,

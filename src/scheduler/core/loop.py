@@ -52,6 +52,7 @@ from scheduler.core.runner import (
     run_loop,
     run_to_completion,
 )
+from scheduler.database.engine import polling
 from scheduler.database.queries import statement
 from scheduler.observability.observer import Observer
 from scheduler.types import Clock, Dispatcher, Publisher, SchedulerMode
@@ -126,6 +127,8 @@ class Scheduler:
         self.last_claimed_at = now
         session = self.sessions()
         try:
+            with polling():  # its connection, used a moment ago, is not pinged first
+                session.connection()
             events, skipped = claim_rounds(session, now, self.batch_size)
         except BaseException:
             session.rollback()

@@ -7,7 +7,11 @@ an embedded server kept in ``<data dir>/pgdata`` and uses a database named ``sch
 from __future__ import annotations
 
 import logging
+import time
 import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from datetime import datetime
 from functools import partial
 from pathlib import Path
@@ -18,6 +22,7 @@ import psycopg
 from alembic import command
 from alembic.config import Config
 from sqlalchemy import Connection, Engine, create_engine, event, make_url, text
+from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.orm import Session, sessionmaker
 
 from scheduler.config import Settings
@@ -155,8 +160,10 @@ def make_engine(url: str, settings: Settings | None = None, **kwargs: Any) -> En
     ``Settings.from_env()`` when none are given).
 
     ``statement_timeout`` and ``lock_timeout`` bound how long one stuck statement (an
-    operator holding a lock, say) can hold up a request or a poll; ``pool_pre_ping``
-    lets the pool heal after a database restart without restarting the process.
+    operator holding a lock, say) can hold up a request or a poll; a connection
+    that sat in the pool longer than ``pool_ping_after_idle_seconds`` is pinged before use
+    (``ping_when_idle``), which lets the pool heal after a database restart without
+    restarting the process.
 
     With ``settings.transaction_pooling`` (``SCHEDULER_TRANSACTION_POOLING``, for a
     transaction-pooling proxy such as PgBouncer in ``pool_mode = transaction``) each
@@ -184,9 +191,10 @@ def make_engine(url: str, settings: Settings | None = None, **kwargs: Any) -> En
             f"-c idle_in_transaction_session_timeout={settings.idle_in_transaction_timeout_ms}"
         )
     connect_args.update(kwargs.pop("connect_args", {}))
-    kwargs.setdefault("pool_pre_ping", True)
     kwargs.setdefault("pool_timeout", settings.pool_timeout_seconds)
     engine = create_engine(url, connect_args=connect_args, **kwargs)
+    if not kwargs.get("pool_pre_ping"):
+        ping_when_idle(engine, settings.pool_ping_after_idle_seconds)
     if settings.transaction_pooling:
         timeouts = {"statement": str(settings.statement_timeout_ms), "lock": str(settings.lock_timeout_ms),
                     "idle": str(settings.idle_in_transaction_timeout_ms)}
@@ -197,6 +205,53 @@ def make_engine(url: str, settings: Settings | None = None, **kwargs: Any) -> En
             conn.execute(statement("set_local_timeouts"), timeouts)
 
     return engine
+
+
+def ping_when_idle(engine: Engine, after_seconds: float, monotonic: Callable[[], float] = time.monotonic) -> None:
+    """Ping a pooled connection before use (SQLAlchemy's ``pool_pre_ping``), except for a
+    poll's connection used less than ``after_seconds`` ago (``polling``; ``0``: always ping).
+
+    The pre-ping costs a round trip on every checkout: a poll in a burst, which takes its
+    connection back a millisecond after it returned it, paid one round trip in three for it
+    (issue 16 §2). A connection used that recently is as alive as a ping would show. If the
+    database restarted in that moment, the poll fails whole and the next one heals (REL-2,
+    as for a connection that dies mid-batch); a request is always pinged, so it never sees a
+    connection that died while idle. The time here is the host's monotonic clock: it says
+    how long a socket sat unused and decides nothing about any event.
+    """
+    @event.listens_for(engine, "connect")
+    @event.listens_for(engine, "checkin")
+    def _returned(dbapi_connection: Any, record: Any) -> None:
+        record.info[_RETURNED_AT] = monotonic()  # just connected, or just used
+
+    @event.listens_for(engine, "checkout")
+    def _ping(dbapi_connection: Any, record: Any, proxy: Any) -> None:
+        returned = record.info.get(_RETURNED_AT)
+        if _POLLING.get() and returned is not None and monotonic() - returned < after_seconds:
+            return
+        try:
+            alive = engine.dialect.do_ping(dbapi_connection)
+        except engine.dialect.loaded_dbapi.Error as exc:
+            if not engine.dialect.is_disconnect(exc, dbapi_connection, None):
+                raise
+            alive = False
+        if not alive:
+            # the pool discards this connection and checks out a fresh one (up to three times)
+            raise DisconnectionError("the pooled connection did not answer a ping")
+
+
+@contextmanager
+def polling() -> Iterator[None]:
+    """A poll takes its connection here: one used a moment ago is not pinged (``ping_when_idle``)."""
+    token = _POLLING.set(True)
+    try:
+        yield
+    finally:
+        _POLLING.reset(token)
+
+
+_POLLING: ContextVar[bool] = ContextVar("scheduler.database.engine.polling", default=False)
+_RETURNED_AT = "scheduler.database.engine.returned_at"
 
 
 # Keepalive probes: every this many seconds once the first one goes unanswered, this many times.
