@@ -24,13 +24,14 @@ BUCKETS = {
     "psycopg execute (round trips)": "psycopg/cursor.py:execute",
     "SQLAlchemy Session.execute": "orm/session.py:execute",
     "savepoint begin_nested": "orm/session.py:begin_nested",
-    "commits (savepoint RELEASE and batch COMMIT)": "orm/session.py:commit",
-    "statements sent together (pipeline)": "scheduler/database/pipeline.py:send",
-    "Scheduler.claim": "scheduler/loop.py:claim",
-    "Scheduler.dispatch_next": "scheduler/loop.py:dispatch_next",
-    "Scheduler.finish": "scheduler/loop.py:finish",
-    "engine evaluate (rules, templates)": "scheduler/rule_engine.py:evaluate",
-    "Orchestrator.decide": "scheduler/orchestrator.py:decide",
+    "commits (SQLAlchemy's; after a COMMIT statement nothing is sent)": "orm/session.py:commit",
+    "statements sent together (one message)": "scheduler/database/pipeline.py:send",
+    "Scheduler.claim": "scheduler/core/loop.py:claim",
+    "Scheduler.dispatch_next": "scheduler/core/loop.py:dispatch_next",
+    "Scheduler.finish": "scheduler/core/loop.py:finish",
+    "engine evaluate (rules, templates)": "scheduler/nudging/rule_engine.py:evaluate",
+    "Orchestrator.decide (per-event path)": "scheduler/nudging/orchestrator.py:decide",
+    "set-based decide_batch": "scheduler/nudging/dispatch.py:decide_batch",
 }
 
 

@@ -174,22 +174,18 @@ def reset(engine: Engine) -> None:
 def both_paths(service: SchedulerService, engine: Engine, platform: NudgingPlatform,
                publisher: RecordingPublisher) -> Iterator[tuple[Any, Any]]:
     """The scenario per event, then set-based on the same fresh state: (per-event, set-based)."""
-    per_event = PerEvent(platform)
-    first = run_scenario(service, per_event)
-    per_event_rows = snapshot(engine)
-    per_event_pushes = sorted((m.user_id, m.kind, m.title) for m in publisher.messages)
-    per_event_names = {r["id"]: f"{r['scheduled_event_id']}/{r['rule_id']}"
-                       for r in rows(engine, "SELECT id, scheduled_event_id, rule_id FROM notifications")}
+
+    def run(dispatcher: PerEvent | SetBased) -> tuple[Any, Any, Any, Any]:
+        ran = run_scenario(service, dispatcher)
+        pushes = sorted((m.user_id, m.kind, m.title) for m in publisher.messages)
+        names = {r["id"]: f"{r['scheduled_event_id']}/{r['rule_id']}"
+                 for r in rows(engine, "SELECT id, scheduled_event_id, rule_id FROM notifications")}
+        return ran, snapshot(engine), pushes, results_of(dispatcher.results, names)
+
+    per_event = run(PerEvent(platform))
     reset(engine)
     publisher.messages.clear()
-    set_based = SetBased(platform)
-    second = run_scenario(service, set_based)
-    set_rows = snapshot(engine)
-    set_pushes = sorted((m.user_id, m.kind, m.title) for m in publisher.messages)
-    set_names = {r["id"]: f"{r['scheduled_event_id']}/{r['rule_id']}"
-                 for r in rows(engine, "SELECT id, scheduled_event_id, rule_id FROM notifications")}
-    yield ((first, per_event_rows, per_event_pushes, results_of(per_event.results, per_event_names)),
-           (second, set_rows, set_pushes, results_of(set_based.results, set_names)))
+    yield per_event, run(SetBased(platform))
 
 
 @pytest.mark.clause("DEC-1.1")
