@@ -94,7 +94,8 @@ class BatchDecisions:
                          zip(outcomes["ids"], outcomes["statuses"], outcomes["errors"], outcomes["times"],
                              strict=True)],
         }
-        return "write_batch_decisions", {"batch": json.dumps(batch, default=_json_time), "channel": self.channel}
+        return "write_batch_decisions", {"batch": json.dumps(batch, default=_json_time), "channel": self.channel,
+                                         "outcome_ids": list(outcomes["ids"])}
 
 
 def _json_time(value: object) -> str:

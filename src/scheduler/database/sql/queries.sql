@@ -313,6 +313,9 @@ WITH document AS MATERIALIZED (
         updated_at = CAST(o->>'at' AS timestamptz)
     FROM document, jsonb_array_elements(document.b->'outcomes') AS o
     WHERE e.id = o->>'id'
+      -- the same ids as an array the planner can count: without it, it guesses a hundred
+      -- JSON elements and hash-joins a sequential scan of the whole table (PERF-7)
+      AND e.id = ANY(CAST(:outcome_ids AS text[]))
     RETURNING e.id
 ), wrote AS (
     SELECT (SELECT count(*) FROM new_keys) AS new_keys,
