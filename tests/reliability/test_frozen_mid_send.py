@@ -1,0 +1,164 @@
+"""REL-15: a replica frozen part-way through sending a round trip still holds nothing for long.
+
+The batch's statements that go together travel as one message (DEC-1, ``database.pipeline``)
+because PostgreSQL arms ``idle_in_transaction_session_timeout`` only when it has answered a
+whole round trip and runs each message the moment it has it whole: a round trip of several
+messages, cut in the middle by a freeze, left the backend running what it had and waiting
+for the rest, with the batch's locks and no timeout (what the partition scenario caught one
+run in three). Here the cut is deterministic: a proxy between the replica and PostgreSQL
+(a fake at the network's edge) forwards the first 8 KB of the batch's last round trip, the
+outcomes with the COMMIT, and nothing after, as a frozen replica or a dead network path
+would. The server must still end the session within the timeout and release the rows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Engine, make_url, text
+from sqlalchemy.exc import DBAPIError
+
+from scheduler.config import Settings
+from scheduler.core.batch import Batch, dispatched
+from scheduler.core.claim import claim_rounds
+from scheduler.core.isolation import commit_batch
+from scheduler.database.engine import make_engine, make_sessionmaker
+from tests.conftest import T0
+from tests.reliability.support import store_due, wait_until
+
+TIMEOUT_MS = 500
+FORWARDED = 8192  # libpq's chunk: what a sender frozen mid-write had handed over
+
+
+class CuttingProxy:
+    """A TCP proxy to PostgreSQL's Unix socket that, once ``cut`` is called, forwards only
+    the next ``FORWARDED`` bytes the client sends and holds back the rest (a fake at the edge)."""
+
+    def __init__(self, unix_path: str) -> None:
+        self.unix_path = unix_path
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.budget: int | None = None  # bytes still to forward after the cut; None: no cut
+        self.held = 0
+        self.lock = threading.Lock()
+        self.sockets: list[socket.socket] = []
+        self.threads = [threading.Thread(target=self._accept, daemon=True)]
+        self.threads[0].start()
+
+    def cut(self) -> None:
+        with self.lock:
+            self.budget = FORWARDED
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            server.connect(self.unix_path)
+            self.sockets += [client, server]
+            for source, target, upstream in ((client, server, True), (server, client, False)):
+                thread = threading.Thread(target=self._pipe, args=(source, target, upstream), daemon=True)
+                thread.start()
+                self.threads.append(thread)
+
+    def _pipe(self, source: socket.socket, target: socket.socket, upstream: bool) -> None:
+        try:
+            while data := source.recv(65536):
+                if upstream:
+                    with self.lock:
+                        if self.budget is not None:
+                            data, rest = data[:self.budget], data[self.budget:]
+                            self.budget -= len(data)
+                            self.held += len(rest)
+                if data:
+                    target.sendall(data)
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.listener.shutdown(socket.SHUT_RDWR)  # wakes the accepting thread
+        self.listener.close()
+        for s in self.sockets:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+            s.close()
+        for thread in self.threads:
+            thread.join(timeout=5)
+
+
+@pytest.fixture
+def proxy(database_url: str) -> Iterator[CuttingProxy]:
+    url = make_url(database_url)
+    host, port = url.query.get("host") or url.host, url.query.get("port") or url.port or 5432
+    if not (isinstance(host, str) and host.startswith("/")):
+        pytest.skip("the proxy reaches PostgreSQL through its Unix socket (the embedded server's)")
+    running = CuttingProxy(str(Path(host) / f".s.PGSQL.{port}"))
+    yield running
+    running.close()
+
+
+def _alive(engine: Engine, pid: int) -> bool:
+    with engine.connect() as conn:
+        return bool(conn.execute(text("SELECT count(*) FROM pg_stat_activity WHERE pid = :pid"),
+                                 {"pid": pid}).scalar_one())
+
+
+def _locked(engine: Engine, ids: list[str]) -> int:
+    """How many of ``ids`` another transaction holds (they would be skipped by a claim)."""
+    with engine.begin() as conn:
+        free = conn.execute(text("SELECT count(*) FROM (SELECT id FROM scheduled_events WHERE id = ANY(:ids) "
+                                 "FOR UPDATE SKIP LOCKED) AS f"), {"ids": ids}).scalar_one()
+    return len(ids) - int(free)
+
+
+@pytest.mark.clause("REL-15")
+def test_a_replica_frozen_mid_send_of_its_commit_round_trip_is_ended_by_the_database(
+    database_url: str, engine: Engine, proxy: CuttingProxy
+) -> None:
+    """REL-15: the batch's last round trip (its outcomes with the COMMIT, 40 KB) reaches the server
+    only in part; the server ends the session within the idle timeout and the rows are free."""
+    ids = store_due(engine, [f"user-{i}" for i in range(3)], T0)
+    url = make_url(database_url).set(host="127.0.0.1", port=proxy.port)
+    url = url.set(query={k: v for k, v in url.query.items() if k not in ("host", "port")})
+    frozen_engine = make_engine(url.render_as_string(hide_password=False),
+                                Settings(idle_in_transaction_timeout_ms=TIMEOUT_MS), pool_size=1, max_overflow=0)
+    session = make_sessionmaker(frozen_engine)()
+    errors: list[BaseException] = []
+    try:
+        events, _ = claim_rounds(session, T0, 20)
+        assert [e.id for e in events] == ids and _locked(engine, ids) == 3
+        pid = session.connection().connection.dbapi_connection.info.backend_pid  # type: ignore[union-attr]
+        batch = Batch(session=session, events=events, claimed_at=T0, position=len(events),
+                      outcomes=[dispatched(e, T0) for e in events])
+        # an outcome's error text makes the round trip 40 KB: several libpq chunks
+        batch.outcomes[0] = dataclasses.replace(batch.outcomes[0], error="x" * 40_000)
+        proxy.cut()
+
+        def finish() -> None:
+            try:
+                commit_batch(batch)
+            except BaseException as exc:  # noqa: BLE001 - reported to the test below
+                errors.append(exc)
+
+        sender = threading.Thread(target=finish, daemon=True)
+        sender.start()
+        wait_until(lambda: proxy.held > 0, "the proxy to hold back the rest of the round trip", timeout=10)
+        wait_until(lambda: not _alive(engine, pid), "the server to end the session frozen mid-send", timeout=10)
+        assert _locked(engine, ids) == 0  # the rows are free for every other replica
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT count(*) FROM scheduled_events WHERE status = 'pending'")).scalar_one() == 3
+    finally:
+        proxy.close()  # the frozen client's connection goes: its send ends with an error
+        frozen_engine.dispose()
+    sender.join(timeout=10)
+    assert not sender.is_alive()
+    assert errors and isinstance(errors[0], DBAPIError)  # its batch failed whole; nothing committed
