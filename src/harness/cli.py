@@ -22,6 +22,7 @@ from harness.simulation import MODES, Simulation
 from harness.types import Violation
 from scheduler.config import Settings
 from scheduler.database.engine import drop_database
+from scheduler.digits import digits_value
 
 DEFAULTS = {"replicas": 4, "clients": 2, "batch_size": 20, "participants": 4, "faults": "all", "scheduler": "correct",
             "modes": "literal"}
@@ -44,10 +45,11 @@ def parse_faults(raw: str) -> frozenset[str]:
 
 def _positive(name: str, low: int, high: int) -> Any:
     def parse(raw: str) -> int:
-        try:
-            value = int(raw)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be a whole number, got {raw!r}") from None
+        # ASCII digits only, as every number a stranger writes (scheduler.digits): int() alone
+        # takes signs, spaces, "_" and digits of other scripts
+        value = digits_value(raw, 40)
+        if value is None:
+            raise argparse.ArgumentTypeError(f"{name} must be a whole number, got {raw!r}")
         if not low <= value <= high:
             raise argparse.ArgumentTypeError(f"{name} must be between {low} and {high}, got {value}")
         return value

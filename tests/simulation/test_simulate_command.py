@@ -84,6 +84,12 @@ def test_the_simulate_command_refuses_bad_arguments_with_a_clear_message(
     with pytest.raises(SystemExit):
         main(["simulate", "--replicas", "0"])
     assert "--replicas must be between 1 and 16" in capsys.readouterr().err
+    for hostile in ("+5", " 5", "5_0", "\u00b2", "\u0663", "5.0", "-1", "9" * 1000):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["simulate", "--steps", hostile])
+        assert exit_info.value.code == 2
+        err = capsys.readouterr().err
+        assert "--steps must be" in err and "Traceback" not in err, (hostile, err)
 
 
 @pytest.mark.clause("SIM-8")
