@@ -16,11 +16,13 @@ from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from sqlalchemy import Engine
 from starlette.testclient import TestClient
 
+from scheduler.config import Settings
 from scheduler.core.clock import ManualClock
 from scheduler.web.app import SchedulerService
-from tests.conftest import T0
+from tests.conftest import T0, TEST_SECRET
 from tests.helpers import post_event
 from tests.operations.support import loop_step
 
@@ -114,20 +116,36 @@ def exposition(service: SchedulerService, client: TestClient, clock: ManualClock
     return text
 
 
+@pytest.fixture
+def production_exposition(engine: Engine) -> str:
+    """A real scrape of a service on production's clock (the database's, DEC-10), which alone
+    exports the measured clock offset."""
+    service = SchedulerService(Settings(jwt_secret=TEST_SECRET), engine=engine, run_scheduler=False)
+    with TestClient(service.app) as client:  # the lifespan takes the clock's first reading
+        response = client.get("/metrics")
+    assert response.status_code == 200, response.text
+    assert "scheduler_clock_offset_seconds" in response.text
+    text: str = response.text
+    return text
+
+
 @pytest.mark.clause("DASH-1")
-def test_every_expression_of_the_dashboard_reads_metrics_and_labels_the_service_exposes(exposition: str) -> None:
+def test_every_expression_of_the_dashboard_reads_metrics_and_labels_the_service_exposes(
+    exposition: str, production_exposition: str
+) -> None:
     """DASH-1: each PromQL expression (panels and variables) names at least one metric, only
-    metrics a real scrape shows, and groups only by labels those metrics (or the target) carry."""
+    metrics a real scrape shows (on an injected clock, and on production's for the clock
+    offset), and groups only by labels those metrics (or the target) carry."""
     dashboard = json.loads(DASHBOARD.read_text())
-    assert problems(dashboard, exposed(exposition)) == []
+    assert problems(dashboard, exposed(exposition + production_exposition)) == []
 
 
 @pytest.mark.clause("DASH-1")
-def test_a_renamed_metric_is_reported_with_the_panels_that_read_it(exposition: str) -> None:
+def test_a_renamed_metric_is_reported_with_the_panels_that_read_it(exposition: str, production_exposition: str) -> None:
     """DASH-1: the check has teeth: the same scrape with one metric renamed (as a refactoring
     would) makes every panel reading the old name a problem."""
     dashboard = json.loads(DASHBOARD.read_text())
-    renamed = exposition.replace("scheduler_backlog_events", "scheduler_due_rows")
+    renamed = (exposition + production_exposition).replace("scheduler_backlog_events", "scheduler_due_rows")
     found = problems(dashboard, exposed(renamed))
     assert found and all("scheduler_backlog_events is not exposed" in p for p in found)
     assert any("Backlog (due, pending)" in p for p in found)
@@ -147,7 +165,8 @@ def test_the_expression_reader_finds_metrics_and_skips_functions_labels_and_vari
 @pytest.mark.clause("DASH-2")
 def test_the_dashboard_shows_what_an_operator_starts_from() -> None:
     """DASH-2: dispatch and failure rates, lateness p50 and p99, backlog and oldest overdue,
-    failed rows, replicas by state, poll errors and the database's reachability; panels have
+    failed rows, replicas by state, poll errors, the database's reachability and each host's
+    clock offset from the database; panels have
     unique ids and all read the dashboard's Prometheus data source variable."""
     dashboard = json.loads(DASHBOARD.read_text())
     exprs = [expr for _, expr in expressions(dashboard)]
@@ -165,6 +184,7 @@ def test_the_dashboard_shows_what_an_operator_starts_from() -> None:
     assert reads("scheduler_replicas", "by (state)")
     assert reads("scheduler_poll_errors_total")
     assert reads("scheduler_database_up")
+    assert reads("scheduler_clock_offset_seconds")
     panels = [p for p in dashboard["panels"] if p["type"] != "row"]
     assert len({p["id"] for p in dashboard["panels"]}) == len(dashboard["panels"])
     assert all(p["datasource"] == {"type": "prometheus", "uid": "${datasource}"} for p in panels)
