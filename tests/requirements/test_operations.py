@@ -221,6 +221,41 @@ def test_events_reset_by_filter_counts_first_needs_a_reason_and_is_audited(
     assert main(["events", "reset", ids[0], "--status", "failed"]) == 2
 
 
+@pytest.mark.clause("OPS-26")
+def test_events_cancel_by_filter_counts_first_needs_a_reason_cancels_only_pending_or_failed_rows_and_is_audited(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], client: TestClient,
+    service: SchedulerService, engine: Engine, database_url: str,
+) -> None:
+    """OPS-26: `events cancel` by filter counts with --dry-run and changes nothing; without --reason
+    exit 2; with it the matching pending and failed rows are cancelled, a dispatched one and the
+    rows outside the filter stay as they were, and the audit trail records the bulk cancel."""
+    later = T0 + timedelta(days=1)
+    pending = [post_event(client, user_id=u, event_type="demo", trigger_at=later)["id"] for u in ("a", "b")]
+    dispatched = post_event(client, user_id="c", event_type="demo")["id"]
+    other = post_event(client, user_id="d", event_type="other", trigger_at=later)["id"]
+    service.scheduler.poll_once()  # the due one is dispatched
+    assert event_row(engine, dispatched)["status"] == "dispatched"
+    monkeypatch.setenv("DATABASE_URL", database_url)
+    assert main(["events", "cancel", "--event-type", "demo", "--dry-run"]) == 0
+    assert "2 rows match" in capsys.readouterr().out
+    assert main(["events", "cancel", "--event-type", "demo"]) == 2
+    assert "--reason" in capsys.readouterr().err
+    assert [event_row(engine, i)["status"] for i in pending] == ["pending", "pending"]
+    assert main(["events", "cancel", "--event-type", "demo", "--reason", "campaign withdrawn", "--actor", "ops-kim"]) == 0
+    assert "cancelled 2 rows" in capsys.readouterr().out
+    assert [event_row(engine, i)["status"] for i in (*pending, dispatched, other)] == [
+        "cancelled", "cancelled", "dispatched", "pending"]
+    with engine.connect() as conn:
+        [audit] = conn.execute(sql_text("SELECT * FROM operator_actions")).mappings().all()
+    assert (audit["actor"], audit["source"], audit["action"], audit["count"], audit["reason"]) == (
+        "ops-kim", "cli", "bulk_cancel", 2, "campaign withdrawn")
+    assert audit["filter"] == {"event_type": "demo"}
+    assert main(["events", "cancel"]) == 2
+    assert main(["events", "cancel", other, "--event-type", "demo"]) == 2
+    assert main(["events", "cancel", "--key", "--event-type", "demo"]) == 2
+    assert event_row(engine, other)["status"] == "pending"
+
+
 @pytest.mark.clause("OPS-22")
 def test_cli_reads_print_only_their_answer_unless_verbose(database_url: str) -> None:
     """OPS-22: `events list` on stdout, nothing on stderr (no Alembic or server INFO); --verbose shows them."""

@@ -13,6 +13,7 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from scheduler import extensions
 from scheduler.cli.events import (
@@ -45,8 +46,21 @@ def _positive_int(raw: str) -> int:
     return value
 
 
+def _add_by_filter_options(parser: argparse.ArgumentParser, verb: str, sources: frozenset[Any]) -> None:
+    """The filter, --dry-run, --reason, --actor and --cap of a command that acts on one row or
+    on every row a filter matches (``events reset``, ``events cancel``)."""
+    from scheduler.types import EventStatus
+
+    add_filter_options(parser, statuses=[str(s) for s in EventStatus if s in sources])
+    parser.add_argument("--dry-run", action="store_true", help=f"only count (or name) what would be {verb}")
+    parser.add_argument("--reason", help=f"why: recorded in the audit trail (required for a {verb} by filter)")
+    parser.add_argument("--actor", help="who, for the row's history and the audit trail (default cli:$USER)")
+    parser.add_argument("--cap", type=_positive_int, default=10_000,
+                        help=f"{verb} at most this many rows (default 10000)")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    from scheduler.application.commands import RESETTABLE
+    from scheduler.application.commands import CANCELLABLE, RESETTABLE
     from scheduler.types import EventStatus
 
     parser = argparse.ArgumentParser(
@@ -102,19 +116,20 @@ def build_parser() -> argparse.ArgumentParser:
         "Every reset is recorded in the audit trail (GET /admin/audit, the console's audit page).",
         epilog="example: scheduler events reset --status failed --error-contains time_scope --dry-run")
     ev_reset.add_argument("id", nargs="?", help="the scheduled event's id (omit to reset by filter)")
-    add_filter_options(ev_reset, statuses=[str(s) for s in EventStatus if s in RESETTABLE])
-    ev_reset.add_argument("--dry-run", action="store_true", help="only count (or name) what would be reset")
-    ev_reset.add_argument("--reason", help="why: recorded in the audit trail (required for a reset by filter)")
-    ev_reset.add_argument("--actor", help="who, for the audit trail (default cli:$USER)")
-    ev_reset.add_argument("--cap", type=int, default=10_000, help="reset at most this many rows (default 10000)")
+    _add_by_filter_options(ev_reset, "reset", RESETTABLE)
     ev_reset.set_defaults(func=cmd_events_reset)
     ev_cancel = events_sub.add_parser(
-        "cancel", help="cancel a pending or failed row (never a dispatched one)",
-        description="Put a pending or failed row in the terminal status cancelled; the loop never "
-        "takes it. A dispatched row stays dispatched (exit 1). Re-posting its key re-arms it.")
-    ev_cancel.add_argument("id", help="the scheduled event's id (or its external key with --key)")
+        "cancel", help="cancel a pending or failed row, or every such row matching a filter",
+        description="Put pending or failed rows in the terminal status cancelled; the loop never "
+        "takes them. Give an ID (a dispatched row stays dispatched: exit 1; re-posting its key re-arms "
+        "it), or a filter to cancel every matching pending or failed row (count it first with --dry-run; "
+        "a cancel by filter needs --reason). Every cancel is recorded in the row's history, a cancel by "
+        "filter in the audit trail too, as the console's.",
+        epilog="example: scheduler events cancel --status pending --event-type demo --dry-run")
+    ev_cancel.add_argument("id", nargs="?", help="the scheduled event's id, or its external key with --key "
+                           "(omit to cancel by filter)")
     ev_cancel.add_argument("--key", action="store_true", help="ID is an external_key")
-    ev_cancel.add_argument("--actor", help="who, for the row's history (default cli:$USER)")
+    _add_by_filter_options(ev_cancel, "cancel", CANCELLABLE)
     ev_cancel.set_defaults(func=cmd_events_cancel)
     ev_history = events_sub.add_parser(
         "history", help="every change of a row, oldest first",

@@ -122,78 +122,109 @@ def cmd_events_show(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def cmd_events_reset(args: argparse.Namespace, settings: Settings) -> int:
-    from scheduler.application import commands
-    from scheduler.database.engine import make_sessionmaker, synced_database_clock
-
+def _id_or_filter(args: argparse.Namespace, verb: str) -> tuple[bool, Any] | None:
+    """(by filter?, the query) from an ID or filter options, never both; None: said why on stderr."""
     given = any(getattr(args, name, None) for name in FILTER_OPTIONS)
     if args.id is not None and given:
         print("give either an ID or a filter (--status, --event-type, ...), not both", file=sys.stderr)
-        return 2
+        return None
     if args.id is None and not given:
-        print("give an ID, or a filter (--status, --event-type, --error-contains, ...) to reset every matching row",
+        print(f"give an ID, or a filter (--status, --event-type, --error-contains, ...) to {verb} every matching row",
               file=sys.stderr)
+        return None
+    if args.id is not None:
+        return False, None
+    query = _query(args)
+    return None if query is None else (True, query)
+
+
+def _by_filter(args: argparse.Namespace, sessions: Any, clock: Any, query: Any, *, verb: str, doing: str,
+               done_verb: str, sources: frozenset[Any], bulk: Any) -> int:
+    """A reset or a cancel by filter, as the console's: count first (``--dry-run`` stops
+    there), ``--reason`` required, then the audited command in chunks (``bulk``)."""
+    from scheduler.application import commands
+
+    as_of = clock.now()
+    count = commands.count_matching(sessions, query, sources, cap=args.cap)
+    shown = f"more than {args.cap}" if count > args.cap else str(count)
+    if args.dry_run:
+        print(f"dry run: {shown} rows match; they would be {done_verb}")
+        return 0
+    if not (args.reason or "").strip():
+        print(f"{shown} rows match: a bulk {verb} needs --reason (recorded in the audit trail); "
+              "--dry-run only counts", file=sys.stderr)
         return 2
-    query = None if args.id is not None else _query(args)
-    if args.id is None and query is None:
+    print(f"{doing} {min(count, args.cap)} rows in chunks of {commands.CHUNK} ...", file=sys.stderr)
+    done = bulk(sessions, query, now=clock.now(), as_of=as_of, expected=count, actor=_cli_actor(args),
+                reason=args.reason, cap=args.cap)
+    print(f"{done_verb} {done.changed} rows (audit #{done.action_id})")
+    return 0
+
+
+def _one_row_or_filter(args: argparse.Namespace, settings: Settings, *, verb: str, by_filter: dict[str, Any],
+                       one_row: Any) -> int:
+    """The shared frame of ``events reset`` and ``events cancel``: an ID or a filter (never
+    both), the database's clock (DEC-10), then ``one_row(sessions, now)`` or ``_by_filter``."""
+    from scheduler.database.engine import make_sessionmaker, synced_database_clock
+
+    chosen = _id_or_filter(args, verb)
+    if chosen is None:
         return 2
+    filtered, query = chosen
+    if filtered and getattr(args, "key", False):
+        print("--key names one row by its external key; a filter takes --external-key", file=sys.stderr)
+        return 2
+    if not filtered and args.dry_run:
+        print(terminal_safe(f"dry run: would {verb} {args.id}"))
+        return 0
     engine = migrated_engine(settings)
     sessions = make_sessionmaker(engine)
     try:
         clock = synced_database_clock(engine, warn_seconds=settings.clock_skew_warn_seconds)  # DEC-10
-        if args.id is not None:
-            if args.dry_run:
-                print(terminal_safe(f"dry run: would reset {args.id}"))
-                return 0
-            result = commands.reset(sessions, args.id, now=clock.now(), actor=_cli_actor(args), reason=args.reason)
-            if result.event is None:
-                print(terminal_safe(f"no scheduled event with id {args.id}"), file=sys.stderr)
-                return 1
-            print(f"{result.event.id} is pending again (trigger_at={result.event.trigger_at.isoformat()})")
-            return 0
-        assert query is not None
-        as_of = clock.now()
-        count = commands.count_matching(sessions, query, commands.RESETTABLE, cap=args.cap)
-        shown = f"more than {args.cap}" if count > args.cap else str(count)
-        if args.dry_run:
-            print(f"dry run: {shown} rows match; they would be reset")
-            return 0
-        if not (args.reason or "").strip():
-            print(f"{shown} rows match: a bulk reset needs --reason (recorded in the audit trail); "
-                  "--dry-run only counts", file=sys.stderr)
-            return 2
-        print(f"resetting {min(count, args.cap)} rows in chunks of {commands.CHUNK} ...", file=sys.stderr)
-        done = commands.bulk_reset(sessions, query, now=clock.now(), as_of=as_of, expected=count,
-                                   actor=_cli_actor(args), reason=args.reason, cap=args.cap)
-        print(f"reset {done.changed} rows (audit #{done.action_id})")
-        return 0
+        if filtered:
+            return _by_filter(args, sessions, clock, query, verb=verb, **by_filter)
+        code: int = one_row(sessions, clock.now())
+        return code
     finally:
         engine.dispose()
+
+
+def cmd_events_reset(args: argparse.Namespace, settings: Settings) -> int:
+    from scheduler.application import commands
+
+    def one_row(sessions: Any, now: Any) -> int:
+        result = commands.reset(sessions, args.id, now=now, actor=_cli_actor(args), reason=args.reason)
+        if result.event is None:
+            print(terminal_safe(f"no scheduled event with id {args.id}"), file=sys.stderr)
+            return 1
+        print(f"{result.event.id} is pending again (trigger_at={result.event.trigger_at.isoformat()})")
+        return 0
+
+    return _one_row_or_filter(args, settings, verb="reset", one_row=one_row, by_filter={
+        "doing": "resetting", "done_verb": "reset", "sources": commands.RESETTABLE, "bulk": commands.bulk_reset})
 
 
 def cmd_events_cancel(args: argparse.Namespace, settings: Settings) -> int:
     from scheduler.application import commands
-    from scheduler.database.engine import make_sessionmaker, synced_database_clock
 
-    engine = migrated_engine(settings)
-    try:
-        now = synced_database_clock(engine, warn_seconds=settings.clock_skew_warn_seconds).now()  # DEC-10
-        result = commands.cancel(make_sessionmaker(engine), now=now,
-                                 event_id=None if args.key else args.id,
+    def one_row(sessions: Any, now: Any) -> int:
+        result = commands.cancel(sessions, now=now, event_id=None if args.key else args.id,
                                  external_key=args.id if args.key else None, actor=_cli_actor(args))
-    finally:
-        engine.dispose()
-    what = terminal_safe(f"key {args.id}" if args.key else f"id {args.id}")
-    if result.event is None:
-        print(f"no scheduled event with {what}", file=sys.stderr)
-        return 1
-    if result.outcome == "dispatched":
-        dispatched_at = result.event.dispatched_at.isoformat() if result.event.dispatched_at else None
-        print(f"{result.event.id} was already dispatched at {dispatched_at}; it stays dispatched", file=sys.stderr)
-        return 1
-    note = " (it already was)" if result.outcome == "already_cancelled" else ""
-    print(f"{result.event.id} is cancelled{note}")
-    return 0
+        what = terminal_safe(f"key {args.id}" if args.key else f"id {args.id}")
+        if result.event is None:
+            print(f"no scheduled event with {what}", file=sys.stderr)
+            return 1
+        if result.outcome == "dispatched":
+            dispatched_at = result.event.dispatched_at.isoformat() if result.event.dispatched_at else None
+            print(f"{result.event.id} was already dispatched at {dispatched_at}; it stays dispatched", file=sys.stderr)
+            return 1
+        note = " (it already was)" if result.outcome == "already_cancelled" else ""
+        print(f"{result.event.id} is cancelled{note}")
+        return 0
+
+    return _one_row_or_filter(args, settings, verb="cancel", one_row=one_row, by_filter={
+        "doing": "cancelling", "done_verb": "cancelled", "sources": commands.CANCELLABLE,
+        "bulk": commands.bulk_cancel})
 
 
 def cmd_events_history(args: argparse.Namespace, settings: Settings) -> int:
