@@ -66,7 +66,7 @@ def test_the_filter_is_written_once_and_every_list_count_and_bulk_statement_incl
     for predicate in ("event_type = :event_type", "last_error ILIKE :error_like", "trigger_at < :trigger_to"):
         assert text.count(predicate) == 1, predicate
     users = ("list_events", "filter_events_page", "filter_pending_page", "count_filtered_events",
-             "reset_filtered_chunk", "cancel_filtered_chunk")
+             "change_filtered_chunk")
     for name in users:
         assert re.search(r"-- name: " + name + r"\n.*?\{\{event_filter\}\}", text, re.S), name
     fragment = load_queries()["event_filter"].sql

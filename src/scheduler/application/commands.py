@@ -167,7 +167,7 @@ def count_matching(sessions: sessionmaker[Session], query: EventQuery, sources: 
         return count
 
 
-def _bulk(sessions: sessionmaker[Session], query: EventQuery, *, action: str, change: str, chunk_statement: str,
+def _bulk(sessions: sessionmaker[Session], query: EventQuery, *, action: str, change: str, to: EventStatus,
           sources: frozenset[EventStatus], now: datetime, as_of: datetime, expected: int, actor: Actor,
           reason: str, cap: int, chunk: int) -> BulkResult:
     why = _clean_reason(reason)
@@ -178,11 +178,11 @@ def _bulk(sessions: sessionmaker[Session], query: EventQuery, *, action: str, ch
         action_id = _record(session, now=now, actor=actor, action=action, event_id=None, query=query,
                             count=0, reason=why)
     done, chunks, after = 0, 0, ""
-    params = {**query.params(), "sources": sources_json(sources), "as_of": as_of, "now": now}
+    params = {**query.params(), "sources": sources_json(sources), "as_of": as_of, "now": now, "to": str(to)}
     while done < limit:
         with sessions.begin() as session:
             set_change_context(session, change, actor.name)
-            ids = list(session.execute(statement(chunk_statement), {
+            ids = list(session.execute(statement("change_filtered_chunk"), {
                 **params, "after_id": after, "chunk": min(chunk, limit - done),
             }).scalars())
             if not ids:
@@ -198,7 +198,7 @@ def _bulk(sessions: sessionmaker[Session], query: EventQuery, *, action: str, ch
 def bulk_reset(sessions: sessionmaker[Session], query: EventQuery, *, now: datetime, as_of: datetime,
                expected: int, actor: Actor, reason: str, cap: int = BULK_CAP, chunk: int = CHUNK) -> BulkResult:
     """Reset what the dry run at ``as_of`` counted (at most ``min(expected, cap)`` ``RESETTABLE`` rows), in chunks."""
-    return _bulk(sessions, query, action="bulk_reset", change="reset", chunk_statement="reset_filtered_chunk",
+    return _bulk(sessions, query, action="bulk_reset", change="reset", to=EventStatus.PENDING,
                  sources=RESETTABLE, now=now, as_of=as_of, expected=expected, actor=actor, reason=reason,
                  cap=cap, chunk=chunk)
 
@@ -206,6 +206,6 @@ def bulk_reset(sessions: sessionmaker[Session], query: EventQuery, *, now: datet
 def bulk_cancel(sessions: sessionmaker[Session], query: EventQuery, *, now: datetime, as_of: datetime,
                 expected: int, actor: Actor, reason: str, cap: int = BULK_CAP, chunk: int = CHUNK) -> BulkResult:
     """Cancel what the dry run at ``as_of`` counted (at most ``min(expected, cap)`` ``CANCELLABLE`` rows), in chunks."""
-    return _bulk(sessions, query, action="bulk_cancel", change="cancelled", chunk_statement="cancel_filtered_chunk",
+    return _bulk(sessions, query, action="bulk_cancel", change="cancelled", to=EventStatus.CANCELLED,
                  sources=CANCELLABLE, now=now, as_of=as_of, expected=expected, actor=actor, reason=reason,
                  cap=cap, chunk=chunk)

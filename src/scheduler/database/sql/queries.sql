@@ -512,8 +512,8 @@ SELECT count(*) FROM (
     LIMIT :cap + 1
 ) AS matching;
 
--- name: reset_filtered_chunk
--- Reset the next chunk of rows that still match the filter, skipping rows a poll has locked.
+-- name: change_filtered_chunk
+-- Reset or cancel (:to, pending or cancelled) the next chunk of rows that still match the filter, skipping rows a poll has locked.
 WITH chunk AS (
     SELECT id FROM scheduled_events
     -- the filter is evaluated again here: a row that stopped matching since the count is not touched
@@ -531,31 +531,10 @@ WITH chunk AS (
     FOR UPDATE SKIP LOCKED
 )
 UPDATE scheduled_events AS e
-SET status = 'pending', dispatched_at = NULL, last_error = NULL, updated_at = :now
-FROM chunk
-WHERE e.id = chunk.id
-RETURNING e.id;
-
--- name: cancel_filtered_chunk
--- Cancel the next chunk of rows that still match the filter, skipping rows a poll has locked.
-WITH chunk AS (
-    SELECT id FROM scheduled_events
-    -- the filter is evaluated again here: a row that stopped matching since the count is not touched
-    WHERE {{event_filter}}
-      -- only the command's source statuses (a reset leaves a pending row its place in the claim order)
-      AND status = ANY(CAST(:sources AS text[]))
-      -- only rows as the dry run saw them: a row that changed since then was not in its count
-      AND updated_at <= :as_of
-      -- keyset over id, so each row is visited once even when a changed row still matches
-      AND id > :after_id
-    ORDER BY id
-    LIMIT :chunk
-    -- a row a replica is dispatching right now is skipped, never waited for: the loop
-    -- is not held up, and that row's new status decides for itself
-    FOR UPDATE SKIP LOCKED
-)
-UPDATE scheduled_events AS e
-SET status = 'cancelled', dispatched_at = NULL, updated_at = :now
+SET status = CAST(:to AS text), dispatched_at = NULL,
+    -- a reset clears the error; a cancel keeps it (why the row had failed stays visible)
+    last_error = CASE WHEN CAST(:to AS text) = 'pending' THEN NULL ELSE e.last_error END,
+    updated_at = :now
 FROM chunk
 WHERE e.id = chunk.id
 RETURNING e.id;
