@@ -157,6 +157,38 @@ def test_a_token_without_exp_is_401(client: TestClient) -> None:
     assert "exp" in _refused(client, hs256(claims(exp=None)))
 
 
+@pytest.mark.clause("SEC-5")
+def test_token_times_are_judged_by_the_verifiers_clock_and_malformed_times_are_refused() -> None:
+    """SEC-5: exp, nbf and iat are checked against the verifier's injected clock (production's is
+    the database's), never the host's: a token minted by that clock is valid until its exp and
+    expired at it, its remaining life is read from the same clock; a token from that clock's
+    future is not yet valid; a time claim that is not a whole number is refused as invalid."""
+    from datetime import UTC, datetime, timedelta
+
+    import jwt as pyjwt
+
+    from scheduler.web.auth import TokenVerifier, mint_token
+
+    far = ManualClock(datetime(2031, 5, 1, 12, 0, tzinfo=UTC))  # years from the host's now
+    verifier = TokenVerifier(Settings(jwt_secret=TEST_SECRET), clock=far)
+    token = mint_token(TEST_SECRET, scope="nudging.admin", ttl_seconds=60, clock=far)
+    verified = verifier.verify(token)
+    assert verified["iat"] == int(far.now().timestamp()) and verifier.seconds_left(verified) == 60
+    far.advance(timedelta(seconds=59))
+    assert verifier.seconds_left(verifier.verify(token)) == 1
+    far.advance(timedelta(seconds=1))
+    with pytest.raises(pyjwt.ExpiredSignatureError):
+        verifier.verify(token)
+    early = TokenVerifier(Settings(jwt_secret=TEST_SECRET), clock=ManualClock(datetime(2031, 5, 1, tzinfo=UTC)))
+    with pytest.raises(pyjwt.ImmatureSignatureError, match=r"not yet valid \((iat|nbf)\)"):
+        early.verify(token)
+    wall = TokenVerifier(Settings(jwt_secret=TEST_SECRET))  # the claims below are valid for the host's now
+    wall.verify(hs256(claims()))
+    for name in ("exp", "nbf", "iat"):
+        with pytest.raises(pyjwt.InvalidTokenError, match="must be an integer"):
+            wall.verify(hs256(claims(**{name: "soon"})))
+
+
 @pytest.mark.clause("SEC-6")
 @pytest.mark.parametrize("audience", ["another-service", ["another-service"], None])
 def test_a_token_for_another_audience_is_401(client: TestClient, audience: Any) -> None:

@@ -113,7 +113,9 @@ class SchedulerService:
         # replicas, then the configured publisher (see scheduler.web.inbox). The live path
         # numbers on the requests' pool, the loop on its own (below).
         inner_publisher = publisher or LoggingPublisher()
-        self.verifier = TokenVerifier(self.settings)
+        # Tokens are judged by production's one clock too (DEC-10); an injected clock is the
+        # scheduler's own time (tests step it by days), so tokens keep the wall clock then.
+        self.verifier = TokenVerifier(self.settings, clock=self.clock if clock is None else None)
         self.run_scheduler = self.settings.scheduler_enabled if run_scheduler is None else run_scheduler
         loop_sessions = make_sessionmaker(self.loop_engine) if self.loop_engine is not engine else self.sessions
         self.scheduler = Scheduler(

@@ -8,7 +8,6 @@ a valid token without the permission is a 403 naming it.
 from __future__ import annotations
 
 import functools
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -27,6 +26,8 @@ from starlette.requests import HTTPConnection, Request
 from starlette.responses import JSONResponse, Response
 
 from scheduler.config import Settings
+from scheduler.core.clock import SystemClock
+from scheduler.types import Clock
 
 SCOPE_PERMISSIONS: dict[str, tuple[str, ...]] = {
     "nudging.ingest": ("ingest",),
@@ -64,7 +65,10 @@ def actor_of(request: Request) -> str | None:
 class TokenVerifier:
     """Verifies tokens with exactly one configured key type, so algorithms cannot be confused."""
 
-    def __init__(self, settings: Settings, secret: str | None = None) -> None:
+    def __init__(self, settings: Settings, secret: str | None = None, clock: Clock | None = None) -> None:
+        # The clock a token's exp, nbf and iat are judged by (and its remaining life read
+        # from): production's is the database's (DEC-10), as for everything else it stamps.
+        self.clock: Clock = clock or SystemClock()
         self.audience = settings.jwt_audience
         self.issuer = settings.jwt_issuer
         self._secret = secret if secret is not None else settings.effective_jwt_secret()
@@ -80,16 +84,9 @@ class TokenVerifier:
         """True when verifying may fetch keys over the network (a JWKS endpoint)."""
         return self._jwks is not None
 
-    @staticmethod
-    def seconds_left(claims: dict[str, Any]) -> float:
-        """A verified token's remaining life: its ``exp`` less the time PyJWT checked it with.
-
-        Token lifetimes are the issuer's and PyJWT's business, measured by the host's wall
-        clock (PyJWT reads it itself and takes no ``now``); the scheduler's clock, the
-        database's in production, never judges a token. So this is the one place the web
-        edge reads that wall clock, beside PyJWT's own check.
-        """
-        return float(claims["exp"]) - time.time()
+    def seconds_left(self, claims: dict[str, Any]) -> float:
+        """A verified token's remaining life: its ``exp`` less this verifier's clock's now."""
+        return float(claims["exp"]) - self.clock.now().timestamp()
 
     async def verify_async(self, token: str) -> dict[str, Any]:
         """``verify`` for async code: a JWKS fetch (blocking network I/O) runs in a worker
@@ -100,18 +97,46 @@ class TokenVerifier:
         return self.verify(token)
 
     def verify(self, token: str) -> dict[str, Any]:
-        options = {"require": ["exp", "sub"]}
+        # PyJWT checks the signature, audience, issuer and required claims; the times are
+        # checked below by this verifier's clock, since PyJWT reads the host's and takes no now
+        options = {"require": ["exp", "sub"], "verify_exp": False, "verify_nbf": False, "verify_iat": False}
         common: dict[str, Any] = {"audience": self.audience, "options": options}
         if self.issuer:
             common["issuer"] = self.issuer
         if self._jwks is not None:
             key = self._jwks.get_signing_key_from_jwt(token).key
-            return dict(jwt.decode(token, key, algorithms=["RS256"], **common))
-        if self._public_key:
-            return dict(jwt.decode(token, self._public_key, algorithms=["RS256"], **common))
-        if self._secret:
-            return dict(jwt.decode(token, self._secret, algorithms=["HS256"], **common))
-        raise jwt.InvalidTokenError("the service has no way to verify tokens configured")
+            claims = dict(jwt.decode(token, key, algorithms=["RS256"], **common))
+        elif self._public_key:
+            claims = dict(jwt.decode(token, self._public_key, algorithms=["RS256"], **common))
+        elif self._secret:
+            claims = dict(jwt.decode(token, self._secret, algorithms=["HS256"], **common))
+        else:
+            raise jwt.InvalidTokenError("the service has no way to verify tokens configured")
+        check_token_times(claims, self.clock.now().timestamp())
+        return claims
+
+
+def _whole(claims: dict[str, Any], name: str, error: type[jwt.PyJWTError], what: str) -> int | None:
+    if name not in claims:
+        return None
+    try:
+        return int(claims[name])
+    except (ValueError, TypeError, OverflowError):
+        raise error(f"{what} claim ({name}) must be an integer.") from None
+
+
+def check_token_times(claims: dict[str, Any], now: float) -> None:
+    """PyJWT's checks of ``exp``, ``nbf`` and ``iat`` (same errors, same messages, no
+    leeway), against ``now`` from the verifier's clock instead of the host's."""
+    exp = _whole(claims, "exp", jwt.DecodeError, "Expiration Time")
+    if exp is not None and exp <= now:
+        raise jwt.ExpiredSignatureError("Signature has expired")
+    nbf = _whole(claims, "nbf", jwt.DecodeError, "Not Before")
+    if nbf is not None and nbf > now:
+        raise jwt.ImmatureSignatureError("The token is not yet valid (nbf)")
+    iat = _whole(claims, "iat", jwt.InvalidIssuedAtError, "Issued At")
+    if iat is not None and iat > now:
+        raise jwt.ImmatureSignatureError("The token is not yet valid (iat)")
 
 
 def token_problem(exc: jwt.PyJWTError) -> str:
@@ -195,13 +220,14 @@ def mint_token(
     ttl_seconds: int = 3600,
     audience: str = "svc-nudging",
     issuer: str | None = None,
+    clock: Clock | None = None,
 ) -> str:
     """An HS256 token for local use (``scheduler token``); no scope gives a participant's token.
 
-    Its ``iat``/``nbf``/``exp`` come from the host's wall clock, the clock PyJWT verifies
-    them with (see ``TokenVerifier.seconds_left``), not from the scheduler's clock.
+    Its ``iat``/``nbf``/``exp`` come from ``clock`` (the host's wall clock unless given: the
+    issuer's clock, as an identity provider's would be).
     """
-    now = int(time.time())
+    now = int((clock or SystemClock()).now().timestamp())
     claims: dict[str, Any] = {"sub": subject, "aud": audience, "iat": now, "nbf": now, "exp": now + ttl_seconds}
     if scope:
         claims["scope"] = scope
