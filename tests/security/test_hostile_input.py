@@ -104,40 +104,36 @@ def test_every_route_declares_its_query_parameters_and_the_schema_shows_them(ser
     assert {"limit", "before_id"} <= {n for t in listed if t.template == "/admin/audit" for n in t.params}
 
 
-@pytest.mark.clause("PARAM-2")
-@pytest.mark.parametrize("value", NON_ASCII_DIGITS, ids=ascii)
-def test_non_ascii_digits_are_a_422_naming_the_field_on_every_number(service: SchedulerService, value: str) -> None:
-    """PARAM-2: '²' passes str.isdigit() and fails int(): every number-shaped parameter refuses it (422)."""
+def _refused_by_every_number(service: SchedulerService, value: str) -> None:
+    """``value`` sent to every parameter: a 422 naming it where the parameter is a number,
+    and no 5xx anywhere else."""
     for target, name, param in _every_parameter(service):
         answer = _send(service, target, f"{name}=".encode() + _encoded(value))
         if _numeric(param):
             _refused(target, answer, name, value)
         else:
             _no_5xx(target, answer, value)
+
+
+@pytest.mark.clause("PARAM-2")
+@pytest.mark.parametrize("value", NON_ASCII_DIGITS, ids=ascii)
+def test_non_ascii_digits_are_a_422_naming_the_field_on_every_number(service: SchedulerService, value: str) -> None:
+    """PARAM-2: '²' passes str.isdigit() and fails int(): every number-shaped parameter refuses it (422)."""
+    _refused_by_every_number(service, value)
 
 
 @pytest.mark.clause("PARAM-2")
 @pytest.mark.parametrize("value", SIGNS, ids=ascii)
 def test_signs_exponents_and_separators_are_a_422_on_every_number(service: SchedulerService, value: str) -> None:
     """PARAM-2: a number is ASCII digits and nothing else: no sign, exponent, base prefix or separator."""
-    for target, name, param in _every_parameter(service):
-        answer = _send(service, target, f"{name}=".encode() + _encoded(value))
-        if _numeric(param):
-            _refused(target, answer, name, value)
-        else:
-            _no_5xx(target, answer, value)
+    _refused_by_every_number(service, value)
 
 
 @pytest.mark.clause("PARAM-2")
 @pytest.mark.parametrize("value", WHITESPACE, ids=ascii)
 def test_whitespace_around_a_number_is_a_422(service: SchedulerService, value: str) -> None:
     """PARAM-2: ' 1', '1\\n', a no-break space: refused, not stripped, on every number."""
-    for target, name, param in _every_parameter(service):
-        answer = _send(service, target, f"{name}=".encode() + _encoded(value))
-        if _numeric(param):
-            _refused(target, answer, name, value)
-        else:
-            _no_5xx(target, answer, value)
+    _refused_by_every_number(service, value)
 
 
 @pytest.mark.clause("PARAM-2")
