@@ -167,9 +167,16 @@ def count_matching(sessions: sessionmaker[Session], query: EventQuery, sources: 
         return count
 
 
-def _bulk(sessions: sessionmaker[Session], query: EventQuery, *, action: str, change: str, to: EventStatus,
-          sources: frozenset[EventStatus], now: datetime, as_of: datetime, expected: int, actor: Actor,
-          reason: str, cap: int, chunk: int) -> BulkResult:
+# A bulk command by the status it sets: its audit action, its history change, the statuses it acts on.
+_BULK: dict[EventStatus, tuple[str, str, frozenset[EventStatus]]] = {
+    EventStatus.PENDING: ("bulk_reset", "reset", RESETTABLE),
+    EventStatus.CANCELLED: ("bulk_cancel", "cancelled", CANCELLABLE),
+}
+
+
+def _bulk(sessions: sessionmaker[Session], query: EventQuery, *, to: EventStatus, now: datetime, as_of: datetime,
+          expected: int, actor: Actor, reason: str, cap: int, chunk: int) -> BulkResult:
+    action, change, sources = _BULK[to]
     why = _clean_reason(reason)
     if why is None:
         raise QueryError("reason", f"a bulk {action.removeprefix('bulk_')} needs a reason")
@@ -198,14 +205,12 @@ def _bulk(sessions: sessionmaker[Session], query: EventQuery, *, action: str, ch
 def bulk_reset(sessions: sessionmaker[Session], query: EventQuery, *, now: datetime, as_of: datetime,
                expected: int, actor: Actor, reason: str, cap: int = BULK_CAP, chunk: int = CHUNK) -> BulkResult:
     """Reset what the dry run at ``as_of`` counted (at most ``min(expected, cap)`` ``RESETTABLE`` rows), in chunks."""
-    return _bulk(sessions, query, action="bulk_reset", change="reset", to=EventStatus.PENDING,
-                 sources=RESETTABLE, now=now, as_of=as_of, expected=expected, actor=actor, reason=reason,
+    return _bulk(sessions, query, to=EventStatus.PENDING, now=now, as_of=as_of, expected=expected, actor=actor, reason=reason,
                  cap=cap, chunk=chunk)
 
 
 def bulk_cancel(sessions: sessionmaker[Session], query: EventQuery, *, now: datetime, as_of: datetime,
                 expected: int, actor: Actor, reason: str, cap: int = BULK_CAP, chunk: int = CHUNK) -> BulkResult:
     """Cancel what the dry run at ``as_of`` counted (at most ``min(expected, cap)`` ``CANCELLABLE`` rows), in chunks."""
-    return _bulk(sessions, query, action="bulk_cancel", change="cancelled", to=EventStatus.CANCELLED,
-                 sources=CANCELLABLE, now=now, as_of=as_of, expected=expected, actor=actor, reason=reason,
+    return _bulk(sessions, query, to=EventStatus.CANCELLED, now=now, as_of=as_of, expected=expected, actor=actor, reason=reason,
                  cap=cap, chunk=chunk)
