@@ -51,7 +51,8 @@ from sqlalchemy.pool import Pool
 
 from scheduler.database.queries import statement
 
-# Where a session keeps the commands deferred to its next ``send`` (its ``info``).
+# Where a connection keeps the commands deferred to its next statement (its ``info``,
+# which follows the DBAPI connection: cleared at the transaction's end and at checkin).
 _DEFERRED = "scheduler.database.pipeline.deferred"
 
 
@@ -201,7 +202,7 @@ def in_failed_transaction(session: Session) -> bool:
     driver = session.connection().connection.driver_connection
     if not isinstance(driver, psycopg.Connection):
         return True
-    return driver.pgconn.transaction_status == psycopg.pq.TransactionStatus.INERROR
+    return driver.pgconn.transaction_status == pq.TransactionStatus.INERROR
 
 
 def _compiled(conn: Connection, step: Step) -> tuple[str, Any]:
@@ -216,9 +217,9 @@ def _compiled(conn: Connection, step: Step) -> tuple[str, Any]:
 
 
 # psycopg's generator that sends a query already handed to libpq and reads every answer
-# (one list of results per message); ``None`` in a psycopg without it (``send`` then runs
-# statements one by one).
-# A cursor is handed its answer as psycopg's own execute does (a ``Transformer``, ``_set_results``).
+# (one result per statement of the message); a cursor is then handed its answer as psycopg's
+# own execute does (a ``Transformer``, ``_set_results``). ``None`` in a psycopg without
+# either: ``send`` then runs the statements one by one.
 _execute: Any = getattr(getattr(psycopg, "generators", None), "execute", None)
 if not hasattr(psycopg.Cursor, "_set_results"):
     _execute = None
