@@ -1,5 +1,5 @@
 """Statements sent together, in one round trip and one message, under a SQLAlchemy session
-(issue 16 §2).
+(DEC-1, "Round trips").
 
 ``send`` runs several statements on the session's psycopg connection, inside the session's
 transaction (its ``BEGIN`` ahead of them when none is open), as ONE message of PostgreSQL's
@@ -30,13 +30,15 @@ engine sees first. A command never followed by a statement is never sent (the ba
 checkpoint of a dispatcher that wrote nothing costs nothing); ``discard`` drops it and says
 whether it was still unsent. The end of the transaction drops it too.
 
-On a connection that is not psycopg's (another driver), or a psycopg without the pieces
-used here, ``send`` runs the statements one by one through the session: the same results,
-a round trip each.
+On a connection that is not psycopg's (another driver), or a driver without the private
+pieces used here (``database.driver_internals``, the one module that names them), ``send``
+runs the statements one by one through the session: the same results, a round trip each,
+with a warning logged once; PERF-8 counts the messages on the wire and fails.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -49,7 +51,10 @@ from sqlalchemy import Connection, Engine, event
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import Pool
 
+from scheduler.database import driver_internals
 from scheduler.database.queries import statement
+
+logger = logging.getLogger(__name__)
 
 # Where a connection keeps the commands deferred to its next statement (its ``info``,
 # which follows the DBAPI connection: cleared at the transaction's end and at checkin).
@@ -125,8 +130,10 @@ def send(session: Session, steps: Sequence[Step]) -> list[list[dict[str, Any]] |
     everything = [*deferred, *steps]
     conn = session.connection()
     driver = conn.connection.driver_connection
-    if not isinstance(driver, psycopg.Connection) or _execute is None:
+    if not isinstance(driver, psycopg.Connection) or _MISSING:
+        _warn_slow_path(driver)
         return _one_by_one(conn, everything)[len(deferred):]
+    before_listeners, after_listeners = driver_internals.statement_listeners(conn)
     compiled = [_compiled(conn, step) for step in everything]
     contexts = [SimpleNamespace() for _ in everything]  # what the listeners see as the execution context
     cursors: list[Any] = []
@@ -140,7 +147,7 @@ def send(session: Session, steps: Sequence[Step]) -> list[list[dict[str, Any]] |
                 # as SQLAlchemy does: each listener may rewrite the statement (retval=True);
                 # a listener that keeps state for its after-hook (OpenTelemetry's span) keeps
                 # it on the context, here one object per statement handed to both hooks
-                for listener in conn.dispatch.before_cursor_execute:
+                for listener in before_listeners:
                     sql, params = listener(conn, cursor, sql, params, contexts[i], False)
                 compiled[i] = (sql, params)
                 current = (sql, params, cursor)
@@ -148,7 +155,7 @@ def send(session: Session, steps: Sequence[Step]) -> list[list[dict[str, Any]] |
         begin = _transaction_start(driver)
         message = ";\n".join([*([begin] if begin else []), *texts])
         driver.pgconn.send_query(message.encode(driver.info.encoding))
-        results = driver.wait(_execute(driver.pgconn))
+        results = driver_internals.read_answers(driver)
         if begin:
             _check(results.pop(0), driver)
         for i, result in enumerate(results):
@@ -160,14 +167,13 @@ def send(session: Session, steps: Sequence[Step]) -> list[list[dict[str, Any]] |
         for step, cursor, result, (sql, params), context in zip(everything, cursors, results, compiled, contexts,
                                                                 strict=True):
             current = (sql, params, cursor)
-            cursor._tx = psycopg.adapt.Transformer(cursor)  # as psycopg's own execute starts a cursor
-            cursor._set_results([result])
+            driver_internals.hand_answer(cursor, result)
             answers.append(cursor.fetchall() if step.fetch else None)
-            for after in conn.dispatch.after_cursor_execute:
+            for after in after_listeners:
                 after(conn, cursor, sql, params, context, False)
     except psycopg.Error as exc:
         # SQLAlchemy's own translation: a DBAPIError, and the pool told of a lost connection
-        conn._handle_dbapi_exception(exc, current[0], current[1], current[2], None)
+        driver_internals.raise_translated(conn, exc, current[0], current[1], current[2])
     finally:
         for cursor in cursors:
             cursor.close()
@@ -216,13 +222,19 @@ def _compiled(conn: Connection, step: Step) -> tuple[str, Any]:
     return compiled.string, compiled.construct_params(dict(step.params or {}))
 
 
-# psycopg's generator that sends a query already handed to libpq and reads every answer
-# (one result per statement of the message); a cursor is then handed its answer as psycopg's
-# own execute does (a ``Transformer``, ``_set_results``). ``None`` in a psycopg without
-# either: ``send`` then runs the statements one by one.
-_execute: Any = getattr(getattr(psycopg, "generators", None), "execute", None)
-if not hasattr(psycopg.Cursor, "_set_results"):
-    _execute = None
+# The private pieces this driver lacks; any one missing sends the statements one by one.
+_MISSING = driver_internals.missing()
+_WARNED: set[str] = set()
+
+
+def _warn_slow_path(driver: Any) -> None:
+    """Say once per cause that statements go one round trip each (PERF-8 fails too)."""
+    cause = (f"psycopg lacks {', '.join(_MISSING)}" if isinstance(driver, psycopg.Connection)
+             else f"the driver is {type(driver).__module__}, not psycopg 3")
+    if cause not in _WARNED:
+        _WARNED.add(cause)
+        logger.warning("statements sent together go one round trip each: %s (database.driver_internals)", cause)
+
 
 # Each named statement compiled once per dialect (SQLAlchemy caches its own executions alike).
 _COMPILED: dict[tuple[str, str], Any] = {}
