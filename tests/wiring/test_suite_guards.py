@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import os
+import subprocess
+import sys
 import tomllib
 from datetime import timedelta
 from pathlib import Path
@@ -209,3 +212,54 @@ def test_an_app_whose_lifespan_runs_the_loop_is_left_with_a_deadline() -> None:
     problems = [f"{path.relative_to(TESTS.parent).as_posix()}:{line}: {call}"
                 for path in sorted(TESTS.rglob("test_*.py")) for line, call in lifespans_left_without_a_deadline(path.read_text())]
     assert problems == []
+
+
+# -- the tiers run fast and fundamental first -----------------------------------------------
+
+TIER_ORDER = [
+    "tests/test_spec_map.py",  # the map of clauses to tests: source only, under a second
+    "tests/requirements", "tests/application", "tests/contract", "tests/wiring", "tests/security",
+    "tests/operations", "tests/performance", "tests/simulation", "tests/browser", "tests/reliability",
+]
+
+
+def _testpaths() -> list[str]:
+    options = tomllib.loads(PYPROJECT.read_text())["tool"]["pytest"]["ini_options"]
+    return [str(p) for p in options["testpaths"]]
+
+
+@pytest.mark.clause("WIRE-11")
+def test_the_tiers_are_listed_fast_and_fundamental_first_and_none_is_missing() -> None:
+    """WIRE-11: ``testpaths`` lists the tiers in the order the suite should find bugs (the
+    requirement tests that prove a clause before the real processes and Chromium), and every
+    folder of tests and every test module at the root is in it (a tier left out would
+    silently never run under a bare ``pytest``)."""
+    assert _testpaths() == TIER_ORDER
+    tiers = {path.parent.relative_to(TESTS) for path in TESTS.rglob("test_*.py")}
+    top = {f"tests/{t.parts[0]}" if t.parts else "" for t in tiers}
+    roots = {f"tests/{p.name}" for p in TESTS.glob("test_*.py")}
+    assert (top - {""}) | roots == set(TIER_ORDER)
+
+
+@pytest.mark.clause("WIRE-11")
+def test_pytest_collects_the_testpaths_in_the_order_they_are_listed(tmp_path: Path) -> None:
+    """WIRE-11: pytest runs ``testpaths`` in the listed order, not sorted: a project laid out
+    like ours, its tiers listed against the alphabet, collects them as listed."""
+    listed = ["tests/test_map.py", "tests/zeta", "tests/alpha", "tests/mid"]
+    (tmp_path / "pyproject.toml").write_text(
+        "[tool.pytest.ini_options]\ntestpaths = [" + ", ".join(f'"{p}"' for p in listed) + "]\n")
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_map.py").write_text("def test_map():\n    pass\n")
+    (tmp_path / "tests" / "__init__.py").write_text("")
+    for tier in ("zeta", "alpha", "mid"):
+        (tmp_path / "tests" / tier).mkdir()
+        (tmp_path / "tests" / tier / "__init__.py").write_text("")
+        for name in ("test_a.py", "test_b.py"):
+            (tmp_path / "tests" / tier / name).write_text("def test_it():\n    pass\n")
+    done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
+                          env={**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"})
+    assert done.returncode == 0, done.stdout + done.stderr
+    order = [line.split("::")[0] for line in done.stdout.splitlines() if "::" in line]
+    assert order == ["tests/test_map.py", "tests/zeta/test_a.py", "tests/zeta/test_b.py", "tests/alpha/test_a.py",
+                     "tests/alpha/test_b.py", "tests/mid/test_a.py", "tests/mid/test_b.py"]
