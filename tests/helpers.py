@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import Engine, text
 from starlette.testclient import TestClient
+from starlette.types import ASGIApp
 
 from scheduler.core.loop import Batch, EventOutcome, PollReport, Scheduler
 from scheduler.types import DigitalTwinEvent, DispatchResult
@@ -103,6 +105,47 @@ def dispatch_all(scheduler: Scheduler, batch: Batch, each: Callable[[], None] | 
 
 
 DEADLINE_SECONDS = 30.0
+
+
+T = TypeVar("T")
+# How long an app's shutdown may take (its loop stopped, its replica row deleted, its listener
+# and engines closed); a loop that sleeps out its interval instead of stopping fails here.
+SHUTDOWN_DEADLINE_SECONDS = 10.0
+
+
+def bounded(fn: Callable[[], T], timeout: float, what: str) -> T:
+    """Run ``fn`` in a thread and fail (instead of hanging the suite) if it has not returned
+    within ``timeout`` seconds: the guard against the hang these tests look for."""
+    result: list[T] = []
+    errors: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            result.append(fn())
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread below
+            errors.append(exc)
+
+    thread = threading.Thread(target=target, name=f"bounded: {what}", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        raise AssertionError(f"{what} did not return within {timeout:g}s: it hangs")
+    if errors:
+        raise errors[0]
+    return result[0]
+
+
+@contextlib.contextmanager
+def running(app: ASGIApp, what: str = "the app's shutdown") -> Iterator[TestClient]:
+    """A test client inside ``app``'s lifespan, for an app whose lifespan runs the loop: on
+    leaving, the shutdown must finish within ``SHUTDOWN_DEADLINE_SECONDS`` (``with
+    TestClient(app)`` alone waits for it without a deadline)."""
+    client = TestClient(app)
+    client.__enter__()
+    try:
+        yield client
+    finally:
+        bounded(lambda: client.__exit__(None, None, None), SHUTDOWN_DEADLINE_SECONDS, what)
 
 
 async def eventually(condition: Callable[[], bool], what: str, timeout: float = DEADLINE_SECONDS) -> None:

@@ -484,6 +484,53 @@ def test_another_sessions_csrf_token_or_sign_in_nonce_is_403_and_changes_nothing
         assert stolen.status_code == 403 and "set-cookie" not in {k.lower() for k in stolen.headers}
 
 
+@pytest.mark.clause("CON-2")
+def test_two_sessions_of_one_operator_never_take_each_others_csrf_token_or_sign_in_nonce(
+    service: SchedulerService, engine: Engine
+) -> None:
+    """CON-2: operator-ann signs in from two browsers with the same token, the closest two
+    sessions can be (a second browser, or a copy of her session someone else holds). Each
+    has its own CSRF token; each browser's reset, bulk reset, cancel, bulk cancel, ending of a
+    session and sign-out carrying the other's token is 403 and changes nothing. A sign-in in
+    one browser posting the nonce the other was given is 403, with the same operator's token
+    (a token keyed by the operator instead of the session would pass all of these)."""
+    ann_token = token("nudging.admin", subject="operator-ann")
+    with TestClient(service.app) as first, TestClient(service.app) as second:
+        bad = _failed(first, service, ["anna", "bert"])
+        csrf = {"first": sign_in(first, subject="operator-ann"), "second": sign_in(second, subject="operator-ann")}
+        assert csrf["first"] != csrf["second"]
+        browsers = {"first": first, "second": second}
+        ids = [str(s["id"]) for s in first.get("/admin/sessions", headers=ADMIN).json()]
+        assert len(ids) == 2
+        for me, other in (("first", "second"), ("second", "first")):
+            browser, theirs = browsers[me], csrf[other]
+            forms = {
+                f"/console/events/{bad[0]}/reset": {"reason": "x"},
+                "/console/bulk-reset": {"status": "failed", "reason": "x", "expected": "2", "as_of": T0.isoformat()},
+                f"/console/events/{bad[1]}/cancel": {"reason": "x"},
+                "/console/bulk-cancel": {"status": "failed", "reason": "x", "expected": "2", "as_of": T0.isoformat()},
+                **{f"/console/sessions/{sid}/end": {} for sid in ids},
+                "/console/sign-out": {},
+            }
+            for path, fields in forms.items():
+                refused = browser.post(path, data={"csrf": theirs, **fields}, follow_redirects=False)
+                assert refused.status_code == 403, (me, path)
+            assert sorted(r["status"] for r in rows(engine, "SELECT status FROM scheduled_events")) == ["failed", "failed"]
+            assert rows(engine, "SELECT * FROM operator_actions") == []
+            assert len(rows(engine, "SELECT id FROM web_sessions")) == 2
+            assert all(b.get("/console", follow_redirects=False).status_code == 200 for b in browsers.values())
+        for browser in browsers.values():
+            browser.cookies.clear()
+        first_nonce = re.search(r'name="nonce" value="([^"]+)"', first.get("/console/sign-in").text)
+        assert first_nonce and second.get("/console/sign-in").status_code == 200  # second has a nonce of its own
+        stolen = second.post("/console/sign-in", data={"nonce": first_nonce[1], "token": ann_token},
+                             follow_redirects=False)
+        assert stolen.status_code == 403 and "set-cookie" not in {k.lower() for k in stolen.headers}
+        own = re.search(r'name="nonce" value="([^"]+)"', second.get("/console/sign-in").text)
+        assert own and second.post("/console/sign-in", data={"nonce": own[1], "token": ann_token},
+                                   follow_redirects=False).status_code == 303  # its own nonce signs in
+
+
 @pytest.mark.clause("CON-4")
 def test_rows_changed_at_one_instant_page_by_keyset_without_losing_or_repeating_one(
     client: TestClient, service: SchedulerService, engine: Engine

@@ -190,3 +190,41 @@ def test_sign_out_ends_only_its_own_session_not_the_operators_others_nor_anyone_
         done = second.post("/console/sign-out", data={"csrf": csrf_second}, follow_redirects=False)
         assert done.status_code == 303 and _open(second) == 303
         assert _open(bob) == 200
+
+
+@pytest.mark.clause("CON-13")
+def test_ending_one_of_an_operators_two_sessions_ends_that_one_only_and_signs_out_only_its_browser(
+    service: SchedulerService, engine: Engine
+) -> None:
+    """CON-13: operator-ann is signed in from two browsers. On the sessions page the first ends
+    the second's session: the second is refused, the first stays signed in (it ended another
+    session, not its own: "own" is the session, not the operator). By the API an admin ends one
+    of two sessions of one subject: only that one ends."""
+    with TestClient(service.app) as first, TestClient(service.app) as second:
+        csrf = sign_in(first, subject="operator-ann")
+        sign_in(second, subject="operator-ann")
+        page = first.get("/console/sessions").text
+        ids = re.findall(r'data-id="([^"]+)" data-subject="operator-ann"', page)
+        assert len(ids) == 2 and page.count("(you)") == 1
+        theirs = _own_id(second, engine)
+        assert theirs in ids and _own_id(first, engine) in ids
+        done = first.post(f"/console/sessions/{theirs}/end", data={"csrf": csrf}, follow_redirects=False)
+        assert (done.status_code, done.headers["location"]) == (303, "/console/sessions?done=ended")
+        assert "set-cookie" not in {k.lower() for k in done.headers}
+        assert (_open(first), _open(second)) == (200, 303)
+    with TestClient(service.app) as third, TestClient(service.app) as fourth:
+        sign_in(third, subject="operator-bob")
+        sign_in(fourth, subject="operator-bob")
+        bobs = [str(r["id"]) for r in rows(engine, "SELECT id FROM web_sessions WHERE subject = 'operator-bob'")]
+        assert len(bobs) == 2
+        assert third.delete(f"/admin/sessions/{_own_id(fourth, engine)}", headers=ADMIN).status_code == 200
+        assert (_open(third), _open(fourth)) == (200, 303)
+        assert [r["id"] for r in rows(engine, "SELECT id FROM web_sessions WHERE subject = 'operator-bob'")] == [
+            _own_id(third, engine)]
+
+
+def _own_id(client: TestClient, engine: Engine) -> str:
+    """The public id of the session whose cookie ``client`` holds (found by its hash)."""
+    digest = hashlib.sha256(_cookie(client).encode()).hexdigest()
+    [row] = rows(engine, "SELECT id FROM web_sessions WHERE secret_hash = :h", h=digest)
+    return str(row["id"])

@@ -25,7 +25,7 @@ from scheduler.database.engine import make_sessionmaker
 from scheduler.operations.heartbeat import Heartbeat
 from scheduler.web.app import SchedulerService
 from tests.conftest import ADMIN, INGEST, T0
-from tests.helpers import FakeDispatcher, post_event, rows
+from tests.helpers import FakeDispatcher, post_event, rows, running
 from tests.operations.support import loop_step
 
 
@@ -120,7 +120,7 @@ def test_a_replica_that_stops_cleanly_leaves_the_list_instead_of_going_stale(
 
     app = create_app(settings.with_(poll_seconds=3600.0), engine=engine, clock=clock)
     service = app.state.service
-    with TestClient(app):
+    with running(app):
         assert service.scheduler.wait_for(lambda: service.scheduler.health.polls >= 1, 30)
         assert [r["name"] for r in _replicas(engine)] == ["scheduler"]
     assert _replicas(engine) == []
@@ -140,8 +140,8 @@ def test_of_two_replicas_the_one_that_stops_leaves_the_list_and_the_other_stays(
     first, second = (app.state.service for app in apps)
     ids = [first.operations.heartbeat.replica_id, second.operations.heartbeat.replica_id]
     assert ids[0] != ids[1]
-    with TestClient(apps[1]) as client:
-        with TestClient(apps[0]):
+    with running(apps[1]) as client:
+        with running(apps[0]):
             wait_for(lambda: len(_replicas(engine)) == 2, what="both replicas' first heartbeat")
             assert sorted(str(r["replica_id"]) for r in _replicas(engine)) == sorted(ids)
         assert [r["replica_id"] for r in _replicas(engine)] == [ids[1]]

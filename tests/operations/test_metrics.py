@@ -20,7 +20,7 @@ from scheduler.core.clock import ManualClock
 from scheduler.nudging.publishers import RecordingPublisher
 from scheduler.web.app import SchedulerService
 from tests.conftest import ADMIN, INGEST, T0
-from tests.helpers import post_event
+from tests.helpers import post_event, running
 from tests.operations.support import loop_step, scrape
 
 BAD_FACTS = {"facts_version": "1", "scenario": "commitment_reminder", "date": "someday"}
@@ -103,12 +103,12 @@ def test_the_loop_running_gauge_follows_the_loop_task(
     service = SchedulerService(settings.with_(poll_seconds=3600.0), engine=engine, clock=clock,
                                publisher=publisher, run_scheduler=True)
     assert service.operations.metrics.loop_alive() is False
-    with TestClient(service.app) as client:
+    with running(service.app) as client:
         assert scrape(client)["scheduler_loop_running"] == 1
     assert service.loop_alive is False
     assert service.operations.metrics.loop_alive() is False
     idle = SchedulerService(settings, engine=engine, clock=clock, publisher=publisher, run_scheduler=False)
-    with TestClient(idle.app) as client:
+    with running(idle.app) as client:
         assert scrape(client)["scheduler_loop_running"] == 0  # SCHEDULER_ENABLED=false: API only
 
 

@@ -2,40 +2,15 @@
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any
 
 from reliability.cluster import wait_for
 from sqlalchemy import Engine, text
 
 from scheduler.core import store
 from scheduler.database.engine import make_sessionmaker
-
-T = TypeVar("T")
-
-
-def bounded(fn: Callable[[], T], timeout: float, what: str) -> T:
-    """Run ``fn`` in a thread and fail (instead of hanging the suite) if it has not returned
-    within ``timeout`` seconds: the guard against the hang these tests look for."""
-    result: list[T] = []
-    errors: list[BaseException] = []
-
-    def target() -> None:
-        try:
-            result.append(fn())
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread below
-            errors.append(exc)
-
-    thread = threading.Thread(target=target, name=f"bounded: {what}", daemon=True)
-    thread.start()
-    thread.join(timeout)
-    if thread.is_alive():
-        raise AssertionError(f"{what} did not return within {timeout:g}s: it hangs")
-    if errors:
-        raise errors[0]
-    return result[0]
 
 
 def wait_until(predicate: Callable[[], Any], what: str, timeout: float = 60.0) -> Any:

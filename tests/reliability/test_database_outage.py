@@ -23,8 +23,8 @@ from scheduler.nudging.rules import load_catalogue
 from scheduler.types import DigitalTwinEvent, DispatchResult
 from scheduler.web.app import SchedulerService, create_app
 from tests.conftest import ADMIN, INGEST, T0, TEST_SECRET
+from tests.helpers import bounded, running
 from tests.reliability.support import (
-    bounded,
     notifications_by_event,
     reminder,
     statuses,
@@ -80,7 +80,7 @@ def test_an_unreachable_database_answers_503_on_every_route_and_the_loop_shows_i
     settings = Settings(jwt_secret=TEST_SECRET, poll_seconds=0.02, pool_timeout_seconds=1)
     nowhere = make_engine(f"postgresql+psycopg://postgres@/scheduler?host={tmp_path}", settings)
     app = create_app(settings, engine=nowhere, clock=clock, catalogue=load_catalogue())
-    with TestClient(app) as client:
+    with running(app) as client:
         health = wait_until(lambda: (r := client.get("/admin/health/scheduler", headers=ADMIN)).json()[
             "consecutive_failures"] >= 3 and r, "three failed polls")
         assert health.status_code == 503

@@ -30,7 +30,8 @@ from scheduler.database.listener import Listener
 from scheduler.types import SchedulerMode
 from scheduler.web.app import SchedulerService
 from tests.conftest import TEST_SECRET, PgServer
-from tests.reliability.support import bounded, statuses, store_due
+from tests.helpers import bounded
+from tests.reliability.support import statuses, store_due
 from tests.reliability.test_scenarios import _test_pgdata
 
 needs_pgbouncer = pytest.mark.skipif(

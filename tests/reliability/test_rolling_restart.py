@@ -208,7 +208,7 @@ async def _serve_one(streams: Streams, inbox: Inbox, sent: list[bytes], done: as
     scope = {"type": "http", "method": "GET", "path": "/me/notifications/stream", "headers": []}
 
     async def receive() -> Message:
-        await done.wait()  # the client never leaves on its own
+        await done.wait()  # the client never leaves on its own; bounded: the test's wait_for on the task
         return {"type": "http.disconnect"}
 
     async def send(message: Message) -> None:

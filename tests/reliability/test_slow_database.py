@@ -15,8 +15,8 @@ from scheduler.core.participant_locks import participant_lock_key
 from scheduler.database.engine import make_engine
 from scheduler.web.app import SchedulerService, create_app
 from tests.conftest import ADMIN, INGEST, T0, TEST_SECRET
+from tests.helpers import bounded, running
 from tests.reliability.support import (
-    bounded,
     notifications_by_event,
     reminder,
     statuses,
@@ -54,7 +54,7 @@ def test_a_table_lock_fails_polls_and_posts_within_the_lock_timeout_then_everyth
     operator.execute(text("LOCK TABLE scheduled_events IN ACCESS EXCLUSIVE MODE"))
     settings = Settings(jwt_secret=TEST_SECRET, poll_seconds=0.02, lock_timeout_ms=300, statement_timeout_ms=30_000)
     app = create_app(settings, engine=make_engine(database_url, settings), clock=clock)
-    with TestClient(app) as client:
+    with running(app) as client:
         health = wait_until(lambda: (r := client.get("/admin/health/scheduler", headers=ADMIN)).status_code == 503
                             and "lock timeout" in (r.json()["last_error"] or "") and r.json(), "a failed poll")
         assert health["running"] is True and health["consecutive_failures"] >= 1

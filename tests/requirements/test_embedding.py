@@ -16,12 +16,11 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 from starlette.routing import Mount, Route
-from starlette.testclient import TestClient
 
 from scheduler.core.clock import ManualClock
 from scheduler.web.app import SchedulerService
 from tests.conftest import ADMIN, INGEST
-from tests.helpers import event_body
+from tests.helpers import event_body, running
 
 
 @pytest.mark.clause("OPS-7")
@@ -41,7 +40,7 @@ def test_a_host_app_mounts_the_routes_and_runs_the_loop_in_its_lifespan(
         return PlainTextResponse("the host's own route")
 
     host = Starlette(routes=[Route("/", home), Mount("/nudging", app=service.app)], lifespan=lifespan)
-    with TestClient(host) as client:
+    with running(host) as client:
         assert client.get("/").text == "the host's own route"
         stored = client.post("/nudging/admin/scheduled-events", headers=INGEST, json=event_body())
         assert stored.status_code == 201

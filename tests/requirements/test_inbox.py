@@ -168,7 +168,7 @@ def test_a_slow_client_is_dropped_without_holding_up_the_hub_or_a_fast_client(
 
         async def consume() -> None:
             while len(got) < 5:
-                got.append(int((await fast.queue.get())["stream_seq"]))
+                got.append(int((await fast.queue.get())["stream_seq"]))  # bounded: wait_for(consumer)
 
         consumer = asyncio.create_task(consume())
         await asyncio.wait_for(inbox.pump(), timeout=20)

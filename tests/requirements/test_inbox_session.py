@@ -169,3 +169,31 @@ def test_sign_out_ends_only_its_own_session_not_the_participants_others_nor_anyo
         assert (second.get(ME).status_code, other.get(ME).status_code) == (200, 200)
         assert second.get(SESSION).status_code == 200
         assert len(rows(engine, "SELECT id FROM web_sessions")) == 2
+
+
+@pytest.mark.clause("INBOX-13")
+def test_two_sessions_of_one_participant_never_take_each_others_csrf_token(
+    client: TestClient, service: SchedulerService, engine: Engine
+) -> None:
+    """INBOX-13: participant-1 signs in on the page from two browsers with the same token.
+    Each session has its own CSRF token: a sign-out carrying the other's is 403 and both stay
+    signed in; each signs out with its own (a token keyed by the participant instead of the
+    session would let either browser sign the other out)."""
+    participant = token(None, subject="participant-1")
+    with TestClient(service.app) as second:
+        csrf = {}
+        for name, browser in (("first", client), ("second", second)):
+            signed_in = browser.post(SESSION, json={"token": participant})
+            assert signed_in.status_code == 201
+            csrf[name] = signed_in.json()["csrf"]
+        assert csrf["first"] != csrf["second"]
+        assert client.get(SESSION).json()["csrf"] == csrf["first"]
+        assert second.get(SESSION).json()["csrf"] == csrf["second"]
+        for browser, theirs in ((client, csrf["second"]), (second, csrf["first"])):
+            assert browser.delete(SESSION, headers={"X-CSRF-Token": theirs}).status_code == 403
+            assert len(rows(engine, "SELECT id FROM web_sessions")) == 2
+            assert (client.get(ME).status_code, second.get(ME).status_code) == (200, 200)
+        assert second.delete(SESSION, headers={"X-CSRF-Token": csrf["second"]}).status_code == 204
+        assert (client.get(ME).status_code, second.get(ME).status_code) == (200, 401)
+        assert client.delete(SESSION, headers={"X-CSRF-Token": csrf["first"]}).status_code == 204
+        assert rows(engine, "SELECT id FROM web_sessions") == []

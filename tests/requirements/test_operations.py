@@ -52,7 +52,8 @@ def test_every_command_explains_itself_with_help(capsys: pytest.CaptureFixture[s
             build_parser().parse_args([*words, "--help"])
         assert done.value.code == 0
         assert "usage: scheduler" in capsys.readouterr().out
-    out = subprocess.run([sys.executable, "-m", "scheduler", "--help"], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run([sys.executable, "-m", "scheduler", "--help"], capture_output=True, text=True, check=True,
+                         timeout=120).stdout
     assert "serve" in out and "token" in out
 
 

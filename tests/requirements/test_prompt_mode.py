@@ -59,7 +59,7 @@ class LoopThread:
         self._stopping = asyncio.Event()
         await self.service.start()
         self.started.set()
-        await self._stopping.wait()
+        await self._stopping.wait()  # bounded: stop() joins this thread with a deadline
         await self.service.stop()
 
     def start(self) -> LoopThread:

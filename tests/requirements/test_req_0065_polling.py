@@ -11,6 +11,8 @@ sleeping, so stopping is immediate whatever the interval.
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -21,9 +23,18 @@ from starlette.testclient import TestClient
 from scheduler.config import Settings
 from scheduler.core.clock import ManualClock, SystemClock
 from scheduler.core.loop import Scheduler
+from scheduler.types import SchedulerMode
 from scheduler.web.app import SchedulerService
 from tests.conftest import ADMIN, T0
-from tests.helpers import dispatch_all, event_row, eventually, later, post_event, statuses
+from tests.helpers import (
+    DEADLINE_SECONDS,
+    dispatch_all,
+    event_row,
+    eventually,
+    later,
+    post_event,
+    statuses,
+)
 
 
 @pytest.mark.clause("REQ-0065.1")
@@ -157,6 +168,62 @@ def test_the_loop_polls_every_interval_and_stops_at_once_even_with_a_one_hour_in
     assert scheduler.health.running is False
 
 
+HOUR = 3600.0
+# How long a stop may take to end a loop waiting out an hour: a hundredth of the interval
+# would be 36 s; a loop that waits on its stop event returns in milliseconds.
+STOP_DEADLINE_SECONDS = 5.0
+
+
+def _stopped_during_the_wait_asyncio(scheduler: Scheduler) -> float:
+    async def scenario() -> float:
+        stop = asyncio.Event()
+        task = asyncio.create_task(scheduler.run(stop))
+        await eventually(lambda: scheduler.health.polls >= 1 and scheduler.waiting, "the loop waiting out its interval")
+        started = time.monotonic()
+        stop.set()
+        done, _ = await asyncio.wait({task}, timeout=STOP_DEADLINE_SECONDS)
+        assert task in done, f"the loop did not end within {STOP_DEADLINE_SECONDS:g}s of a stop during its wait"
+        assert task.exception() is None
+        return time.monotonic() - started
+
+    return asyncio.run(scenario())
+
+
+def _stopped_during_the_wait_thread(scheduler: Scheduler) -> float:
+    stop = threading.Event()
+    thread = threading.Thread(target=scheduler.run_blocking, args=(stop,), name="loop-under-test", daemon=True)
+    thread.start()
+    assert scheduler.wait_for(lambda: scheduler.health.polls >= 1 and scheduler.waiting, DEADLINE_SECONDS), \
+        "the loop never started waiting out its interval"
+    started = time.monotonic()
+    stop.set()
+    thread.join(STOP_DEADLINE_SECONDS)
+    assert not thread.is_alive(), f"the loop did not end within {STOP_DEADLINE_SECONDS:g}s of a stop during its wait"
+    return time.monotonic() - started
+
+
+RUNNERS = {"asyncio task": _stopped_during_the_wait_asyncio, "thread of its own": _stopped_during_the_wait_thread}
+
+
+@pytest.mark.clause("REQ-0065.6")
+@pytest.mark.parametrize("mode", list(SchedulerMode), ids=[str(m) for m in SchedulerMode])
+@pytest.mark.parametrize("runner", list(RUNNERS))
+def test_a_stop_during_the_wait_ends_the_loop_within_a_fraction_of_its_one_hour_interval(
+    service: SchedulerService, runner: str, mode: SchedulerMode
+) -> None:
+    """REQ-0065.6 ("the shutdown is immediate"): the loop has polled and is waiting out a
+    one-hour interval; a stop set during that wait ends it within seconds, a small fraction of
+    the interval, in either runner (``Scheduler.run``, ``run_blocking``): the wait is on the
+    stop event, not a sleep of the interval."""
+    assert HOUR / 100 > STOP_DEADLINE_SECONDS
+    scheduler = service.scheduler
+    scheduler.poll_seconds = HOUR
+    scheduler.mode = mode
+    elapsed = RUNNERS[runner](scheduler)
+    assert elapsed < STOP_DEADLINE_SECONDS
+    assert scheduler.health.polls == 1 and scheduler.health.running is False
+
+
 @pytest.mark.clause("REQ-0065.6")
 def test_a_zero_interval_loop_polls_again_and_again_until_stopped(service: SchedulerService) -> None:
     """REQ-0065.6: the interval is the timeout of the wait; with zero the loop polls back to back."""
@@ -168,7 +235,7 @@ def test_a_zero_interval_loop_polls_again_and_again_until_stopped(service: Sched
         task = asyncio.create_task(scheduler.run(stop))
         await eventually(lambda: scheduler.health.polls >= 3, "three polls")
         stop.set()
-        await task
+        await asyncio.wait_for(task, timeout=DEADLINE_SECONDS)
         return scheduler.health.polls
 
     assert asyncio.run(scenario()) >= 3

@@ -24,7 +24,16 @@ from scheduler.core.loop import Batch
 from scheduler.types import DigitalTwinEvent, DispatchResult
 from scheduler.web.app import SchedulerService
 from tests.conftest import ADMIN, T0
-from tests.helpers import FakeDispatcher, event_row, eventually, post_event, rows, statuses
+from tests.helpers import (
+    DEADLINE_SECONDS,
+    FakeDispatcher,
+    event_row,
+    eventually,
+    post_event,
+    rows,
+    running,
+    statuses,
+)
 
 
 def batch_of_five(client: TestClient, middle: str = "user-2") -> list[dict[str, Any]]:
@@ -192,7 +201,7 @@ def test_an_exception_escaping_a_poll_is_caught_and_the_loop_continues(
         await eventually(lambda: scheduler.health.dispatched >= 1 or task.done(), "a dispatch after the failed poll")
         assert not task.done()
         stop.set()
-        await task
+        await asyncio.wait_for(task, timeout=DEADLINE_SECONDS)
 
     asyncio.run(scenario())
     assert scheduler.health.last_error == "ConnectionError: database went away"
@@ -206,14 +215,14 @@ def test_the_health_route_reports_a_live_loop_and_its_counters(
     """REQ-0067.7: while the loop task runs and polls, /health/scheduler is 200 with its counters."""
     service.run_scheduler = True
     post_event(client)
-    with TestClient(service.app) as running:  # service.app's own lifespan runs the loop
-        answer = wait_for_health(running, lambda body: body["polls"] >= 1)
+    with running(service.app) as live:  # service.app's own lifespan runs the loop
+        answer = wait_for_health(live, lambda body: body["polls"] >= 1)
         assert answer.status_code == 200
         body = answer.json()
         assert body["running"] is True and body["dispatched"] == 1 and body["failed"] == 0
         assert body["last_poll_at"] == clock.now().isoformat()
         clock.advance(timedelta(seconds=3 * 30 + 1))  # three intervals without a completed poll
-        stale = running.get("/health/scheduler")
+        stale = live.get("/health/scheduler")
         assert (stale.status_code, stale.json()["stale"]) == (503, True)
     assert client.get("/health/scheduler", headers=ADMIN).status_code == 503  # after shutdown: not running
 
@@ -227,8 +236,8 @@ def test_a_loop_that_died_is_reported_as_503_not_silence(service: SchedulerServi
         raise RuntimeError("a bug outside the poll guard")
 
     service.scheduler.run = broken_loop  # type: ignore[method-assign]
-    with TestClient(service.app) as running:
-        answer = wait_for_health(running, lambda body: body["running"] is False)
+    with running(service.app) as live:
+        answer = wait_for_health(live, lambda body: body["running"] is False)
         assert answer.status_code == 503
 
 

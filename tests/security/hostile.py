@@ -98,7 +98,7 @@ async def _call(app: ASGIApp, method: str, path: str, query: bytes, headers: lis
         if not sent:
             sent = True
             return {"type": "http.request", "body": b"", "more_body": False}
-        await done.wait()
+        await done.wait()  # bounded: the wait_for(DEADLINE) around the app's call
         return {"type": "http.disconnect"}
 
     async def send(message: Message) -> None:

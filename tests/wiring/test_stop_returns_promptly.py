@@ -21,8 +21,7 @@ from starlette.testclient import TestClient
 from scheduler.core.loop import Scheduler
 from scheduler.types import DigitalTwinEvent, DispatchResult, SchedulerMode
 from scheduler.web.app import SchedulerService
-from tests.helpers import DEADLINE_SECONDS, eventually, post_event, statuses
-from tests.reliability.support import bounded
+from tests.helpers import DEADLINE_SECONDS, bounded, eventually, post_event, running, statuses
 
 HOUR = 3600.0
 
@@ -114,7 +113,7 @@ def test_the_service_lifespan_stops_its_loop_without_cancelling_it(
     service.scheduler.poll_seconds = HOUR
 
     def serve_and_stop() -> None:
-        with TestClient(service.app):
+        with running(service.app):
             asyncio.run(eventually(lambda: service.scheduler.health.polls >= 1, "the first poll"))
 
     with caplog.at_level(logging.WARNING, logger="scheduler.web.app"):
