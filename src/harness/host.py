@@ -158,8 +158,20 @@ def source_of(host: HostDispatcher | None) -> str:
     """The Python expression that rebuilds ``host`` in a regression test (``None``: built-in)."""
     if host is None:
         return "None"
-    if host.path is None:
-        raise ValueError(f"the host dispatcher {host.name!r} has no import path; a regression test "
-                         "cannot name it (load it with harness.load_host)")
+    path = host.path or _where_defined(host)
+    if path is None:
+        raise ValueError(f"the host dispatcher {host.name!r} is not a module attribute; a regression test "
+                         "cannot name it (give it path='package.module:NAME', or load it with harness.load_host)")
     setup = f", {host.setup_path!r}" if host.setup_path else ""
-    return f"load_host({host.path!r}{setup})"
+    return f"load_host({path!r}{setup})"
+
+
+def _where_defined(host: HostDispatcher) -> str | None:
+    """``package.module:NAME`` of a module attribute that is ``host`` itself, if one is."""
+    for module_name, module in list(sys.modules.items()):
+        if module is None or module_name == "__main__":
+            continue
+        for name, value in list(vars(module).items()):
+            if value is host:
+                return f"{module_name}:{name}"
+    return None

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import logging
 import os
 import random
 import tempfile
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +42,9 @@ def server_url(url: str) -> str:
 def embedded_server() -> Iterator[str]:
     """The embedded PostgreSQL (``pgserver``), started for the session and stopped after it."""
     try:
-        import pgserver
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # pgserver warns at import without XDG_RUNTIME_DIR
+            import pgserver
     except ImportError as exc:
         raise RuntimeError("scheduler_database_url needs a PostgreSQL server: set SCHEDULER_SIM_DATABASE_URL "
                            "(or --scheduler-sim-database-url), or install the embedded one "
@@ -98,6 +102,20 @@ def cloned_database(admin_url: str, template: str) -> Iterator[str]:
         drop_database(admin_url, name)
 
 
+@contextlib.contextmanager
+def _quiet_loops() -> Iterator[None]:
+    """The loops log every injected failure with its traceback; a run's report says enough."""
+    loggers = [logging.getLogger(name) for name in ("scheduler.core", "alembic", "sqlalchemy.pool")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
+
+
 @dataclass
 class Failure:
     """A seed that broke an invariant: its (shrunk) program, its regression test, its replay."""
@@ -145,7 +163,12 @@ class SimulationRunner:
         if first is None:
             first = random.SystemRandom().randrange(2**32)
         params = {**SIMULATION_DEFAULTS, **simulation}
-        for current in range(first, first + (seeds or self.seeds)):
+        with _quiet_loops():
+            return self._find(host, steps, first, seeds or self.seeds, faults, params)
+
+    def _find(self, host: HostDispatcher | None, steps: int, first: int, seeds: int,
+              faults: frozenset[str], params: dict[str, Any]) -> Failure | None:
+        for current in range(first, first + seeds):
             print(f"simulation seed: {current}", flush=True)
 
             def make(current: int = current) -> Simulation:

@@ -128,12 +128,14 @@ def test_a_clean_host_run_writes_pure_json_and_a_passing_junit_suite(cli_env: Pa
     junit = cli_env / "ok.xml"
     code = main(["simulate", "--dispatcher", "host_app.dispatcher:DeliveryDispatcher", "--setup",
                  "host_app.dispatcher:create_tables", "--steps", "80", "--seed", "2", "--replicas", "2",
+                 # a bare factory has no expect hook: p3 (opted out, so failing) stays out of it
+                 "--participants", "3",
                  "--json", "--junit-xml", str(junit)])
     out, err = capsys.readouterr()
     assert code == 0, out + err
     summary = json.loads(out)
     assert summary["result"] == "clean" and summary["dispatcher"] == "host_app.dispatcher:DeliveryDispatcher"
-    assert summary["replay"].endswith("--dispatcher host_app.dispatcher:DeliveryDispatcher "
+    assert summary["replay"].endswith("--participants 3 --dispatcher host_app.dispatcher:DeliveryDispatcher "
                                       "--setup host_app.dispatcher:create_tables")
     assert "80/80 steps" in err
     suite = ET.parse(junit).getroot()

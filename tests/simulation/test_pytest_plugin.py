@@ -66,20 +66,19 @@ def test_a_hosts_suite_runs_the_simulation_and_the_regression_test_it_wrote(
     assert "2 passed" in done.stdout
     written = sorted(regressions.glob("seed-*.py"))
     assert written, done.stdout
-    regression = tmp_path / "test_regression.py"
-    regression.write_text(written[0].read_text())
-    # The regression test in the host's suite: the fixture is found, and the bug fails it.
-    again = _pytest([str(regression), "--rootdir", str(EXAMPLE), "-c", str(EXAMPLE / "pyproject.toml")], env, EXAMPLE)
-    assert again.returncode == 1, again.stdout + again.stderr
-    assert "SIM-12 violated" in again.stdout and "fixture 'scheduler_database_url' not found" not in again.stdout
-    # A failing simulation test reports its seed and the one command that replays it.
-    failing = tmp_path / "test_failing.py"
-    failing.write_text(
+    downstream = tmp_path / "downstream"
+    downstream.mkdir()
+    (downstream / "test_regression.py").write_text(written[0].read_text())
+    (downstream / "test_failing.py").write_text(
         "from host_app.simulation import BROKEN\n\n"
         "def test_the_broken_dispatcher_fails_the_run(scheduler_simulation):\n"
         "    scheduler_simulation.run(BROKEN, seed=1)\n")
-    failed = _pytest([str(failing), "--rootdir", str(EXAMPLE), "-c", str(EXAMPLE / "pyproject.toml"),
-                      "--scheduler-sim-regressions", str(regressions)], env, EXAMPLE)
-    assert failed.returncode == 1, failed.stdout + failed.stderr
-    assert "INVARIANT VIOLATED: SIM-12" in failed.stdout and "simulation seed: 1" in failed.stdout
-    assert "replay: SCHEDULER_SIM_SEED=1 SCHEDULER_SIM_STEPS=120 python -m pytest" in failed.stdout
+    again = _pytest([str(downstream), "--rootdir", str(EXAMPLE), "-c", str(EXAMPLE / "pyproject.toml"),
+                     "--scheduler-sim-regressions", str(regressions)], env, EXAMPLE)
+    assert again.returncode == 1 and "2 failed" in again.stdout, again.stdout + again.stderr
+    # The regression test in the host's suite: the fixture is found, and the bug fails it.
+    assert "test_regression.py::test_seed_1_sim_12" in again.stdout and "SIM-12 violated" in again.stdout
+    assert "fixture 'scheduler_database_url' not found" not in again.stdout
+    # A failing simulation test reports its seed and the one command that replays it.
+    assert "INVARIANT VIOLATED: SIM-12" in again.stdout and "simulation seed: 1" in again.stdout
+    assert "replay: SCHEDULER_SIM_SEED=1 SCHEDULER_SIM_STEPS=120 python -m pytest" in again.stdout
