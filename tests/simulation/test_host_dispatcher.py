@@ -24,6 +24,7 @@ from host_app.simulation import HOST  # noqa: E402
 
 
 @pytest.mark.clause("SIM-HOST-1")
+@pytest.mark.clause("SIM-12")
 def test_a_correct_host_dispatcher_holds_every_invariant_for_any_dispatcher_under_every_fault(database_url: str) -> None:
     """SIM-HOST-1: the example host's dispatcher, every fault on: clean, its effects checked
     after every step (SIM-12), and no ``refused`` fault (the built-in platform's refusal) posted."""
@@ -92,6 +93,7 @@ def cli_env(database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
 
 
 @pytest.mark.clause("SIM-HOST-3")
+@pytest.mark.clause("SIM-12")
 @pytest.mark.clause("SIM-CI-1")
 def test_the_broken_host_dispatcher_is_found_at_the_default_budget_shrunk_and_replayed(
     cli_env: Path, database_url: str, capsys: pytest.CaptureFixture[str]
