@@ -106,6 +106,13 @@ def database_url(postgresql: psycopg.Connection[Any]) -> str:
 
 
 @pytest.fixture
+def scheduler_database_url(database_url: str) -> str:
+    """The wheel's pytest plugin's fixture (harness.pytest_plugin), served by this suite's own
+    template clone: regression tests written by ``scheduler simulate`` take it."""
+    return database_url
+
+
+@pytest.fixture
 def engine(database_url: str) -> Iterator[Engine]:
     engine = make_engine(database_url, Settings(lock_timeout_ms=0, statement_timeout_ms=60_000))
     yield engine

@@ -18,15 +18,45 @@ One concept per module:
 - ``settle``: waiting until every actor has finished or waits on a lock;
 - ``oracle``: the whole-database invariants, checked after every step;
 - ``teardown``: ending a run in any state, and what it suppresses;
+- ``host``: a host's own dispatcher in a run (``HostDispatcher``: its factory, table setup,
+  expectation of an event and effects check) and how ``package.module:name`` paths load;
+- ``shrink``: the fewest steps of a failing program that still break the same invariant;
+- ``report``: ``--json``'s one document, ``--junit-xml`` and the exit codes;
+- ``pytest_plugin``: the fixtures a host's test suite gets from the wheel (``pytest11``);
 - ``model``, ``observer``, ``actors``, ``faults``, ``broken``, ``driver``, ``cli``: the model
   of REQ-0063 to REQ-0067, the observer's connection, the actor threads, event faults, the
   broken variants (their SQL rewrites, built when a run asks for the variant, and the guard
   that fails when the SQL they target changes), the random driver, and ``scheduler simulate``.
 """
 
-from harness.broken import VARIANTS, Variant
-from harness.settle import HarnessError
-from harness.simulation import T0, Simulation
-from harness.types import Violation
+from __future__ import annotations
 
-__all__ = ["T0", "VARIANTS", "HarnessError", "Simulation", "Variant", "Violation"]
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from harness.broken import VARIANTS, Variant
+    from harness.host import Expected, HostDispatcher, HostImportError, Outcome, load_host
+    from harness.settle import HarnessError
+    from harness.simulation import T0, Simulation
+    from harness.types import Violation
+
+# Loaded on first use (PEP 562): ``harness.pytest_plugin``, which pytest imports in every
+# session of a project with the wheel installed, must not import the simulation with it.
+_EXPORTS = {
+    "VARIANTS": "harness.broken", "Variant": "harness.broken",
+    "Expected": "harness.host", "HostDispatcher": "harness.host", "HostImportError": "harness.host",
+    "Outcome": "harness.host", "load_host": "harness.host",
+    "HarnessError": "harness.settle", "T0": "harness.simulation", "Simulation": "harness.simulation",
+    "Violation": "harness.types",
+}
+
+__all__ = ["T0", "VARIANTS", "Expected", "HarnessError", "HostDispatcher", "HostImportError", "Outcome",
+           "Simulation", "Variant", "Violation", "load_host"]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'harness' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import logging
 import os
 import random
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +17,10 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from harness.broken import VARIANTS
 from harness.driver import FAULTS, Progress, regression_source, run_random, write_regression
+from harness.host import HostDispatcher, HostImportError, load_host
+from harness.report import EPILOG, emit_json, write_junit
 from harness.settle import HarnessError
+from harness.shrink import Shrunk, shrink
 from harness.simulation import MODES, Simulation
 from harness.types import Violation
 from scheduler.config import Settings
@@ -82,8 +85,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(default: <SCHEDULER_DATA_DIR>/simulation/seed-<seed>.py)")
     parser.add_argument("--keep-database", action="store_true",
                         help="keep the run's database (sim_<seed>_<pid>) for inspection")
-    parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+    parser.add_argument("--json", action="store_true",
+                        help="write exactly one JSON document to stdout, on success and failure alike "
+                             "(the seed line and the progress go to stderr)")
+    parser.add_argument("--junit-xml", type=Path, default=None, metavar="PATH",
+                        help="also write the run as a JUnit XML test suite to PATH (for CI test reports)")
     parser.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
+    parser.add_argument("--dispatcher", default=None, metavar="PACKAGE.MODULE:NAME",
+                        help="run a host's dispatcher instead of the built-in platform: a harness.HostDispatcher "
+                             "(factory, setup, expect, check_effects) or a factory returning a dispatcher, "
+                             "imported as `python -m` would (the current directory first)")
+    parser.add_argument("--setup", default=None, metavar="PACKAGE.MODULE:FUNCTION",
+                        help="a function of a connection that creates (or empties) the host's own tables "
+                             "in the run's database before every run; needs --dispatcher")
+    parser.add_argument("--shrink", action=argparse.BooleanOptionalAction, default=None,
+                        help="on a violation, replay shorter programs to find the fewest steps that still "
+                             "fail (default: on with --dispatcher, off for the built-in platform)")
 
 
 DESCRIPTION = (
@@ -101,7 +118,7 @@ def add_simulate_command(sub: argparse._SubParsersAction[argparse.ArgumentParser
     parser = sub.add_parser(
         "simulate",
         help="run several scheduler replicas against one database under a seeded random program",
-        description=DESCRIPTION,
+        description=DESCRIPTION, epilog=EPILOG,
     )
     add_arguments(parser)
     parser.set_defaults(func=cmd_simulate)
@@ -116,6 +133,10 @@ def replay_command(args: argparse.Namespace, seed: int) -> str:
         value = getattr(args, name)
         if value != DEFAULTS[name]:
             parts.append(f"--{name.replace('_', '-')} {value}")
+    for name in ("dispatcher", "setup"):
+        value = getattr(args, name, None)
+        if value is not None:
+            parts.append(f"--{name} {value}")
     return " ".join(parts)
 
 
@@ -143,16 +164,50 @@ def print_summary(summary: dict[str, Any], replay: str, elapsed: float, out: Any
     print(f"replay: {replay}", file=out)
 
 
+def _host(args: argparse.Namespace) -> HostDispatcher | None:
+    """The host named by --dispatcher and --setup (HostImportError: a sentence for exit 2)."""
+    if args.dispatcher is None:
+        if args.setup is not None:
+            raise HostImportError("--setup creates a host dispatcher's tables: it needs --dispatcher")
+        return None
+    if args.scheduler != "correct":
+        raise HostImportError("--scheduler picks a broken variant of the scheduler, which runs the built-in "
+                              "platform; leave it out with --dispatcher")
+    return load_host(args.dispatcher, args.setup)
+
+
+def _say(args: argparse.Namespace, line: str) -> None:
+    """A line of the text report: stdout, or stderr when stdout is reserved for JSON."""
+    print(line, file=sys.stderr if args.json else sys.stdout, flush=True)
+
+
+def _finish(args: argparse.Namespace, document: dict[str, Any], code: int) -> int:
+    if args.json:
+        emit_json(document)
+    if args.junit_xml is not None:
+        write_junit(args.junit_xml, document)
+    return code
+
+
 def cmd_simulate(args: argparse.Namespace, settings: Settings) -> int:
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**32)
-    print(f"simulation seed: {seed}", flush=True)
+    _say(args, f"simulation seed: {seed}")
     replay = replay_command(args, seed)
+    base_document: dict[str, Any] = {"seed": seed, "replay": replay, "scheduler": args.scheduler,
+                                     "dispatcher": args.dispatcher or "built-in"}
     if args.replicas + args.clients + 1 > MAX_ACTORS:
-        print(f"--replicas plus --clients must stay under {MAX_ACTORS} connections", file=sys.stderr)
-        return 2
+        message = f"--replicas plus --clients must stay under {MAX_ACTORS} connections"
+        print(message, file=sys.stderr)
+        return _finish(args, {**base_document, "result": "error", "message": message}, 2)
+    try:
+        host = _host(args)
+    except HostImportError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return _finish(args, {**base_document, "result": "error", "message": str(exc)}, 2)
     if not args.json:
         modes = VARIANTS[args.scheduler].modes or args.modes
-        print(f"{args.replicas} replicas ({args.scheduler}, {modes}), {args.clients} clients, batch {args.batch_size}, "
+        who = args.scheduler if host is None else f"dispatcher {host.name}"
+        print(f"{args.replicas} replicas ({who}, {modes}), {args.clients} clients, batch {args.batch_size}, "
               f"faults: {', '.join(sorted(args.faults)) or 'none'}", flush=True)
     for noisy in ("scheduler.core", "alembic", "sqlalchemy.pool"):
         logging.getLogger(noisy).setLevel(logging.CRITICAL)
@@ -160,32 +215,40 @@ def cmd_simulate(args: argparse.Namespace, settings: Settings) -> int:
     try:
         url, base = _fresh_database(settings, name)
     except SQLAlchemyError as exc:
-        print(f"cannot create the run's database {name}: {exc}", file=sys.stderr)
-        return 2
+        message = f"cannot create the run's database {name}: {exc}"
+        print(message, file=sys.stderr)
+        return _finish(args, {**base_document, "result": "error", "message": message}, 2)
     started = time.monotonic()
+
+    def make() -> Simulation:
+        return Simulation(url, seed=seed, replicas=args.replicas, clients=args.clients,
+                          batch_size=args.batch_size, participants=args.participants,
+                          scheduler=args.scheduler, modes=args.modes, host=host)
+
+    failure: tuple[Simulation, Violation] | None = None
     try:
-        with Simulation(url, seed=seed, replicas=args.replicas, clients=args.clients,
-                        batch_size=args.batch_size, participants=args.participants,
-                        scheduler=args.scheduler, modes=args.modes) as sim:
+        with make() as sim:
             progress = None if args.no_progress else Progress(args.steps)
             try:
                 run_random(sim, args.steps, random.Random(seed), args.faults, progress)
             except Violation as violation:
-                return _report_failure(args, settings, sim, violation, seed, replay)
+                failure = (sim, violation)
             except HarnessError as exc:
                 print(f"\nthe harness could not go on: {exc}\nreplay: {replay}", file=sys.stderr)
-                return 3
-            elapsed = time.monotonic() - started
-            summary = sim.summary()
-            summary.update(seed=seed, elapsed_seconds=round(elapsed, 2), replay=replay, scheduler=args.scheduler)
-        if args.json:
-            print(json.dumps(summary, indent=2))
-        else:
+                return _finish(args, {**base_document, "result": "harness_error", "message": str(exc),
+                                      "elapsed_seconds": round(time.monotonic() - started, 2)}, 3)
+            else:
+                elapsed = time.monotonic() - started
+                summary = sim.summary()
+                summary.update(base_document, result="clean", elapsed_seconds=round(elapsed, 2))
+        if failure is not None:
+            return _report_failure(args, settings, make, *failure, seed, replay, base_document, started)
+        if not args.json:
             print_summary(summary, replay, elapsed, sys.stdout)
             if args.scheduler != "correct":
                 print(f"note: the broken variant {args.scheduler!r} was not caught in {args.steps} steps; "
                       "try more steps or another seed")
-        return 0
+        return _finish(args, summary, 0)
     finally:
         if args.keep_database:
             print(f"database kept: {url}", file=sys.stderr)
@@ -194,23 +257,43 @@ def cmd_simulate(args: argparse.Namespace, settings: Settings) -> int:
                 drop_database(base, name)
 
 
-def _report_failure(args: argparse.Namespace, settings: Settings, sim: Simulation, violation: Violation,
-                    seed: int, replay: str) -> int:
-    out = sys.stdout
-    print(f"\nINVARIANT VIOLATED: {violation}", file=out)
+def _report_failure(args: argparse.Namespace, settings: Settings, make: Callable[[], Simulation], sim: Simulation,
+                    violation: Violation, seed: int, replay: str, base_document: dict[str, Any],
+                    started: float) -> int:
+    _say(args, f"\nINVARIANT VIOLATED: {violation}")
     tail = sim.program[-40:]
-    print(f"the last {len(tail)} of {len(sim.program)} steps:", file=out)
+    _say(args, f"the last {len(tail)} of {len(sim.program)} steps:")
     for line in tail:
-        print(f"    {line}", file=out)
+        _say(args, f"    {line}")
+    shrunk: Shrunk | None = None
+    if args.shrink if args.shrink is not None else sim.host is not None:
+        _say(args, f"shrinking the {len(sim.program)}-step program (replaying shorter ones)...")
+        shrunk = shrink(make, list(sim.program), violation.clause)
+        if shrunk is None:
+            _say(args, "the whole program did not fail again on replay: kept as it is")
+        else:
+            _say(args, f"shrunk to {len(shrunk.program)} steps in {shrunk.replays} replays "
+                       f"({shrunk.seconds:.1f}s): {shrunk.violation}")
+            for line in shrunk.program:
+                _say(args, f"    {line}")
+    program = shrunk.program if shrunk is not None else list(sim.program)
     path = args.regression_file or settings.data_dir / "simulation" / f"seed-{seed}.py"
-    source = regression_source(sim, violation, replay, name=f"seed_{seed}_{violation.clause.replace('-', '_').lower()}",
+    source = regression_source(sim, violation if shrunk is None else shrunk.violation, replay,
+                               name=f"seed_{seed}_{violation.clause.replace('-', '_').lower()}",
                                replicas=args.replicas, clients=args.clients, batch_size=args.batch_size,
-                               scheduler=args.scheduler, modes=args.modes)
+                               scheduler=args.scheduler, modes=args.modes, program=program,
+                               participants=args.participants)
     write_regression(path, source)
-    print(f"the whole program, as a pytest test: {path}", file=out)
-    print(f"replay: {replay}", file=out)
+    _say(args, f"the whole program, as a pytest test: {path}")
+    _say(args, f"replay: {replay}")
     expected = VARIANTS[args.scheduler].expected
     if expected is not None:
         verdict = "as expected" if expected == violation.clause else f"(expected {expected})"
-        print(f"broken variant {args.scheduler!r} caught by {violation.clause} {verdict}", file=out)
-    return 1
+        _say(args, f"broken variant {args.scheduler!r} caught by {violation.clause} {verdict}")
+    document = {
+        **base_document, "result": "violation", "clause": violation.clause, "violation": str(violation),
+        "message": violation.message, "step": violation.step, "steps_total": len(sim.program),
+        "last_steps": tail, "program": program, "shrunk": shrunk is not None,
+        "regression_file": str(path), "elapsed_seconds": round(time.monotonic() - started, 2),
+    }
+    return _finish(args, document, 1)

@@ -17,6 +17,7 @@ from functools import partial
 from pathlib import Path
 from typing import TextIO
 
+from harness.host import source_of
 from harness.simulation import Simulation
 from harness.types import Violation
 
@@ -34,7 +35,7 @@ def _choices(sim: Simulation, rng: random.Random, faults: frozenset[str]) -> lis
     def content(retry: bool = False) -> tuple[int, int, str | None, int, str | None]:
         fault = None
         if "event-errors" in faults and rng.random() < 0.15:
-            fault = rng.choice(("python", "database", "refused"))
+            fault = rng.choice(sim.event_faults)  # the built-in's, or a host's (harness.host)
         # keys are reused (re-posts) and new ones keep coming (first posts of a key)
         key = f"k{rng.randrange(sim.versions // 8 + 4)}" if rng.random() < 0.6 else None
         in_flight = [c.request.key for c in sim.clients if c.request is not None and c.request.key]
@@ -145,9 +146,19 @@ def run_random(sim: Simulation, steps: int, rng: random.Random, faults: frozense
 
 def regression_source(sim: Simulation, violation: Violation, replay: str, *, name: str,
                       replicas: int, clients: int, batch_size: int, scheduler: str,
-                      modes: str = "literal") -> str:
-    """The failing program as an ordinary pytest test (for tests/simulation/regressions/)."""
-    body = "\n".join(f"            {line}" for line in sim.program)
+                      modes: str = "literal", program: list[str] | None = None,
+                      participants: int | None = None) -> str:
+    """The failing program (``program``, else the run's whole one) as an ordinary pytest test.
+
+    It takes the ``scheduler_database_url`` fixture, which the pytest plugin shipped in the
+    wheel provides (``harness.pytest_plugin``), so it runs in a host's suite as in this one.
+    """
+    lines = sim.program if program is None else program
+    body = "\n".join(f"            {line}" for line in lines)
+    host = source_of(sim.host)
+    imports = "from harness import Simulation, Violation, load_host" if sim.host is not None \
+        else "from harness import Simulation, Violation"
+    extra = f", participants={participants}" if participants is not None else ""
     return f'''"""Found by `{replay}`.
 
 {violation.clause}: {violation.message}
@@ -155,13 +166,14 @@ def regression_source(sim: Simulation, violation: Violation, replay: str, *, nam
 
 import pytest
 
-from harness import Simulation, Violation
+{imports}
 
 
-def test_{name}(database_url: str) -> None:
+def test_{name}(scheduler_database_url: str) -> None:
     """Replays the program that broke {violation.clause}; it must now run clean."""
-    with Simulation(database_url, seed={sim.seed}, replicas={replicas}, clients={clients},
-                    batch_size={batch_size}, scheduler={scheduler!r}, modes={modes!r}) as sim:
+    with Simulation(scheduler_database_url, seed={sim.seed}, replicas={replicas}, clients={clients},
+                    batch_size={batch_size}, scheduler={scheduler!r}, modes={modes!r}{extra},
+                    host={host}) as sim:
         try:
 {body}
             sim.drain()

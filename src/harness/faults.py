@@ -19,6 +19,9 @@ from scheduler.types import DigitalTwinEvent, Dispatcher, DispatchResult
 
 # A statement that always fails inside the database, aborting the transaction it runs in.
 FAILING_STATEMENT = text("SELECT 1 / 0 AS deliberate_division_by_zero")
+# A slow dispatcher: it holds its savepoint in the database a while before it returns. Real
+# time, not the run's clock (the clock is the reference every recorded time is judged by).
+SLOW_STATEMENT = text("SELECT pg_sleep(0.02) AS deliberately_slow_dispatcher")
 
 
 class InjectedEventFault(RuntimeError):
@@ -34,10 +37,12 @@ def is_claim_statement(statement: str) -> bool:
 
 
 class FaultyDispatcher:
-    """Wraps the production dispatcher: runs it, records the call, then applies the fault.
+    """Wraps the run's dispatcher (the production platform, or a host's): runs it, records
+    the call, then applies the fault.
 
-    The fault is applied *after* the real engine and orchestrator wrote their rows, so a
-    failing event always has effects to roll back; the harness checks they vanish.
+    The fault is applied *after* the real dispatcher wrote its rows, so a failing event
+    always has effects to roll back; the harness checks they vanish (and a host's own check,
+    SIM-12, that its rows do). ``slow`` delays the return and changes nothing else.
     """
 
     def __init__(self, inner: Dispatcher, replica: int) -> None:
@@ -67,6 +72,8 @@ class FaultyDispatcher:
                 raise InjectedEventFault(f"injected failure of event {event.scheduled_event_id}")
             if fault == "database":
                 session.execute(FAILING_STATEMENT)
+            if fault == "slow":
+                session.execute(SLOW_STATEMENT)
             record["result"] = "refused" if result.refusal is not None else "ok"
             return result
         finally:

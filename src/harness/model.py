@@ -16,8 +16,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import date, datetime
 
-# Event faults carried in the facts (``sim_fault``): what the dispatch of that event does.
-EVENT_FAULTS = ("python", "database", "refused")
+# Event faults carried in the facts (``sim_fault``): what the dispatch of that event does,
+# and the status each one leaves, whatever the dispatcher (harness.host).
+from harness.host import EVENT_FAULTS, FAULT_STATUS, Expected
+
+__all__ = ["EVENT_FAULTS", "Call", "Content", "Model", "OpenBatch", "Row"]
 
 
 @dataclass(frozen=True)
@@ -29,10 +32,22 @@ class Content:
     day: date
     fault: str | None
     version: int  # unique per post; stored in the facts as ``sim_version``
+    expected: Expected | None = None  # a host's expectation of the event (harness.host)
 
     @property
     def expected_status(self) -> str:
-        return "failed" if self.fault in EVENT_FAULTS else "dispatched"
+        """The host's own failure first (its dispatcher raises before a fault applies), then
+        the fault's effect, then the host's expectation; the built-in platform has none."""
+        if self.expected is not None and self.expected.status == "failed":
+            return "failed"
+        if self.fault is not None:
+            return FAULT_STATUS[self.fault]
+        return self.expected.status if self.expected is not None else "dispatched"
+
+    @property
+    def expected_reason(self) -> str | None:
+        """What a failed event's ``last_error`` must contain, when the host said."""
+        return self.expected.reason if self.expected is not None and self.expected.status == "failed" else None
 
 
 @dataclass

@@ -2,12 +2,14 @@
 
 It reads only committed state (the observer's own connection) and compares it with the
 model: the rows (SIM-2, SIM-4, SIM-5), the notifications that exist (SIM-4, SIM-5), the
-caps and deduplication keys (SIM-6), and idle replicas holding nothing (SIM-7). A mismatch
-is the run's ``Violation``, raised through the simulation so it is recorded once.
+caps and deduplication keys (SIM-6, the built-in platform's decisions: only when it runs),
+idle replicas holding nothing (SIM-7), and a host's own effects (SIM-12, the host's check).
+A mismatch is the run's ``Violation``, raised through the simulation so it is recorded once.
 """
 
 from __future__ import annotations
 
+from harness.host import Outcome
 from harness.model import Call
 from harness.types import RunContext
 
@@ -22,8 +24,26 @@ class Oracle:
         """Every whole-database invariant, through the observer connection."""
         self.check_rows()
         self.check_effects()
-        self.check_cap_and_dedup()
+        if self.sim.host is None:
+            self.check_cap_and_dedup()
         self.check_idle_replicas()
+        if self.sim.host is not None and self.sim.host.check_every_step:
+            self.check_host_effects()
+
+    def check_host_effects(self) -> None:
+        """The host's own check of its writes against every committed outcome (SIM-12)."""
+        sim = self.sim
+        host = sim.host
+        if host is None or host.check_effects is None:
+            return
+        sim._check("SIM-12")
+        outcomes = [Outcome(event_id, version, status) for event_id, _g, version, status in sim.model.processed]
+        try:
+            problem = host.check_effects(sim.observer.conn, outcomes)
+        except AssertionError as exc:
+            problem = str(exc) or repr(exc)
+        if problem:
+            raise sim.fail("SIM-12", f"the host's effects check: {problem}")
 
     def check_rows(self) -> None:
         """The committed rows equal the model's: statuses commit with their batch (SIM-5),

@@ -130,6 +130,7 @@ class Phases:
         if outcome.status != status:
             raise sim.fail("SIM-4", f"{r.name}: {event_id} ended {outcome.status}, expected {status} "
                                     f"({outcome.error or 'no error'})")
+        sim._check_expected(r, event_id, outcome.status, outcome.error)
         call = calls[-1] if calls else None
         sim._check("SIM-2")
         if call is None or call.event_id != event_id or call.version != sim.model.batches[replica].versions[event_id]:

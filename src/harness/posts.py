@@ -23,6 +23,7 @@ from harness.model import EVENT_FAULTS, Content
 from harness.types import RunContext
 from scheduler.application import commands
 from scheduler.core import store
+from scheduler.types import DigitalTwinEvent
 
 SIMULATION = commands.Actor("simulation", "simulation")
 
@@ -49,11 +50,14 @@ class Posts:
         sim = self.sim
         if fault is not None and fault not in EVENT_FAULTS:
             raise ValueError(f"an event fault is one of {EVENT_FAULTS}, not {fault!r}")
+        if fault is not None and fault not in sim.event_faults:
+            raise ValueError(f"the {fault!r} fault assumes the built-in platform's refusal; a host's "
+                             f"dispatcher takes {', '.join(sim.event_faults)}")
         sim.versions += 1
         version = sim.versions
         now = sim.now()
         scope_day = (sim.start + timedelta(days=day)).date()
-        content = Content(f"p{user % sim.participants}", now + _minutes(trigger), scope_day, fault, version)
+        user_id = f"p{user % sim.participants}"
         facts = {
             "facts_version": "1",
             "scenario": "commitment_reminder",
@@ -63,6 +67,9 @@ class Posts:
             "sim_version": version,
             "sim_fault": fault,
         }
+        event_id = self.event_id(version)
+        expected = sim.expect(DigitalTwinEvent("reminder", user_id, "c1", facts, event_id))
+        content = Content(user_id, now + _minutes(trigger), scope_day, fault, version, expected)
         params = {
             "event_type": "reminder",
             "user_id": content.user,
@@ -71,10 +78,10 @@ class Posts:
             "trigger_at": content.trigger_at,
             "facts": facts,
             "now": now,
-            "event_id": self.event_id(version),
+            "event_id": event_id,
         }
         if fault:
-            sim._fault(f"event-{fault}-error" if fault != "refused" else "event-refused")
+            sim._fault({"refused": "event-refused", "slow": "event-slow"}.get(fault, f"event-{fault}-error"))
         return Request(key, params, content)
 
     @staticmethod

@@ -115,6 +115,12 @@ class LiteralRun(_Run):
             sim.model.discard(replica)
             raise sim.fail("SIM-1", f"{r.name}'s loop dispatched {sim._show(dispatched)}, "
                                     f"expected {sim._show(self.expected[:self.limit])}")
+        try:
+            for outcome in report.outcomes if report is not None else ():
+                sim._check_expected(r, outcome.id, outcome.status, outcome.error)
+        except Exception:
+            sim.model.discard(replica)
+            raise
         batch = sim.model.batches[replica]
         batch.calls.clear()
         for call in calls:
@@ -232,6 +238,12 @@ class PromptRun(_Run):
                 raise sim.fail("SIM-1", f"{r.name}'s prompt-mode poll {number + 1} dispatched "
                                         f"{sim._show([c.event_id for c in mine])} (skipping {report.skipped}), "
                                         f"expected {sim._show(expected[:take])} (skipping {len(skipped)})")
+            try:
+                for outcome in report.outcomes:
+                    sim._check_expected(r, outcome.id, outcome.status, outcome.error)
+            except Exception:
+                sim.model.discard(replica)
+                raise
             for call in mine:
                 sim.model.record_outcome(replica, call.event_id,
                                          "dispatched" if call.result == "ok" else "failed", call)

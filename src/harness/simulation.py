@@ -10,13 +10,17 @@ mismatch raises ``Violation`` naming the invariant (``SIM-n`` in specs/simulatio
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
+
+from sqlalchemy import Connection
 
 from harness.actors import Actor, Client, Replica, Stats
 from harness.broken import variant
 from harness.clocks import ClockFaults, scheduler_clock
 from harness.faults import FaultyDispatcher, install_rewrites
+from harness.host import BUILTIN_FAULTS, HOST_FAULTS, Expected, HostDispatcher, host_of
 from harness.model import Call, Model
 from harness.observer import Observer
 from harness.oracle import Oracle
@@ -35,7 +39,7 @@ from scheduler.database.engine import make_engine, make_sessionmaker
 from scheduler.nudging.dispatch import NudgingPlatform
 from scheduler.nudging.publishers import RecordingPublisher
 from scheduler.nudging.rules import load_catalogue
-from scheduler.types import SchedulerMode
+from scheduler.types import DigitalTwinEvent, Dispatcher, SchedulerMode
 
 T0 = datetime(2026, 11, 30, 9, 0, tzinfo=UTC)
 # How the replicas' loops pace their polls (DEC-9): every replica literal, every replica
@@ -52,7 +56,14 @@ def _minutes(n: int) -> timedelta:
 
 
 class Simulation:
-    """One run. Use as a context manager; ``close()`` ends every connection and thread."""
+    """One run. Use as a context manager; ``close()`` ends every connection and thread.
+
+    The replicas dispatch through the built-in platform (``NudgingPlatform``) unless given a
+    host's: ``dispatcher_factory`` (called once per replica) or a whole ``host``
+    (``harness.HostDispatcher``: the factory, the host's table setup, its expectation of an
+    event and its effects check). With a host, SIM-6 (the built-in platform's deduplication,
+    cap and preferences) is not checked and the ``refused`` fault is not posted.
+    """
 
     def __init__(
         self,
@@ -68,12 +79,16 @@ class Simulation:
         check_every_step: bool = True,
         start: datetime = T0,
         modes: str = "literal",
+        dispatcher_factory: Callable[[], Dispatcher] | None = None,
+        host: HostDispatcher | None = None,
     ) -> None:
         if replicas < 1 or clients < 1 or participants < 1:
             raise ValueError("a simulation needs at least one replica, client and participant")
         if modes not in MODES:
             raise ValueError(f"modes is one of {', '.join(MODES)}, not {modes!r}")
         self.modes = modes
+        self.host = host_of(dispatcher_factory, host)
+        self.event_faults: tuple[str, ...] = BUILTIN_FAULTS if self.host is None else HOST_FAULTS
         self.url = database_url
         self.seed = seed
         self.batch_size = batch_size
@@ -105,7 +120,10 @@ class Simulation:
         self.replicas: list[Replica] = []
         self.clients: list[Client] = []
         try:
-            self._set_preferences()
+            if self.host is None:
+                self._set_preferences()
+            elif self.host.setup is not None:
+                self._set_up_host(self.host.setup)
             for i in range(replicas):
                 self.replicas.append(self._make_replica(i))
             for i in range(clients):
@@ -126,10 +144,20 @@ class Simulation:
         finally:
             engine.dispose()
 
+    def _set_up_host(self, setup: Callable[[Connection], None]) -> None:
+        """The host's own tables, created or emptied before the run (in one transaction)."""
+        engine = make_engine(self.url, NO_TIMEOUTS, pool_size=1, max_overflow=0)
+        try:
+            with engine.begin() as conn:
+                setup(conn)
+        finally:
+            engine.dispose()
+
     def _make_replica(self, index: int) -> Replica:
         engine = make_engine(self.url, NO_TIMEOUTS, pool_size=1, max_overflow=0)
         install_rewrites(engine, self.rewrites)
-        dispatcher = FaultyDispatcher(NudgingPlatform(self.catalogue), index)
+        inner: Dispatcher = NudgingPlatform(self.catalogue) if self.host is None else self.host.factory()
+        dispatcher = FaultyDispatcher(inner, index)
         return Replica(f"replica-{index}", index, engine, dispatcher, self._make_scheduler)
 
     def _make_scheduler(self, replica: Replica) -> Scheduler:
@@ -197,6 +225,35 @@ class Simulation:
 
     def now(self) -> datetime:
         return self.clock.now()
+
+    # -- a host's dispatcher (harness.host) --------------------------------------------------
+
+    def expect(self, event: DigitalTwinEvent) -> Expected | None:
+        """What the host expects of ``event`` (None: the built-in platform, or no opinion)."""
+        if self.host is None or self.host.expect is None:
+            return None
+        expected = self.host.expect(event)
+        if expected is not None and not isinstance(expected, Expected):
+            raise TypeError(f"the host's expect hook returned {expected!r}, not a harness.Expected or None")
+        return expected
+
+    def _check_expected(self, r: Replica, event_id: str, status: str, error: str | None) -> None:
+        """SIM-4, for a host's dispatcher: the event ended as the host (and its fault) said,
+        and a failure the host predicted names its reason."""
+        if self.host is None:
+            return
+        self._check("SIM-4")
+        row = self.model.rows.get(event_id)
+        if row is None:
+            return
+        content = row.content
+        if status != content.expected_status:
+            raise self.fail("SIM-4", f"{r.name}: {event_id} ended {status}, expected {content.expected_status} "
+                                     f"({error or 'no error'})")
+        reason = content.expected_reason
+        if reason is not None and reason not in (error or ""):
+            raise self.fail("SIM-4", f"{r.name}: {event_id} failed with {error!r}, which does not "
+                                     f"name the host's reason {reason!r}")
 
     # -- bookkeeping ------------------------------------------------------------------------
 
@@ -411,6 +468,7 @@ class Simulation:
                 self.run(i)
         self.oracle.check_nothing_lost()
         self.check()
+        self.oracle.check_host_effects()
 
     def close(self) -> None:
         """Unblock and end every actor, then close every connection (see ``teardown``)."""
@@ -432,4 +490,5 @@ class Simulation:
             "blocked_steps": dict(sorted(self.stats.blocked.items())),
             "checks": dict(sorted(self.stats.checks.items())),
             "checks_total": sum(self.stats.checks.values()),
+            "dispatcher": "built-in" if self.host is None else self.host.name,
         }

@@ -14,9 +14,11 @@ from typing import Any, Protocol
 
 from harness.actors import Actor, Client, Replica, Stats
 from harness.broken import Variant
+from harness.host import Expected, HostDispatcher
 from harness.model import Call, Model
 from harness.observer import Observer
 from scheduler.core.loop import EventOutcome
+from scheduler.types import DigitalTwinEvent
 
 
 class ClockChecks(Protocol):
@@ -54,6 +56,16 @@ class RunContext(Protocol):
     clients: list[Client]
     stats: Stats
     variant: Variant
+    host: HostDispatcher | None  # None: the built-in platform
+    event_faults: tuple[str, ...]  # the faults an event may carry with this dispatcher
+
+    def expect(self, event: DigitalTwinEvent) -> Expected | None:
+        """The host's expectation of an event (None for the built-in platform)."""
+        ...
+
+    def _check_expected(self, r: Replica, event_id: str, status: str, error: str | None) -> None:
+        """SIM-4 for a host: the event ended as the host (and its fault) said it would."""
+        ...
 
     @property
     def actors(self) -> list[Actor]: ...

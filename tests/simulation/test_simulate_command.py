@@ -93,16 +93,36 @@ def test_the_simulate_command_refuses_bad_arguments_with_a_clear_message(
 
 
 @pytest.mark.clause("SIM-8")
+@pytest.mark.clause("SIM-CI-1")
 def test_python_dash_m_harness_runs_the_same_simulation_without_faults(
     cli_env: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """SIM-8: ``python -m harness`` takes the same options; its seed comes first, its replay names it."""
+    """SIM-8, SIM-CI-1: ``python -m harness`` takes the same options; its seed comes first (on
+    stderr under --json, whose stdout is one JSON document), its replay names it."""
     from harness.__main__ import main as harness_main
 
     code = harness_main(["--replicas", "2", "--steps", "60", "--seed", "9", "--faults", "none", "--json"])
     out, err = capsys.readouterr()
     assert code == 0, out + err
-    assert out.splitlines()[0] == "simulation seed: 9"
-    summary = json.loads(out.split("\n", 1)[1])
+    assert err.splitlines()[0] == "simulation seed: 9"  # with --json, stdout is the JSON alone
+    summary = json.loads(out)
     assert summary["replay"] == "scheduler simulate --replicas 2 --steps 60 --seed 9 --faults none"
     assert summary["faults"] == {} and summary["steps_total"] >= 60
+
+
+@pytest.mark.clause("SIM-CI-1")
+def test_a_caught_variant_under_json_writes_one_json_document_and_no_text(
+    cli_env: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """SIM-CI-1: a violation under --json is one JSON document on stdout (the invariant, the
+    program, the regression file, the replay); the text report goes to stderr; exit 1. The
+    built-in platform's failure is not shrunk unless asked (its output stays as it was)."""
+    code = main(["simulate", "--scheduler", "batch-of-21", "--replicas", "2", "--batch-size", "3",
+                 "--steps", "300", "--seed", "1", "--faults", "none", "--json"])
+    out, err = capsys.readouterr()
+    assert code == 1
+    report = json.loads(out)
+    assert report["result"] == "violation" and report["clause"] == "SIM-1" and not report["shrunk"]
+    assert report["replay"].startswith("scheduler simulate --replicas 2 --steps 300 --seed 1")
+    assert Path(report["regression_file"]).exists()
+    assert "INVARIANT VIOLATED: SIM-1" in err and "shrinking" not in err
