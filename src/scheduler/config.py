@@ -33,6 +33,11 @@ Environment = Literal["development", "production"]
 LogFormat = Literal["text", "json"]
 
 
+# Space-separated names of printable ASCII but the comma (a claim's name, a scope, a role),
+# at least one: a comma-separated list is refused, never read as one name.
+_NAMES = r"^[!-+\--~]+( [!-+\--~]+)*$"
+
+
 class ConfigError(ValueError):
     """A setting is missing or malformed; the message names the variable."""
 
@@ -81,6 +86,19 @@ class Settings(BaseSettings):
     jwks_url: str | None = _setting(None, "SCHEDULER_JWKS_URL", "RS256 keys from a JWKS endpoint")
     jwt_audience: str = _setting("svc-nudging", "SCHEDULER_JWT_AUDIENCE", "required `aud`", min_length=1)
     jwt_issuer: str | None = _setting(None, "SCHEDULER_JWT_ISSUER", "required `iss`, when set")
+    # The host's identity provider names its grants its own way (DEC-AUTH-1): which claims
+    # hold them, and which of their values grant this service's two permissions.
+    jwt_scope_claims: str = _setting(
+        "scope scp", "SCHEDULER_JWT_SCOPE_CLAIMS",
+        "the token claims read for grants (a space-separated string or a list of strings each), "
+        "space-separated names, e.g. `roles`", pattern=_NAMES)
+    jwt_admin_scopes: str = _setting(
+        "nudging.admin", "SCHEDULER_JWT_ADMIN_SCOPES",
+        "grant values that give `admin` (and `ingest`), space-separated, e.g. `admin nudging.admin`",
+        pattern=_NAMES)
+    jwt_ingest_scopes: str = _setting(
+        "nudging.ingest", "SCHEDULER_JWT_INGEST_SCOPES", "grant values that give `ingest`, space-separated",
+        pattern=_NAMES)
     environment: Environment = _setting(
         "development", "SCHEDULER_ENV",
         "`production` refuses to start without a real way to verify tokens")

@@ -153,6 +153,29 @@ def check_jwt_audience(env: Env) -> None:
         assert _admin_list(client, auth(hs256(claims()))) == 401
 
 
+def check_jwt_scope_claims(env: Env) -> None:
+    with service_from_env(env.base(SCHEDULER_JWT_SCOPE_CLAIMS="roles")) as service, \
+            TestClient(service.app) as client:
+        assert _admin_list(client, auth(hs256(claims(scope=None, roles=["nudging.admin"])))) == 200
+        assert _admin_list(client, auth(hs256(claims()))) == 403
+
+
+def check_jwt_admin_scopes(env: Env) -> None:
+    with service_from_env(env.base(SCHEDULER_JWT_ADMIN_SCOPES="operator")) as service, \
+            TestClient(service.app) as client:
+        assert _admin_list(client, auth(hs256(claims(scope="operator")))) == 200
+        assert _admin_list(client, auth(hs256(claims()))) == 403
+
+
+def check_jwt_ingest_scopes(env: Env) -> None:
+    with service_from_env(env.base(SCHEDULER_JWT_INGEST_SCOPES="sender")) as service, \
+            TestClient(service.app) as client:
+        sender = auth(hs256(claims(scope="sender")))
+        assert client.post("/admin/scheduled-events", headers=sender, json={}).status_code == 422  # past auth
+        assert client.post("/admin/scheduled-events", headers=auth(hs256(claims(scope="nudging.ingest"))),
+                           json={}).status_code == 403
+
+
 def check_jwt_issuer(env: Env) -> None:
     with service_from_env(env.base(SCHEDULER_JWT_ISSUER="https://issuer.example")) as service, \
             TestClient(service.app) as client:
@@ -372,6 +395,9 @@ CHECKS: dict[str, Callable[[Env], None]] = {
     "jwks_url": check_jwks_url,
     "jwt_audience": check_jwt_audience,
     "jwt_issuer": check_jwt_issuer,
+    "jwt_scope_claims": check_jwt_scope_claims,
+    "jwt_admin_scopes": check_jwt_admin_scopes,
+    "jwt_ingest_scopes": check_jwt_ingest_scopes,
     "rules_dir": check_rules_dir,
     "max_body_bytes": check_max_body_bytes,
     "statement_timeout_ms": check_statement_timeout_ms,

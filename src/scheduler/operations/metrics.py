@@ -117,12 +117,14 @@ class Metrics:
         loop_alive: Callable[[], bool],
         *,
         cache_seconds: float = 5.0,
+        registry: CollectorRegistry | None = None,
     ) -> None:
         self.sessions = sessions
         self.clock = clock
         self.loop_alive = loop_alive
         self.cache_for = timedelta(seconds=cache_seconds)
-        self.registry = CollectorRegistry()
+        # A host's registry (its /metrics then shows ours), else one of this service's own.
+        self.registry = registry if registry is not None else CollectorRegistry()
         self.dispatched = Counter("scheduler_events_dispatched", "events this process dispatched",
                                   ["event_type"], registry=self.registry)
         self.failed = Counter("scheduler_events_failed", "events this process marked failed",

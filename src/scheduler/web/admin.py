@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from prometheus_client import CollectorRegistry
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -40,13 +41,14 @@ class Operations:
 
     def __init__(self, settings: Settings, sessions: sessionmaker[Session], clock: Clock,
                  scheduler: Scheduler, verifier: TokenVerifier, session_store: SessionStore,
-                 loop_alive: Callable[[], bool], streams: Streams | None = None) -> None:
+                 loop_alive: Callable[[], bool], streams: Streams | None = None,
+                 registry: CollectorRegistry | None = None) -> None:
         self.settings = settings
         self.sessions = sessions
         self.clock = clock
         # On the loop's own pool: requests that hold every API connection never delay it.
         self.heartbeat = Heartbeat(scheduler.sessions, clock)
-        self.metrics = Metrics(sessions, clock, loop_alive)
+        self.metrics = Metrics(sessions, clock, loop_alive, registry=registry)
         # The signed-in browsers (console and inbox page): ended and listed by /admin/sessions.
         self.session_store = session_store
         self.console = Console(sessions, clock, verifier, self.session_store,

@@ -21,10 +21,12 @@ from typing import Any
 
 import anyio.to_thread
 from anyio import CapacityLimiter
+from prometheus_client import CollectorRegistry
 from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.applications import Starlette
+from starlette.authentication import AuthenticationBackend
 from starlette.concurrency import run_in_threadpool
 from starlette.middleware import Middleware
 from starlette.middleware.authentication import AuthenticationMiddleware
@@ -85,6 +87,8 @@ class SchedulerService:
         run_scheduler: bool | None = None,
         loop_engine: Engine | None = None,
         observer: Observer | None = None,
+        authentication: AuthenticationBackend | None = None,
+        metrics_registry: CollectorRegistry | None = None,
     ) -> None:
         self.settings = settings or Settings.from_env()
         # Engines this service creates are its own to dispose when it stops; an engine the
@@ -146,8 +150,11 @@ class SchedulerService:
         # Signed-in browsers (the console's, the inbox page's), in the database: any replica serves them.
         self.web_sessions = SessionStore(self.sessions, self.clock, max_seconds=self.settings.session_max_seconds,
                                          idle_seconds=self.settings.session_idle_seconds)
+        # The host's own authentication when it passes one (DEC-AUTH-1), else bearer JWTs.
+        self.authentication: AuthenticationBackend = authentication or JWTBackend(self.verifier)
         self.operations = Operations(self.settings, self.sessions, self.clock, self.scheduler, self.verifier,
-                                     self.web_sessions, lambda: self.loop_alive, self.streams)
+                                     self.web_sessions, lambda: self.loop_alive, self.streams,
+                                     registry=metrics_registry)
         # The route modules, each with what it uses and nothing else.
         self.health = HealthRoutes(scheduler=self.scheduler, clock=self.clock, listener=listener,
                                    settings=self.settings, loop_alive=lambda: self.loop_alive,
@@ -162,14 +169,7 @@ class SchedulerService:
         self.participants = ParticipantRoutes(sessions=self.sessions, clock=self.clock,
                                               max_body_bytes=self.settings.max_body_bytes)
         self._check_security()
-        self.app = Starlette(
-            routes=self.routes(),
-            middleware=self.middleware(),
-            exception_handlers=dict(EXCEPTION_HANDLERS),
-            # Mounting service.app alone runs the loop: its lifespan is the service's.
-            lifespan=self.lifespan,
-        )
-        self.app.state.service = self
+        self.app = self.app_for(*PARTS)
         # observability: the loop's observer, the Starlette and SQLAlchemy instrumentation
         observe(self.observer, app=self.app, engines=[self.engine, self.loop_engine], loop=self.scheduler,
                 replica_id=self.operations.heartbeat.replica_id)
@@ -214,9 +214,12 @@ class SchedulerService:
     # -- wiring ------------------------------------------------------------------------
 
     def middleware(self) -> list[Middleware]:
-        return [Middleware(AuthenticationMiddleware, backend=JWTBackend(self.verifier), on_error=on_auth_error)]
+        """What every part's app runs a request through: the authentication (a host's backend,
+        or bearer JWTs)."""
+        return [Middleware(AuthenticationMiddleware, backend=self.authentication, on_error=on_auth_error)]
 
     def routes(self) -> list[BaseRoute]:
+        """Every route of the service (``routes_for`` selects parts of them)."""
         return [
             *self.health.routes(),
             *self.ingest.routes(),
@@ -226,6 +229,26 @@ class SchedulerService:
                           max_body_bytes=self.settings.max_body_bytes, streams=self.streams),
             *self.operations.routes(),
         ]
+
+    def routes_for(self, *parts: str) -> list[BaseRoute]:
+        """The routes of ``parts`` (``PARTS``; all of them when none is named), for a host that
+        adds them to its own app's routes."""
+        wanted = _checked_parts(parts)
+        return [route for route in self.routes() if part_of(route) in wanted]
+
+    def app_for(self, *parts: str) -> Starlette:
+        """An ASGI app serving only ``parts`` (e.g. ``"api"``: the JSON API without the console,
+        the inbox, metrics or health), with the service's authentication, error answers and
+        lifespan (which runs the loop); ``service.app`` is every part."""
+        app = Starlette(
+            routes=self.routes_for(*parts),
+            middleware=self.middleware(),
+            exception_handlers=dict(EXCEPTION_HANDLERS),
+            # Mounting the app alone runs the loop: its lifespan is the service's.
+            lifespan=self.lifespan,
+        )
+        app.state.service = self
+        return app
 
     def wakeups(self) -> dict[str, Any]:
         """How this replica's loop is woken (see ``HealthRoutes.wakeups``)."""
@@ -311,6 +334,29 @@ class SchedulerService:
         return self._task is not None and not self._task.done()
 
 
+# The parts a host can mount on their own (``SchedulerService.app_for``), by path.
+PARTS = ("api", "health", "metrics", "console", "inbox")
+_PREFIXES = (("/console", "console"), ("/metrics", "metrics"), ("/health", "health"),
+             ("/admin/health", "health"), ("/inbox", "inbox"), ("/me", "inbox"))
+
+
+def part_of(route: BaseRoute) -> str:
+    """The part a route belongs to: the console's pages, metrics, health, the participant's
+    inbox (its page, its session and ``/me``), else the JSON API (``/admin``, ``/openapi.json``)."""
+    path = str(getattr(route, "path", ""))
+    for prefix, part in _PREFIXES:
+        if path == prefix or path.startswith(prefix + "/"):
+            return part
+    return "api"
+
+
+def _checked_parts(parts: tuple[str, ...]) -> frozenset[str]:
+    unknown = [p for p in parts if p not in PARTS]
+    if unknown:
+        raise ValueError(f"unknown part(s) {unknown}: the parts are {', '.join(PARTS)}")
+    return frozenset(parts or PARTS)
+
+
 def _weak_secret(secret: str) -> bool:
     lowered = secret.lower()
     markers = ("dev", "test", "secret", "changeme", "example", "password")
@@ -330,4 +376,4 @@ def create_app(settings: Settings | None = None, **kwargs: Any) -> Starlette:
     return SchedulerService(settings, **kwargs).app
 
 
-__all__ = ["SchedulerService", "create_app"]
+__all__ = ["PARTS", "SchedulerService", "create_app", "part_of"]

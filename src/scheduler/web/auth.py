@@ -1,14 +1,18 @@
 """Bearer JWT authentication on Starlette's ``AuthenticationMiddleware``.
 
-Scopes map to permissions: ``nudging.ingest`` grants ``ingest``; ``nudging.admin`` grants
-``admin`` and ``ingest``. A missing or bad token is a 401 with ``WWW-Authenticate: Bearer``;
-a valid token without the permission is a 403 naming it.
+A token's grants map to permissions (``Grants``): by default the ``scope`` claim's
+``nudging.ingest`` grants ``ingest`` and ``nudging.admin`` grants ``admin`` and ``ingest``; the
+claims and values are settings, so a host's identity provider's roles can be used as they
+are. A host may instead authenticate requests its own way: any Starlette
+``AuthenticationBackend`` returning ``authenticated(subject, permissions)`` (DEC-AUTH-1). A
+missing or bad token is a 401 with ``WWW-Authenticate: Bearer``; a valid token without the
+permission is a 403 naming it.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
 import anyio.to_thread
@@ -29,10 +33,6 @@ from scheduler.config import Settings
 from scheduler.core.clock import SystemClock
 from scheduler.types import Clock
 
-SCOPE_PERMISSIONS: dict[str, tuple[str, ...]] = {
-    "nudging.ingest": ("ingest",),
-    "nudging.admin": ("admin", "ingest"),
-}
 PERMISSION_SCOPES = {"ingest": "nudging.ingest", "admin": "nudging.admin"}
 # Any valid token, a participant's (no scope) included: the routes under /me, which serve
 # the token's own subject.
@@ -57,9 +57,8 @@ class Principal(BaseUser):
 
 
 def actor_of(request: Request) -> str | None:
-    """Who made a change: the token's subject (None without a token)."""
-    user = request.user
-    return user.subject if isinstance(user, Principal) else None
+    """Who made a change: the request's subject (None without one)."""
+    return subject_of(request.user)
 
 
 class TokenVerifier:
@@ -71,6 +70,7 @@ class TokenVerifier:
         self.clock: Clock = clock or SystemClock()
         self.audience = settings.jwt_audience
         self.issuer = settings.jwt_issuer
+        self.grants = Grants.from_settings(settings)
         self._secret = secret if secret is not None else settings.effective_jwt_secret()
         self._public_key = settings.jwt_public_key
         self._jwks = jwt.PyJWKClient(settings.jwks_url) if settings.jwks_url else None
@@ -147,14 +147,61 @@ def token_problem(exc: jwt.PyJWTError) -> str:
     return f"invalid token: {exc}"
 
 
-def scopes_of(claims: dict[str, Any]) -> list[str]:
-    """The ``scope`` claim as a space-separated string or a list."""
-    raw = claims.get("scope", claims.get("scp"))
-    if isinstance(raw, str):
-        return raw.split()
-    if isinstance(raw, list):
-        return [s for s in raw if isinstance(s, str)]
-    return []
+class Grants:
+    """Which claims of a token hold its grants, and which grant values give this service's
+    permissions (DEC-AUTH-1): by default ``scope``/``scp`` with ``nudging.admin`` (admin and
+    ingest) and ``nudging.ingest``; a host's identity provider may say ``roles`` and ``admin``."""
+
+    def __init__(self, claims: Sequence[str], admin: Sequence[str], ingest: Sequence[str]) -> None:
+        self.claims = tuple(claims)
+        self.admin = frozenset(admin)
+        self.ingest = frozenset(ingest)
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Grants:
+        return cls(settings.jwt_scope_claims.split(), settings.jwt_admin_scopes.split(),
+                   settings.jwt_ingest_scopes.split())
+
+    def values(self, claims: dict[str, Any]) -> list[str]:
+        """Every grant the token carries: each configured claim, a space-separated string or a
+        list of strings (anything else in it is ignored, never an error)."""
+        found: list[str] = []
+        for name in self.claims:
+            raw = claims.get(name)
+            if isinstance(raw, str):
+                found += raw.split()
+            elif isinstance(raw, list):
+                found += [v for v in raw if isinstance(v, str)]
+        return found
+
+    def permissions(self, claims: dict[str, Any]) -> set[str]:
+        """The permissions the token's grants give (``admin`` includes ``ingest``)."""
+        values = set(self.values(claims))
+        if values & self.admin:
+            return {"admin", "ingest"}
+        return {"ingest"} if values & self.ingest else set()
+
+
+def authenticated(subject: str, permissions: Iterable[str], grants: Sequence[str] = ()
+                  ) -> tuple[AuthCredentials, BaseUser]:
+    """What an ``AuthenticationBackend`` returns for a request it authenticated: ``subject``
+    (who acts: audit rows name it, ``/me`` serves its notifications) with ``permissions``
+    (``admin``, ``ingest``; none for a participant). A host's own backend returns this."""
+    unknown = set(permissions) - set(PERMISSION_SCOPES)
+    if unknown:
+        raise ValueError(f"unknown permission(s) {sorted(unknown)}: expected admin and/or ingest")
+    return AuthCredentials(["authenticated", *sorted(set(permissions))]), Principal(subject, grants)
+
+
+def subject_of(user: BaseUser) -> str | None:
+    """Who a request's user is: a ``Principal``'s subject, else a host user's ``identity``
+    (Starlette's ``BaseUser``), else its ``display_name``; ``None`` when unauthenticated."""
+    if not user.is_authenticated:
+        return None
+    if isinstance(user, Principal):
+        return user.subject
+    identity = getattr(user, "identity", None)
+    return str(identity) if identity else (user.display_name or None)
 
 
 class JWTBackend(AuthenticationBackend):
@@ -172,9 +219,8 @@ class JWTBackend(AuthenticationBackend):
             claims = await self.verifier.verify_async(token.strip())
         except jwt.PyJWTError as exc:
             raise AuthenticationError(token_problem(exc)) from exc
-        scopes = scopes_of(claims)
-        permissions = {p for s in scopes for p in SCOPE_PERMISSIONS.get(s, ())}
-        return AuthCredentials(["authenticated", *sorted(permissions)]), Principal(str(claims["sub"]), scopes)
+        return authenticated(str(claims["sub"]), self.verifier.grants.permissions(claims),
+                             self.verifier.grants.values(claims))
 
 
 def on_auth_error(conn: HTTPConnection, exc: AuthenticationError) -> Response:

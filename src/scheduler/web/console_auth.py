@@ -24,7 +24,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
-from scheduler.web.auth import SCOPE_PERMISSIONS, TokenVerifier, scopes_of
+from scheduler.web.auth import TokenVerifier
 from scheduler.web.sessions import SessionStore, WebSession
 
 COOKIE = "scheduler_console"
@@ -51,8 +51,7 @@ async def verify_admin(verifier: TokenVerifier, token: str) -> VerifiedAdmin:
     """Verify ``token`` for the console: ``jwt.PyJWTError`` if invalid, ``NotAdmin`` if not admin.
     (A JWKS fetch runs off the event loop, as for the API.)"""
     claims: dict[str, Any] = await verifier.verify_async(token)
-    permissions = {p for s in scopes_of(claims) for p in SCOPE_PERMISSIONS.get(s, ())}
-    if "admin" not in permissions:
+    if "admin" not in verifier.grants.permissions(claims):
         raise NotAdmin(str(claims.get("sub")))
     return VerifiedAdmin(str(claims["sub"]), verifier.seconds_left(claims))
 

@@ -25,7 +25,7 @@ from starlette.routing import BaseRoute, Route
 
 from scheduler.core.store import _jsonable
 from scheduler.database.queries import statement
-from scheduler.web.auth import PARTICIPANT, Principal, TokenVerifier, require
+from scheduler.web.auth import CHALLENGE, PARTICIPANT, TokenVerifier, require, subject_of
 from scheduler.web.http import respond
 from scheduler.web.inbox import Inbox, sse_stream, stream_head
 from scheduler.web.inbox_session import inbox_session_routes, session_check, with_inbox_session
@@ -63,11 +63,12 @@ def page_headers(html: str) -> dict[str, str]:
 
 def _whose(request: Request) -> str:
     """The participant whose inbox this is: the token's subject; an admin may name another."""
-    user = request.user
-    assert isinstance(user, Principal)
+    subject = subject_of(request.user)
+    if subject is None:
+        raise HTTPException(401, "missing bearer token", headers=CHALLENGE)
     wanted: str | None = query(request)["user_id"]
-    if wanted is None or wanted == user.subject:
-        return user.subject
+    if wanted is None or wanted == subject:
+        return subject
     if "admin" not in request.auth.scopes:
         raise HTTPException(403, "missing permission: nudging.admin (admin) to read another participant's inbox")
     return wanted
