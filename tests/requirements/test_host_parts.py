@@ -17,7 +17,12 @@ import jwt
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from sqlalchemy import Engine
-from starlette.authentication import AuthCredentials, AuthenticationBackend, AuthenticationError, BaseUser
+from starlette.authentication import (
+    AuthCredentials,
+    AuthenticationBackend,
+    AuthenticationError,
+    BaseUser,
+)
 from starlette.requests import HTTPConnection
 from starlette.testclient import TestClient
 
