@@ -61,14 +61,17 @@ def pytest_configure(config: pytest.Config) -> None:
             f"--clause {', '.join(unknown)}: no clause of {spec_dir} has this ID or starts with it "
             "(IDs look like REQ-0065.2; REQ-0065 selects the whole requirement)")
     out = Path(config.invocation_params.dir, report_dir) if report_dir is not None else None
-    config.pluginmanager.register(SpecReport(config, specs, selectors, out), PLUGIN_NAME)
+    shown = Path(report_dir, "index.html") if report_dir is not None else None
+    config.pluginmanager.register(SpecReport(config, specs, selectors, out, shown), PLUGIN_NAME)
 
 
 class SpecReport:
     """One run's selection by clause and its report."""
 
-    def __init__(self, config: pytest.Config, specs: Specs, selectors: list[str], out: Path | None) -> None:
+    def __init__(self, config: pytest.Config, specs: Specs, selectors: list[str], out: Path | None,
+                 shown: Path | None = None) -> None:
         self.config = config
+        self.shown = shown or out
         self.specs = specs
         self.out = out
         self.selected = {cid for selector in selectors for cid in specs.matching(selector)}
@@ -138,7 +141,7 @@ class SpecReport:
         self.out.mkdir(parents=True, exist_ok=True)
         write(self.out / "report.json", json.dumps(report, indent=1, ensure_ascii=False) + "\n")
         write(self.out / "index.html", page)
-        self.line = (f"{report['summary']['line']} — spec report {self.out / 'index.html'} "
+        self.line = (f"{report['summary']['line']} — spec report {self.shown} "
                      f"({report['run']['report_seconds']:.2f} s)")
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:

@@ -19,6 +19,8 @@ LABEL = {"proved": "proved", "broken": "broken", "unproven": "unproven", "not_ru
 KIND = {"seed": "seed requirement", "context": "context", "own": "our own", "decision": "decision"}
 CODE = re.compile(r"`([^`]+)`")
 LINK = re.compile(r"\[([^\]]+)\]\([^)]*\)")
+REFERENCE_DEFINITION = re.compile(r"^\[[^\]]+\]:\s.*$\n?", re.M)
+CITED = re.compile(r"\[([A-Z][A-Z0-9-]*(?:\.\d+)?)\]")
 
 CSS = """
 :root { --proved:#1a7f37; --broken:#cf222e; --unproven:#b35900; --not_run:#6e7781;
@@ -81,6 +83,13 @@ pre.failure { background:#fff; border:1px solid #ffcecb; padding:6px 8px; margin
 def inline(text: str) -> str:
     """Markdown's inline code and links as HTML (the rest of the words as they are)."""
     return CODE.sub(r"<code>\1</code>", escape(LINK.sub(r"\1", text), quote=False))
+
+
+def opening(text: str, ids: set[str]) -> str:
+    """A group's opening: its prose, its cited clauses (``[DEC-6]``) linked within the page,
+    and its reference definitions (the links for a Markdown reader) dropped."""
+    html = inline(REFERENCE_DEFINITION.sub("", text).strip())
+    return CITED.sub(lambda m: f'<a href="#{m[1]}">{m[1]}</a>' if m[1] in ids else m[0], html)
 
 
 def _anchor(key: str) -> str:
@@ -197,7 +206,7 @@ def render(report: dict[str, Any]) -> str:
             out.append(f'<section class="group"><h3 id="{anchor}">{named}<span class="dot {requirement["state"]}">'
                        f'</span>{inline(requirement["title"])}</h3>')
             if requirement["id"] and requirement["opening"]:
-                out.append(f'<div class="opening">{inline(requirement["opening"])}</div>')
+                out.append(f'<div class="opening">{opening(requirement["opening"], set(clauses))}</div>')
             out += [_clause(clauses[cid]) for cid in requirement["clauses"]]
             out.append("</section>")
     out.append("</main></body></html>\n")
