@@ -117,6 +117,10 @@ EXPECTED = {
 
 @pytest.fixture
 def tiny(pytester: pytest.Pytester) -> pytest.Pytester:
+    return make_tiny(pytester)
+
+
+def make_tiny(pytester: pytest.Pytester) -> pytest.Pytester:
     """A temporary project: tests/ with the tiny suite, specs/ with its pages (own page first by
     name, so the report's order is its own doing)."""
     pytester.makeini("[pytest]\n")
