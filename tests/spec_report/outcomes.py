@@ -97,6 +97,12 @@ def fold(run: Run, report: pytest.TestReport, root: Path | None = None) -> None:
         run.outcome, run.reason = Outcome.XPASSED, str(wasxfail) or None
 
 
+def not_collected(nodeid: str, error: str) -> Run:
+    """The run of a test whose module failed to be collected (an import error, say)."""
+    lines = [line.rstrip() for line in error[-FAILURE_CHARS:].splitlines()]
+    return Run(nodeid, Outcome.FAILED, failure_phase="collect", failure_lines=lines[-FAILURE_LINES:])
+
+
 def overall(runs: list[Run]) -> Outcome:
     """A test's outcome over its variants: the worst of them (``not_run`` when none ran)."""
     if not runs:

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from tests.spec_report.outcomes import Run, base_nodeid, fold
+from tests.spec_report.outcomes import Run, base_nodeid, fold, not_collected
 from tests.spec_report.render import render
 from tests.spec_report.report import build_report
 from tests.spec_report.specs import Specs, markers_in_source, parse_specs
@@ -78,6 +78,7 @@ class SpecReport:
         self.selectors = selectors
         self.marked: dict[str, set[str]] = {}
         self.runs: dict[str, dict[str, Run]] = {}
+        self.collect_errors: dict[str, str] = {}
         self.started = time.monotonic()
         self.line: str | None = None
         self.wanted: set[str] = set()
@@ -118,6 +119,12 @@ class SpecReport:
             config.hook.pytest_deselected(items=dropped)
             items[:] = kept
 
+    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
+        """A module that fails to import fails every test it holds: their clauses are broken,
+        not merely not run."""
+        if report.failed:
+            self.collect_errors[report.nodeid] = report.longreprtext
+
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         variants = self.runs.setdefault(base_nodeid(report.nodeid), {})
         run = variants.setdefault(report.nodeid, Run(report.nodeid))
@@ -126,6 +133,12 @@ class SpecReport:
     def report(self, exitstatus: int) -> dict[str, Any]:
         """The report of the run so far."""
         runs = {base: list(variants.values()) for base, variants in self.runs.items()}
+        if self.collect_errors:
+            for cid, clause in self.specs.clauses.items():
+                for node in [*clause.tests, *(n for n, cids in self.marked.items() if cid in cids)]:
+                    error = self.collect_errors.get(node.split("::", 1)[0])
+                    if error is not None and node not in runs:
+                        runs[node] = [not_collected(node, error)]
         info = {"args": list(self.config.invocation_params.args), "clause_selection": self.selectors,
                 "exit_status": int(exitstatus), "tests_run": sum(len(v) for v in runs.values()),
                 "duration_seconds": round(time.monotonic() - self.started, 2)}

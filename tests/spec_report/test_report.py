@@ -196,6 +196,20 @@ def test_a_failing_and_a_skipped_test_colour_exactly_their_clauses(tiny: pytest.
     assert pages["a-own.md"][0] == "not_run"
 
 
+@pytest.mark.clause("REPORT-2")
+def test_a_module_that_fails_to_import_breaks_the_clauses_of_its_tests(tiny: pytest.Pytester) -> None:
+    """REPORT-2: a test whose module cannot be collected failed, so its clause is broken, with the
+    collection error's last lines, rather than not run."""
+    run(tiny, "--spec-report", "out", "tests/test_tiny_suite.py", "tests/test_tiny_other.py")
+    report = json.loads((tiny.path / "out" / "report.json").read_text())
+    clause = next(clause for clause in report["clauses"] if clause["id"] == "OWN-1")
+    assert clause["state"] == "broken"
+    (failed,) = clause["tests"][0]["runs"]
+    assert failed["failure"]["phase"] == "collect"
+    assert failed["failure"]["lines"][-1] == "E   ModuleNotFoundError: No module named 'a_module_that_does_not_exist'"
+    assert validate(report, json.loads(SCHEMA.read_text())) == []
+
+
 @pytest.mark.clause("REPORT-3")
 def test_the_run_ends_with_the_one_line_summary(tiny: pytest.Pytester) -> None:
     """REPORT-3: the last line of the run's output is the summary: the counts, the broken clauses
