@@ -32,6 +32,10 @@ from scheduler.nudging.publishers import RecordingPublisher
 from scheduler.web.app import SchedulerService
 from scheduler.web.auth import mint_token
 
+# The spec report (--spec-report DIR) and the selection by clause (--clause ID): options of
+# this suite only, not of the installed package.
+pytest_plugins = ["pytester", "tests.spec_report.plugin"]
+
 TEST_SECRET = "test-secret-for-the-requirement-suite-0123456789"
 T0 = datetime(2026, 11, 30, 9, 0, tzinfo=UTC)
 

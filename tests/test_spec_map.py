@@ -1,76 +1,37 @@
 """specs/ maps every clause to the tests that prove it; this reads the map both ways.
 
 Clauses are the ``### ID — statement`` headings of ``specs/*.md``, each followed by a
-``Proved by:`` list of test node ids. Tests carry ``@pytest.mark.clause("ID")``. The
-markers are read from the source (not from a pytest run), so the check holds whatever
-subset of the suite is selected.
+``Proved by:`` list of test node ids. Tests carry ``@pytest.mark.clause("ID")``. Both are
+read by ``tests/spec_report/specs.py``, the parser the spec report uses too; the markers
+are read from the source (not from a pytest run), so the check holds whatever subset of the
+suite is selected.
 """
 
 from __future__ import annotations
 
-import ast
-import re
-from collections import defaultdict
 from pathlib import Path
 
+from tests.spec_report.specs import markers_in_source, parse_specs
+
 ROOT = Path(__file__).resolve().parent.parent
-HEADING = re.compile(r"^###\s+(?P<id>[A-Z][A-Z0-9-]*(?:\.\d+)?)\s+[—-]\s+\S")
-LISTED = re.compile(r"^\s*-\s+`?(?P<node>tests/[\w/]+\.py::[\w:]+)`?\s*$")
 
 
 def spec_clauses() -> dict[str, set[str]]:
     """Clause id -> test node ids listed under it, over every spec page."""
-    clauses: dict[str, set[str]] = {}
-    for page in sorted((ROOT / "specs").glob("*.md")):
-        current: str | None = None
-        for line in page.read_text().splitlines():
-            heading = HEADING.match(line)
-            if heading:
-                current = heading["id"]
-                assert current not in clauses, f"{page.name}: clause {current} is defined twice"
-                clauses[current] = set()
-                continue
-            if line.startswith("#"):
-                current = None
-                continue
-            listed = LISTED.match(line)
-            if listed and current is not None:
-                clauses[current].add(listed["node"])
-    return clauses
-
-
-def _clause_marks(node: ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) -> list[str]:
-    marks = []
-    for decorator in node.decorator_list:
-        if (
-            isinstance(decorator, ast.Call)
-            and isinstance(decorator.func, ast.Attribute)
-            and decorator.func.attr == "clause"
-            and decorator.args
-            and isinstance(decorator.args[0], ast.Constant)
-        ):
-            marks.append(str(decorator.args[0].value))
-    return marks
+    return {cid: set(clause.tests) for cid, clause in parse_specs(ROOT / "specs").clauses.items()}
 
 
 def test_markers() -> dict[str, set[str]]:
     """Test node id -> the clauses its markers name, read from every test module's source."""
-    found: dict[str, set[str]] = defaultdict(set)
-    for path in sorted((ROOT / "tests").rglob("test_*.py")):
-        rel = path.relative_to(ROOT).as_posix()
-        tree = ast.parse(path.read_text())
-        for node in tree.body:
-            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name.startswith("test"):
-                found[f"{rel}::{node.name}"].update(_clause_marks(node))
-            elif isinstance(node, ast.ClassDef):
-                class_marks = _clause_marks(node)
-                for item in node.body:
-                    if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef) and item.name.startswith("test"):
-                        found[f"{rel}::{node.name}::{item.name}"].update(class_marks + _clause_marks(item))
-    return found
+    return markers_in_source(ROOT)
 
 
 test_markers.__test__ = False  # type: ignore[attr-defined]  # a helper, not a test
+
+
+def test_no_clause_is_defined_twice() -> None:
+    """Each clause ID heads one clause only, across every page of specs/."""
+    assert parse_specs(ROOT / "specs").problems == []
 
 
 def test_every_clause_is_proved_by_at_least_one_test() -> None:
