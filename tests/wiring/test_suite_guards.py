@@ -218,7 +218,9 @@ def test_an_app_whose_lifespan_runs_the_loop_is_left_with_a_deadline() -> None:
 
 TIER_ORDER = [
     "tests/test_spec_map.py",  # the map of clauses to tests: source only, under a second
-    "tests/requirements", "tests/application", "tests/contract", "tests/wiring", "tests/security",
+    "tests/requirements", "tests/application", "tests/contract", "tests/wiring",
+    "tests/spec_report",  # the spec report's own tests: small pytester runs
+    "tests/security",
     "tests/operations", "tests/performance", "tests/simulation", "tests/browser", "tests/reliability",
 ]
 
