@@ -75,4 +75,5 @@ def test_a_stop_mid_batch_commits_what_was_dispatched_and_releases_the_rest_pend
     assert statuses(engine) == {r["id"]: ("dispatched" if i == 0 else "pending") for i, r in enumerate(posted)}
     scheduler.dispatcher = real
     assert scheduler.poll_once().dispatched == 4
-    assert len(rows(engine, "SELECT 1 FROM pg_locks WHERE locktype = 'advisory'")) == 0
+    assert len(rows(engine, "SELECT 1 FROM pg_locks WHERE locktype = 'advisory' "
+                            "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())")) == 0
