@@ -28,7 +28,8 @@ WITH claimed AS MATERIALIZED (
       -- due by the injected clock, never the database's
       AND trigger_at <= :now
       -- a later round of the same claim continues after the rows the earlier rounds saw
-      -- (a keyset on the index order; the first round starts at -infinity)
+      -- (a keyset on the index order; the first round starts before every row Python can
+      -- read, core.trigger_range.BEFORE_EVERY_TRIGGER)
       AND (trigger_at, id) > (:after_trigger, :after_id)
       -- participants whose lock an earlier round found busy: their rows stay untouched
       AND user_id <> ALL(CAST(:busy AS text[]))
