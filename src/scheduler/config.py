@@ -81,6 +81,10 @@ class Settings(BaseSettings):
     jwks_url: str | None = _setting(None, "SCHEDULER_JWKS_URL", "RS256 keys from a JWKS endpoint")
     jwt_audience: str = _setting("svc-nudging", "SCHEDULER_JWT_AUDIENCE", "required `aud`", min_length=1)
     jwt_issuer: str | None = _setting(None, "SCHEDULER_JWT_ISSUER", "required `iss`, when set")
+    jwt_leeway_seconds: float = _setting(
+        60.0, "SCHEDULER_JWT_LEEWAY_SECONDS",
+        "a token's `exp`, `nbf` and `iat` are judged with this much leeway for clocks that differ (an "
+        "identity provider's from the database's)", ge=0.0, le=3600.0)
     environment: Environment = _setting(
         "development", "SCHEDULER_ENV",
         "`production` refuses to start without a real way to verify tokens")
