@@ -278,7 +278,8 @@ def _console_sign_in(client: TestClient, token: str) -> int:
     assert nonce, page.text
     answer = client.post("/console/sign-in", data={"nonce": nonce[1], "token": token, "next": "/console"},
                          follow_redirects=False)
-    return answer.status_code
+    status: int = answer.status_code
+    return status
 
 
 def _inbox_sign_in(client: TestClient, token: str) -> int:
