@@ -14,6 +14,7 @@ from harness.actors import Replica
 from harness.settle import HarnessError
 from harness.types import RunContext
 from scheduler.core.loop import Batch
+from scheduler.database.engine import SESSION_TIME_ZONE
 from scheduler.database.queries import statement
 from scheduler.nudging.publishers import RecordingPublisher
 
@@ -112,7 +113,7 @@ class ReplicaFaults:
 
     @staticmethod
     def bound_idle(batch: Batch) -> None:
-        timeouts = {"statement": "0", "lock": "0", "idle": str(FREEZE_TIMEOUT_MS)}
+        timeouts = {"statement": "0", "lock": "0", "idle": str(FREEZE_TIMEOUT_MS), "zone": SESSION_TIME_ZONE}
         batch.session.execute(statement("set_local_timeouts"), timeouts)
 
     def frozen(self, r: Replica, pid: int, _: Any, error: BaseException | None) -> None:

@@ -99,6 +99,10 @@ class Settings(BaseSettings):
     jwt_ingest_scopes: str = _setting(
         "nudging.ingest", "SCHEDULER_JWT_INGEST_SCOPES", "grant values that give `ingest`, space-separated",
         pattern=_NAMES)
+    jwt_leeway_seconds: float = _setting(
+        60.0, "SCHEDULER_JWT_LEEWAY_SECONDS",
+        "a token's `exp`, `nbf` and `iat` are judged with this much leeway for clocks that differ (an "
+        "identity provider's from the database's)", ge=0.0, le=3600.0)
     environment: Environment = _setting(
         "development", "SCHEDULER_ENV",
         "`production` refuses to start without a real way to verify tokens")

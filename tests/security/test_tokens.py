@@ -141,7 +141,8 @@ def test_an_rs256_service_accepts_its_key_and_refuses_another(rsa_client: TestCl
 @pytest.mark.clause("SEC-5")
 def test_an_expired_token_is_401(client: TestClient) -> None:
     """SEC-5: ``exp`` in the past."""
-    token = hs256(claims(exp=claims()["iat"] - 1, iat=claims()["iat"] - 3600, nbf=claims()["iat"] - 3600))
+    # past the verifier's leeway (SCHEDULER_JWT_LEEWAY_SECONDS, 60 s): SEC-5.1 pins the boundary
+    token = hs256(claims(exp=claims()["iat"] - 61, iat=claims()["iat"] - 3600, nbf=claims()["iat"] - 3600))
     assert "expired" in _refused(client, token)
 
 
@@ -162,7 +163,7 @@ def test_token_times_are_judged_by_the_verifiers_clock_and_malformed_times_are_r
     """SEC-5: exp, nbf and iat are checked against the verifier's injected clock (production's is
     the database's), never the host's: a token minted by that clock is valid until its exp and
     expired at it, its remaining life is read from the same clock; a token from that clock's
-    future is not yet valid; a time claim that is not a whole number is refused as invalid."""
+    future is not yet valid; a time claim that is not a number is refused as invalid."""
     from datetime import UTC, datetime, timedelta
 
     import jwt as pyjwt
@@ -170,7 +171,8 @@ def test_token_times_are_judged_by_the_verifiers_clock_and_malformed_times_are_r
     from scheduler.web.auth import TokenVerifier, mint_token
 
     far = ManualClock(datetime(2031, 5, 1, 12, 0, tzinfo=UTC))  # years from the host's now
-    verifier = TokenVerifier(Settings(jwt_secret=TEST_SECRET), clock=far)
+    # no leeway, so that the times are exact here (SEC-5.1 proves the leeway)
+    verifier = TokenVerifier(Settings(jwt_secret=TEST_SECRET, jwt_leeway_seconds=0), clock=far)
     token = mint_token(TEST_SECRET, scope="nudging.admin", ttl_seconds=60, clock=far)
     verified = verifier.verify(token)
     assert verified["iat"] == int(far.now().timestamp()) and verifier.seconds_left(verified) == 60
@@ -185,7 +187,7 @@ def test_token_times_are_judged_by_the_verifiers_clock_and_malformed_times_are_r
     wall = TokenVerifier(Settings(jwt_secret=TEST_SECRET))  # the claims below are valid for the host's now
     wall.verify(hs256(claims()))
     for name in ("exp", "nbf", "iat"):
-        with pytest.raises(pyjwt.InvalidTokenError, match="must be an integer"):
+        with pytest.raises(pyjwt.InvalidTokenError, match="must be a NumericDate"):
             wall.verify(hs256(claims(**{name: "soon"})))
 
 
@@ -232,3 +234,126 @@ def test_unknown_or_malformed_scopes_grant_nothing(client: TestClient, scope: An
     response = client.get(ADMIN_ROUTE, headers=auth(hs256(claims(scope=scope))))
     assert response.status_code == 403
     assert response.json()["detail"] == "missing permission: nudging.admin (admin)"
+
+
+@pytest.mark.clause("SEC-5.1")
+def test_token_times_are_judged_with_the_configured_leeway() -> None:
+    """SEC-5.1: clocks differ by seconds (an identity provider's, the database's): with the default
+    60 s leeway a token is valid until 60 s past its exp and from 60 s before its nbf and iat, and
+    not a moment beyond; SCHEDULER_JWT_LEEWAY_SECONDS=0 judges them exactly."""
+    from datetime import UTC, datetime, timedelta
+
+    import jwt as pyjwt
+
+    from scheduler.web.auth import TokenVerifier
+
+    start = datetime(2031, 5, 1, 12, 0, tzinfo=UTC)
+    at = int(start.timestamp())
+    clock = ManualClock(start)
+    lenient = TokenVerifier(Settings(jwt_secret=TEST_SECRET), clock=clock)
+    exact = TokenVerifier(Settings(jwt_secret=TEST_SECRET, jwt_leeway_seconds=0), clock=clock)
+    assert lenient.leeway_seconds == 60
+    expiring = hs256(claims(iat=at - 600, nbf=at - 600, exp=at))
+    clock.set(start + timedelta(seconds=59))
+    lenient.verify(expiring)
+    with pytest.raises(pyjwt.ExpiredSignatureError):
+        exact.verify(expiring)
+    clock.set(start + timedelta(seconds=60))
+    with pytest.raises(pyjwt.ExpiredSignatureError):
+        lenient.verify(expiring)
+    for name in ("nbf", "iat"):
+        clock.set(start)
+        early = hs256(claims(**{"iat": at, "nbf": at, "exp": at + 600, name: at + 60}))
+        lenient.verify(early)  # 60 s in this clock's future: within the leeway
+        with pytest.raises(pyjwt.ImmatureSignatureError, match=name):
+            exact.verify(early)
+        clock.set(start - timedelta(microseconds=1))
+        with pytest.raises(pyjwt.ImmatureSignatureError, match=name):
+            lenient.verify(early)
+
+
+def _console_sign_in(client: TestClient, token: str) -> int:
+    page = client.get("/console/sign-in")
+    nonce = re.search(r'name="nonce" value="([^"]+)"', page.text)
+    assert nonce, page.text
+    answer = client.post("/console/sign-in", data={"nonce": nonce[1], "token": token, "next": "/console"},
+                         follow_redirects=False)
+    status: int = answer.status_code
+    return status
+
+
+def _inbox_sign_in(client: TestClient, token: str) -> int:
+    status: int = client.post("/inbox/session", json={"token": token}).status_code
+    return status
+
+
+NOT_NUMERIC_DATES = ["1799999999", "\uff11\uff17\uff19\uff19\uff19\uff19\uff19\uff19\uff19\uff19", True, False,
+                     None, [1799999999], {"t": 1799999999}, 10**30, -(10**30)]
+
+
+@pytest.mark.clause("SEC-5.2")
+@pytest.mark.parametrize("name", ["exp", "nbf", "iat"])
+@pytest.mark.parametrize("value", NOT_NUMERIC_DATES,
+                         ids=["string", "fullwidth-digits", "true", "false", "null", "list", "object", "huge",
+                              "huge-negative"])
+def test_a_time_claim_that_is_not_a_json_number_is_401_everywhere(
+    client: TestClient, name: str, value: Any
+) -> None:
+    """SEC-5.2: RFC 7519's NumericDate is a JSON number: exp, nbf or iat as a string (even of
+    fullwidth digits), a boolean, null, a list, an object or a number past year 9999 is a 401 on
+    the API, the console's sign-in and the inbox's sign-in alike."""
+    now = claims()["iat"]
+    times = {"iat": now, "nbf": now, "exp": now + 600}
+    if name != "exp" and isinstance(value, bool | str):
+        times["exp"] = now + 600
+    token = hs256({**claims(), **times, name: value})
+    detail = _refused(client, token)
+    assert name in detail
+    assert _console_sign_in(client, token) == 401
+    participant = hs256({**claims(scope=None, sub="participant-1"), **times, name: value})
+    assert _inbox_sign_in(client, participant) == 401
+
+
+@pytest.mark.clause("SEC-5.2")
+def test_time_claims_may_be_fractions(client: TestClient) -> None:
+    """SEC-5.2: a NumericDate may carry a fraction of a second: accepted on every sign-in path."""
+    now = claims()["iat"]
+    times = {"iat": now - 0.5, "nbf": now - 0.25, "exp": now + 600.5}
+    assert _status(client, hs256(claims(**times))) == 200
+    assert _console_sign_in(client, hs256(claims(**times))) == 303
+    assert _inbox_sign_in(client, hs256(claims(scope=None, sub="participant-1", **times))) == 201
+
+
+@pytest.mark.clause("SEC-5.3")
+def test_the_cli_mints_tokens_with_the_database_clock_whatever_the_host_clock_says(
+    engine: Engine, database_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """SEC-5.3: ``scheduler token`` stamps iat, nbf and exp with the clock the service judges them
+    by, the configured database's: on a host an hour ahead of the database, the token's iat is the
+    database's now, so the service does not find it "not yet valid"."""
+    from datetime import timedelta
+
+    import jwt as pyjwt
+    from freezegun import freeze_time
+
+    from scheduler.cli import main
+    from scheduler.database.engine import database_time
+    from scheduler.web.auth import TokenVerifier
+
+    before = database_time(engine)
+    monkeypatch.setenv("DATABASE_URL", database_url)
+    monkeypatch.setenv("SCHEDULER_JWT_SECRET", TEST_SECRET)
+    host = freeze_time(before + timedelta(hours=1))
+    host.start()
+    try:
+        assert main(["token", "--scope", "nudging.admin", "--ttl", "600"]) == 0
+    finally:
+        host.stop()
+    after = database_time(engine)
+    minted = capsys.readouterr().out.strip()
+    stamped = pyjwt.decode(minted, TEST_SECRET, algorithms=["HS256"], audience="svc-nudging")
+    assert int(before.timestamp()) <= stamped["iat"] <= after.timestamp(), (stamped, before, after)
+    assert stamped["nbf"] == stamped["iat"] and stamped["exp"] == stamped["iat"] + 600
+    judged_by_the_database = TokenVerifier(Settings(jwt_secret=TEST_SECRET, jwt_leeway_seconds=0),
+                                           clock=ManualClock(after))
+    judged_by_the_database.verify(minted)

@@ -183,6 +183,16 @@ def check_jwt_issuer(env: Env) -> None:
         assert _admin_list(client, auth(hs256(claims()))) == 401
 
 
+def check_jwt_leeway_seconds(env: Env) -> None:
+    # a token that expired 30 s ago: within the default 60 s leeway, outside a 10 s one
+    stale = hs256(claims(exp=claims()["iat"] - 30))
+    with service_from_env(env.base()) as service, TestClient(service.app) as client:
+        assert service.verifier.leeway_seconds == 60
+        assert _admin_list(client, auth(stale)) == 200
+    with service_from_env(env.base(SCHEDULER_JWT_LEEWAY_SECONDS="10")) as service, TestClient(service.app) as client:
+        assert _admin_list(client, auth(stale)) == 401
+
+
 def check_rules_dir(env: Env) -> None:
     rules = env.tmp_path / "rules"
     rules.mkdir()
@@ -398,6 +408,7 @@ CHECKS: dict[str, Callable[[Env], None]] = {
     "jwt_scope_claims": check_jwt_scope_claims,
     "jwt_admin_scopes": check_jwt_admin_scopes,
     "jwt_ingest_scopes": check_jwt_ingest_scopes,
+    "jwt_leeway_seconds": check_jwt_leeway_seconds,
     "rules_dir": check_rules_dir,
     "max_body_bytes": check_max_body_bytes,
     "statement_timeout_ms": check_statement_timeout_ms,

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from scheduler.config import ConfigError, Settings
+from scheduler.types import Clock
 
 
 def migrated_engine(settings: Settings):  # type: ignore[no-untyped-def]
@@ -166,5 +167,27 @@ def cmd_token(args: argparse.Namespace, settings: Settings) -> int:
               f"to generate one in {settings.secret_file}", file=sys.stderr)
         return 2
     print(mint_token(secret, scope=args.scope, subject=args.sub, ttl_seconds=args.ttl,
-                     audience=settings.jwt_audience, issuer=settings.jwt_issuer))
+                     audience=settings.jwt_audience, issuer=settings.jwt_issuer, clock=_token_clock(settings)))
     return 0
+
+
+def _token_clock(settings: Settings) -> Clock | None:
+    """The clock the service judges tokens by (DEC-10): the configured database's, read once.
+    The embedded server runs on this host, so its clock is this host's (``None``: the host's,
+    and no server is started for a token). A database that cannot be read is said on stderr,
+    and the host's clock stamps the token (the service's leeway absorbs a small skew)."""
+    if not settings.database_url:
+        return None
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from scheduler.database.engine import make_engine, sqlalchemy_url, synced_database_clock
+
+    engine = make_engine(sqlalchemy_url(settings.database_url), settings)
+    try:
+        return synced_database_clock(engine, warn_seconds=settings.clock_skew_warn_seconds)
+    except SQLAlchemyError as exc:  # the database is down: a token is still useful, say what stamps it
+        print(f"scheduler token: could not read the database's clock ({type(exc).__name__}); the token is "
+              "stamped with this host's clock", file=sys.stderr)
+        return None
+    finally:
+        engine.dispose()

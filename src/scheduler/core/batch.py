@@ -114,10 +114,14 @@ class Batch:
     # The poll's stop (``Scheduler.poll_once``): the set-based run asks it between events'
     # rules, so a stop mid-batch leaves the events not reached untouched (DEC-7).
     should_stop: Callable[[], bool] | None = None
+    # The stop was honoured: the events from ``position`` on were never reached (or were
+    # rolled back unrecorded) and the commit releases them pending; nothing more runs.
+    stopped: bool = False
 
     @property
     def remaining(self) -> int:
-        return len(self.events) - self.position
+        """Events still to dispatch: none once the batch stopped."""
+        return 0 if self.stopped else len(self.events) - self.position
 
 
 @dataclass(frozen=True)

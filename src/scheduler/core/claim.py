@@ -12,17 +12,20 @@ One round is one statement: the row locks and the participants' try-locks togeth
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy.orm import Session
 
 from scheduler.core.batch import ClaimedEvent
 from scheduler.core.participant_locks import participant_lock_key, remember_participant_locks
+from scheduler.core.trigger_range import BEFORE_EVERY_TRIGGER
 from scheduler.database import pipeline
 
-# The start of the claim's keyset: before every row.
-_BEFORE_ALL = (datetime(1, 1, 2, tzinfo=UTC), "")
+# The start of the claim's keyset: before every row, whatever its trigger_at (the storable
+# range starts long after it, and no row Python can read sorts before it), so every due row
+# is claimable (DEC-TRIGGER).
+_BEFORE_ALL = (BEFORE_EVERY_TRIGGER, "")
 
 
 def claim_params(now: datetime, batch_size: int) -> dict[str, Any]:

@@ -122,6 +122,9 @@ class DatabaseClock:
         host = self.host.now()
         if server.tzinfo is None:
             raise ValueError("the server's time must be timezone-aware")
+        # in UTC whatever zone the session read it in: the daily cap's day, lateness and every
+        # time this clock stamps are UTC (DEC-UTC)
+        server = server.astimezone(UTC)
         offset = (server - host).total_seconds()
         with self._lock:
             self._anchor = (server, after)

@@ -44,6 +44,7 @@ from scheduler.core.batch import (
     failed,
     outcome_parameters,
 )
+from scheduler.core.dispatch_contract import checked_result
 from scheduler.core.set_based import (
     CHECKPOINT,
     commit_set_based,
@@ -71,6 +72,12 @@ def dispatch_next(batch: Batch, dispatcher: Dispatcher, clock: Clock, name: str)
     return _dispatch_next(batch, dispatcher, clock, name)
 
 
+def _stopping(batch: Batch) -> bool:
+    """Whether the poll's stop has arrived: asked between every two events of the replay and
+    of the set-based fallback (``Scheduler.poll_once`` asks between those of the first pass), DEC-7."""
+    return batch.should_stop is not None and batch.should_stop()
+
+
 def _dispatch_next(batch: Batch, dispatcher: Dispatcher, clock: Clock, name: str) -> EventOutcome | None:
     if batch.remaining == 0:
         return None
@@ -88,7 +95,9 @@ def _dispatch_next(batch: Batch, dispatcher: Dispatcher, clock: Clock, name: str
         batch.checkpoint_outbound = len(batch.outbound)
     checkpoint = batch.checkpoint
     try:
-        result = dispatcher(batch.session, event.as_event(), now)
+        # whatever the dispatcher hands back is checked inside the isolation: a value that is
+        # not a DispatchResult fails this event alone, with the reason (REQ-0067)
+        result = checked_result(dispatcher(batch.session, event.as_event(), now))
         if checkpoint is None or not checkpoint.is_active:
             raise RuntimeError("the dispatcher ended the transaction it was handed")
     except Exception as exc:
@@ -105,15 +114,20 @@ def _dispatch_next(batch: Batch, dispatcher: Dispatcher, clock: Clock, name: str
             batch.outcomes.append(outcome)
             return outcome
         first_error = result.refusal
-    outcome = _replay(batch, dispatcher, event, now, first_error, name)
-    batch.outcomes.append(outcome)
-    return outcome
+    replayed = _replay(batch, dispatcher, event, now, first_error, name)
+    if replayed is not None:
+        batch.outcomes.append(replayed)
+    return replayed
 
 
 def _replay(batch: Batch, dispatcher: Dispatcher, event: ClaimedEvent, now: datetime, first_error: str,
-            name: str) -> EventOutcome:
+            name: str) -> EventOutcome | None:
     """``event`` failed under the checkpoint: roll back to it, replay the events since it
-    one savepoint each, then run ``event`` again in a savepoint of its own."""
+    one savepoint each, then run ``event`` again in a savepoint of its own.
+
+    A stop is honoured between every two of these events (DEC-7): the events replayed so far
+    keep their outcome, and the batch ends there (``None``): the rest, ``event`` included,
+    were rolled back with the checkpoint, so the commit releases them ``pending``."""
     checkpoint, batch.checkpoint = batch.checkpoint, None
     if checkpoint is None or not checkpoint.is_active:
         # The dispatcher committed or rolled back the batch's transaction itself: there is
@@ -129,10 +143,25 @@ def _replay(batch: Batch, dispatcher: Dispatcher, event: ClaimedEvent, now: date
                 "one savepoint each", name, event.id, first_error, len(earlier))
     del batch.outcomes[start:]
     del batch.outbound[batch.checkpoint_outbound:]
-    for previous, outcome in zip(batch.events[start:batch.position - 1], earlier, strict=True):
+    for done, (previous, outcome) in enumerate(zip(batch.events[start:batch.position - 1], earlier, strict=True)):
+        if _stopping(batch):
+            _stopped_in_replay(batch, start + done, name)
+            return None
         batch.outcomes.append(_dispatch_isolated(batch, dispatcher, previous, outcome.finished_at or now, name))
-    batch.replayed += len(earlier) + 1
+        batch.replayed += 1
+    if _stopping(batch):
+        _stopped_in_replay(batch, batch.position - 1, name)
+        return None
+    batch.replayed += 1
     return _dispatch_isolated(batch, dispatcher, event, now, name)
+
+
+def _stopped_in_replay(batch: Batch, position: int, name: str) -> None:
+    """A stop arrived mid-replay: the batch ends after the events before ``position``."""
+    logger.info("%s: stop requested during a replay; %d event(s) left pending for the next poll",
+                name, len(batch.events) - position)
+    batch.position = position
+    batch.stopped = True
 
 
 def _dispatch_isolated(batch: Batch, dispatcher: Dispatcher, event: ClaimedEvent, now: datetime,
@@ -141,7 +170,7 @@ def _dispatch_isolated(batch: Batch, dispatcher: Dispatcher, event: ClaimedEvent
     session = batch.session
     savepoint = session.begin_nested()
     try:
-        result = dispatcher(session, event.as_event(), now)
+        result = checked_result(dispatcher(session, event.as_event(), now))
         if not savepoint.is_active:
             raise RuntimeError("the dispatcher ended the transaction it was handed")
         if result.refusal is not None:
@@ -179,7 +208,12 @@ def commit_batch(batch: Batch) -> None:
             if batch.per_event is not None:
                 # the set-based write failed and was rolled back: the events it decided run per event
                 dispatcher, clock, name = batch.per_event
-                while batch.position < decided:
+                # a stop is honoured between every two events here too (DEC-7): the events not
+                # reached were rolled back with the set-based write, and stay pending
+                while batch.position < decided and not batch.stopped:
+                    if _stopping(batch):
+                        batch.stopped = True
+                        break
                     _dispatch_next(batch, dispatcher, clock, name)
         unrecorded = batch.outcomes[batch.recorded:]  # the set-based statement wrote its own
         if batch.session.in_nested_transaction():

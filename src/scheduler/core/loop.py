@@ -39,6 +39,7 @@ from scheduler.core.batch import (
 )
 from scheduler.core.claim import claim_params, claim_rounds
 from scheduler.core.clock import ensure_ready
+from scheduler.core.dispatch_contract import refuse_async_dispatcher
 from scheduler.core.health import SchedulerHealth
 from scheduler.core.isolation import abort_batch, commit_batch
 from scheduler.core.isolation import dispatch_next as dispatch_in_batch
@@ -96,7 +97,7 @@ class Scheduler:
         except ValueError:
             raise ValueError(f"mode must be literal or prompt, got {mode!r}") from None
         self.sessions = sessions
-        self.dispatcher = dispatcher
+        self.dispatcher = dispatcher  # refused here if it is async (``dispatcher`` below)
         self.clock = clock
         self.publisher = publisher
         self.batch_size = batch_size
@@ -114,6 +115,18 @@ class Scheduler:
         # Observability (issue 17): spans around each poll and each event's dispatch, and
         # the event id in log lines; the service sets a tracing observer when tracing is on.
         self.observer: Observer = Observer()
+
+    @property
+    def dispatcher(self) -> Dispatcher:
+        """What each claimed event is dispatched through. An ``async def`` dispatcher (or an
+        object whose ``__call__`` is one) is refused when set, with a sentence saying why:
+        dispatchers run synchronously in the loop's worker thread on a sync session."""
+        return self._dispatcher
+
+    @dispatcher.setter
+    def dispatcher(self, dispatcher: Dispatcher) -> None:
+        refuse_async_dispatcher(dispatcher)
+        self._dispatcher = dispatcher
 
     # -- the poll's phases ----------------------------------------------------------------
 

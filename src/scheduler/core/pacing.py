@@ -12,16 +12,18 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import datetime
 
 from scheduler.core.batch import PollReport
+from scheduler.core.trigger_range import BEFORE_EVERY_TRIGGER
 from scheduler.types import Clock, SchedulerMode
 
 # Prompt mode: how soon to look again after a poll left rows of busy participants behind.
 BUSY_RETRY_SECONDS = 0.5
 
-# What a wake-up without a trigger time stands for: "something may have changed, look now".
-_LOOK_NOW = datetime(1, 1, 2, tzinfo=UTC)
+# What a wake-up without a trigger time stands for: "something may have changed, look now":
+# a time before every storable trigger_at, so it is always the earliest (DEC-TRIGGER).
+_LOOK_NOW = BEFORE_EVERY_TRIGGER
 
 
 def is_full(report: PollReport, batch_size: int) -> bool:

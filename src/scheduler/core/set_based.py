@@ -33,8 +33,9 @@ from scheduler.core.batch import (
     failed,
     outcome_parameters,
 )
+from scheduler.core.dispatch_contract import NotADispatchResult, checked_result
 from scheduler.database import pipeline
-from scheduler.types import BatchDispatcher, Clock, Dispatcher, OutboundMessage
+from scheduler.types import BatchDispatcher, Clock, Dispatcher, DispatchResult, OutboundMessage
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +65,13 @@ def dispatch_set_based(batch: Batch, dispatcher: Dispatcher, clock: Clock, name:
             return False
         planned: list[tuple[EventOutcome, list[OutboundMessage]]] = []
         # fewer results than events: a stop arrived, the rest stay untouched (DEC-7)
-        for event, result in zip(batch.events[:len(decisions.results)], decisions.results, strict=True):
+        for event, decided in zip(batch.events[:len(decisions.results)], decisions.results, strict=True):
+            result: DispatchResult | Exception = decided
+            if not isinstance(decided, Exception):
+                try:  # a value that is not a DispatchResult fails its own event, as per event
+                    result = checked_result(decided)
+                except NotADispatchResult as exc:
+                    result = exc
             if isinstance(result, Exception):
                 logger.error("%s: dispatch of scheduled event %s failed: %s", name, event.id, error_text(result),
                              exc_info=result)

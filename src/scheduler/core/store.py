@@ -16,6 +16,7 @@ from typing import Any
 from sqlalchemy import RowMapping
 from sqlalchemy.orm import Session, sessionmaker
 
+from scheduler.core.trigger_range import check_trigger_at
 from scheduler.database.queries import statement
 
 EVENT_COLUMNS = (
@@ -53,7 +54,9 @@ def store_event(
     ids so that a replayed run claims rows in the same ``(trigger_at, id)`` order.
     ``actor`` (a token's subject) is recorded in the row's history. ``traceparent`` (W3C,
     already validated) is the storing request's trace context, which the dispatch links to.
+    A ``trigger_at`` outside the storable range is a ``TriggerOutOfRange`` (``core.trigger_range``).
     """
+    check_trigger_at(trigger_at)  # every path that stores one keeps to the range (DEC-TRIGGER)
     params = {
         "id": event_id or str(uuid.uuid4()),
         "event_type": event_type,

@@ -32,6 +32,8 @@ from scheduler.database.queries import statement
 logger = logging.getLogger(__name__)
 
 MIGRATIONS = Path(__file__).parent / "migrations"
+# The zone every session of the service runs in (DEC-UTC).
+SESSION_TIME_ZONE = "UTC"
 EMBEDDED_DATABASE = "scheduler"
 
 # Keep a reference so the embedded server is not stopped while this process uses it.
@@ -173,6 +175,11 @@ def make_engine(url: str, settings: Settings | None = None, **kwargs: Any) -> En
     ``SET LOCAL``, at its start) instead of in the ``options`` startup parameter, which
     PgBouncer refuses ("unsupported startup parameter: options").
 
+    Every session runs with ``TimeZone`` UTC (DEC-UTC), whatever the server's or the
+    database's default, so times read back (``clock_timestamp()``, a row's ``trigger_at``) are
+    UTC and every instant of the storable range reads back (``core.trigger_range``); behind
+    the pooler it travels per transaction with the timeouts.
+
     A frozen peer holds nothing for long (issue 14, DEC-11): PostgreSQL ends a session that
     sits idle inside a transaction longer than ``idle_in_transaction_timeout_ms`` (a frozen
     replica, a paused VM, a stopped proxy), which releases the batch's row and participant
@@ -188,7 +195,8 @@ def make_engine(url: str, settings: Settings | None = None, **kwargs: Any) -> En
         connect_args["options"] = (
             f"-c statement_timeout={settings.statement_timeout_ms} "
             f"-c lock_timeout={settings.lock_timeout_ms} "
-            f"-c idle_in_transaction_session_timeout={settings.idle_in_transaction_timeout_ms}"
+            f"-c idle_in_transaction_session_timeout={settings.idle_in_transaction_timeout_ms} "
+            f"-c TimeZone={SESSION_TIME_ZONE}"
         )
     connect_args.update(kwargs.pop("connect_args", {}))
     kwargs.setdefault("pool_timeout", settings.pool_timeout_seconds)
@@ -197,7 +205,7 @@ def make_engine(url: str, settings: Settings | None = None, **kwargs: Any) -> En
         ping_when_idle(engine, settings.pool_ping_after_idle_seconds)
     if settings.transaction_pooling:
         timeouts = {"statement": str(settings.statement_timeout_ms), "lock": str(settings.lock_timeout_ms),
-                    "idle": str(settings.idle_in_transaction_timeout_ms)}
+                    "idle": str(settings.idle_in_transaction_timeout_ms), "zone": SESSION_TIME_ZONE}
 
         @event.listens_for(engine, "begin")
         def _timeouts_per_transaction(conn: Connection) -> None:

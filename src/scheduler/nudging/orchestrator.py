@@ -15,7 +15,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime, time, timedelta
+from datetime import UTC, datetime, time, timedelta
 from typing import Any, Protocol
 
 from sqlalchemy.orm import Session
@@ -38,8 +38,9 @@ class Preferences:
 
 
 def utc_day(now: datetime) -> tuple[datetime, datetime]:
-    """The UTC day containing ``now``: the window the daily cap counts."""
-    start = datetime.combine(now.date(), time(0), tzinfo=now.tzinfo)
+    """The UTC day containing ``now`` (in whatever zone it is given): the window the daily cap counts (DEC-4)."""
+    utc = now.astimezone(UTC)
+    start = datetime.combine(utc.date(), time(0), tzinfo=UTC)
     return start, start + timedelta(days=1)
 
 

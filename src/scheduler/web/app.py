@@ -35,6 +35,7 @@ from starlette.types import ASGIApp
 
 from scheduler.config import ConfigError, Settings
 from scheduler.core.clock import DatabaseClock
+from scheduler.core.dispatch_contract import refuse_async_dispatcher
 from scheduler.core.loop import DUE_CHANNEL, Scheduler
 from scheduler.database.engine import (
     database_time,
@@ -90,6 +91,8 @@ class SchedulerService:
         authentication: AuthenticationBackend | None = None,
         metrics_registry: CollectorRegistry | None = None,
     ) -> None:
+        if dispatcher is not None:
+            refuse_async_dispatcher(dispatcher)  # before any engine is made: nothing to dispose
         self.settings = settings or Settings.from_env()
         # Engines this service creates are its own to dispose when it stops; an engine the
         # caller passes stays the caller's.

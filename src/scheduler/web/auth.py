@@ -12,6 +12,7 @@ permission is a 403 naming it.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
@@ -69,6 +70,7 @@ class TokenVerifier:
         # from): production's is the database's (DEC-10), as for everything else it stamps.
         self.clock: Clock = clock or SystemClock()
         self.audience = settings.jwt_audience
+        self.leeway_seconds = settings.jwt_leeway_seconds
         self.issuer = settings.jwt_issuer
         self.grants = Grants.from_settings(settings)
         self._secret = secret if secret is not None else settings.effective_jwt_secret()
@@ -112,30 +114,43 @@ class TokenVerifier:
             claims = dict(jwt.decode(token, self._secret, algorithms=["HS256"], **common))
         else:
             raise jwt.InvalidTokenError("the service has no way to verify tokens configured")
-        check_token_times(claims, self.clock.now().timestamp())
+        check_token_times(claims, self.clock.now().timestamp(), self.leeway_seconds)
         return claims
 
 
-def _whole(claims: dict[str, Any], name: str, error: type[jwt.PyJWTError], what: str) -> int | None:
+# The NumericDates this verifier reads: the span of years 1 to 9999 (anything else cannot be
+# a time any clock here tells, and would overflow the float arithmetic below).
+_NUMERIC_DATE_MIN = -62_135_596_800
+_NUMERIC_DATE_MAX = 253_402_300_799
+
+
+def numeric_date(claims: dict[str, Any], name: str, what: str) -> float | None:
+    """A time claim as RFC 7519 defines it, a NumericDate: a JSON number (an integer or a
+    fraction), never a string or a boolean; ``None`` when absent. Anything else is a
+    ``jwt.InvalidTokenError`` naming the claim (a 401)."""
     if name not in claims:
         return None
-    try:
-        return int(claims[name])
-    except (ValueError, TypeError, OverflowError):
-        raise error(f"{what} claim ({name}) must be an integer.") from None
+    value = claims[name]
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise jwt.InvalidTokenError(f"{what} claim ({name}) must be a NumericDate, a JSON number "
+                                    f"(not {type(value).__name__})")
+    if not (isinstance(value, int) or math.isfinite(value)) or not _NUMERIC_DATE_MIN <= value <= _NUMERIC_DATE_MAX:
+        raise jwt.InvalidTokenError(f"{what} claim ({name}) is out of range")
+    return float(value)
 
 
-def check_token_times(claims: dict[str, Any], now: float) -> None:
-    """PyJWT's checks of ``exp``, ``nbf`` and ``iat`` (same errors, same messages, no
-    leeway), against ``now`` from the verifier's clock instead of the host's."""
-    exp = _whole(claims, "exp", jwt.DecodeError, "Expiration Time")
-    if exp is not None and exp <= now:
+def check_token_times(claims: dict[str, Any], now: float, leeway: float = 0.0) -> None:
+    """PyJWT's checks of ``exp``, ``nbf`` and ``iat`` (its errors and messages), with
+    ``leeway`` seconds for clocks that differ, against ``now`` from the verifier's clock
+    instead of the host's. Each present time claim must be a NumericDate (``numeric_date``)."""
+    exp = numeric_date(claims, "exp", "Expiration Time")
+    nbf = numeric_date(claims, "nbf", "Not Before")
+    iat = numeric_date(claims, "iat", "Issued At")
+    if exp is not None and exp + leeway <= now:
         raise jwt.ExpiredSignatureError("Signature has expired")
-    nbf = _whole(claims, "nbf", jwt.DecodeError, "Not Before")
-    if nbf is not None and nbf > now:
+    if nbf is not None and nbf - leeway > now:
         raise jwt.ImmatureSignatureError("The token is not yet valid (nbf)")
-    iat = _whole(claims, "iat", jwt.InvalidIssuedAtError, "Issued At")
-    if iat is not None and iat > now:
+    if iat is not None and iat - leeway > now:
         raise jwt.ImmatureSignatureError("The token is not yet valid (iat)")
 
 

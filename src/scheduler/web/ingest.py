@@ -20,6 +20,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from scheduler.core import store
+from scheduler.core.dispatch_contract import NotADispatchResult, checked_result
 from scheduler.nudging.facts import ContractViolation, FactsMissing, check_facts_contract
 from scheduler.observability.observer import Observer
 from scheduler.types import (
@@ -137,7 +138,13 @@ class IngestRoutes:
     def _dispatch_live(self, event: DigitalTwinEvent, now: datetime) -> DispatchResult:
         # observability: the live dispatch's span (its statements inside)
         with self.observer.live_dispatch(event.event_type) as dispatched, self.sessions() as session:
-            result = self.dispatcher(session, event, now)
+            try:
+                result = checked_result(self.dispatcher(session, event, now))
+            except NotADispatchResult as exc:
+                # a broken host dispatcher, not the sender's fault: a 500, and the log says why
+                logger.error("live dispatch of a %r event failed: %s", event.event_type, exc)
+                session.rollback()
+                raise
             dispatched(result)
             if result.refusal is not None:
                 session.rollback()

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+import re
+from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, PlainSerializer, field_validator
 
+from scheduler.core.trigger_range import RANGE_TEXT, TriggerOutOfRange, check_trigger_at
 from scheduler.types import DispatchOutcome, EventStatus, NotificationStatus, SchedulerMode
+
+# An ISO 8601 (RFC 3339) date and time with its offset, in ASCII digits.
+_INSTANT = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt ][0-9]{2}:[0-9]{2}(:[0-9]{2}(\.[0-9]{1,9})?)?([Zz]|[+-][0-9]{2}:?[0-9]{2})")
 
 MAX_DEPTH = 32
 MAX_STRING = 200
@@ -91,20 +96,30 @@ class ScheduledEventIn(_Body):
         max_length=MAX_STRING,
         description="Opt-in idempotence: posting the same key again rewrites and resets that row.",
     )
-    trigger_at: AwareDatetime = Field(description="ISO 8601 with an offset; a naive time is refused.")
+    trigger_at: AwareDatetime = Field(
+        description=f"An ISO 8601 instant with its offset (a string), from {RANGE_TEXT}; a naive time, "
+                    "a number (Unix time) or a time outside that range is refused.")
     facts: dict[str, Any] | None = Field(
         default=None, description="Must carry facts_version and scenario as non-empty strings."
     )
 
+    @field_validator("trigger_at", mode="before")
+    @classmethod
+    def _trigger_is_an_instant(cls, value: object) -> object:
+        # pydantic's lax mode would read a number, or a numeric string, as Unix time
+        if not isinstance(value, str) or not _INSTANT.fullmatch(value):
+            raise ValueError("must be an ISO 8601 instant with its offset, as a string "
+                             "(e.g. 2026-11-30T09:00:00Z)")
+        return value
+
     @field_validator("trigger_at", mode="after")
     @classmethod
     def _trigger_in_range(cls, value: datetime) -> datetime:
-        # 9999-12-31T23:59-12:00 is year 10000 in UTC: PostgreSQL cannot store it.
+        # a wide margin from both ends of what Python can read back (DEC-TRIGGER)
         try:
-            value.astimezone(UTC)
-        except OverflowError:
-            raise ValueError("is out of range once converted to UTC") from None
-        return value
+            return check_trigger_at(value)
+        except TriggerOutOfRange as exc:
+            raise ValueError(str(exc)) from None
 
 
 class LiveEventIn(_Body):

@@ -28,7 +28,8 @@ WITH claimed AS MATERIALIZED (
       -- due by the injected clock, never the database's
       AND trigger_at <= :now
       -- a later round of the same claim continues after the rows the earlier rounds saw
-      -- (a keyset on the index order; the first round starts at -infinity)
+      -- (a keyset on the index order; the first round starts before every row Python can
+      -- read, core.trigger_range.BEFORE_EVERY_TRIGGER)
       AND (trigger_at, id) > (:after_trigger, :after_id)
       -- participants whose lock an earlier round found busy: their rows stay untouched
       AND user_id <> ALL(CAST(:busy AS text[]))
@@ -63,11 +64,12 @@ SELECT min(trigger_at) FROM scheduled_events
 WHERE status = 'pending' AND trigger_at > :now;
 
 -- name: set_local_timeouts
--- Apply the service's timeouts to this transaction only (behind a transaction-pooling proxy,
--- where the options startup parameter is refused and a session SET would leak to others).
+-- Apply the service's timeouts and time zone to this transaction only (behind a transaction-pooling proxy, where the options startup parameter is refused and a session SET would leak to others).
 SELECT set_config('statement_timeout', :statement, true), set_config('lock_timeout', :lock, true),
        -- a session frozen inside this transaction is ended by the server, releasing its locks
-       set_config('idle_in_transaction_session_timeout', :idle, true);
+       set_config('idle_in_transaction_session_timeout', :idle, true),
+       -- times read back in UTC whatever the server's default zone (DEC-UTC)
+       set_config('TimeZone', :zone, true);
 
 -- name: lock_participant
 -- Take one participant's advisory lock until the end of the transaction (re-entrant).
