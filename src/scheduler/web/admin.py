@@ -50,7 +50,8 @@ class Operations:
         # The signed-in browsers (console and inbox page): ended and listed by /admin/sessions.
         self.session_store = session_store
         self.console = Console(sessions, clock, verifier, self.session_store,
-                               refresh_seconds=settings.console_refresh_seconds, streams=streams)
+                               refresh_seconds=settings.console_refresh_seconds, streams=streams,
+                               max_body_bytes=settings.max_body_bytes)
         scheduler.poll_hooks.extend([self.heartbeat, self.metrics])
 
     def routes(self) -> list[BaseRoute]:
