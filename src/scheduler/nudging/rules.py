@@ -158,6 +158,11 @@ class Catalogue:
 
     rules: tuple[Rule, ...]
 
+    def scenarios(self) -> tuple[str, ...]:
+        """The scenarios the enabled rules claim, in file order: the event types this
+        catalogue is written for (the shipped ones send each under its scenario's name)."""
+        return tuple(dict.fromkeys(s for r in self.rules if r.enabled for s in r.scenarios))
+
     def matching(self, scenario: str, frequency: Frequency) -> list[Rule]:
         """Enabled rules that claim ``scenario`` at ``frequency``."""
         return [r for r in self.rules if r.enabled and scenario in r.scenarios and r.frequency == frequency]

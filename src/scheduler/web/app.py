@@ -147,7 +147,8 @@ class SchedulerService:
         self.web_sessions = SessionStore(self.sessions, self.clock, max_seconds=self.settings.session_max_seconds,
                                          idle_seconds=self.settings.session_idle_seconds)
         self.operations = Operations(self.settings, self.sessions, self.clock, self.scheduler, self.verifier,
-                                     self.web_sessions, lambda: self.loop_alive, self.streams)
+                                     self.web_sessions, lambda: self.loop_alive, self.streams,
+                                     event_types=self.catalogue.scenarios())
         # The route modules, each with what it uses and nothing else.
         self.health = HealthRoutes(scheduler=self.scheduler, clock=self.clock, listener=listener,
                                    settings=self.settings, loop_alive=lambda: self.loop_alive,
