@@ -1,4 +1,4 @@
-"""REL-16: every database condition a client can wait out is a 503 with Retry-After, on every
+"""REL-20: every database condition a client can wait out is a 503 with Retry-After, on every
 route: a read-only database (a standby after a failover), too many connections, an admin
 shutdown, a serialization failure, a deadlock, a lock or statement timeout. A sender that
 retries on 503 then loses nothing; an error no wait can cure stays a 500.
@@ -97,11 +97,11 @@ def _unavailable(response: Any, label: str) -> None:
     assert response.headers.get("retry-after") == "5", label
 
 
-@pytest.mark.clause("REL-16")
+@pytest.mark.clause("REL-20")
 def test_a_read_only_database_is_a_503_with_retry_after_on_every_route_that_writes_and_the_retry_lands(
     client: TestClient, engine: Engine
 ) -> None:
-    """REL-16: after a failover to a standby (``default_transaction_read_only = on``) every
+    """REL-20: after a failover to a standby (``default_transaction_read_only = on``) every
     write is a 503 with Retry-After, reads still answer, and the sender's retry is stored."""
     existing = post_event(client)["id"]
     event = _event()
@@ -120,12 +120,12 @@ def test_a_read_only_database_is_a_503_with_retry_after_on_every_route_that_writ
     assert stored.status_code == 201, stored.text
 
 
-@pytest.mark.clause("REL-16")
+@pytest.mark.clause("REL-20")
 @pytest.mark.parametrize("sqlstate", sorted(WAIT_OUT), ids=lambda s: f"{s}-{WAIT_OUT[s]}")
 def test_every_condition_a_client_can_wait_out_is_a_503_with_retry_after_on_every_route(
     service: SchedulerService, engine: Engine, sqlstate: str
 ) -> None:
-    """REL-16: on every route of the app, a statement that meets the condition answers 503
+    """REL-20: on every route of the app, a statement that meets the condition answers 503
     with Retry-After; no route answers 500."""
     session = console_session(service)
     unavailable = []
@@ -147,11 +147,11 @@ def test_every_condition_a_client_can_wait_out_is_a_503_with_retry_after_on_ever
     assert {"GET /admin/scheduled-events", "GET /console/events", "DELETE /admin/sessions/some-id"} <= set(unavailable)
 
 
-@pytest.mark.clause("REL-16")
+@pytest.mark.clause("REL-20")
 @pytest.mark.parametrize("sqlstate", sorted(NO_WAIT_CURES), ids=lambda s: f"{s}-{NO_WAIT_CURES[s]}")
 def test_a_database_error_no_wait_can_cure_is_still_a_500(service: SchedulerService, engine: Engine,
                                                          sqlstate: str) -> None:
-    """REL-16: a missing table, a privilege the role lacks, an internal error: retrying
+    """REL-20: a missing table, a privilege the role lacks, an internal error: retrying
     later changes nothing, so it is a server error, not a 503 that sends the sender round."""
     error = psycopg.errors.lookup(sqlstate)("injected")
     assert wait_out_reason(DBAPIError("SELECT 1", None, error)) is None

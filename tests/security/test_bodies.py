@@ -1,4 +1,4 @@
-"""SEC-18, SEC-19: every body the service reads is bounded before it is parsed, and a client
+"""SEC-20, SEC-21: every body the service reads is bounded before it is parsed, and a client
 that goes away mid-body is not an error.
 
 Requests go straight to ASGI with a body that never ends (chunk after chunk of ``&``, the
@@ -89,9 +89,9 @@ def _body_routes(service: SchedulerService) -> list[Target]:
     return found
 
 
-@pytest.mark.clause("SEC-18")
+@pytest.mark.clause("SEC-20")
 def test_no_route_reads_more_than_the_body_limit_whether_declared_or_chunked(service: SchedulerService) -> None:
-    """SEC-18: on every route that takes a body (the API's JSON, the console's and the
+    """SEC-20: on every route that takes a body (the API's JSON, the console's and the
     inbox's forms), a body over SCHEDULER_MAX_BODY_BYTES is a 413: a Content-Length over
     the limit before a byte is read, a chunked body as soon as the bytes read pass it."""
     limit = service.settings.max_body_bytes
@@ -116,11 +116,11 @@ def test_no_route_reads_more_than_the_body_limit_whether_declared_or_chunked(ser
     assert expected <= set(refused), sorted(expected - set(refused))
 
 
-@pytest.mark.clause("SEC-18")
+@pytest.mark.clause("SEC-20")
 def test_a_form_with_more_fields_than_any_console_form_is_a_422_without_walking_them(
     service: SchedulerService,
 ) -> None:
-    """SEC-18: under the byte limit, a form of thousands of empty fields is refused by count."""
+    """SEC-20: under the byte limit, a form of thousands of empty fields is refused by count."""
     target = next(t for t in targets(service.app.routes) if t.label == "POST /console/sign-in")
     answer = call(service.app, "POST", target.path, b"", [FORM], b"&" * (service.settings.max_body_bytes - 1))
     assert answer.error is None, repr(answer.error)
@@ -128,11 +128,11 @@ def test_a_form_with_more_fields_than_any_console_form_is_a_422_without_walking_
     assert "fields" in answer.text
 
 
-@pytest.mark.clause("SEC-19")
+@pytest.mark.clause("SEC-21")
 def test_a_client_that_disconnects_mid_body_is_not_logged_as_an_error(
     service: SchedulerService, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """SEC-19: on every route that reads a body, a client gone before its body ended leaves
+    """SEC-21: on every route that reads a body, a client gone before its body ended leaves
     no ERROR record and no exception out of the app: nobody is left to answer."""
     caplog.set_level(logging.INFO)
     for target in _body_routes(service):
