@@ -96,14 +96,12 @@ async def read_json(request: Request, limit: int) -> Any:
 
 async def read_form(request: Request, limit: int) -> FormData:
     """An HTML form's fields (``application/x-www-form-urlencoded``, what every form of the
-    console sends), bounded by ``read_body`` and by ``MAX_FORM_FIELDS``; 415 for another
-    type, 422 for bytes that are not UTF-8 once percent-decoded."""
+    console sends), bounded by ``read_body`` and by ``MAX_FORM_FIELDS``; a body of another
+    type has no fields; 422 for bytes that are not UTF-8 once percent-decoded."""
     media_type = request.headers.get("content-type", "").partition(";")[0].strip().lower()
     raw = await read_body(request, limit)
-    if not raw:
-        return FormData()
-    if media_type != FORM:
-        raise HTTPException(415, f"a form is sent as {FORM}")
+    if not raw or media_type != FORM:
+        return FormData()  # a body of another type holds no field (the form's checks then refuse it)
     try:
         fields = parse_qsl(raw.decode("utf-8"), keep_blank_values=True, strict_parsing=False,
                            encoding="utf-8", errors="strict", max_num_fields=MAX_FORM_FIELDS)
