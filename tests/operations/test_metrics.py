@@ -175,9 +175,28 @@ def test_event_type_labels_stop_at_a_hundred_values_and_hostile_ones_keep_the_ex
     counted: dict[str, float] = {}
     for family in text_string_to_metric_families(client.get("/metrics").text):
         for sample in family.samples:
-            if sample.name in ("scheduler_events_dispatched_total", "scheduler_events_failed_total"):
+            # (the catalogue's own event types are there too, at zero: OBS-6)
+            if sample.name in ("scheduler_events_dispatched_total", "scheduler_events_failed_total") and sample.value:
                 label = sample.labels["event_type"]
                 counted[label] = counted.get(label, 0) + sample.value
     assert sum(counted.values()) == 105
     assert set(hostile) <= set(counted)
     assert len(counted) == 101 and counted["other"] == 5
+
+
+@pytest.mark.clause("OBS-6")
+def test_a_fresh_service_exposes_every_known_event_types_counters_at_zero(
+    service: SchedulerService, client: TestClient
+) -> None:
+    """OBS-6: before any poll, each of the catalogue's event types has its dispatched and
+    failed series at 0 (a dashboard's failure panels show 0, not "No data"), as have the
+    unlabelled poll counters; a sender's own event type appears when first counted."""
+    m = scrape(client)
+    known = service.catalogue.scenarios()
+    assert len(known) >= 3 and "commitment_reminder" in known
+    for event_type in known:
+        assert m[f"scheduler_events_failed_total{{event_type={event_type}}}"] == 0
+        assert m[f"scheduler_events_dispatched_total{{event_type={event_type}}}"] == 0
+    assert (m["scheduler_polls_total"], m["scheduler_poll_errors_total"]) == (0, 0)
+    labels = {key for key in m if key.startswith("scheduler_events_failed_total{")}
+    assert labels == {f"scheduler_events_failed_total{{event_type={t}}}" for t in known}

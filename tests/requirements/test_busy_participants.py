@@ -11,11 +11,13 @@ nor starve the participant.
 from __future__ import annotations
 
 import contextlib
+import re
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -269,3 +271,17 @@ def test_the_claims_sql_lock_key_is_the_key_live_ingest_and_operators_use(engine
     for user in users:
         found = rows(engine, f"SELECT {fragment} AS k FROM (SELECT CAST(:u AS text) AS user_id) AS p", u=user)
         assert found == [{"k": participant_lock_key(user)}], user
+
+
+_ROUND_BOUND = re.compile(r"(?:up to|at most) (?:\w+ )(?:more |further )?rounds", re.IGNORECASE)
+
+
+@pytest.mark.clause("BUSY-1")
+def test_the_docs_describe_the_claims_rounds_as_the_code_runs_them() -> None:
+    """BUSY-1: the claim takes rounds until the batch is full (core/claim.py); no page of the
+    README or specs/ promises a fixed number of rounds past busy participants."""
+    root = Path(__file__).resolve().parents[2]
+    pages = [root / "README.md", *sorted((root / "specs").glob("*.md"))]
+    claims = [(page.name, match[0]) for page in pages for match in _ROUND_BOUND.finditer(page.read_text())]
+    assert claims == [], claims
+    assert "until the batch is full" in (root / "README.md").read_text()

@@ -14,6 +14,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import unquote
 
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message
@@ -83,10 +84,13 @@ def targets(routes: list[Any]) -> Iterator[Target]:
                          getattr(route.endpoint, "permission", "open"), route.path_format, dict(params))
 
 
-async def _call(app: ASGIApp, method: str, path: str, query: bytes, headers: list[tuple[bytes, bytes]]) -> Answer:
+async def _call(app: ASGIApp, method: str, path: str, query: bytes, headers: list[tuple[bytes, bytes]],
+                body: bytes = b"") -> Answer:
+    raw_path = path.encode("latin-1")
+    # The path as uvicorn decodes the raw one: percent-decoded, bytes not UTF-8 as U+FFFD.
     scope: dict[str, Any] = {
         "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method,
-        "scheme": "http", "path": path, "raw_path": path.encode(), "root_path": "", "query_string": query,
+        "scheme": "http", "path": unquote(path), "raw_path": raw_path, "root_path": "", "query_string": query,
         "headers": [(b"host", b"testserver"), *headers], "client": ("127.0.0.1", 1), "server": ("testserver", 80),
     }
     sent = False
@@ -97,7 +101,7 @@ async def _call(app: ASGIApp, method: str, path: str, query: bytes, headers: lis
         nonlocal sent
         if not sent:
             sent = True
-            return {"type": "http.request", "body": b"", "more_body": False}
+            return {"type": "http.request", "body": body, "more_body": False}
         await done.wait()  # bounded: the wait_for(DEADLINE) around the app's call
         return {"type": "http.disconnect"}
 
@@ -121,6 +125,7 @@ async def _call(app: ASGIApp, method: str, path: str, query: bytes, headers: lis
 
 
 def call(app: ASGIApp, method: str, path: str, query: bytes = b"",
-         headers: list[tuple[bytes, bytes]] | None = None) -> Answer:
-    """One raw request to ``app``, answered within ``DEADLINE`` seconds."""
-    return asyncio.run(_call(app, method, path, query, headers or []))
+         headers: list[tuple[bytes, bytes]] | None = None, body: bytes = b"") -> Answer:
+    """One raw request to ``app``, answered within ``DEADLINE`` seconds. ``path`` is the raw
+    path, percent-encoding and all (ASCII, or bytes as latin-1)."""
+    return asyncio.run(_call(app, method, path, query, headers or [], body))

@@ -17,6 +17,7 @@ from typing import Any, cast
 from jinja2 import StrictUndefined, Template
 from jinja2.sandbox import SandboxedEnvironment
 
+from scheduler import moved
 from scheduler.nudging.facts import Frequency
 from scheduler.types import DigitalTwinEvent
 
@@ -84,7 +85,7 @@ def _compiled(source: str) -> Template:
 
 
 def _import_evaluator(path: str) -> Evaluator:
-    module_name, _, attr = path.partition(":")
+    module_name, _, attr = moved.resolve(path).partition(":")
     if not module_name or not attr:
         raise CatalogueError(f"evaluator {path!r} must look like 'package.module:function'")
     try:
@@ -156,6 +157,11 @@ class Catalogue:
     """The loaded rules, in file order."""
 
     rules: tuple[Rule, ...]
+
+    def scenarios(self) -> tuple[str, ...]:
+        """The scenarios the enabled rules claim, in file order: the event types this
+        catalogue is written for (the shipped ones send each under its scenario's name)."""
+        return tuple(dict.fromkeys(s for r in self.rules if r.enabled for s in r.scenarios))
 
     def matching(self, scenario: str, frequency: Frequency) -> list[Rule]:
         """Enabled rules that claim ``scenario`` at ``frequency``."""

@@ -7,13 +7,15 @@ Gauges that need the database are computed at scrape time from the partial index
 planner's estimate past it, so a scrape's cost stays bounded at any size) and cached for ``cache_seconds`` of the injected
 clock, so a scraper polling every second costs one set of index-only reads per window.
 Labels never carry participant ids; ``event_type`` is capped at ``MAX_EVENT_TYPES`` values
-(then ``other``), since senders choose it.
+(then ``other``), since senders choose it. The event types known in advance (the
+catalogue's scenarios) start at zero, so a healthy service's failure panels show 0, not "No
+data"; they do not count against the cap.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -118,6 +120,7 @@ class Metrics:
         *,
         cache_seconds: float = 5.0,
         registry: CollectorRegistry | None = None,
+        event_types: Iterable[str] = (),
     ) -> None:
         self.sessions = sessions
         self.clock = clock
@@ -141,9 +144,13 @@ class Metrics:
         self.registry.register(_DatabaseGauges(self))
         self._seen_report: PollReport | None = None
         self._event_types: set[str] = set()
+        self._known = frozenset(list(dict.fromkeys(event_types))[:MAX_EVENT_TYPES])
+        for known in self._known:  # a series exists from the first scrape, at zero
+            self.dispatched.labels(known)
+            self.failed.labels(known)
 
     def _label(self, event_type: str) -> str:
-        if event_type in self._event_types:
+        if event_type in self._known or event_type in self._event_types:
             return event_type
         if len(self._event_types) >= MAX_EVENT_TYPES:
             return "other"

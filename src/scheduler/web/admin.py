@@ -9,7 +9,7 @@ loop's ``poll_hooks``, so an embedding app gets all of it by mounting ``service.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -42,17 +42,19 @@ class Operations:
     def __init__(self, settings: Settings, sessions: sessionmaker[Session], clock: Clock,
                  scheduler: Scheduler, verifier: TokenVerifier, session_store: SessionStore,
                  loop_alive: Callable[[], bool], streams: Streams | None = None,
-                 registry: CollectorRegistry | None = None) -> None:
+                 registry: CollectorRegistry | None = None, event_types: Iterable[str] = ()) -> None:
         self.settings = settings
         self.sessions = sessions
         self.clock = clock
         # On the loop's own pool: requests that hold every API connection never delay it.
         self.heartbeat = Heartbeat(scheduler.sessions, clock)
-        self.metrics = Metrics(sessions, clock, loop_alive, registry=registry)
+        # the event types known in advance start at zero on /metrics
+        self.metrics = Metrics(sessions, clock, loop_alive, registry=registry, event_types=event_types)
         # The signed-in browsers (console and inbox page): ended and listed by /admin/sessions.
         self.session_store = session_store
         self.console = Console(sessions, clock, verifier, self.session_store,
-                               refresh_seconds=settings.console_refresh_seconds, streams=streams)
+                               refresh_seconds=settings.console_refresh_seconds, streams=streams,
+                               max_body_bytes=settings.max_body_bytes)
         scheduler.poll_hooks.extend([self.heartbeat, self.metrics])
 
     def routes(self) -> list[BaseRoute]:

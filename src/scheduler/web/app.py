@@ -157,7 +157,7 @@ class SchedulerService:
         self.authentication: AuthenticationBackend = authentication or JWTBackend(self.verifier)
         self.operations = Operations(self.settings, self.sessions, self.clock, self.scheduler, self.verifier,
                                      self.web_sessions, lambda: self.loop_alive, self.streams,
-                                     registry=metrics_registry)
+                                     registry=metrics_registry, event_types=self.catalogue.scenarios())
         # The route modules, each with what it uses and nothing else.
         self.health = HealthRoutes(scheduler=self.scheduler, clock=self.clock, listener=listener,
                                    settings=self.settings, loop_alive=lambda: self.loop_alive,

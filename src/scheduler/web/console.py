@@ -26,6 +26,7 @@ import jwt
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import FormData
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
@@ -49,7 +50,7 @@ from scheduler.web.console_auth import (
 )
 from scheduler.web.console_bulk import bulk_action
 from scheduler.web.console_cancel import cancel_routes
-from scheduler.web.http import path_param
+from scheduler.web.http import path_param, read_form
 from scheduler.web.params import Endpoint, Param, Unprocessable, declares, query
 from scheduler.web.scheduled_events import CURSOR, EVENT_FILTER, event_query
 from scheduler.web.sessions import SessionStore
@@ -74,8 +75,9 @@ class Console:
 
     def __init__(self, sessions: sessionmaker[Session], clock: Clock, verifier: TokenVerifier, store: SessionStore,
                  *, refresh_seconds: float = 2.0, stream_seconds: float = 300.0,
-                 streams: Streams | None = None) -> None:
+                 streams: Streams | None = None, max_body_bytes: int = 64 * 1024) -> None:
         self.sessions = sessions
+        self.max_body_bytes = max_body_bytes
         self.streams = streams or Streams()
         self.clock = clock
         self.verifier = verifier
@@ -119,6 +121,10 @@ class Console:
         )
         return HTMLResponse(html, status_code=status, headers=HEADERS)
 
+    async def form(self, request: Request) -> FormData:
+        """A posted form, bounded by SCHEDULER_MAX_BODY_BYTES before it is parsed (a 413)."""
+        return await read_form(request, self.max_body_bytes)
+
     def refusals_as_page(self, endpoint: Endpoint) -> Endpoint:
         """A malformed query parameter or path segment is the 422 error page, naming each field."""
 
@@ -133,9 +139,14 @@ class Console:
 
     @declares()
     async def static(self, request: Request) -> Response:
-        name = request.path_params["name"]
+        # Only a file of the package's own static directory: any other name, a malformed or
+        # overlong one included (past the file system's limit, ENAMETOOLONG), is not found.
+        try:
+            name = path_param(request, "name")
+        except Unprocessable:
+            return Response("not found", status_code=404, media_type="text/plain")
         path = STATIC / name
-        if "/" in name or path.suffix not in STATIC_TYPES or not path.is_file():
+        if "/" in name or name.startswith(".") or path.suffix not in STATIC_TYPES or not _is_file(path):
             return Response("not found", status_code=404, media_type="text/plain")
         return Response(path.read_bytes(), media_type=STATIC_TYPES[path.suffix],
                         headers={"Cache-Control": "max-age=300", "X-Content-Type-Options": "nosniff"})
@@ -154,7 +165,7 @@ class Console:
 
     @declares()
     async def sign_in(self, request: Request) -> Response:
-        form = await request.form()
+        form = await self.form(request)
         if not signin_nonce_ok(request, _field(form, "nonce")):
             return self.page(request, "error.html", {"message": "the sign-in form expired: load it again"}, 403)
         token = (_field(form, "token") or "").strip()
@@ -179,7 +190,7 @@ class Console:
     @declares()
     async def sign_out(self, request: Request) -> Response:
         """Delete the session: its cookie is refused by every replica from now on."""
-        form = await request.form()
+        form = await self.form(request)
         if not csrf_ok(console_session(request), _field(form, CSRF_FIELD)):
             return self.csrf_refused(request)
         await run_in_threadpool(self.store.sign_out, console_session(request).secret)
@@ -263,7 +274,7 @@ class Console:
 
     @declares()
     async def reset(self, request: Request) -> Response:
-        form = await request.form()
+        form = await self.form(request)
         session = console_session(request)
         if not csrf_ok(session, _field(form, CSRF_FIELD)):
             return self.csrf_refused(request)
@@ -314,7 +325,7 @@ class Console:
 
     @declares()
     async def end_session(self, request: Request) -> Response:
-        form = await request.form()
+        form = await self.form(request)
         session = console_session(request)
         if not csrf_ok(session, _field(form, CSRF_FIELD)):
             return self.csrf_refused(request)
@@ -327,6 +338,13 @@ class Console:
             clear_session_cookie(request, response)
             return response
         return RedirectResponse(f"{base_path(request)}/console/sessions?done=ended", status_code=303)
+
+
+def _is_file(path: Path) -> bool:
+    try:
+        return path.is_file()
+    except OSError:  # e.g. a name longer than the file system allows
+        return False
 
 
 def _field(form: Any, name: str) -> str | None:

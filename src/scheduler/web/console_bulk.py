@@ -13,6 +13,7 @@ from urllib.parse import urlencode
 
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import FormData
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 
@@ -33,6 +34,8 @@ class ConsolePages(Protocol):
 
     def csrf_refused(self, request: Request) -> Response: ...
 
+    async def form(self, request: Request) -> FormData: ...
+
 
 class BulkCommand(Protocol):
     """``commands.bulk_reset`` and ``commands.bulk_cancel``."""
@@ -44,7 +47,7 @@ class BulkCommand(Protocol):
 async def bulk_action(console: ConsolePages, request: Request, *, noun: str, form_template: str,
                       done_template: str, command: BulkCommand) -> Response:
     """Handle a bulk form's POST: CSRF, the filter, the dry run's ``as_of`` and count, a reason."""
-    form = await request.form()
+    form = await console.form(request)
     session = console_session(request)
     submitted = form.get(CSRF_FIELD)
     if not csrf_ok(session, submitted if isinstance(submitted, str) else None):

@@ -31,7 +31,7 @@ def cancel_routes(console: ConsolePages, guard: ConsoleGuard) -> list[Route]:
     @declares()
     async def cancel_one(request: Request) -> Response:
         """Cancel the row of this page (a reason is required); 409 once it was dispatched."""
-        form = await request.form()
+        form = await console.form(request)
         session = console_session(request)
         if not csrf_ok(session, _text(form.get(CSRF_FIELD))):
             return console.csrf_refused(request)

@@ -1,15 +1,26 @@
-"""HTTP plumbing shared by the routes: bounded JSON bodies, validation errors, answers."""
+"""HTTP plumbing shared by the routes: bounded bodies (JSON and forms), strict path
+parameters, validation errors, answers.
+
+``read_body`` is the one place a request body is read: every body, a form's too, is
+refused past its limit (413) before anything parses it, whether its size is declared or it
+arrives chunked. ``path_param`` is the one place a path parameter is read (DEC-PARAMS).
+"""
 
 from __future__ import annotations
 
 import json
+import re
+import unicodedata
 from collections.abc import Sequence
 from typing import Any, TypeVar
+from urllib.parse import parse_qsl, unquote_to_bytes
 
 from pydantic import BaseModel, ValidationError
+from starlette.datastructures import FormData
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse
+from starlette.routing import Route
 
 from scheduler.digits import digits_value
 from scheduler.web.params import (
@@ -18,6 +29,13 @@ from scheduler.web.params import (
 from scheduler.web.params import text_param
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
+
+FORM = "application/x-www-form-urlencoded"
+MAX_FORM_FIELDS = 100  # the console's largest form has a dozen
+_BAD_PERCENT = re.compile(rb"%(?![0-9A-Fa-f]{2})")
+# Marks a stray "%" in a strictly decoded path: a lone surrogate that decoding never makes
+# (surrogateescape only makes U+DC80..U+DCFF, for bytes that are not UTF-8).
+_STRAY_PERCENT = "\udc25"
 
 
 class HTTPRefusal(Exception):
@@ -43,8 +61,9 @@ def respond(model: BaseModel | Sequence[BaseModel], status_code: int = 200) -> J
     return JSONResponse([item.model_dump(mode="json", exclude_unset=True) for item in model], status_code=status_code)
 
 
-async def read_json(request: Request, limit: int) -> Any:
-    """The body as JSON, refusing more than ``limit`` bytes before reading them all."""
+async def read_body(request: Request, limit: int) -> bytes:
+    """The body's bytes, refusing more than ``limit`` (413) before reading them all: at once
+    when Content-Length says so, else as soon as the chunks read pass it."""
     declared = request.headers.get("content-length")
     if declared is not None:
         size_declared = digits_value(declared.strip(), 19)
@@ -59,7 +78,12 @@ async def read_json(request: Request, limit: int) -> Any:
         if size > limit:
             raise BodyTooLarge(limit)
         chunks.append(chunk)
-    raw = b"".join(chunks)
+    return b"".join(chunks)
+
+
+async def read_json(request: Request, limit: int) -> Any:
+    """The body as JSON, bounded by ``read_body``."""
+    raw = await read_body(request, limit)
     try:
         return json.loads(raw, parse_constant=_not_json)
     except RecursionError as exc:
@@ -68,6 +92,26 @@ async def read_json(request: Request, limit: int) -> Any:
         # JSONDecodeError and UnicodeDecodeError, but also NaN/Infinity (which jsonb
         # refuses) and integers longer than Python's int-parsing limit: all the sender's.
         raise Unprocessable.field("body", f"is not valid JSON: {exc}", f"body is not valid JSON: {exc}") from exc
+
+
+async def read_form(request: Request, limit: int) -> FormData:
+    """An HTML form's fields (``application/x-www-form-urlencoded``, what every form of the
+    console sends), bounded by ``read_body`` and by ``MAX_FORM_FIELDS``; a body of another
+    type has no fields; 422 for bytes that are not UTF-8 once percent-decoded."""
+    media_type = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+    raw = await read_body(request, limit)
+    if not raw or media_type != FORM:
+        return FormData()  # a body of another type holds no field (the form's checks then refuse it)
+    try:
+        fields = parse_qsl(raw.decode("utf-8"), keep_blank_values=True, strict_parsing=False,
+                           encoding="utf-8", errors="strict", max_num_fields=MAX_FORM_FIELDS)
+    except UnicodeDecodeError:
+        raise Unprocessable.field("body", "is not valid UTF-8 once percent-decoded",
+                                  "form is not valid UTF-8 once percent-decoded") from None
+    except ValueError:  # more than MAX_FORM_FIELDS fields
+        raise Unprocessable.field("body", f"has more than {MAX_FORM_FIELDS} fields",
+                                  f"form has more than {MAX_FORM_FIELDS} fields") from None
+    return FormData([(name, value) for name, value in fields])
 
 
 def _not_json(name: str) -> Any:
@@ -96,7 +140,37 @@ def parse_body(model: type[ModelT], payload: Any) -> ModelT:
 
 
 def path_param(request: Request, name: str) -> str:
-    """A path parameter, bounded and storable (see ``text_param``)."""
+    """A path parameter, parsed as strictly as a query parameter (DEC-PARAMS): its bytes
+    percent-decode to UTF-8 (Starlette would turn them into U+FFFD), without a stray
+    ``%``, a NUL or another control character, and bounded (see ``text_param``); else a
+    422 naming ``name``."""
     value = str(request.path_params[name])
+    strict = _strict_value(request, name)
+    if strict is not None:
+        if _STRAY_PERCENT in strict:
+            raise Unprocessable.field(name, "invalid percent-encoding (% must be followed by two hex digits)")
+        if any("\udc80" <= c <= "\udcff" for c in strict):
+            raise Unprocessable.field(name, "not valid UTF-8 once percent-decoded")
     text_param(name, value)
+    if any(unicodedata.category(c) == "Cc" for c in value):
+        raise Unprocessable.field(name, "contains a control character")
     return value
+
+
+def _strict_value(request: Request, name: str) -> str | None:
+    """The parameter as the raw path spells it, decoded without losing a byte: bytes that are
+    not UTF-8 stay lone surrogates, a stray ``%`` is ``_STRAY_PERCENT``. None where the raw
+    path or the route is unknown (then the decoded value is all there is)."""
+    raw_path = request.scope.get("raw_path")
+    route = request.scope.get("route")
+    if not isinstance(raw_path, bytes) or not isinstance(route, Route):
+        return None
+    raw_path = raw_path.partition(b"?")[0]
+    decoded = _STRAY_PERCENT.join(unquote_to_bytes(part).decode("utf-8", "surrogateescape")
+                                  for part in _BAD_PERCENT.split(raw_path))
+    # The route's own pattern, unanchored at the start: an app mounted under a prefix sees
+    # the whole raw path, the route only its own tail.
+    match = re.search(route.path_regex.pattern.removeprefix("^"), decoded)
+    if match is None or name not in match.groupdict():
+        return None
+    return match.group(name)

@@ -41,8 +41,8 @@ from starlette.routing import BaseRoute, Route
 from scheduler.database.queries import statement
 from scheduler.types import Clock
 from scheduler.web.auth import require
-from scheduler.web.http import respond
-from scheduler.web.params import Param, declares, query, text_param
+from scheduler.web.http import path_param, respond
+from scheduler.web.params import Param, declares, query
 from scheduler.web.schemas import WebSessionOut
 
 SessionKind = Literal["admin", "participant"]
@@ -190,8 +190,7 @@ def session_routes(store: SessionStore) -> list[BaseRoute]:
     @declares()
     async def end_session(request: Request) -> Response:
         """End a session now (audited): its cookie is refused by every replica from the next request."""
-        session_id = text_param("session_id", str(request.path_params["session_id"]))
-        assert session_id is not None
+        session_id = path_param(request, "session_id")
         actor = request.user.display_name
         row = await run_in_threadpool(lambda: store.end(session_id, actor=actor, source="api"))
         if row is None:

@@ -1,0 +1,12 @@
+"""Deprecated path of ``scheduler.nudging.dispatch``: importing it warns and gives that module (see ``scheduler.moved``)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from scheduler.moved import alias
+
+if TYPE_CHECKING:
+    from scheduler.nudging.dispatch import *  # noqa: F403 - what the old path offered, for type checkers
+
+alias(__name__)
