@@ -9,18 +9,17 @@ from __future__ import annotations
 import logging
 import time
 import warnings
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from datetime import datetime
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlparse
 
 import psycopg
-from alembic import command
-from alembic.config import Config
 from sqlalchemy import Connection, Engine, create_engine, event, make_url, text
 from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.orm import Session, sessionmaker
@@ -29,9 +28,11 @@ from scheduler.config import Settings
 from scheduler.core.clock import DatabaseClock
 from scheduler.database.queries import statement
 
+if TYPE_CHECKING:
+    from scheduler.database.schema import MigrationResult
+
 logger = logging.getLogger(__name__)
 
-MIGRATIONS = Path(__file__).parent / "migrations"
 EMBEDDED_DATABASE = "scheduler"
 
 # Keep a reference so the embedded server is not stopped while this process uses it.
@@ -188,7 +189,8 @@ def make_engine(url: str, settings: Settings | None = None, **kwargs: Any) -> En
         connect_args["options"] = (
             f"-c statement_timeout={settings.statement_timeout_ms} "
             f"-c lock_timeout={settings.lock_timeout_ms} "
-            f"-c idle_in_transaction_session_timeout={settings.idle_in_transaction_timeout_ms}"
+            f"-c idle_in_transaction_session_timeout={settings.idle_in_transaction_timeout_ms} "
+            f"-c search_path={service_search_path(settings)}"
         )
     connect_args.update(kwargs.pop("connect_args", {}))
     kwargs.setdefault("pool_timeout", settings.pool_timeout_seconds)
@@ -196,15 +198,49 @@ def make_engine(url: str, settings: Settings | None = None, **kwargs: Any) -> En
     if not kwargs.get("pool_pre_ping"):
         ping_when_idle(engine, settings.pool_ping_after_idle_seconds)
     if settings.transaction_pooling:
-        timeouts = {"statement": str(settings.statement_timeout_ms), "lock": str(settings.lock_timeout_ms),
-                    "idle": str(settings.idle_in_transaction_timeout_ms)}
-
-        @event.listens_for(engine, "begin")
-        def _timeouts_per_transaction(conn: Connection) -> None:
-            # One round trip per transaction: the price of running behind the pooler.
-            conn.execute(statement("set_local_timeouts"), timeouts)
-
+        settings_per_transaction(engine, settings, search_path=service_search_path(settings))
+    _SERVICE_ENGINES.add(engine)
     return engine
+
+
+# The engines ``make_engine`` built: they carry the service's settings in every session (a
+# host's engine is given them per transaction instead, ``scheduler.database.host_engine``).
+_SERVICE_ENGINES: weakref.WeakSet[Engine] = weakref.WeakSet()
+
+
+def is_service_engine(engine: Engine) -> bool:
+    """Whether ``make_engine`` built ``engine`` (its sessions carry the service's settings)."""
+    return engine in _SERVICE_ENGINES
+
+
+def service_search_path(settings: Settings) -> str:
+    """The search_path of the service's own sessions: ``public`` first, then the scheduler's
+    schema. Every statement of the service names its schema and never needs it; it lets raw
+    SQL on these sessions (an operator's script, the benchmarks' and the scenarios' checks)
+    find the scheduler's tables, and a host's ``public`` tables still come first (DEC-SCHEMA)."""
+    return f"public,{settings.database_schema}"
+
+
+def settings_per_transaction(engine: Engine, settings: Settings, *, search_path: str | None) -> None:
+    """Give every transaction on ``engine`` the service's timeouts (and ``search_path``, when
+    not ``None``) with ``set_config(..., true)``, i.e. ``SET LOCAL``: nothing lives in the
+    session, which a transaction-pooling proxy or a host shares with others.
+
+    The settings travel with the transaction's first statement: the command is deferred
+    (``scheduler.database.pipeline.defer``), so a pipelined send (a poll's) carries it in its
+    own message at no extra round trip, and any other statement has it run just ahead of it.
+    A transaction that runs no statement sends nothing."""
+    from scheduler.database.pipeline import command, defer_on
+
+    values = {"statement": str(settings.statement_timeout_ms), "lock": str(settings.lock_timeout_ms),
+              "idle": str(settings.idle_in_transaction_timeout_ms), "search_path": search_path}
+    compiled = statement("set_local_settings").bindparams(**values).compile(
+        dialect=engine.dialect, compile_kwargs={"literal_binds": True})
+    step = command(str(compiled))
+
+    @event.listens_for(engine, "begin")
+    def _settings_per_transaction(conn: Connection) -> None:
+        defer_on(conn, step)
 
 
 def ping_when_idle(engine: Engine, after_seconds: float, monotonic: Callable[[], float] = time.monotonic) -> None:
@@ -293,15 +329,9 @@ def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
     return sessionmaker(engine, expire_on_commit=False)
 
 
-def alembic_config() -> Config:
-    config = Config()
-    config.set_main_option("script_location", str(MIGRATIONS))
-    return config
+def migrate(engine: Engine, revision: str = "head", schema: str | None = None) -> MigrationResult:
+    """Bring the scheduler's schema up to ``revision`` with Alembic (never ``create_all``);
+    see ``scheduler.database.schema`` (Alembic is imported only then)."""
+    from scheduler.database.schema import migrate as migrate_schema
 
-
-def migrate(engine: Engine, revision: str = "head") -> None:
-    """Bring the schema up to ``revision`` with Alembic (never ``create_all``)."""
-    config = alembic_config()
-    with engine.begin() as conn:
-        config.attributes["connection"] = conn
-        command.upgrade(config, revision)
+    return migrate_schema(engine, revision, schema)
