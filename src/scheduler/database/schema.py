@@ -34,7 +34,15 @@ import psycopg
 from sqlalchemy import Connection, Engine, TextClause
 from sqlalchemy.exc import DBAPIError
 
-from scheduler.database.queries import FUNCTIONS, SEQUENCES, TABLES, current_schema, load_queries, sql, statement
+from scheduler.database.queries import (
+    FUNCTIONS,
+    SEQUENCES,
+    TABLES,
+    current_schema,
+    load_queries,
+    sql,
+    statement,
+)
 
 if TYPE_CHECKING:
     from alembic.config import Config
