@@ -37,6 +37,11 @@ class ConfigError(ValueError):
     """A setting is missing or malformed; the message names the variable."""
 
 
+class DatabaseUnusable(Exception):
+    """The database cannot be used as it is (cannot be migrated, reached, or started); the
+    message says why in one sentence. The CLI prints it and exits 2."""
+
+
 def _setting(default: Any, env: str, meaning: str, *, shown: str | None = None, **bounds: Any) -> Any:
     """A field of ``Settings``: ``env`` is the variable it is read from, ``meaning`` the README's
     "meaning" column, ``shown`` the README's default where the value itself says too little."""

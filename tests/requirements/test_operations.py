@@ -124,10 +124,13 @@ def test_rules_list_shows_the_loaded_catalogue(capsys: pytest.CaptureFixture[str
 def test_migrate_is_idempotent_on_an_up_to_date_database(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], database_url: str
 ) -> None:
-    """OPS-5: migrate on a migrated database changes nothing and says the schema is up to date."""
+    """OPS-5: migrate on a migrated database changes nothing and says the schema is already at
+    its revision (the head)."""
+    from scheduler.database.schema import head_revision
+
     monkeypatch.setenv("DATABASE_URL", database_url)
     assert main(["migrate"]) == 0
-    assert "up to date" in capsys.readouterr().out
+    assert capsys.readouterr().out == f"schema scheduler already at revision {head_revision()}\n"
 
 
 @pytest.mark.clause("OPS-6")

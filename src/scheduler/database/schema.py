@@ -34,6 +34,7 @@ import psycopg
 from sqlalchemy import Connection, Engine, TextClause
 from sqlalchemy.exc import DBAPIError
 
+from scheduler.config import DatabaseUnusable
 from scheduler.database.queries import (
     FUNCTIONS,
     SEQUENCES,
@@ -57,7 +58,7 @@ FIRST_TABLES = ("scheduled_events", "dedup_keys")
 _PERMISSION_DENIED = "42501"
 
 
-class MigrationError(Exception):
+class MigrationError(DatabaseUnusable):
     """A database this code cannot migrate; the message says why, in one sentence."""
 
 
