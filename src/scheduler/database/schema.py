@@ -204,7 +204,7 @@ def _statement_in(name: str, schema: str) -> TextClause:
     return load_queries(schema=schema)[name].statement
 
 
-def _ddl(conn: Connection, name: str, **identifiers: str) -> None:
+def _ddl(conn: Connection, template_name: str, /, **identifiers: str) -> None:
     """Run the DDL template ``name`` of queries.sql with its names quoted by psycopg (DDL
     cannot bind a name)."""
     from psycopg import sql as pgsql
@@ -214,7 +214,7 @@ def _ddl(conn: Connection, name: str, **identifiers: str) -> None:
         parts["schema_literal"] = pgsql.Literal(identifiers["schema"])
     driver = conn.connection.driver_connection
     assert driver is not None
-    template = sql(name)
+    template = sql(template_name)
     driver.execute(pgsql.SQL(template).format(**{k: v for k, v in parts.items() if "{" + k + "}" in template}))
 
 
