@@ -59,7 +59,10 @@ def for_scheduler(engine: Engine, settings: Settings, role: str = "engine") -> E
         return engine
     check_driver(engine, role)
     view = engine.execution_options()
-    isolation = engine.get_execution_options().get("isolation_level") or engine.dialect.isolation_level
+    # an execution option of the engine, or create_engine(isolation_level=...) (the dialect's,
+    # applied at each connect)
+    isolation = (engine.get_execution_options().get("isolation_level")
+                 or getattr(engine.dialect, "_on_connect_isolation_level", None))
     if str(isolation).upper() == "AUTOCOMMIT":
         message = (f"the {role} passed to SchedulerService runs in AUTOCOMMIT: its transactions cannot be "
                    f"given {', '.join(f'{name}={value}' for name, value in _values(settings))}, so a stuck "

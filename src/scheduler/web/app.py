@@ -104,15 +104,16 @@ class SchedulerService:
                 # connection (a slow query, a held lock) cannot starve the polls.
                 loop_engine = make_engine(url, self.settings, pool_size=LOOP_POOL_SIZE, max_overflow=0)
                 self._owned_engines.append(loop_engine)
-        elif not is_service_engine(engine) and loop_engine is None:
-            # A host's engine: the loop gets a small pool of its own made like it (DEC-HOST-ENGINE).
-            loop_engine = loop_engine_like(engine, self.settings, LOOP_POOL_SIZE)
+        else:
+            # A host's engines keep the service's timeouts, per transaction (DEC-HOST-ENGINE).
             if loop_engine is not None:
-                self._owned_engines.append(loop_engine)
-        # A host's engines keep the service's timeouts, per transaction (DEC-HOST-ENGINE).
-        engine = for_scheduler(engine, self.settings)
-        if loop_engine is not None:
-            loop_engine = for_scheduler(loop_engine, self.settings, role="loop_engine")
+                loop_engine = for_scheduler(loop_engine, self.settings, role="loop_engine")
+            elif not is_service_engine(engine):
+                # the loop gets a small pool of its own made like the host's engine
+                loop_engine = loop_engine_like(engine, self.settings, LOOP_POOL_SIZE)
+                if loop_engine is not None:
+                    self._owned_engines.append(loop_engine)
+            engine = for_scheduler(engine, self.settings)
         self.engine = engine
         self.loop_engine = loop_engine or engine
         self.sessions = make_sessionmaker(engine)
