@@ -54,6 +54,7 @@ def _service(host_engine: Engine, **kwargs: Any) -> SchedulerService:
     return SchedulerService(settings, engine=host_engine, clock=ManualClock(T0), run_scheduler=False, **kwargs)
 
 
+@pytest.mark.clause("DEC-HOST-ENGINE")
 @pytest.mark.clause("EMB-4")
 def test_scheduler_transactions_on_a_hosts_engine_carry_the_timeouts_and_the_hosts_own_do_not(
     host_engine: Engine,
@@ -101,6 +102,7 @@ def test_the_timeouts_travel_with_the_polls_first_statement_in_one_message(host_
         service.loop_engine.dispose()
 
 
+@pytest.mark.clause("DEC-HOST-ENGINE")
 @pytest.mark.clause("EMB-5")
 def test_the_loop_gets_a_small_pool_of_its_own_made_like_the_hosts_engine(host_engine: Engine) -> None:
     """EMB-5: the loop's pool is not the host's: same URL, two connections, the service's
@@ -161,6 +163,7 @@ DECOYS = ["scheduled_events", "notifications", "dedup_keys", "deliveries", "part
           "scheduled_event_history", "scheduler_replicas", "operator_actions", "web_sessions"]
 
 
+@pytest.mark.clause("DEC-SCHEMA")
 @pytest.mark.clause("EMB-1")
 def test_every_statement_names_the_schema_so_a_hosts_tables_of_the_same_names_are_never_touched(
     host_engine: Engine,

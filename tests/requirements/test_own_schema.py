@@ -96,6 +96,7 @@ def _relations_in(conn: Connection, schema: str) -> set[str]:
         "WHERE n.nspname = :schema AND c.relkind IN ('r', 'S')"), {"schema": schema}).scalars())
 
 
+@pytest.mark.clause("DEC-SCHEMA")
 @pytest.mark.clause("EMB-1")
 def test_a_fresh_database_gets_every_object_and_the_version_table_in_the_schema_of_its_own(plain: Engine) -> None:
     """EMB-1: every table, the sequence, the trigger functions and Alembic's version table are
@@ -137,6 +138,7 @@ def test_a_database_holding_a_hosts_alembic_history_and_tables_of_the_same_names
         assert conn.execute(text("SELECT count(*) FROM public.scheduled_event_history")).scalar_one() == 0
 
 
+@pytest.mark.clause("DEC-SCHEMA")
 @pytest.mark.clause("EMB-2")
 @pytest.mark.parametrize("host_row", [False, True], ids=["only-ours", "beside-a-hosts-row"])
 def test_a_deployment_at_the_old_head_in_public_is_moved_into_the_schema_with_nothing_lost(

@@ -24,7 +24,7 @@ from sqlalchemy import Connection, Engine, create_engine, event, make_url, text
 from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.orm import Session, sessionmaker
 
-from scheduler.config import Settings
+from scheduler.config import ConfigError, Settings
 from scheduler.core.clock import DatabaseClock
 from scheduler.database.queries import statement
 
@@ -45,7 +45,13 @@ def embedded_server_uri(pgdata: Path) -> str:
         # pgserver asks platformdirs for a runtime dir at import; without XDG_RUNTIME_DIR
         # (root in CI) it warns and falls back to /tmp, which is what we want anyway.
         warnings.simplefilter("ignore")
-        import pgserver  # imported lazily: only the embedded path needs it
+        try:
+            import pgserver  # imported lazily: only the embedded path needs it
+        except ImportError:
+            raise ConfigError(
+                "DATABASE_URL is not set and the embedded PostgreSQL is not installed: set DATABASE_URL to your "
+                "database (postgresql://user:password@host/db), or install the extra that brings it: "
+                "pip install 'nudging-scheduler[embedded]'") from None
 
     pgdata = pgdata.resolve()
     pgdata.parent.mkdir(parents=True, exist_ok=True)
@@ -148,9 +154,14 @@ def create_migrated_database(admin_url: str, name: str, settings: Settings | Non
 
 
 def resolve_database_url(settings: Settings) -> str:
-    """The SQLAlchemy URL to use: ``DATABASE_URL`` if set, else the embedded server."""
+    """The SQLAlchemy URL to use: ``DATABASE_URL`` if set, else the embedded server (never in
+    production: a ``ConfigError`` naming ``DATABASE_URL``, DEC-SAFE-DEFAULTS)."""
     if settings.database_url:
         return sqlalchemy_url(settings.database_url)
+    if settings.environment == "production":
+        raise ConfigError(
+            "SCHEDULER_ENV=production never starts an embedded PostgreSQL: set DATABASE_URL to the "
+            "production database (postgresql://user:password@host/db)")
     uri = embedded_server_uri(settings.data_dir / "pgdata")
     ensure_database(sqlalchemy_url(uri), EMBEDDED_DATABASE)
     return sqlalchemy_url(uri, EMBEDDED_DATABASE)
