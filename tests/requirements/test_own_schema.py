@@ -86,7 +86,7 @@ VALUES ('s-1', repeat('a', 64), 'ops', 'admin', '2026-11-30T08:00:00Z', '2026-11
 
 def _contents(conn: Connection, schema: str) -> dict[str, list[Any]]:
     """Every row of every table of ours in ``schema``, as JSON, in a stable order."""
-    return {table: conn.execute(text(f"SELECT to_jsonb(t) FROM {schema}.{table} AS t ORDER BY 1::text")).scalars().all()
+    return {table: list(conn.execute(text(f"SELECT to_jsonb(t) FROM {schema}.{table} AS t ORDER BY 1::text")).scalars())
             for table in TABLES}
 
 

@@ -181,9 +181,14 @@ def make_engine(url: str, settings: Settings | None = None, **kwargs: Any) -> En
     transaction-pooling proxy such as PgBouncer in ``pool_mode = transaction``) each
     transaction may run on another server session, so nothing may live in a session:
     psycopg prepares no statements (a statement prepared on one server is unknown on the
-    next), and the timeouts travel with every transaction (``set_config(..., true)``, i.e.
-    ``SET LOCAL``, at its start) instead of in the ``options`` startup parameter, which
-    PgBouncer refuses ("unsupported startup parameter: options").
+    next), and the timeouts (and the search_path) travel with every transaction's first
+    statement (``set_config(..., true)``, i.e. ``SET LOCAL``: ``settings_per_transaction``)
+    instead of in the ``options`` startup parameter, which PgBouncer refuses ("unsupported
+    startup parameter: options").
+
+    Their sessions' ``search_path`` is ``public,<schema>`` (``service_search_path``): every
+    statement of the service names the scheduler's schema (DEC-SCHEMA), raw SQL through these
+    engines finds its tables too.
 
     A frozen peer holds nothing for long (issue 14, DEC-11): PostgreSQL ends a session that
     sits idle inside a transaction longer than ``idle_in_transaction_timeout_ms`` (a frozen

@@ -189,7 +189,7 @@ def _move_from_public(conn: Connection, schema: str, ours: frozenset[str]) -> st
     conn.execute(statement("delete_public_revisions"), {"revisions": mine})
     if len(mine) == len(rows):
         _ddl(conn, "drop_public_version_table_ddl")
-    return mine[0]
+    return str(mine[0])
 
 
 def _exists(conn: Connection, name: str, *, function: bool = False) -> bool:
