@@ -243,10 +243,10 @@ def ours(server: Server, *, mode: str, replicas: int, events: int, store_rate: f
             results = _collect(processes, stop_all, out)
             with engine.connect() as conn:
                 lateness = [float(x) for x in conn.execute(text(
-                    "SELECT EXTRACT(EPOCH FROM dispatched_at - trigger_at) FROM scheduled_events "
+                    "SELECT EXTRACT(EPOCH FROM dispatched_at - trigger_at) FROM scheduler.scheduled_events "
                     "WHERE status = 'dispatched'")).scalars()]
                 statuses = dict(conn.execute(bench_sql("count_by_status")).tuples().all())
-                sent = conn.execute(text("SELECT count(*) FROM notifications WHERE status = 'sent'")).scalar_one()
+                sent = conn.execute(text("SELECT count(*) FROM scheduler.notifications WHERE status = 'sent'")).scalar_one()
         finally:
             engine.dispose()
     if statuses != {"dispatched": events} or sent != events:
@@ -289,7 +289,7 @@ def single(server: Server, *, mode: str, replicas: int = 2) -> dict[str, Any]:
             _collect(processes, stop_all, out)
             with engine.connect() as conn:
                 late = conn.execute(text("SELECT EXTRACT(EPOCH FROM dispatched_at - trigger_at) "
-                                         "FROM scheduled_events WHERE status = 'dispatched'")).scalar_one()
+                                         "FROM scheduler.scheduled_events WHERE status = 'dispatched'")).scalar_one()
         finally:
             engine.dispose()
     progress(f"single reminder, {mode}, {replicas} replicas, {DEFAULT_POLL_SECONDS:.0f}s interval: "

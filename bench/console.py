@@ -91,7 +91,7 @@ def run(server: Server, *, rows: int, samples: int) -> dict[str, Any]:
             with engine.connect() as conn:
                 counted: dict[str, int] = {
                     str(status): int(n)
-                    for status, n in conn.execute(text("SELECT status, count(*) FROM scheduled_events GROUP BY 1"))
+                    for status, n in conn.execute(text("SELECT status, count(*) FROM scheduler.scheduled_events GROUP BY 1"))
                 }
             service = SchedulerService(Settings(jwt_secret=SECRET), engine=engine, clock=ManualClock(NOW),
                                        run_scheduler=False)

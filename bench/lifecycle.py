@@ -36,7 +36,7 @@ TRIGGER = "tr_scheduled_events_history"
 
 def _toggle(engine: Engine, on: bool) -> None:
     with engine.begin() as conn:
-        conn.execute(text(f"ALTER TABLE scheduled_events {'ENABLE' if on else 'DISABLE'} TRIGGER {TRIGGER}"))
+        conn.execute(text(f"ALTER TABLE scheduler.scheduled_events {'ENABLE' if on else 'DISABLE'} TRIGGER {TRIGGER}"))
 
 
 def _interleaved(engine: Engine, dispatcher: Dispatcher, events: int, batch: int) -> dict[str, list[float]]:

@@ -125,7 +125,7 @@ def _load(engine: Engine, size: int) -> dict[str, Any]:
     checkpoint(engine)
     total = time.perf_counter() - started
     with engine.connect() as conn:
-        by_status = {str(s): int(n) for s, n in conn.execute(text("SELECT status, count(*) FROM scheduled_events GROUP BY 1"))}
+        by_status = {str(s): int(n) for s, n in conn.execute(text("SELECT status, count(*) FROM scheduler.scheduled_events GROUP BY 1"))}
         sizes = {str(name): int(n) for name, n in conn.execute(bench_sql("relation_sizes"))}
     progress(f"scale: {size:,} rows loaded in {loaded:.0f}s, vacuumed and analyzed in {total - loaded:.0f}s; "
              f"table {sizes.get('scheduled_events', 0) / 2**20:,.0f} MiB")

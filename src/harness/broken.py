@@ -111,14 +111,14 @@ class StatusFirstScheduler(Scheduler):
 
 # -- the API side: read-then-write instead of one atomic upsert ----------------------------
 
-_READ_BY_KEY = text("SELECT id FROM scheduled_events WHERE external_key = :external_key")
+_READ_BY_KEY = text("SELECT id FROM scheduler.scheduled_events WHERE external_key = :external_key")
 _INSERT_WITH_KEY = text(
-    "INSERT INTO scheduled_events (id, event_type, user_id, community_id, external_key, trigger_at,"
+    "INSERT INTO scheduler.scheduled_events (id, event_type, user_id, community_id, external_key, trigger_at,"
     " facts, status, created_at, updated_at) VALUES (:id, :event_type, :user_id, :community_id,"
     " :external_key, :trigger_at, CAST(:facts AS jsonb), 'pending', :now, :now) RETURNING *"
 )
 _UPDATE_BY_ID = text(
-    "UPDATE scheduled_events SET event_type = :event_type, user_id = :user_id,"
+    "UPDATE scheduler.scheduled_events SET event_type = :event_type, user_id = :user_id,"
     " community_id = :community_id, trigger_at = :trigger_at, facts = CAST(:facts AS jsonb),"
     " status = 'pending', dispatched_at = NULL, last_error = NULL, updated_at = :now"
     " WHERE id = :existing RETURNING *"

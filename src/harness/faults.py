@@ -15,6 +15,7 @@ from typing import Any
 from sqlalchemy import Engine, event, text
 from sqlalchemy.orm import Session
 
+from scheduler.database.queries import current_schema
 from scheduler.types import DigitalTwinEvent, Dispatcher, DispatchResult
 
 # A statement that always fails inside the database, aborting the transaction it runs in.
@@ -33,7 +34,7 @@ class InjectedPollFault(RuntimeError):
 
 
 def is_claim_statement(statement: str) -> bool:
-    return "FROM scheduled_events" in statement and "FOR UPDATE" in statement
+    return f"FROM {current_schema()}.scheduled_events" in statement and "FOR UPDATE" in statement
 
 
 class FaultyDispatcher:

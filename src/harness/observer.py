@@ -18,15 +18,15 @@ ROWS = text(
     "SELECT id, external_key, user_id, trigger_at, status,"
     " CAST(facts->>'sim_version' AS integer) AS version,"
     " last_error IS NOT NULL AS has_error, dispatched_at IS NOT NULL AS has_dispatched_at"
-    " FROM scheduled_events"
+    " FROM scheduler.scheduled_events"
 )
-NOTIFICATIONS = text("SELECT id, scheduled_event_id, status, reason FROM notifications")
+NOTIFICATIONS = text("SELECT id, scheduled_event_id, status, reason FROM scheduler.notifications")
 SENT_PER_DAY = text(
     "SELECT user_id, CAST(created_at AT TIME ZONE 'UTC' AS date) AS day, count(*) AS sent"
-    " FROM deliveries WHERE status = 'sent' GROUP BY 1, 2"
+    " FROM scheduler.deliveries WHERE status = 'sent' GROUP BY 1, 2"
 )
 SENT_PER_KEY = text(
-    "SELECT dedup_key, count(*) AS sent FROM notifications WHERE status = 'sent'"
+    "SELECT dedup_key, count(*) AS sent FROM scheduler.notifications WHERE status = 'sent'"
     " GROUP BY dedup_key HAVING count(*) > 1"
 )
 WAITING = text("SELECT pid, locktype FROM pg_locks WHERE NOT granted AND pid = ANY(:pids)")
@@ -40,7 +40,7 @@ STUCK = text(
 BLOCKERS = text("SELECT pid, pg_blocking_pids(pid) AS blockers FROM unnest(CAST(:pids AS integer[])) AS pid")
 TERMINATE = text("SELECT pg_terminate_backend(:pid, 10000)")
 TRUNCATE = text(
-    "TRUNCATE scheduled_events, notifications, deliveries, dedup_keys, participant_preferences"
+    "TRUNCATE scheduler.scheduled_events, scheduler.notifications, scheduler.deliveries, scheduler.dedup_keys, scheduler.participant_preferences"
 )
 # A leftover session of an earlier run must not make the next one hang: fail instead.
 TRUNCATE_LOCK_TIMEOUT = text("SET lock_timeout = '30s'")

@@ -95,7 +95,7 @@ class ReplicaFaults:
     def freeze(self, replica: int) -> bool:
         """Replica ``replica`` freezes mid-batch for longer than its idle-in-transaction
         timeout: its batch's transaction carries production's per-transaction bound
-        (``set_local_timeouts``, as behind a transaction pooler, here 50 ms), the replica
+        (``set_local_settings``, as behind a transaction pooler, here 50 ms), the replica
         goes quiet, and the database itself ends the session, rolling the transaction back
         and releasing its locks. The replica does not know yet: it still holds its Batch and
         finds out at its next statement (SIM-11)."""
@@ -113,8 +113,9 @@ class ReplicaFaults:
 
     @staticmethod
     def bound_idle(batch: Batch) -> None:
-        timeouts = {"statement": "0", "lock": "0", "idle": str(FREEZE_TIMEOUT_MS), "zone": SESSION_TIME_ZONE}
-        batch.session.execute(statement("set_local_timeouts"), timeouts)
+        timeouts = {"statement": "0", "lock": "0", "idle": str(FREEZE_TIMEOUT_MS), "zone": SESSION_TIME_ZONE,
+                    "search_path": None}
+        batch.session.execute(statement("set_local_settings"), timeouts)
 
     def frozen(self, r: Replica, pid: int, _: Any, error: BaseException | None) -> None:
         sim = self.sim

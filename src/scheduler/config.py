@@ -42,6 +42,11 @@ class ConfigError(ValueError):
     """A setting is missing or malformed; the message names the variable."""
 
 
+class DatabaseUnusable(Exception):
+    """The database cannot be used as it is (cannot be migrated, reached, or started); the
+    message says why in one sentence. The CLI prints it and exits 2."""
+
+
 def _setting(default: Any, env: str, meaning: str, *, shown: str | None = None, **bounds: Any) -> Any:
     """A field of ``Settings``: ``env`` is the variable it is read from, ``meaning`` the README's
     "meaning" column, ``shown`` the README's default where the value itself says too little."""
@@ -63,6 +68,11 @@ class Settings(BaseSettings):
     database_url: str | None = _setting(
         None, "DATABASE_URL", "any PostgreSQL URL (`postgresql://user:pw@host/db`)", shown="embedded PostgreSQL",
         repr=False)  # a URL may hold a password: never in a log line
+    database_schema: str = _setting(
+        "scheduler", "SCHEDULER_DATABASE_SCHEMA",
+        "the PostgreSQL schema that holds every table, sequence, function and trigger of the scheduler and "
+        "its Alembic version table, beside a host's own (`public`) in one database (DEC-SCHEMA)",
+        pattern=r"^[a-z_][a-z0-9_]{0,62}$")
     data_dir: Path = _setting(
         Path(".scheduler"), "SCHEDULER_DATA_DIR",
         "the embedded server's data (`pgdata/`) and the generated dev secret", shown="`./.scheduler`")
@@ -105,7 +115,8 @@ class Settings(BaseSettings):
         "identity provider's from the database's)", ge=0.0, le=3600.0)
     environment: Environment = _setting(
         "development", "SCHEDULER_ENV",
-        "`production` refuses to start without a real way to verify tokens")
+        "`production` refuses to start without a real way to verify tokens, and never starts an embedded "
+        "PostgreSQL (DATABASE_URL is required)")
     rules_dir: Path | None = _setting(
         None, "SCHEDULER_RULES_DIR", "a directory of rule files (`*.json`)", shown="the shipped examples")
     max_body_bytes: int = _setting(
@@ -186,6 +197,13 @@ class Settings(BaseSettings):
     def _lower(cls, value: object) -> object:
         return value.strip().lower() if isinstance(value, str) else value
 
+    @field_validator("database_schema", mode="after")
+    @classmethod
+    def _own_schema(cls, value: str) -> str:
+        if value == "public" or value.startswith("pg_"):
+            raise ValueError("must be a schema of the scheduler's own, not public or a pg_ schema")
+        return value
+
     @field_validator("jwt_public_key", mode="after")
     @classmethod
     def _key_from_file(cls, value: str | None) -> str | None:
@@ -263,6 +281,11 @@ def _explain_one(error: ErrorDetails) -> str:
         return f"{name} must be true or false, got {raw!r}"
     if kind == "greater_than_equal":
         return f"{name} must be at least {ctx['ge']}, got {raw}"
+    if kind == "string_pattern_mismatch":
+        return (f"{name} must be a lower-case PostgreSQL name (letters, digits, underscores; at most 63), "
+                f"got {raw!r}")
+    if kind == "value_error":
+        return f"{name} {str(error['msg']).removeprefix('Value error, ')}, got {raw!r}"
     if kind in {"literal_error", "enum"}:
         choices = str(ctx.get("expected", "")).replace("'", "")
         return f"{name} must be {choices}, got {raw!r}"

@@ -49,9 +49,9 @@ class StatementLog:
         if words[0].upper() in ("WITH", "SELECT", "INSERT", "UPDATE"):
             # the statement's target: the table it writes, or the function it calls
             body = " ".join(words)
-            for marker in ("INSERT INTO dedup_keys", "FROM participant_preferences", "FOR UPDATE SKIP LOCKED",
-                           "advisory_xact_lock",
-                           "UPDATE scheduled_events", "INSERT INTO notifications", "INSERT INTO deliveries"):
+            for marker in ("INSERT INTO scheduler.dedup_keys", "FROM scheduler.participant_preferences",
+                           "FOR UPDATE SKIP LOCKED", "advisory_xact_lock", "UPDATE scheduler.scheduled_events",
+                           "INSERT INTO scheduler.notifications", "INSERT INTO scheduler.deliveries"):
                 if marker in body:
                     self.kinds[marker] += 1
                     return
@@ -100,7 +100,7 @@ def test_a_batch_without_failures_sends_the_same_queue_statements_for_two_events
     small = poll_statements(service, log)
     post_due(client, 20, "large")
     large = poll_statements(service, log)
-    assert small == large == Counter({"FOR UPDATE SKIP LOCKED": 1, "UPDATE scheduled_events": 1})
+    assert small == large == Counter({"FOR UPDATE SKIP LOCKED": 1, "UPDATE scheduler.scheduled_events": 1})
 
 
 @pytest.mark.clause("PERF-2")
@@ -120,7 +120,7 @@ def test_the_real_dispatch_path_decides_a_batch_of_twenty_in_the_statements_of_a
     post_due(client, 20, "many")
     many = poll_statements(service, log)
     assert one == many == Counter({"FOR UPDATE SKIP LOCKED": 1, "SAVEPOINT": 1,
-                                   "FROM participant_preferences": 1, "INSERT INTO dedup_keys": 1})
+                                   "FROM scheduler.participant_preferences": 1, "INSERT INTO scheduler.dedup_keys": 1})
     assert sum(many.values()) / 20 <= 0.2
 
 
@@ -146,6 +146,6 @@ def test_the_per_event_dispatch_path_adds_two_statements_per_event_and_no_second
     many = poll_statements(service, log)
     assert sum(many.values()) - sum(one.values()) == 2 * 19
     assert many["advisory_xact_lock"] == 0  # the claim try-locked all twenty participants in its statement
-    assert many["INSERT INTO dedup_keys"] == many["INSERT INTO notifications"] == 20
-    assert many["INSERT INTO deliveries"] == 0  # written by the notification's own statement
+    assert many["INSERT INTO scheduler.dedup_keys"] == many["INSERT INTO scheduler.notifications"] == 20
+    assert many["INSERT INTO scheduler.deliveries"] == 0  # written by the notification's own statement
     assert one["SAVEPOINT"] == many["SAVEPOINT"] == 1 and many["RELEASE SAVEPOINT"] == 0

@@ -163,7 +163,7 @@ def test_a_connection_terminated_mid_request_answers_503_and_the_retry_succeeds(
     @event.listens_for(service_engine, "before_cursor_execute")
     def kill_before_insert(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
         # A fault injector at the database edge: terminate this very backend just before the insert.
-        if armed["insert"] and "INSERT INTO scheduled_events" in statement:
+        if armed["insert"] and "INSERT INTO scheduler.scheduled_events" in statement:
             armed["insert"] = False
             with engine.connect() as admin:
                 admin.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": cursor.connection.info.backend_pid})

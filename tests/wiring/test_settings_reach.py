@@ -77,6 +77,26 @@ def check_database_url(env: Env) -> None:
         assert conn.execute(text("SELECT user_id FROM scheduled_events")).scalars().all() == ["wired"]
 
 
+def check_database_schema(env: Env) -> None:
+    """The service's statements name SCHEDULER_DATABASE_SCHEMA: a row stored lands there, and
+    the default schema's table stays empty."""
+    from scheduler.database.engine import migrate
+
+    result = migrate(env.engine, schema="elsewhere")
+    assert (result.schema, result.before) == ("elsewhere", None)
+    with service_from_env(env.base(SCHEDULER_DATABASE_SCHEMA="elsewhere")) as service, \
+            TestClient(service.app) as client:
+        assert client.post("/admin/scheduled-events", headers=auth(token("nudging.ingest")), json={
+            "event_type": "reminder", "user_id": "elsewhere", "trigger_at": T0.isoformat(),
+            "facts": reminder_facts()}).status_code == 201
+        assert service.scheduler.poll_once().dispatched == 1
+    with env.engine.connect() as conn:
+        assert conn.execute(text("SELECT user_id, status FROM elsewhere.scheduled_events")).all() == [
+            ("elsewhere", "dispatched")]
+        assert conn.execute(text("SELECT count(*) FROM elsewhere.scheduled_event_history")).scalar_one() == 2
+        assert conn.execute(text("SELECT count(*) FROM scheduler.scheduled_events")).scalar_one() == 0
+
+
 def check_data_dir(env: Env) -> None:
     data = env.tmp_path / "elsewhere"
     data.mkdir()
@@ -394,6 +414,7 @@ def check_log_format(env: Env) -> None:
 
 CHECKS: dict[str, Callable[[Env], None]] = {
     "database_url": check_database_url,
+    "database_schema": check_database_schema,
     "data_dir": check_data_dir,
     "poll_seconds": check_poll_seconds,
     "batch_size": check_batch_size,

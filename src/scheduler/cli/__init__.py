@@ -27,7 +27,7 @@ from scheduler.cli.events import (
 )
 from scheduler.cli.serve import cmd_migrate, cmd_serve, cmd_token
 from scheduler.cli.terminal import terminal_safe
-from scheduler.config import ConfigError, Settings, log_format_of
+from scheduler.config import ConfigError, DatabaseUnusable, Settings, log_format_of
 from scheduler.digits import digits_value
 from scheduler.observability.logs import configure_logging
 
@@ -80,8 +80,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     serve.set_defaults(func=cmd_serve)
 
-    mig = sub.add_parser("migrate", help="bring the database schema up to date (Alembic)",
-                         description="Run the Alembic migrations up to head.")
+    mig = sub.add_parser(
+        "migrate", help="bring the scheduler's schema up to date (Alembic), saying what it did",
+        description="Run the Alembic migrations up to head in the scheduler's own PostgreSQL schema "
+        "(SCHEDULER_DATABASE_SCHEMA, default scheduler), beside a host's tables and Alembic history; a "
+        "deployment from before the schema (everything in public) is moved into it in place. Prints what it "
+        "did; a database it cannot migrate (an unknown revision, permission denied, unreachable) is exit 2.")
     mig.set_defaults(func=cmd_migrate)
 
     token = sub.add_parser("token", help="mint a local HS256 token (prints only the token)",
@@ -183,10 +187,19 @@ def _exit_now(code: int) -> None:
 def run_command(args: argparse.Namespace) -> int:
     """Run the parsed command with settings from the environment; a bad setting is exit 2."""
     try:
-        result: int = args.func(args, Settings.from_env())
+        settings = Settings.from_env()
+        # every statement of the command names the scheduler's schema (DEC-SCHEMA)
+        from scheduler.database.queries import use_schema
+
+        use_schema(settings.database_schema)
+        result: int = args.func(args, settings)
         return result
     except ConfigError as exc:
         print(terminal_safe(f"configuration error: {exc}"), file=sys.stderr)
+        return 2
+    except DatabaseUnusable as exc:
+        # a database that cannot be migrated (or reached) is a sentence, not a traceback
+        print(terminal_safe(f"database error: {exc}"), file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

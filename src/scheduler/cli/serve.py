@@ -17,25 +17,29 @@ from scheduler.config import ConfigError, Settings
 from scheduler.types import Clock
 
 
-def migrated_engine(settings: Settings):  # type: ignore[no-untyped-def]
-    """An engine on the configured database, migrated to head (a proxy refusing our startup
-    options is a ``ConfigError`` saying what to set)."""
-    from sqlalchemy.exc import OperationalError
-
+def migrated_engine(settings: Settings, report: Callable[[str], None] | None = None):  # type: ignore[no-untyped-def]
+    """An engine on the configured database, migrated to head; ``report`` hears what the
+    migration did ("created schema scheduler at revision R", ...). A database it cannot
+    migrate is a ``MigrationError`` (one sentence); a proxy refusing our startup options is a
+    ``ConfigError`` saying what to set."""
     from scheduler.database.engine import make_engine, migrate, resolve_database_url
+    from scheduler.database.schema import MigrationError
 
     engine = make_engine(resolve_database_url(settings), settings)
     try:
-        migrate(engine)
-    except OperationalError as exc:
-        if "unsupported startup parameter" not in str(exc):
-            raise
+        result = migrate(engine)
+    except MigrationError as exc:
         engine.dispose()
+        if "unsupported startup parameter" not in str(exc.__cause__):
+            raise
         # PgBouncer refuses the `options` we send the timeouts in: say what to set.
+        refused = str(getattr(exc.__cause__, "orig", exc.__cause__)).strip().splitlines()[-1]
         raise ConfigError(
-            "the server refused a startup parameter (" + str(exc.orig).strip().splitlines()[-1] + "): behind a "
+            "the server refused a startup parameter (" + refused + "): behind a "
             "transaction-pooling proxy such as PgBouncer, set SCHEDULER_TRANSACTION_POOLING=true"
         ) from None
+    if report is not None:
+        report(result.sentence())
     return engine
 
 
@@ -62,7 +66,8 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
     announce = (f"scheduler listening on http://{args.host}:{args.port} "
                 f"({settings.mode} mode: poll every {settings.poll_seconds:g}s, batch {settings.batch_size})")
     try:
-        migrated_engine(settings).dispose()  # migrate; the service opens (and disposes) its own engines
+        # migrate (saying what it did); the service opens (and disposes) its own engines
+        migrated_engine(settings, report=lambda done: _say(settings, done)).dispose()
         app = create_app(settings)
         # JSON logs: uvicorn configures no formatter of its own, its lines reach ours
         log_config = uvicorn.config.LOGGING_CONFIG if settings.log_format == "text" else None
@@ -153,8 +158,10 @@ def _graceful_signals() -> Iterator[list[int]]:
 
 
 def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
-    migrated_engine(settings).dispose()
-    print("database schema is up to date")
+    """Migrate, then say what was done: "created schema scheduler at revision R", "schema
+    scheduler: upgraded from R1 to R2", "schema scheduler already at revision R", or how a
+    deployment older than the schema of its own was moved out of public."""
+    migrated_engine(settings, report=print).dispose()
     return 0
 
 

@@ -9,29 +9,30 @@ from __future__ import annotations
 import logging
 import time
 import warnings
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from datetime import datetime
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlparse
 
 import psycopg
-from alembic import command
-from alembic.config import Config
 from sqlalchemy import Connection, Engine, create_engine, event, make_url, text
 from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.orm import Session, sessionmaker
 
-from scheduler.config import Settings
+from scheduler.config import ConfigError, Settings
 from scheduler.core.clock import DatabaseClock
 from scheduler.database.queries import statement
 
+if TYPE_CHECKING:
+    from scheduler.database.schema import MigrationResult
+
 logger = logging.getLogger(__name__)
 
-MIGRATIONS = Path(__file__).parent / "migrations"
 # The zone every session of the service runs in (DEC-UTC).
 SESSION_TIME_ZONE = "UTC"
 EMBEDDED_DATABASE = "scheduler"
@@ -46,7 +47,13 @@ def embedded_server_uri(pgdata: Path) -> str:
         # pgserver asks platformdirs for a runtime dir at import; without XDG_RUNTIME_DIR
         # (root in CI) it warns and falls back to /tmp, which is what we want anyway.
         warnings.simplefilter("ignore")
-        import pgserver  # imported lazily: only the embedded path needs it
+        try:
+            import pgserver  # imported lazily: only the embedded path needs it
+        except ImportError:
+            raise ConfigError(
+                "DATABASE_URL is not set and the embedded PostgreSQL is not installed: set DATABASE_URL to your "
+                "database (postgresql://user:password@host/db), or install the extra that brings it: "
+                "pip install 'nudging-scheduler[embedded]'") from None
 
     pgdata = pgdata.resolve()
     pgdata.parent.mkdir(parents=True, exist_ok=True)
@@ -149,9 +156,14 @@ def create_migrated_database(admin_url: str, name: str, settings: Settings | Non
 
 
 def resolve_database_url(settings: Settings) -> str:
-    """The SQLAlchemy URL to use: ``DATABASE_URL`` if set, else the embedded server."""
+    """The SQLAlchemy URL to use: ``DATABASE_URL`` if set, else the embedded server (never in
+    production: a ``ConfigError`` naming ``DATABASE_URL``, DEC-SAFE-DEFAULTS)."""
     if settings.database_url:
         return sqlalchemy_url(settings.database_url)
+    if settings.environment == "production":
+        raise ConfigError(
+            "SCHEDULER_ENV=production never starts an embedded PostgreSQL: set DATABASE_URL to the "
+            "production database (postgresql://user:password@host/db)")
     uri = embedded_server_uri(settings.data_dir / "pgdata")
     ensure_database(sqlalchemy_url(uri), EMBEDDED_DATABASE)
     return sqlalchemy_url(uri, EMBEDDED_DATABASE)
@@ -171,9 +183,14 @@ def make_engine(url: str, settings: Settings | None = None, **kwargs: Any) -> En
     transaction-pooling proxy such as PgBouncer in ``pool_mode = transaction``) each
     transaction may run on another server session, so nothing may live in a session:
     psycopg prepares no statements (a statement prepared on one server is unknown on the
-    next), and the timeouts travel with every transaction (``set_config(..., true)``, i.e.
-    ``SET LOCAL``, at its start) instead of in the ``options`` startup parameter, which
-    PgBouncer refuses ("unsupported startup parameter: options").
+    next), and the timeouts (and the search_path) travel with every transaction's first
+    statement (``set_config(..., true)``, i.e. ``SET LOCAL``: ``settings_per_transaction``)
+    instead of in the ``options`` startup parameter, which PgBouncer refuses ("unsupported
+    startup parameter: options").
+
+    Their sessions' ``search_path`` is ``public,<schema>`` (``service_search_path``): every
+    statement of the service names the scheduler's schema (DEC-SCHEMA), raw SQL through these
+    engines finds its tables too.
 
     Every session runs with ``TimeZone`` UTC (DEC-UTC), whatever the server's or the
     database's default, so times read back (``clock_timestamp()``, a row's ``trigger_at``) are
@@ -196,7 +213,8 @@ def make_engine(url: str, settings: Settings | None = None, **kwargs: Any) -> En
             f"-c statement_timeout={settings.statement_timeout_ms} "
             f"-c lock_timeout={settings.lock_timeout_ms} "
             f"-c idle_in_transaction_session_timeout={settings.idle_in_transaction_timeout_ms} "
-            f"-c TimeZone={SESSION_TIME_ZONE}"
+            f"-c TimeZone={SESSION_TIME_ZONE} "
+            f"-c search_path={service_search_path(settings)}"
         )
     connect_args.update(kwargs.pop("connect_args", {}))
     kwargs.setdefault("pool_timeout", settings.pool_timeout_seconds)
@@ -204,15 +222,50 @@ def make_engine(url: str, settings: Settings | None = None, **kwargs: Any) -> En
     if not kwargs.get("pool_pre_ping"):
         ping_when_idle(engine, settings.pool_ping_after_idle_seconds)
     if settings.transaction_pooling:
-        timeouts = {"statement": str(settings.statement_timeout_ms), "lock": str(settings.lock_timeout_ms),
-                    "idle": str(settings.idle_in_transaction_timeout_ms), "zone": SESSION_TIME_ZONE}
-
-        @event.listens_for(engine, "begin")
-        def _timeouts_per_transaction(conn: Connection) -> None:
-            # One round trip per transaction: the price of running behind the pooler.
-            conn.execute(statement("set_local_timeouts"), timeouts)
-
+        settings_per_transaction(engine, settings, search_path=service_search_path(settings))
+    _SERVICE_ENGINES.add(engine)
     return engine
+
+
+# The engines ``make_engine`` built: they carry the service's settings in every session (a
+# host's engine is given them per transaction instead, ``scheduler.database.host_engine``).
+_SERVICE_ENGINES: weakref.WeakSet[Engine] = weakref.WeakSet()
+
+
+def is_service_engine(engine: Engine) -> bool:
+    """Whether ``make_engine`` built ``engine`` (its sessions carry the service's settings)."""
+    return engine in _SERVICE_ENGINES
+
+
+def service_search_path(settings: Settings) -> str:
+    """The search_path of the service's own sessions: ``public`` first, then the scheduler's
+    schema. Every statement of the service names its schema and never needs it; it lets raw
+    SQL on these sessions (an operator's script, the benchmarks' and the scenarios' checks)
+    find the scheduler's tables, and a host's ``public`` tables still come first (DEC-SCHEMA)."""
+    return f"public,{settings.database_schema}"
+
+
+def settings_per_transaction(engine: Engine, settings: Settings, *, search_path: str | None) -> None:
+    """Give every transaction on ``engine`` the service's timeouts and time zone (DEC-UTC), and
+    ``search_path`` when not ``None``, with ``set_config(..., true)``, i.e. ``SET LOCAL``: nothing lives in the
+    session, which a transaction-pooling proxy or a host shares with others.
+
+    The settings travel with the transaction's first statement: the command is deferred
+    (``scheduler.database.pipeline.defer``), so a pipelined send (a poll's) carries it in its
+    own message at no extra round trip, and any other statement has it run just ahead of it.
+    A transaction that runs no statement sends nothing."""
+    from scheduler.database.pipeline import command, defer_on
+
+    values = {"statement": str(settings.statement_timeout_ms), "lock": str(settings.lock_timeout_ms),
+              "idle": str(settings.idle_in_transaction_timeout_ms), "zone": SESSION_TIME_ZONE,
+              "search_path": search_path}
+    compiled = statement("set_local_settings").bindparams(**values).compile(
+        dialect=engine.dialect, compile_kwargs={"literal_binds": True})
+    step = command(str(compiled))
+
+    @event.listens_for(engine, "begin")
+    def _settings_per_transaction(conn: Connection) -> None:
+        defer_on(conn, step)
 
 
 def ping_when_idle(engine: Engine, after_seconds: float, monotonic: Callable[[], float] = time.monotonic) -> None:
@@ -301,15 +354,9 @@ def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
     return sessionmaker(engine, expire_on_commit=False)
 
 
-def alembic_config() -> Config:
-    config = Config()
-    config.set_main_option("script_location", str(MIGRATIONS))
-    return config
+def migrate(engine: Engine, revision: str = "head", schema: str | None = None) -> MigrationResult:
+    """Bring the scheduler's schema up to ``revision`` with Alembic (never ``create_all``);
+    see ``scheduler.database.schema`` (Alembic is imported only then)."""
+    from scheduler.database.schema import migrate as migrate_schema
 
-
-def migrate(engine: Engine, revision: str = "head") -> None:
-    """Bring the schema up to ``revision`` with Alembic (never ``create_all``)."""
-    config = alembic_config()
-    with engine.begin() as conn:
-        config.attributes["connection"] = conn
-        command.upgrade(config, revision)
+    return migrate_schema(engine, revision, schema)

@@ -1,4 +1,9 @@
-"""The schema, as typed SQLAlchemy models. Alembic migrations create it; tests check they agree."""
+"""The schema, as typed SQLAlchemy models. Alembic migrations create it; tests check they agree.
+
+Every table is in the scheduler's own schema (``DEFAULT_SCHEMA``, DEC-SCHEMA); a process
+configured with another (``SCHEDULER_DATABASE_SCHEMA``) maps it with SQLAlchemy's
+``schema_translate_map`` (``{DEFAULT_SCHEMA: schema}``).
+"""
 
 from __future__ import annotations
 
@@ -22,6 +27,8 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from scheduler.database.queries import DEFAULT_SCHEMA
+
 NAMING = {
     "ix": "ix_%(table_name)s_%(column_0_name)s",
     "uq": "uq_%(table_name)s_%(column_0_name)s",
@@ -36,7 +43,7 @@ TRACEPARENT_LENGTH = 55  # version 00: 2 + 1 + 32 + 1 + 16 + 1 + 2
 
 
 class Base(DeclarativeBase):
-    metadata = MetaData(naming_convention=NAMING)
+    metadata = MetaData(naming_convention=NAMING, schema=DEFAULT_SCHEMA)
 
 
 class ScheduledEvent(Base):

@@ -52,7 +52,7 @@ from sqlalchemy.orm import Session
 from sqlalchemy.pool import Pool
 
 from scheduler.database import driver_internals
-from scheduler.database.queries import statement
+from scheduler.database.queries import current_schema, statement
 
 logger = logging.getLogger(__name__)
 
@@ -89,6 +89,12 @@ def defer(session: Session, step: Step) -> None:
     transaction ends."""
     assert step.command is not None, "only commands without parameters or rows are deferred"
     session.connection().info.setdefault(_DEFERRED, []).append(step)
+
+
+def defer_on(conn: Connection, step: Step) -> None:
+    """``defer`` on a connection (a ``begin`` listener's: the settings of a transaction)."""
+    assert step.command is not None, "only commands without parameters or rows are deferred"
+    conn.info.setdefault(_DEFERRED, []).append(step)
 
 
 def discard(session: Session) -> list[Step]:
@@ -216,9 +222,10 @@ def _compiled(conn: Connection, step: Step) -> tuple[str, Any]:
     if step.command is not None:
         return step.command, None
     assert step.name is not None
-    compiled = _COMPILED.get((step.name, conn.dialect.name))
+    key = (step.name, conn.dialect.name, current_schema())
+    compiled = _COMPILED.get(key)
     if compiled is None:
-        compiled = _COMPILED[(step.name, conn.dialect.name)] = statement(step.name).compile(dialect=conn.dialect)
+        compiled = _COMPILED[key] = statement(step.name).compile(dialect=conn.dialect)
     return compiled.string, compiled.construct_params(dict(step.params or {}))
 
 
@@ -236,8 +243,9 @@ def _warn_slow_path(driver: Any) -> None:
         logger.warning("statements sent together go one round trip each: %s (database.driver_internals)", cause)
 
 
-# Each named statement compiled once per dialect (SQLAlchemy caches its own executions alike).
-_COMPILED: dict[tuple[str, str], Any] = {}
+# Each named statement compiled once per dialect and schema (SQLAlchemy caches its own
+# executions alike).
+_COMPILED: dict[tuple[str, str, str], Any] = {}
 
 
 def _one_by_one(conn: Connection, steps: Sequence[Step]) -> list[list[dict[str, Any]] | None]:

@@ -39,12 +39,15 @@ from scheduler.core.dispatch_contract import refuse_async_dispatcher
 from scheduler.core.loop import DUE_CHANNEL, Scheduler
 from scheduler.database.engine import (
     database_time,
+    is_service_engine,
     make_engine,
     make_sessionmaker,
     resolve_database_url,
     tcp_parameters,
 )
+from scheduler.database.host_engine import for_scheduler, loop_engine_like
 from scheduler.database.listener import Listener, conninfo_of
+from scheduler.database.queries import use_schema
 from scheduler.nudging.dispatch import NudgingPlatform
 from scheduler.nudging.publishers import LoggingPublisher
 from scheduler.nudging.rules import Catalogue, load_catalogue
@@ -94,6 +97,8 @@ class SchedulerService:
         if dispatcher is not None:
             refuse_async_dispatcher(dispatcher)  # before any engine is made: nothing to dispose
         self.settings = settings or Settings.from_env()
+        # Every statement names the scheduler's own schema (DEC-SCHEMA): one per process.
+        use_schema(self.settings.database_schema)
         # Engines this service creates are its own to dispose when it stops; an engine the
         # caller passes stays the caller's.
         self._owned_engines: list[Engine] = []
@@ -106,6 +111,16 @@ class SchedulerService:
                 # connection (a slow query, a held lock) cannot starve the polls.
                 loop_engine = make_engine(url, self.settings, pool_size=LOOP_POOL_SIZE, max_overflow=0)
                 self._owned_engines.append(loop_engine)
+        else:
+            # A host's engines keep the service's timeouts, per transaction (DEC-HOST-ENGINE).
+            if loop_engine is not None:
+                loop_engine = for_scheduler(loop_engine, self.settings, role="loop_engine")
+            elif not is_service_engine(engine):
+                # the loop gets a small pool of its own made like the host's engine
+                loop_engine = loop_engine_like(engine, self.settings, LOOP_POOL_SIZE)
+                if loop_engine is not None:
+                    self._owned_engines.append(loop_engine)
+            engine = for_scheduler(engine, self.settings)
         self.engine = engine
         self.loop_engine = loop_engine or engine
         self.sessions = make_sessionmaker(engine)

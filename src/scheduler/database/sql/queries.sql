@@ -21,7 +21,7 @@ SELECT clock_timestamp();
 WITH claimed AS MATERIALIZED (
     SELECT id, event_type, user_id, community_id, external_key, trigger_at, facts,
            status, last_error, created_at, updated_at, dispatched_at, traceparent
-    FROM scheduled_events
+    FROM scheduler.scheduled_events
     -- only pending rows: dispatched and failed are terminal (REQ-0065); the partial
     -- index ix_scheduled_events_pending_due holds exactly these rows
     WHERE status = 'pending'
@@ -60,16 +60,18 @@ ORDER BY c.trigger_at, c.id;
 -- name: next_pending_trigger
 -- The earliest trigger_at of a pending row still in the future (prompt mode's next wake-up);
 -- one step into the partial index ix_scheduled_events_pending_due.
-SELECT min(trigger_at) FROM scheduled_events
+SELECT min(trigger_at) FROM scheduler.scheduled_events
 WHERE status = 'pending' AND trigger_at > :now;
 
--- name: set_local_timeouts
--- Apply the service's timeouts and time zone to this transaction only (behind a transaction-pooling proxy, where the options startup parameter is refused and a session SET would leak to others).
+-- name: set_local_settings
+-- The service's timeouts and time zone (and, on its own engines, its search_path) for this transaction only: sent with the transaction's first statement behind a transaction-pooling proxy and on a host's engine, whose sessions are not ours to change.
 SELECT set_config('statement_timeout', :statement, true), set_config('lock_timeout', :lock, true),
        -- a session frozen inside this transaction is ended by the server, releasing its locks
        set_config('idle_in_transaction_session_timeout', :idle, true),
        -- times read back in UTC whatever the server's default zone (DEC-UTC)
-       set_config('TimeZone', :zone, true);
+       set_config('TimeZone', :zone, true),
+       -- NULL on a host's engine: its search_path stays as it is (every statement names its schema)
+       set_config('search_path', coalesce(:search_path, current_setting('search_path')), true);
 
 -- name: lock_participant
 -- Take one participant's advisory lock until the end of the transaction (re-entrant).
@@ -77,7 +79,7 @@ SELECT pg_advisory_xact_lock(:key);
 
 -- name: record_outcomes
 -- Record a batch's outcomes at its end, one array element per event (REQ-0067).
-UPDATE scheduled_events AS e
+UPDATE scheduler.scheduled_events AS e
 -- dispatched: the engine ran, dispatched_at is the event's own time, any earlier error is
 -- cleared; failed: the reason, and no dispatched_at
 SET status = o.status,
@@ -92,13 +94,13 @@ WHERE e.id = o.id;
 
 -- name: mark_dispatched
 -- One row dispatched (the benchmarks' raw-SQL ceiling and the status-first broken variant).
-UPDATE scheduled_events
+UPDATE scheduler.scheduled_events
 SET status = 'dispatched', dispatched_at = :now, last_error = NULL, updated_at = :now
 WHERE id = :id;
 
 -- name: insert_event
 -- Store a new scheduled event without an external key (two posts are two rows).
-INSERT INTO scheduled_events (id, event_type, user_id, community_id, external_key,
+INSERT INTO scheduler.scheduled_events (id, event_type, user_id, community_id, external_key,
                               trigger_at, facts, status, created_at, updated_at, traceparent)
 VALUES (:id, :event_type, :user_id, :community_id, NULL,
         :trigger_at, CAST(:facts AS jsonb), 'pending', :now, :now, :traceparent)
@@ -106,7 +108,7 @@ RETURNING *;
 
 -- name: upsert_event_by_key
 -- Store or rewrite the row of an external key in one atomic statement (REQ-0064).
-INSERT INTO scheduled_events (id, event_type, user_id, community_id, external_key,
+INSERT INTO scheduler.scheduled_events (id, event_type, user_id, community_id, external_key,
                               trigger_at, facts, status, created_at, updated_at, traceparent)
 VALUES (:id, :event_type, :user_id, :community_id, :external_key,
         :trigger_at, CAST(:facts AS jsonb), 'pending', :now, :now, :traceparent)
@@ -129,7 +131,7 @@ RETURNING *;
 
 -- name: get_event
 -- One scheduled event by id.
-SELECT * FROM scheduled_events WHERE id = :id;
+SELECT * FROM scheduler.scheduled_events WHERE id = :id;
 
 -- name: event_filter
 -- A fragment, not a statement: the one WHERE clause of every list, count and bulk action over scheduled events (EventQuery.params binds it); statements include it as {{event_filter}}.
@@ -145,7 +147,7 @@ SELECT * FROM scheduled_events WHERE id = :id;
 
 -- name: list_events
 -- One page of the API's list (GET /admin/scheduled-events): the filter, newest change first then id, keyset-paginated.
-SELECT * FROM scheduled_events
+SELECT * FROM scheduler.scheduled_events
 WHERE {{event_filter}}
   -- keyset in this order (updated_at descending, id ascending): strictly after the previous page's last row
   AND (CAST(:after_at AS timestamptz) IS NULL
@@ -156,7 +158,7 @@ LIMIT :limit;
 
 -- name: reset_event
 -- The operator's reset of one row the caller has locked: back to pending, dispatched_at and last_error cleared, if its status allows.
-UPDATE scheduled_events
+UPDATE scheduler.scheduled_events
 SET status = 'pending', dispatched_at = NULL, last_error = NULL, updated_at = :now
 -- :sources is RESETTABLE (scheduler.application.commands): the same statuses every adapter resets
 WHERE id = :id AND status = ANY(CAST(:sources AS text[]))
@@ -166,7 +168,7 @@ RETURNING *;
 -- Claim a deduplication key and read the participant's preferences and today's sent count, in one round trip.
 WITH claimed AS (
     -- the key's primary key decides between racing writers
-    INSERT INTO dedup_keys (key, notification_id, created_at)
+    INSERT INTO scheduler.dedup_keys (key, notification_id, created_at)
     VALUES (:key, :notification_id, :now)
     ON CONFLICT (key) DO NOTHING
     RETURNING key
@@ -176,27 +178,27 @@ SELECT EXISTS (SELECT 1 FROM claimed) AS claimed,
        p.user_id IS NOT NULL AS has_preferences, p.enabled_kinds, p.max_per_day,
        -- sent deliveries in the current UTC day; exact because the caller holds the
        -- participant's lock, so no other transaction adds one until this one ends
-       (SELECT count(*) FROM deliveries AS d
+       (SELECT count(*) FROM scheduler.deliveries AS d
         WHERE d.user_id = :user_id AND d.status = 'sent'
           AND d.created_at >= :day_start AND d.created_at < :day_end) AS sent_today
 -- exactly one row, whether or not the participant has preferences
 FROM (VALUES (1)) AS one (n)
-LEFT JOIN participant_preferences AS p ON p.user_id = :user_id;
+LEFT JOIN scheduler.participant_preferences AS p ON p.user_id = :user_id;
 
 -- name: record_duplicate
 -- Count one more duplicate of a key and return how many there have been.
-UPDATE dedup_keys
+UPDATE scheduler.dedup_keys
 SET duplicate_count = duplicate_count + 1, last_duplicate_at = :now
 WHERE key = :key
 RETURNING duplicate_count, duplicate_notification_id;
 
 -- name: link_duplicate_notification
 -- Remember the one suppressed_dedup notification recorded for a key.
-UPDATE dedup_keys SET duplicate_notification_id = :notification_id WHERE key = :key;
+UPDATE scheduler.dedup_keys SET duplicate_notification_id = :notification_id WHERE key = :key;
 
 -- name: upsert_preferences
 -- Set a participant's enabled kinds and daily cap.
-INSERT INTO participant_preferences (user_id, enabled_kinds, max_per_day, updated_at)
+INSERT INTO scheduler.participant_preferences (user_id, enabled_kinds, max_per_day, updated_at)
 VALUES (:user_id, :enabled_kinds, :max_per_day, :now)
 ON CONFLICT (user_id) DO UPDATE
 SET enabled_kinds = EXCLUDED.enabled_kinds, max_per_day = EXCLUDED.max_per_day,
@@ -205,7 +207,7 @@ RETURNING user_id, enabled_kinds, max_per_day, updated_at;
 
 -- name: insert_notification
 -- Record a notification (sent, suppressed or failed) for a participant.
-INSERT INTO notifications (id, user_id, community_id, rule_id, kind, scenario, time_scope,
+INSERT INTO scheduler.notifications (id, user_id, community_id, rule_id, kind, scenario, time_scope,
                            dedup_key, title, body, status, reason, source,
                            scheduled_event_id, created_at)
 VALUES (:id, :user_id, :community_id, :rule_id, :kind, :scenario, :time_scope,
@@ -215,7 +217,7 @@ VALUES (:id, :user_id, :community_id, :rule_id, :kind, :scenario, :time_scope,
 -- name: insert_notification_with_delivery
 -- Record a sent notification and its in-app (web) delivery in one statement.
 WITH notification AS (
-    INSERT INTO notifications (id, user_id, community_id, rule_id, kind, scenario, time_scope,
+    INSERT INTO scheduler.notifications (id, user_id, community_id, rule_id, kind, scenario, time_scope,
                                dedup_key, title, body, status, reason, source,
                                scheduled_event_id, created_at)
     VALUES (:id, :user_id, :community_id, :rule_id, :kind, :scenario, :time_scope,
@@ -225,12 +227,12 @@ WITH notification AS (
 )
 -- the delivery references the notification inserted above; its foreign key is checked at
 -- the end of the statement, when both rows exist
-INSERT INTO deliveries (notification_id, user_id, channel, status, detail, created_at)
+INSERT INTO scheduler.deliveries (notification_id, user_id, channel, status, detail, created_at)
 SELECT id, user_id, :channel, 'sent', NULL, :now FROM notification;
 
 -- name: insert_delivery
 -- Log one channel's delivery of a notification.
-INSERT INTO deliveries (notification_id, user_id, channel, status, detail, created_at)
+INSERT INTO scheduler.deliveries (notification_id, user_id, channel, status, detail, created_at)
 VALUES (:notification_id, :user_id, :channel, :status, :detail, :now);
 
 -- name: read_batch_limits
@@ -239,20 +241,20 @@ VALUES (:notification_id, :user_id, :channel, :status, :detail, :now);
 -- no other transaction adds a delivery or a key of theirs until the batch commits
 SELECT
     (SELECT coalesce(json_agg(json_build_array(p.user_id, p.enabled_kinds, p.max_per_day)), '[]')
-     FROM participant_preferences AS p
+     FROM scheduler.participant_preferences AS p
      WHERE p.user_id = ANY(CAST(:user_ids AS text[]))) AS preferences,
     -- one count per participant in the batch's UTC day (its events share one now), by the
     -- participant's position in :user_ids; the same predicate as claim_dedup_key_with_limits
     -- (ix_deliveries_sent_by_user)
     (SELECT coalesce(json_agg(json_build_array(
                 w.n,
-                (SELECT count(*) FROM deliveries AS d
+                (SELECT count(*) FROM scheduler.deliveries AS d
                  WHERE d.user_id = w.user_id AND d.status = 'sent'
                    AND d.created_at >= :day_start AND d.created_at < :day_end))), '[]')
      FROM unnest(CAST(:user_ids AS text[])) WITH ORDINALITY AS w(user_id, n)
     ) AS sent_today,
     (SELECT coalesce(json_agg(json_build_array(k.key, k.duplicate_notification_id)), '[]')
-     FROM dedup_keys AS k
+     FROM scheduler.dedup_keys AS k
      WHERE k.key = ANY(CAST(:keys AS text[]))) AS taken_keys;
 
 -- name: write_batch_decisions
@@ -268,7 +270,7 @@ WITH document AS MATERIALIZED (
     SELECT CAST(:batch AS jsonb) AS b
 ), new_keys AS (
     -- the keys first claimed in this batch, with the duplicates the batch itself made of them
-    INSERT INTO dedup_keys (key, notification_id, created_at, duplicate_count, last_duplicate_at,
+    INSERT INTO scheduler.dedup_keys (key, notification_id, created_at, duplicate_count, last_duplicate_at,
                             duplicate_notification_id)
     SELECT k->>'key', k->>'notification_id', CAST(k->>'at' AS timestamptz), CAST(k->>'duplicates' AS integer),
            CAST(k->>'last_duplicate_at' AS timestamptz), k->>'duplicate_notification_id'
@@ -278,7 +280,7 @@ WITH document AS MATERIALIZED (
     RETURNING key
 ), repeated_keys AS (
     -- keys taken before this batch: count the batch's duplicates, link the one suppressed_dedup row
-    UPDATE dedup_keys AS d
+    UPDATE scheduler.dedup_keys AS d
     SET duplicate_count = d.duplicate_count + CAST(r->>'duplicates' AS integer),
         last_duplicate_at = CAST(r->>'at' AS timestamptz),
         duplicate_notification_id = coalesce(d.duplicate_notification_id, r->>'notification_id')
@@ -288,7 +290,7 @@ WITH document AS MATERIALIZED (
       AND (d.duplicate_notification_id IS NULL) = (r->>'notification_id' IS NOT NULL)
     RETURNING d.key
 ), notification AS (
-    INSERT INTO notifications (id, user_id, community_id, rule_id, kind, scenario, time_scope,
+    INSERT INTO scheduler.notifications (id, user_id, community_id, rule_id, kind, scenario, time_scope,
                                dedup_key, title, body, status, reason, source,
                                scheduled_event_id, created_at)
     SELECT n.e->>'id', n.e->>'user_id', n.e->>'community_id', n.e->>'rule_id', n.e->>'kind',
@@ -301,14 +303,14 @@ WITH document AS MATERIALIZED (
 ), delivery AS (
     -- the in-app (web) deliveries of the sent notifications, in batch order (their ids too);
     -- the foreign key to the notifications above is checked at the end of the statement
-    INSERT INTO deliveries (notification_id, user_id, channel, status, detail, created_at)
+    INSERT INTO scheduler.deliveries (notification_id, user_id, channel, status, detail, created_at)
     SELECT d.e->>'notification_id', d.e->>'user_id', :channel, 'sent', NULL, CAST(d.e->>'now' AS timestamptz)
     FROM document, jsonb_array_elements(document.b->'deliveries') WITH ORDINALITY AS d(e, ord)
     ORDER BY d.ord
     RETURNING id
 ), outcome AS (
     -- as record_outcomes: dispatched with its time and no error, or failed with the reason
-    UPDATE scheduled_events AS e
+    UPDATE scheduler.scheduled_events AS e
     SET status = o->>'status',
         dispatched_at = CASE WHEN o->>'status' = 'dispatched' THEN CAST(o->>'at' AS timestamptz) END,
         last_error = o->>'error',
@@ -349,7 +351,7 @@ FROM wrote AS w CROSS JOIN decided AS d;
 -- Participants' notifications for an operator, newest first.
 SELECT id, user_id, community_id, rule_id, kind, scenario, time_scope, dedup_key, title, body,
        status, reason, source, scheduled_event_id, created_at
-FROM notifications
+FROM scheduler.notifications
 WHERE (CAST(:user_id AS text) IS NULL OR user_id = :user_id)
   AND (CAST(:status AS text) IS NULL OR status = :status)
 ORDER BY created_at DESC, id
@@ -361,7 +363,7 @@ LIMIT :limit;
 
 -- name: upsert_heartbeat
 -- Record this replica's heartbeat after a poll (one row per process, rewritten in place).
-INSERT INTO scheduler_replicas (replica_id, name, host, pid, mode, poll_seconds, started_at,
+INSERT INTO scheduler.scheduler_replicas (replica_id, name, host, pid, mode, poll_seconds, started_at,
                                 last_poll_at, seen_at, last_error, consecutive_failures,
                                 polls, dispatched, failed)
 VALUES (:replica_id, :name, :host, :pid, :mode, :poll_seconds, :started_at,
@@ -374,11 +376,11 @@ SET mode = EXCLUDED.mode, poll_seconds = EXCLUDED.poll_seconds,
 
 -- name: delete_replica
 -- Remove this replica's heartbeat when its loop stops cleanly.
-DELETE FROM scheduler_replicas WHERE replica_id = :replica_id;
+DELETE FROM scheduler.scheduler_replicas WHERE replica_id = :replica_id;
 
 -- name: delete_gone_replicas
 -- Forget replicas whose last heartbeat is older than :cutoff (gone for a day).
-DELETE FROM scheduler_replicas WHERE seen_at < :cutoff;
+DELETE FROM scheduler.scheduler_replicas WHERE seen_at < :cutoff;
 
 -- name: list_replicas
 -- Every replica's heartbeat with whether it is stale (silent for three of its poll intervals).
@@ -387,13 +389,13 @@ SELECT replica_id, name, host, pid, mode, poll_seconds, started_at, last_poll_at
        -- stale by the reader's clock: no heartbeat for three intervals (at least 1 s each)
        seen_at < CAST(:now AS timestamptz)
                  - 3 * greatest(poll_seconds, 1.0) * interval '1 second' AS stale
-FROM scheduler_replicas
+FROM scheduler.scheduler_replicas
 ORDER BY name, host, pid, replica_id;
 
 -- name: backlog_gauges
 -- Due pending rows and the oldest one's trigger_at, read from the pending partial index only.
 SELECT count(*) AS backlog, min(trigger_at) AS oldest_trigger_at
-FROM scheduled_events
+FROM scheduler.scheduled_events
 -- the predicate of ix_scheduled_events_pending_due: an index-only scan, no terminal row read
 WHERE status = 'pending'
   AND trigger_at <= :now;
@@ -401,7 +403,7 @@ WHERE status = 'pending'
 -- name: count_failed
 -- How many rows are failed, read from the failed partial index only, at most :cap + 1 of them (past :cap the caller estimates).
 SELECT count(*) FROM (
-    SELECT 1 FROM scheduled_events WHERE status = 'failed'
+    SELECT 1 FROM scheduler.scheduled_events WHERE status = 'failed'
     -- the index's own order: a walk of ix_scheduled_events_failed that stops at the cap, never
     -- a scan of the table that stops after cap failed rows among however many others
     ORDER BY updated_at, id
@@ -413,7 +415,7 @@ SELECT count(*) FROM (
 -- name: count_pending
 -- How many rows are pending (due or not), read from the pending partial index only, at most :cap + 1 of them (past :cap the caller estimates).
 SELECT count(*) FROM (
-    SELECT 1 FROM scheduled_events WHERE status = 'pending'
+    SELECT 1 FROM scheduler.scheduled_events WHERE status = 'pending'
     -- the order of ix_scheduled_events_pending_due: a walk of that index, stopped at the cap
     ORDER BY trigger_at, id
     -- reminders scheduled months ahead are pending too: counting stops past the cap
@@ -424,7 +426,7 @@ SELECT count(*) FROM (
 -- How many rows are in each status of :statuses (the EventStatus enum), zero included: one GROUP BY (small tables only: it reads them whole).
 SELECT s.status, count(e.id) AS count
 FROM unnest(CAST(:statuses AS text[])) AS s(status)
-LEFT JOIN scheduled_events AS e ON e.status = s.status
+LEFT JOIN scheduler.scheduled_events AS e ON e.status = s.status
 GROUP BY s.status;
 
 -- name: estimate_events_by_status
@@ -434,13 +436,14 @@ SELECT CAST(greatest(c.reltuples, 0) AS bigint) AS reltuples,
        st.most_common_freqs AS freqs,
        st.null_frac
 FROM pg_class AS c
+JOIN pg_namespace AS n ON n.oid = c.relnamespace
 LEFT JOIN pg_stats AS st
-       ON st.schemaname = current_schema() AND st.tablename = 'scheduled_events' AND st.attname = 'status'
-WHERE c.oid = CAST('scheduled_events' AS regclass);
+       ON st.schemaname = n.nspname AND st.tablename = c.relname AND st.attname = 'status'
+WHERE c.oid = CAST('scheduler.scheduled_events' AS regclass);
 
 -- name: estimate_events
 -- The planner's row estimate of scheduled_events (kept by ANALYZE and autovacuum; -1 before the first).
-SELECT CAST(reltuples AS bigint) FROM pg_class WHERE oid = CAST('scheduled_events' AS regclass);
+SELECT CAST(reltuples AS bigint) FROM pg_class WHERE oid = CAST('scheduler.scheduled_events' AS regclass);
 
 -- name: lateness_percentiles
 -- p50 and p99 of dispatched_at - trigger_at over the dispatches since :since.
@@ -449,7 +452,7 @@ SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY lateness) AS p50,
        count(*) AS dispatched
 FROM (
     SELECT extract(epoch FROM dispatched_at - trigger_at) AS lateness
-    FROM scheduled_events
+    FROM scheduler.scheduled_events
     -- the window on ix_scheduled_events_updated_at: a row's updated_at is never before its
     -- dispatched_at (it is the time of its last change), so this reads only the window's rows
     WHERE updated_at >= :since
@@ -463,7 +466,7 @@ FROM (
 SELECT split_part(coalesce(last_error, ''), ':', 1) AS kind, count(*) AS count, max(updated_at) AS latest
 FROM (
     SELECT last_error, updated_at
-    FROM scheduled_events
+    FROM scheduler.scheduled_events
     -- ix_scheduled_events_failed on (updated_at, id): the window's failures, newest first
     WHERE status = 'failed'
       AND updated_at >= :since
@@ -477,13 +480,13 @@ LIMIT 20;
 
 -- name: count_failed_since
 -- How many rows failed in the window (an index-only count on the failed partial index).
-SELECT count(*) FROM scheduled_events WHERE status = 'failed' AND updated_at >= :since;
+SELECT count(*) FROM scheduler.scheduled_events WHERE status = 'failed' AND updated_at >= :since;
 
 -- name: filter_events_page
 -- One page of the console's events list: the filter, newest change first, keyset-paginated.
 SELECT id, event_type, user_id, community_id, external_key, trigger_at, status, last_error,
        updated_at, dispatched_at
-FROM scheduled_events
+FROM scheduler.scheduled_events
 WHERE {{event_filter}}
   -- keyset: strictly after the last row of the previous page (no OFFSET)
   AND (CAST(:after_at AS timestamptz) IS NULL OR (updated_at, id) < (:after_at, :after_id))
@@ -494,7 +497,7 @@ LIMIT :limit;
 -- One page of pending rows for the console: the filter, next due first (the claim's order), keyset-paginated.
 SELECT id, event_type, user_id, community_id, external_key, trigger_at, status, last_error,
        updated_at, dispatched_at
-FROM scheduled_events
+FROM scheduler.scheduled_events
 -- the pending partial index, walked in its own (trigger_at, id) order
 WHERE status = 'pending'
   AND {{event_filter}}
@@ -506,7 +509,7 @@ LIMIT :limit;
 -- name: count_filtered_events
 -- How many rows match the filter and a bulk command's source statuses now (its dry-run count), capped at :cap + 1.
 SELECT count(*) FROM (
-    SELECT 1 FROM scheduled_events
+    SELECT 1 FROM scheduler.scheduled_events
     WHERE {{event_filter}}
       -- :sources: the statuses the command acts on, so the count is of what it would touch
       AND status = ANY(CAST(:sources AS text[]))
@@ -517,7 +520,7 @@ SELECT count(*) FROM (
 -- name: change_filtered_chunk
 -- Reset or cancel (:to, pending or cancelled) the next chunk of rows that still match the filter, skipping rows a poll has locked.
 WITH chunk AS (
-    SELECT id FROM scheduled_events
+    SELECT id FROM scheduler.scheduled_events
     -- the filter is evaluated again here: a row that stopped matching since the count is not touched
     WHERE {{event_filter}}
       -- only the command's source statuses (a reset leaves a pending row its place in the claim order)
@@ -532,7 +535,7 @@ WITH chunk AS (
     -- is not held up, and that row's new status decides for itself
     FOR UPDATE SKIP LOCKED
 )
-UPDATE scheduled_events AS e
+UPDATE scheduler.scheduled_events AS e
 SET status = CAST(:to AS text), dispatched_at = NULL,
     -- a reset clears the error; a cancel keeps it (why the row had failed stays visible)
     last_error = CASE WHEN CAST(:to AS text) = 'pending' THEN NULL ELSE e.last_error END,
@@ -543,23 +546,23 @@ RETURNING e.id;
 
 -- name: insert_operator_action
 -- Record one operator action in the audit trail and return its id.
-INSERT INTO operator_actions (at, actor, source, action, event_id, filter, count, reason)
+INSERT INTO scheduler.operator_actions (at, actor, source, action, event_id, filter, count, reason)
 VALUES (:now, :actor, :source, :action, :event_id, CAST(:filter AS jsonb), :count, :reason)
 RETURNING id;
 
 -- name: set_operator_action_count
 -- Set the number of rows an action touched, once its chunks are done.
-UPDATE operator_actions SET count = :count WHERE id = :id;
+UPDATE scheduler.operator_actions SET count = :count WHERE id = :id;
 
 -- name: link_action_events
 -- Remember which rows an action touched (for each event's history).
-INSERT INTO operator_action_events (action_id, event_id)
+INSERT INTO scheduler.operator_action_events (action_id, event_id)
 SELECT :action_id, unnest(CAST(:event_ids AS text[]));
 
 -- name: list_operator_actions
 -- The audit trail, newest first, keyset-paginated by id.
 SELECT id, at, actor, source, action, event_id, filter, count, reason
-FROM operator_actions
+FROM scheduler.operator_actions
 WHERE (CAST(:before_id AS bigint) IS NULL OR id < :before_id)
 ORDER BY id DESC
 LIMIT :limit;
@@ -567,8 +570,8 @@ LIMIT :limit;
 -- name: event_actions
 -- The operator actions that touched one event, newest first.
 SELECT a.id, a.at, a.actor, a.source, a.action, a.filter, a.count, a.reason
-FROM operator_action_events AS l
-JOIN operator_actions AS a ON a.id = l.action_id
+FROM scheduler.operator_action_events AS l
+JOIN scheduler.operator_actions AS a ON a.id = l.action_id
 WHERE l.event_id = :event_id
 ORDER BY a.id DESC
 LIMIT 100;
@@ -576,7 +579,7 @@ LIMIT 100;
 -- name: event_notifications
 -- The notifications one scheduled event produced, oldest first.
 SELECT id, rule_id, kind, title, body, status, reason, created_at
-FROM notifications
+FROM scheduler.notifications
 WHERE scheduled_event_id = :event_id
 ORDER BY created_at, id
 LIMIT 100;
@@ -586,7 +589,7 @@ LIMIT 100;
 SELECT CASE WHEN seen_at < CAST(:now AS timestamptz) - 3 * greatest(poll_seconds, 1.0) * interval '1 second'
             THEN 'stale' WHEN consecutive_failures > 0 THEN 'failing' ELSE 'ok' END AS state,
        count(*) AS count
-FROM scheduler_replicas
+FROM scheduler.scheduler_replicas
 GROUP BY 1;
 -- The event lifecycle (issue 10): cancel, history, retention, the participant's inbox.
 -- ---------------------------------------------------------------------------------------
@@ -597,15 +600,15 @@ SELECT set_config('scheduler.change', :change, true), set_config('scheduler.acto
 
 -- name: lock_event_by_id
 -- Lock one row for a cancel; waits for a batch that is dispatching it, then reads its newest version.
-SELECT * FROM scheduled_events WHERE id = :id FOR UPDATE;
+SELECT * FROM scheduler.scheduled_events WHERE id = :id FOR UPDATE;
 
 -- name: lock_event_by_key
 -- Lock the row of an external key for a cancel, as lock_event_by_id does.
-SELECT * FROM scheduled_events WHERE external_key = :external_key FOR UPDATE;
+SELECT * FROM scheduler.scheduled_events WHERE external_key = :external_key FOR UPDATE;
 
 -- name: cancel_event
 -- Withdraw one row the caller has locked, if its status allows: terminal `cancelled`, never claimed (the claim reads pending only).
-UPDATE scheduled_events
+UPDATE scheduler.scheduled_events
 SET status = 'cancelled', dispatched_at = NULL, updated_at = :now
 -- :sources is CANCELLABLE (pending, failed); the status test keeps a dispatched row dispatched
 WHERE id = :id AND status = ANY(CAST(:sources AS text[]))
@@ -614,7 +617,7 @@ RETURNING *;
 -- name: event_history
 -- Every change of one scheduled event, oldest first (the trigger appends them).
 SELECT id, event_id, at, change, actor, status, changes
-FROM scheduled_event_history
+FROM scheduler.scheduled_event_history
 WHERE event_id = :id
 ORDER BY id;
 
@@ -625,7 +628,7 @@ SELECT pg_try_advisory_xact_lock(:key);
 
 -- name: claim_maintenance_run
 -- Start a periodic task's run unless one started less than :interval_seconds ago (by :now).
-INSERT INTO scheduler_maintenance (task, last_run_at)
+INSERT INTO scheduler.scheduler_maintenance (task, last_run_at)
 VALUES (:task, :now)
 ON CONFLICT (task) DO UPDATE SET last_run_at = EXCLUDED.last_run_at
 -- a run started within the interval (by the injected clock) keeps its time: no new run
@@ -637,7 +640,7 @@ RETURNING last_run_at;
 -- name: delete_expired_events
 -- Delete up to :batch_size rows dispatched or cancelled before :cutoff, with their history.
 WITH doomed AS (
-    SELECT id FROM scheduled_events
+    SELECT id FROM scheduler.scheduled_events
     -- only terminal successes and withdrawals: failed and pending rows are never deleted;
     -- ix_scheduled_events_finished holds exactly these rows, by updated_at
     WHERE status IN ('dispatched', 'cancelled') AND updated_at < :cutoff
@@ -647,9 +650,9 @@ WITH doomed AS (
     -- a row a re-post or a cancel is changing right now is left for the next run
     FOR UPDATE SKIP LOCKED
 ), history AS (
-    DELETE FROM scheduled_event_history WHERE event_id IN (SELECT id FROM doomed)
+    DELETE FROM scheduler.scheduled_event_history WHERE event_id IN (SELECT id FROM doomed)
 )
-DELETE FROM scheduled_events WHERE id IN (SELECT id FROM doomed)
+DELETE FROM scheduler.scheduled_events WHERE id IN (SELECT id FROM doomed)
 RETURNING id;
 
 -- name: lock_stream_order
@@ -658,8 +661,8 @@ SELECT pg_advisory_xact_lock(:key);
 
 -- name: number_for_stream
 -- Give delivered notifications (a batch's) their places in the inbox stream, once each.
-UPDATE notifications
-SET stream_seq = nextval('notification_stream_seq')
+UPDATE scheduler.notifications
+SET stream_seq = nextval('scheduler.notification_stream_seq')
 WHERE id = ANY(CAST(:ids AS text[])) AND stream_seq IS NULL
 RETURNING stream_seq;
 
@@ -671,20 +674,20 @@ SELECT pg_notify(:channel, :payload);
 -- Streamed notifications after :after in stream order: every replica's live fan-out reads this.
 SELECT id, user_id, community_id, rule_id, kind, scenario, time_scope, title, body,
        source, scheduled_event_id, created_at, stream_seq
-FROM notifications
+FROM scheduler.notifications
 WHERE stream_seq > :after
 ORDER BY stream_seq
 LIMIT :limit;
 
 -- name: stream_head
 -- The newest stream number (0 when nothing was streamed yet).
-SELECT coalesce(max(stream_seq), 0) FROM notifications WHERE stream_seq IS NOT NULL;
+SELECT coalesce(max(stream_seq), 0) FROM scheduler.notifications WHERE stream_seq IS NOT NULL;
 
 -- name: participant_stream_after
 -- One participant's streamed notifications after :after, in stream order (a Last-Event-ID replay).
 SELECT id, user_id, community_id, rule_id, kind, scenario, time_scope, title, body,
        source, scheduled_event_id, created_at, stream_seq
-FROM notifications
+FROM scheduler.notifications
 WHERE user_id = :user_id AND stream_seq > :after
 ORDER BY stream_seq
 LIMIT :limit;
@@ -693,7 +696,7 @@ LIMIT :limit;
 -- One participant's delivered notifications, newest first, after an optional keyset cursor.
 SELECT id, user_id, community_id, rule_id, kind, scenario, time_scope, title, body,
        source, scheduled_event_id, created_at, stream_seq
-FROM notifications
+FROM scheduler.notifications
 WHERE user_id = :user_id
   -- only what reached the participant: suppressed and failed decisions are the operator's
   AND status = 'sent'
@@ -708,12 +711,12 @@ LIMIT :limit;
 
 -- name: insert_web_session
 -- Store a new session: only the hash of its secret id, with its absolute expiry and idle timeout.
-INSERT INTO web_sessions (id, secret_hash, subject, kind, created_at, expires_at, last_seen_at, idle_seconds, user_agent)
+INSERT INTO scheduler.web_sessions (id, secret_hash, subject, kind, created_at, expires_at, last_seen_at, idle_seconds, user_agent)
 VALUES (:id, :secret_hash, :subject, :kind, :now, :expires_at, :now, :idle_seconds, :user_agent);
 
 -- name: touch_web_session
 -- Resolve a cookie: the session of that hash and kind if neither expired nor idle too long, marked seen now.
-UPDATE web_sessions
+UPDATE scheduler.web_sessions
 SET last_seen_at = greatest(last_seen_at, :now)
 WHERE secret_hash = :secret_hash
   AND kind = :kind
@@ -723,7 +726,7 @@ RETURNING id, subject, kind, created_at, expires_at, last_seen_at, idle_seconds,
 
 -- name: web_session_open
 -- Whether a session is still open, without marking it seen (an open stream checks this as it runs).
-SELECT 1 FROM web_sessions
+SELECT 1 FROM scheduler.web_sessions
 WHERE secret_hash = :secret_hash
   AND kind = :kind
   AND expires_at > :now
@@ -731,17 +734,17 @@ WHERE secret_hash = :secret_hash
 
 -- name: delete_web_session_by_hash
 -- Sign-out: delete the session of a cookie, so the cookie is refused by every replica from now on.
-DELETE FROM web_sessions WHERE secret_hash = :secret_hash RETURNING id;
+DELETE FROM scheduler.web_sessions WHERE secret_hash = :secret_hash RETURNING id;
 
 -- name: delete_web_session
 -- An admin ends a session by its public id.
-DELETE FROM web_sessions WHERE id = :id
+DELETE FROM scheduler.web_sessions WHERE id = :id
 RETURNING id, subject, kind, created_at, expires_at, last_seen_at, idle_seconds, user_agent;
 
 -- name: list_web_sessions
 -- The sessions still open (neither expired nor idle too long), most recently seen first.
 SELECT id, subject, kind, created_at, expires_at, last_seen_at, idle_seconds, user_agent
-FROM web_sessions
+FROM scheduler.web_sessions
 WHERE expires_at > :now
   AND last_seen_at + idle_seconds * interval '1 second' > :now
   AND (CAST(:kind AS text) IS NULL OR kind = :kind)
@@ -750,6 +753,62 @@ LIMIT :limit;
 
 -- name: purge_web_sessions
 -- Delete sessions that ended by expiry or idleness (at each sign-in; the table stays small).
-DELETE FROM web_sessions
+DELETE FROM scheduler.web_sessions
 WHERE expires_at <= :now
    OR last_seen_at + idle_seconds * interval '1 second' <= :now;
+
+-- name: migration_lock
+-- Serialise migrators of one database (two replicas starting at once): held until the migration commits.
+SELECT pg_advisory_xact_lock(hashtext('nudging-scheduler:migrate'));
+
+-- name: relation_exists
+-- Whether the relation :name (schema-qualified, e.g. public.alembic_version) exists.
+SELECT to_regclass(:name) IS NOT NULL;
+
+-- name: schema_revisions
+-- The revisions in the scheduler's own Alembic version table (in its schema).
+SELECT version_num FROM scheduler.alembic_version ORDER BY version_num;
+
+-- name: public_revisions
+-- The revisions in public.alembic_version: a host's, or this scheduler's from before it had a schema of its own.
+SELECT version_num FROM public.alembic_version ORDER BY version_num;
+
+-- name: delete_public_revisions
+-- Take the scheduler's own revisions out of public.alembic_version (a host's rows stay).
+DELETE FROM public.alembic_version WHERE version_num = ANY(CAST(:revisions AS text[]));
+
+-- name: copy_revisions_into_schema
+-- Write the scheduler's revisions into its own version table (just created like public's).
+INSERT INTO scheduler.alembic_version (version_num) SELECT unnest(CAST(:revisions AS text[]));
+
+-- name: create_schema_ddl
+-- A template (psycopg's sql.SQL, the schema as an identifier): the scheduler's schema, once.
+CREATE SCHEMA IF NOT EXISTS {schema}
+
+-- name: search_path_ddl
+-- A template: this transaction's unqualified names (the migrations') resolve in the scheduler's schema only.
+SELECT set_config('search_path', {schema_literal}, true)
+
+-- name: move_table_ddl
+-- A template: move one of the scheduler's tables (its indexes, constraints, triggers and owned sequences with it) out of public.
+ALTER TABLE public.{name} SET SCHEMA {schema}
+
+-- name: move_sequence_ddl
+-- A template: move the scheduler's free-standing sequence out of public.
+ALTER SEQUENCE public.{name} SET SCHEMA {schema}
+
+-- name: move_function_ddl
+-- A template: move one of the scheduler's trigger functions (no arguments) out of public; its triggers follow it by oid.
+ALTER FUNCTION public.{name}() SET SCHEMA {schema}
+
+-- name: version_table_like_public_ddl
+-- A template: the scheduler's own version table, shaped like public.alembic_version (a host's rows stay there).
+CREATE TABLE {schema}.alembic_version (LIKE public.alembic_version INCLUDING ALL)
+
+-- name: drop_public_version_table_ddl
+-- A template (no placeholder): public.alembic_version, once it holds nothing (it held only the scheduler's row).
+DROP TABLE public.alembic_version
+
+-- name: function_exists
+-- Whether the function :signature (schema-qualified with its arguments, e.g. public.f()) exists.
+SELECT to_regprocedure(:signature) IS NOT NULL;

@@ -1,0 +1,97 @@
+"""A host's engine: the service's protections on connections it does not own (DEC-HOST-ENGINE).
+
+An engine the host passes (``SchedulerService(engine=...)``) is the host's: its sessions
+carry whatever the host configured, often no ``statement_timeout``, ``lock_timeout`` or
+``idle_in_transaction_session_timeout`` at all, and they are not the service's to change
+(a session ``SET`` would outlive the scheduler's transaction into the host's next one, or,
+behind a transaction pooler, into another client's). So the service works through a view of
+it (``Engine.execution_options()``: the same pool, events of its own) whose every
+transaction is given the service's timeouts with ``SET LOCAL``, sent with the transaction's
+first statement, as behind PgBouncer (``scheduler.database.engine.settings_per_transaction``).
+The host's own transactions on its engine are left as they were. Its ``search_path`` is
+never touched: every statement of the scheduler names its schema, and a host's dispatcher
+writing in the scheduler's transaction finds its own tables as it always does.
+
+The loop gets a small pool of its own made like the host's engine (its URL, and the very
+function its pool connects with, so the same connect arguments), so that requests holding
+every connection of the host's pool cannot starve the polls; a host that passes
+``loop_engine`` decides itself.
+
+Only psycopg 3 is supported (the pipeline, the LISTEN connection and the driver-level DDL
+use it): another driver is refused with a ``ConfigError``. An engine in ``AUTOCOMMIT`` has no
+transaction to carry the timeouts: it is used, with a warning naming what is missing.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from typing import Any
+
+from sqlalchemy import Engine, create_engine
+from sqlalchemy.pool import QueuePool
+
+from scheduler.config import ConfigError, Settings
+from scheduler.database.engine import is_service_engine, ping_when_idle, settings_per_transaction
+
+logger = logging.getLogger(__name__)
+
+TIMEOUTS = ("statement_timeout", "lock_timeout", "idle_in_transaction_session_timeout")
+
+
+class HostEngineWarning(UserWarning):
+    """A host's engine cannot be given some of the service's protections."""
+
+
+def check_driver(engine: Engine, role: str = "engine") -> None:
+    """Refuse an engine on another driver than psycopg 3, in a sentence."""
+    if engine.dialect.name != "postgresql" or engine.dialect.driver != "psycopg":
+        raise ConfigError(
+            f"the {role} passed to SchedulerService uses {engine.dialect.name}+{engine.dialect.driver}; the "
+            f"scheduler runs on PostgreSQL through psycopg 3 only: create it with a postgresql+psycopg:// URL")
+
+
+def for_scheduler(engine: Engine, settings: Settings, role: str = "engine") -> Engine:
+    """The engine the service works through on ``engine``: itself when ``make_engine`` built
+    it (its sessions carry the service's settings), else a view of the host's engine that
+    gives every transaction the service's timeouts (see the module)."""
+    if is_service_engine(engine):
+        return engine
+    check_driver(engine, role)
+    view = engine.execution_options()
+    # an execution option of the engine, or create_engine(isolation_level=...) (the dialect's,
+    # applied at each connect)
+    isolation = (engine.get_execution_options().get("isolation_level")
+                 or getattr(engine.dialect, "_on_connect_isolation_level", None))
+    if str(isolation).upper() == "AUTOCOMMIT":
+        message = (f"the {role} passed to SchedulerService runs in AUTOCOMMIT: its transactions cannot be "
+                   f"given {', '.join(f'{name}={value}' for name, value in _values(settings))}, so a stuck "
+                   f"statement or a frozen replica is not bounded (DEC-11); pass an engine with transactions")
+        warnings.warn(message, HostEngineWarning, stacklevel=3)
+        logger.warning(message)
+        return view
+    settings_per_transaction(view, settings, search_path=None)
+    return view
+
+
+def loop_engine_like(engine: Engine, settings: Settings, pool_size: int) -> Engine | None:
+    """A small pool of the loop's own, made like the host's ``engine`` (same URL, same
+    connect function), with the service's timeouts per transaction; ``None`` (the loop then
+    shares the host's pool, with a warning) when the host's pool offers no connect function."""
+    creator: Any = getattr(engine.pool, "_creator", None)
+    if creator is None:
+        message = ("the engine passed to SchedulerService has a pool without a connect function to copy: the "
+                   "loop shares the host's pool (pass loop_engine= to give it its own)")
+        warnings.warn(message, HostEngineWarning, stacklevel=3)
+        logger.warning(message)
+        return None
+    pool = QueuePool(creator, pool_size=pool_size, max_overflow=0, timeout=settings.pool_timeout_seconds)
+    own = create_engine(engine.url, pool=pool)
+    ping_when_idle(own, settings.pool_ping_after_idle_seconds)
+    settings_per_transaction(own, settings, search_path=None)
+    return own
+
+
+def _values(settings: Settings) -> list[tuple[str, int]]:
+    return list(zip(TIMEOUTS, (settings.statement_timeout_ms, settings.lock_timeout_ms,
+                               settings.idle_in_transaction_timeout_ms), strict=True))
