@@ -1,0 +1,1 @@
+"""A host's notification service that embeds the scheduler (docs/embedding.md)."""
