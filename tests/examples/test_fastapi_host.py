@@ -1,4 +1,4 @@
-"""EMBED-3: the worked example a host team copies (examples/fastapi_host), run for real.
+"""EMB-9: the worked example a host team copies (examples/fastapi_host), run for real.
 
 A FastAPI notification service with its own Alembic schema (a ``notifications`` table of its
 own among it), its own engine, its own dispatcher writing a ``host_deliveries`` row in the
@@ -6,7 +6,7 @@ scheduler's transaction, and its own tokens, with the scheduler's API mounted be
 routes. Here it runs under uvicorn on the embedded PostgreSQL: both schemas migrated into one
 blank database, reminders stored through the mount (one re-posted by key, one for a
 participant the host refuses), the rows and the host's table checked, FastAPI's ``/docs`` and
-the host's routes beside the mount, and a clean SIGTERM.
+the host's routes beside the mount, and a clean SIGTERM (a complete shutdown).
 """
 
 from __future__ import annotations
@@ -51,11 +51,11 @@ def _run(env: dict[str, str], *args: str) -> str:
     return done.stdout + done.stderr
 
 
-@pytest.mark.clause("EMBED-3")
+@pytest.mark.clause("EMB-9")
 def test_the_fastapi_host_example_migrates_both_schemas_dispatches_through_its_own_dispatcher_and_stops_cleanly(
     blank_database: str, tmp_path: Path
 ) -> None:
-    """EMBED-3: the example's two migrations share one database (the host's ``notifications``
+    """EMB-9: the example's two migrations share one database (the host's ``notifications``
     beside the scheduler's), reminders stored through the mount with the host's tokens go out
     through the host's dispatcher (exactly one ``host_deliveries`` row per dispatched event, none
     for the refused one, a re-post by key is one row), ``/docs`` and the host's routes answer
@@ -63,8 +63,8 @@ def test_the_fastapi_host_example_migrates_both_schemas_dispatches_through_its_o
     src = Path(__file__).resolve().parents[2] / "src"
     env = {k: v for k, v in os.environ.items() if not k.startswith("SCHEDULER_")}
     env.update({"DATABASE_URL": blank_database, "PYTHONPATH": f"{EXAMPLE}{os.pathsep}{src}",
-                "SCHEDULER_POLL_SECONDS": "0.2", "SCHEDULER_DATA_DIR": str(tmp_path / "data"),
-                "HOST_TOKEN_SECRET": "host-test-secret-0123456789abcdef0123"})
+                "SCHEDULER_POLL_SECONDS": "0.2", "SCHEDULER_DATA_DIR": str(tmp_path / "data")})
+    env.pop("HOST_TOKEN_SECRET", None)  # the example's development secret, in both processes
     _run(env, sys.executable, "-m", "alembic", "-c", "alembic.ini", "upgrade", "head")
     _run(env, sys.executable, "-m", "scheduler", "migrate")
     engine = create_engine(blank_database)
@@ -121,7 +121,7 @@ def test_the_fastapi_host_example_migrates_both_schemas_dispatches_through_its_o
             wait_for(settled, 30, "the host's loop to dispatch every reminder")
             rows = {i: client.get(f"/nudging/admin/scheduled-events/{i}", headers=admin).json() for i in ids}
             assert rows[first["id"]]["status"] == rows[bob["id"]]["status"] == "dispatched"
-            assert rows[carl["id"]]["status"] == "failed"
+            assert rows[carl["id"]]["status"] == "failed", rows[carl["id"]]
             assert "opted out" in rows[carl["id"]]["last_error"]
             deliveries = client.get("/host/deliveries").json()
             assert sorted((d["scheduled_event_id"], d["body"]) for d in deliveries) == sorted([
@@ -140,6 +140,8 @@ def test_the_fastapi_host_example_migrates_both_schemas_dispatches_through_its_o
             process.wait(timeout=30)
         engine.dispose()
     output = log_path.read_text()
-    assert code == 0, output
-    assert "Application shutdown complete" in output
+    # uvicorn re-raises the signal once its shutdown is complete (a supervisor then sees the
+    # signal it sent); what matters is the complete shutdown before it
+    assert code in (0, -signal.SIGTERM), output
+    assert "Application shutdown complete" in output and "Finished server process" in output
     assert "Traceback" not in output and "ERROR" not in output, output

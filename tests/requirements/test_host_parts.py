@@ -5,8 +5,8 @@ In our words: a host authenticates requests its own way (a Starlette ``Authentic
 returning ``authenticated(subject, permissions)``) or keeps the built-in bearer JWTs with its
 identity provider's claims and values mapped to our two permissions (PERM-9, PERM-10); it
 mounts only the parts it wants (the API, health, metrics, the console, the inbox:
-``SchedulerService.app_for`` / ``routes_for``, EMBED-1); and our metrics go into the registry
-it passes, so its own ``/metrics`` shows them (EMBED-2).
+``SchedulerService.app_for`` / ``routes_for``, EMB-7); and our metrics go into the registry
+it passes, so its own ``/metrics`` shows them (EMB-8).
 """
 
 from __future__ import annotations
@@ -125,9 +125,9 @@ def test_authenticated_refuses_a_permission_this_service_does_not_have() -> None
         authenticated("ops", {"administrator"})
 
 
-@pytest.mark.clause("EMBED-1")
+@pytest.mark.clause("EMB-7")
 def test_the_api_alone_serves_no_console_inbox_metrics_or_health(service: SchedulerService) -> None:
-    """EMBED-1: ``app_for("api")`` answers the JSON API and nothing of the other parts (404);
+    """EMB-7: ``app_for("api")`` answers the JSON API and nothing of the other parts (404);
     every route of ``service.app`` belongs to exactly one part."""
     with TestClient(service.app_for("api")) as client:
         assert client.post("/admin/scheduled-events", headers=INGEST, json=event_body()).status_code == 201
@@ -139,27 +139,27 @@ def test_the_api_alone_serves_no_console_inbox_metrics_or_health(service: Schedu
     assert sum(len(service.routes_for(p)) for p in PARTS) == len(service.app.routes)
 
 
-@pytest.mark.clause("EMBED-1")
+@pytest.mark.clause("EMB-7")
 def test_health_and_metrics_alone_serve_only_themselves(service: SchedulerService) -> None:
-    """EMBED-1: ``app_for("health", "metrics")`` answers those and refuses the API (404)."""
+    """EMB-7: ``app_for("health", "metrics")`` answers those and refuses the API (404)."""
     with TestClient(service.app_for("health", "metrics")) as client:
         assert client.get("/health").status_code == 200
         assert client.get("/metrics").status_code == 200
         assert client.post("/admin/scheduled-events", headers=INGEST, json=event_body()).status_code == 404
 
 
-@pytest.mark.clause("EMBED-1")
+@pytest.mark.clause("EMB-7")
 def test_an_unknown_part_is_an_error_naming_the_parts(service: SchedulerService) -> None:
-    """EMBED-1: a misspelt part is a ``ValueError`` that lists the real ones."""
+    """EMB-7: a misspelt part is a ``ValueError`` that lists the real ones."""
     with pytest.raises(ValueError, match="api, health, metrics, console, inbox"):
         service.app_for("apis")
 
 
-@pytest.mark.clause("EMBED-2")
+@pytest.mark.clause("EMB-8")
 def test_metrics_go_into_the_registry_the_host_passes(
     settings: Settings, engine: Engine, clock: ManualClock
 ) -> None:
-    """EMBED-2: with the host's registry, a poll's counters appear in the host's own scrape of
+    """EMB-8: with the host's registry, a poll's counters appear in the host's own scrape of
     it, and the service's /metrics serves the same registry."""
     registry = CollectorRegistry()
     service = _service(settings, engine, clock, metrics_registry=registry)

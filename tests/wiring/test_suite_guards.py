@@ -221,7 +221,9 @@ TIER_ORDER = [
     "tests/requirements", "tests/application", "tests/contract", "tests/wiring",
     "tests/spec_report",  # the spec report's own tests: small pytester runs
     "tests/security",
-    "tests/operations", "tests/performance", "tests/simulation", "tests/browser", "tests/reliability",
+    "tests/operations", "tests/performance", "tests/simulation", "tests/browser",
+    "tests/examples",  # the worked examples run for real (uvicorn), before the fault scenarios
+    "tests/reliability",
 ]
 
 

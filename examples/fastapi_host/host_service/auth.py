@@ -11,7 +11,12 @@ from __future__ import annotations
 import os
 
 import jwt
-from starlette.authentication import AuthCredentials, AuthenticationBackend, AuthenticationError, BaseUser
+from starlette.authentication import (
+    AuthCredentials,
+    AuthenticationBackend,
+    AuthenticationError,
+    BaseUser,
+)
 from starlette.requests import HTTPConnection
 
 from scheduler.web.auth import authenticated

@@ -4,9 +4,8 @@
 from __future__ import annotations
 
 from alembic import context
-from sqlalchemy import create_engine
-
 from host_service.database import database_url
+from sqlalchemy import create_engine
 
 engine = create_engine(database_url())
 with engine.begin() as connection:
