@@ -166,6 +166,10 @@ class FakeDispatcher:
     """A fake at the dispatcher edge: fails for chosen users, records what it was handed,
     and delegates everything else to the real platform."""
 
+    # it wraps the platform and writes nothing of its own: safe to call again (DEC-1.4), so
+    # the replay tests' batches run optimistically
+    safe_to_repeat = True
+
     def __init__(self, real: Any, fail_for: Mapping[str, Exception] | None = None) -> None:
         self.real = real
         self.fail_for = dict(fail_for or {})

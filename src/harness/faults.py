@@ -15,6 +15,7 @@ from typing import Any
 from sqlalchemy import Engine, event, text
 from sqlalchemy.orm import Session
 
+from scheduler.core.dispatch_contract import repeatable
 from scheduler.database.queries import current_schema
 from scheduler.types import DigitalTwinEvent, Dispatcher, DispatchResult
 
@@ -49,6 +50,8 @@ class FaultyDispatcher:
     def __init__(self, inner: Dispatcher, replica: int) -> None:
         self.inner = inner
         self.replica = replica
+        # called as often as the dispatcher it wraps may be (DEC-1.4)
+        self.safe_to_repeat = repeatable(inner)
         self.calls: list[dict[str, Any]] = []
         self._lock = threading.Lock()
         self.on_call: Callable[[], None] | None = None  # the run step's "stop after k"

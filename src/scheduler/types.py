@@ -133,9 +133,30 @@ class DispatchResult:
 
 
 class Dispatcher(Protocol):
-    """Runs one event through the engine and orchestrator inside ``session``.
+    """Decides and records what one event becomes, inside the caller's transaction: the
+    built-in ``NudgingPlatform`` (engine and orchestrator), or a host's own.
 
-    The caller owns the transaction: the dispatcher writes, never commits.
+    The contract a host's dispatcher can rely on, and must keep (docs/embedding.md):
+
+    - **Where it runs.** Called synchronously: by the loop in its worker thread (never on the
+      event loop), and by the live ingest route in a request's worker thread. It must be a
+      plain ``def`` (an ``async def`` is refused when the service is built).
+    - **In which transaction.** ``session`` is a sync SQLAlchemy ``Session`` inside the
+      scheduler's transaction, which holds the claimed row's lock. Write through it (your own
+      tables too: unqualified names resolve in your ``search_path``); never commit, roll back
+      or close it. Everything written commits with the row's new status, or not at all.
+    - **What it returns.** A ``DispatchResult``: ``outcome`` in the domain's words, and
+      ``refusal`` (text) when the event is the sender's fault: the row ends ``failed`` with it
+      in ``last_error`` and nothing the call wrote stays. Raising fails the event alone with
+      the error's text, and so does returning anything else (REQ-0067).
+    - **How often.** Once per event per poll, each event in a savepoint of its own: a failure
+      rolls back that event's work only, and nothing is replayed. A dispatcher that declares
+      ``safe_to_repeat = True`` (every effect a row in ``session``, nothing sent from inside:
+      the built-in platform) lets a batch run optimistically, and may then be called again for
+      an event whose first call was rolled back (DEC-1, DEC-1.4).
+    - **Side effects that leave the process** (a push, an e-mail, a call to another service)
+      do not belong inside: return them as ``outbound`` messages, which a ``Publisher`` sends
+      after the commit, or write an outbox row in ``session``.
     """
 
     def __call__(self, session: Session, event: DigitalTwinEvent, now: datetime) -> DispatchResult: ...

@@ -129,17 +129,22 @@ def test_the_per_event_dispatch_path_adds_two_statements_per_event_and_no_second
     client: TestClient, service: SchedulerService, log: StatementLog
 ) -> None:
     """PERF-2: a dispatcher that cannot decide a batch at once (here the platform behind a plain
-    function) takes the per-event path: nineteen more events cost thirty-eight more statements,
+    object, safe to repeat) takes the per-event path: nineteen more events cost thirty-eight more statements,
     the deduplication key with preferences and today's count, the notification with its delivery;
     the checkpoint's savepoint goes once ahead of the first event's first statement, and is not
     released (the COMMIT ends it)."""
     service.scheduler.publisher = None
     platform = service.scheduler.dispatcher
 
-    def per_event(session: Any, event: DigitalTwinEvent, now: datetime) -> DispatchResult:
-        return platform(session, event, now)
+    class PerEvent:
+        """The platform without its batch decision; safe to repeat like it (DEC-1.4)."""
 
-    service.scheduler.dispatcher = per_event
+        safe_to_repeat = True
+
+        def __call__(self, session: Any, event: DigitalTwinEvent, now: datetime) -> DispatchResult:
+            return platform(session, event, now)
+
+    service.scheduler.dispatcher = PerEvent()
     post_due(client, 1, "one")
     one = poll_statements(service, log)
     post_due(client, 20, "many")

@@ -83,6 +83,9 @@ class UpdatingProbingDispatcher:
     updated in the part a failure rolls back), fails for one participant, and, on the first
     call after that failure (the replay), probes the batch's locks from another connection."""
 
+    # declared safe to repeat, so that its batches replay (DEC-1.4)
+    safe_to_repeat = True
+
     def __init__(self, real: Any, victim: str, probe_engine: Engine, ids: list[str], users: list[str]) -> None:
         self.real, self.victim, self.probe_engine, self.ids, self.users = real, victim, probe_engine, ids, users
         self.failed = False

@@ -43,6 +43,9 @@ class ReturnsNoneFor:
     """A fake host dispatcher that forgets its ``return`` for chosen participants (from their
     ``after``-th call on) and raises for others; every other event goes through the real one."""
 
+    # declared safe to repeat, so that its batches replay (DEC-1.4)
+    safe_to_repeat = True
+
     def __init__(self, real: Any, none_for: set[str], *, after: int = 0, raise_for: frozenset[str] = frozenset()) -> None:
         self.real, self.none_for, self.after, self.raise_for = real, none_for, after, raise_for
         self.calls: list[str] = []

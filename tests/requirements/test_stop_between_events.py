@@ -37,6 +37,9 @@ class SlowFakeDispatcher:
     started and waits until the test releases it (a deadline turns a hang into a failure);
     it raises for the participants in ``fail_for``."""
 
+    # declared safe to repeat, so that its batches replay (DEC-1.4)
+    safe_to_repeat = True
+
     def __init__(self, *, slow_from: int, fail_for: frozenset[str] = frozenset()) -> None:
         self.slow_from, self.fail_for = slow_from, fail_for
         self.calls: list[str] = []

@@ -1,5 +1,10 @@
 """What a host's dispatcher must be and return, checked where it is handed in and called.
 
+A ``Dispatcher`` is called once per event per poll unless it declares itself safe to call
+again for an event whose first call was rolled back (``safe_to_repeat = True``, as the
+built-in platform does, whose every effect is a row in the transaction it is handed):
+``repeatable`` says which (DEC-1.4).
+
 A ``Dispatcher`` is called synchronously, in the loop's worker thread (or a request's), on a
 sync ``Session``: an ``async def`` one would hand back a coroutine that nobody awaits, and
 its work would never happen. So such a dispatcher is refused when the service or scheduler
@@ -58,3 +63,10 @@ def refuse_async_dispatcher(dispatcher: object) -> None:
             f"the dispatcher {dispatcher!r} is asynchronous (async def); a dispatcher is called "
             "synchronously, in the loop's worker thread on a sync Session, and must return a "
             "DispatchResult: make it a plain def (run async work after the commit, in a Publisher)")
+
+
+def repeatable(dispatcher: object) -> bool:
+    """Whether ``dispatcher`` declares that calling it again for an event whose first call was
+    rolled back is safe (a ``safe_to_repeat`` attribute that is ``True``): only such a
+    dispatcher runs a batch optimistically with a replay after a failure (DEC-1.4)."""
+    return getattr(dispatcher, "safe_to_repeat", False) is True

@@ -34,6 +34,7 @@ import logging
 from datetime import datetime
 
 from sqlalchemy.exc import DBAPIError
+from sqlalchemy.orm import Session
 
 from scheduler.core.batch import (
     Batch,
@@ -44,7 +45,7 @@ from scheduler.core.batch import (
     failed,
     outcome_parameters,
 )
-from scheduler.core.dispatch_contract import checked_result
+from scheduler.core.dispatch_contract import checked_result, repeatable
 from scheduler.core.set_based import (
     CHECKPOINT,
     commit_set_based,
@@ -58,6 +59,10 @@ from scheduler.database.queries import statement
 from scheduler.types import Clock, Dispatcher
 
 logger = logging.getLogger(__name__)
+
+# The savepoint of one event of a dispatcher called once per event (DEC-1.4); the optimistic
+# run's checkpoint is ``CHECKPOINT``.
+EVENT_SAVEPOINT = "scheduler_event"
 
 
 def dispatch_next(batch: Batch, dispatcher: Dispatcher, clock: Clock, name: str) -> EventOutcome | None:
@@ -86,6 +91,11 @@ def _dispatch_next(batch: Batch, dispatcher: Dispatcher, clock: Clock, name: str
     event = batch.events[batch.position]
     batch.position += 1
     now = clock.now()
+    if not repeatable(dispatcher):
+        # called once per event: each in a savepoint of its own, nothing replayed (DEC-1.4)
+        once = _dispatch_once(batch, dispatcher, event, now, name)
+        batch.outcomes.append(once)
+        return once
     if batch.checkpoint is None:
         # the checkpoint's SAVEPOINT goes ahead of the dispatcher's first statement, in its
         # round trip; a dispatcher that writes nothing never sends it (``database.pipeline``)
@@ -118,6 +128,50 @@ def _dispatch_next(batch: Batch, dispatcher: Dispatcher, clock: Clock, name: str
     if replayed is not None:
         batch.outcomes.append(replayed)
     return replayed
+
+
+def _dispatch_once(batch: Batch, dispatcher: Dispatcher, event: ClaimedEvent, now: datetime,
+                   name: str) -> EventOutcome:
+    """Run one event of a dispatcher that is not safe to repeat in a savepoint of its own: its
+    failure rolls back only its own work, and it is never called again for this poll (DEC-1.4).
+
+    The savepoint travels ahead of the dispatcher's first statement (``pipeline.defer``), so a
+    dispatcher that writes nothing costs no round trip; once it went out, it is released ahead
+    of the next statement (the COMMIT ends any still pending), so savepoints never pile up."""
+    session = batch.session
+    savepoint = pipeline.command(f"SAVEPOINT {EVENT_SAVEPOINT}")
+    pipeline.defer(session, savepoint)
+    transaction = session.get_transaction()
+    try:
+        result = checked_result(dispatcher(session, event.as_event(), now))
+        if transaction is None or not transaction.is_active:
+            raise RuntimeError("the dispatcher ended the transaction it was handed")
+    except Exception as exc:
+        if isinstance(exc, DBAPIError) and exc.connection_invalidated:
+            raise  # nothing can be recorded on this transaction: the poll fails whole
+        logger.exception("%s: dispatch of scheduled event %s failed", name, event.id)
+        if transaction is not None and transaction.is_active:
+            _undo_event(session, savepoint)
+        return failed(event, error_text(exc), now)
+    if result.refusal is not None:
+        # the sender's error: nothing it wrote stays (DEC-8)
+        _undo_event(session, savepoint)
+        return failed(event, result.refusal, now)
+    if not pipeline.withdraw(session, savepoint):
+        pipeline.defer(session, pipeline.command(f"RELEASE SAVEPOINT {EVENT_SAVEPOINT}"))
+    batch.outbound.extend(result.outbound)
+    return dispatched(event, now)
+
+
+def _undo_event(session: Session, savepoint: pipeline.Step) -> None:
+    """Undo what one event wrote: nothing when its savepoint never went out (it wrote
+    nothing); else roll back to it now (the transaction may be aborted: the next statement
+    must find it healthy) and release it ahead of the next statement."""
+    if pipeline.withdraw(session, savepoint):
+        return
+    session.connection().exec_driver_sql(f"ROLLBACK TO SAVEPOINT {EVENT_SAVEPOINT}")
+    session.expunge_all()  # SQLAlchemy does not know this savepoint: its objects may be stale
+    pipeline.defer(session, pipeline.command(f"RELEASE SAVEPOINT {EVENT_SAVEPOINT}"))
 
 
 def _replay(batch: Batch, dispatcher: Dispatcher, event: ClaimedEvent, now: datetime, first_error: str,

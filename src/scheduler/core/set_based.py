@@ -42,7 +42,7 @@ logger = logging.getLogger(__name__)
 # The batch's checkpoint: a savepoint of its own name, unknown to SQLAlchemy's session (sent
 # ahead of the batch's first statement after the claim, rolled back by name on a failure,
 # ended by the COMMIT), for the set-based and the per-event run alike (``core.isolation``).
-CHECKPOINT = "scheduler_set_based"
+CHECKPOINT = "scheduler_checkpoint"
 
 
 def dispatch_set_based(batch: Batch, dispatcher: Dispatcher, clock: Clock, name: str) -> bool:

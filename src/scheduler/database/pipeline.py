@@ -97,6 +97,17 @@ def defer_on(conn: Connection, step: Step) -> None:
     conn.info.setdefault(_DEFERRED, []).append(step)
 
 
+def withdraw(session: Session, step: Step) -> bool:
+    """Take ``step`` back if it is still deferred (unsent); return whether it was (``False``:
+    it went out ahead of a statement). Other deferred commands stay queued."""
+    queued: list[Step] = session.connection().info.get(_DEFERRED, [])
+    for i, waiting in enumerate(queued):
+        if waiting is step:
+            del queued[i]
+            return True
+    return False
+
+
 def discard(session: Session) -> list[Step]:
     """Drop the commands deferred and not yet sent; return them (empty: all were sent)."""
     return list(session.connection().info.pop(_DEFERRED, []))

@@ -24,6 +24,11 @@ from scheduler.types import DigitalTwinEvent, DispatchOutcome, DispatchResult
 class NudgingPlatform:
     """Engine plus orchestrator, run inside the caller's transaction."""
 
+    # Every effect is a row written in the session it is handed, and the outbound messages
+    # leave only after the commit: calling it again for an event whose first call was rolled
+    # back is safe, so a batch runs optimistically, with a replay after a failure (DEC-1.4).
+    safe_to_repeat = True
+
     def __init__(self, catalogue: Catalogue, orchestrator: Orchestrator | None = None) -> None:
         self.catalogue = catalogue
         self.orchestrator = orchestrator or Orchestrator()

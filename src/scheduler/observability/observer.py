@@ -46,7 +46,7 @@ class Observer:
 
     tracing = False
 
-    def instrument(self, app: Starlette, engines: Sequence[Engine]) -> None:
+    def instrument(self, app: Starlette | None, engines: Sequence[Engine]) -> None:
         """Trace the app's requests and the engines' statements (nothing to do here)."""
 
     @contextlib.contextmanager

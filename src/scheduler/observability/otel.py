@@ -144,8 +144,9 @@ class TracingObserver(Observer):
 
     # -- instrumentation -------------------------------------------------------------------
 
-    def instrument(self, app: Starlette, engines: Sequence[Engine]) -> None:
-        StarletteInstrumentor.instrument_app(app, tracer_provider=self.provider, server_request_hook=_scrub_url)
+    def instrument(self, app: Starlette | None, engines: Sequence[Engine]) -> None:
+        if app is not None:
+            StarletteInstrumentor.instrument_app(app, tracer_provider=self.provider, server_request_hook=_scrub_url)
         for engine in engines:
             if any(engine is done for done in self._instrumented_engines):
                 continue  # the loop may share the requests' engine

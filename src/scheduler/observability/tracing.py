@@ -55,7 +55,7 @@ def observer_from_env(env: Mapping[str, str] | None = None) -> Observer:
     return TracingObserver.from_env(exporters, env)
 
 
-def observe(observer: Observer, *, app: Starlette, engines: Sequence[Engine], loop: Scheduler,
+def observe(observer: Observer, *, app: Starlette | None, engines: Sequence[Engine], loop: Scheduler,
             replica_id: str) -> Observer:
     """Wire ``observer`` into a built service's parts (the composition root hands them over):
     the loop's observer, spans for the app's requests and the engines' statements (when

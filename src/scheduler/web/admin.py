@@ -10,7 +10,7 @@ loop's ``poll_hooks``, so an embedding app gets all of it by mounting ``service.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
 from sqlalchemy.orm import Session, sessionmaker
@@ -26,12 +26,14 @@ from scheduler.operations.heartbeat import Heartbeat, list_replicas
 from scheduler.operations.metrics import CONTENT_TYPE, Metrics
 from scheduler.types import Clock
 from scheduler.web.auth import TokenVerifier, require
-from scheduler.web.console import Console
 from scheduler.web.http import respond
 from scheduler.web.params import Param, declares, query
 from scheduler.web.schemas import OperatorActionOut, ReplicaOut
 from scheduler.web.sessions import SessionStore, session_routes
 from scheduler.web.sse import Streams
+
+if TYPE_CHECKING:
+    from scheduler.web.console import Console
 
 MAX_ACTION_ID = 2**63 - 1  # operator_actions.id is a bigint
 
@@ -52,19 +54,31 @@ class Operations:
         self.metrics = Metrics(sessions, clock, loop_alive, registry=registry, event_types=event_types)
         # The signed-in browsers (console and inbox page): ended and listed by /admin/sessions.
         self.session_store = session_store
-        self.console = Console(sessions, clock, verifier, self.session_store,
-                               refresh_seconds=settings.console_refresh_seconds, streams=streams,
-                               max_body_bytes=settings.max_body_bytes)
+        self._verifier, self._streams = verifier, streams
+        self._console: Console | None = None
         scheduler.poll_hooks.extend([self.heartbeat, self.metrics])
 
-    def routes(self) -> list[BaseRoute]:
+    @property
+    def console(self) -> Console:
+        """The operator console, built (and its templates loaded) when first asked for: a host
+        that does not mount it never imports its pieces (Jinja among them)."""
+        if self._console is None:
+            from scheduler.web.console import Console
+
+            self._console = Console(self.sessions, self.clock, self._verifier, self.session_store,
+                                    refresh_seconds=self.settings.console_refresh_seconds, streams=self._streams,
+                                    max_body_bytes=self.settings.max_body_bytes)
+        return self._console
+
+    def routes(self, console: bool = True) -> list[BaseRoute]:
+        """Metrics, the operator API and (unless ``console`` is false) the console's pages."""
         metrics = require("admin")(self.metrics_endpoint) if self.settings.metrics_require_admin else self.metrics_endpoint
         return [
             Route("/metrics", metrics, methods=["GET"]),
             Route("/admin/replicas", self.replicas, methods=["GET"]),
             Route("/admin/audit", self.audit_trail, methods=["GET"]),
             *session_routes(self.session_store),
-            *[_hidden(r) for r in self.console.routes],
+            *([_hidden(r) for r in self.console.routes] if console else []),
         ]
 
     @declares()

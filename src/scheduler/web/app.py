@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import AsyncIterator
 from datetime import datetime
@@ -187,9 +188,9 @@ class SchedulerService:
         self.participants = ParticipantRoutes(sessions=self.sessions, clock=self.clock,
                                               max_body_bytes=self.settings.max_body_bytes)
         self._check_security()
-        self.app = self.app_for(*PARTS)
-        # observability: the loop's observer, the Starlette and SQLAlchemy instrumentation
-        observe(self.observer, app=self.app, engines=[self.engine, self.loop_engine], loop=self.scheduler,
+        # observability: the loop's observer and the SQLAlchemy instrumentation (each app
+        # ``app_for`` builds is instrumented as it is built)
+        observe(self.observer, app=None, engines=[self.engine, self.loop_engine], loop=self.scheduler,
                 replica_id=self.operations.heartbeat.replica_id)
 
     # The live path's publisher and the process's LISTEN connection can be replaced after
@@ -238,6 +239,9 @@ class SchedulerService:
 
     def routes(self) -> list[BaseRoute]:
         """Every route of the service (``routes_for`` selects parts of them)."""
+        return self._routes(console=True)
+
+    def _routes(self, *, console: bool) -> list[BaseRoute]:
         return [
             *self.health.routes(),
             *self.ingest.routes(),
@@ -245,14 +249,21 @@ class SchedulerService:
             *self.participants.routes(),
             *inbox_routes(sessions=self.sessions, inbox=self.inbox, store=self.web_sessions, verifier=self.verifier,
                           max_body_bytes=self.settings.max_body_bytes, streams=self.streams),
-            *self.operations.routes(),
+            *self.operations.routes(console=console),
         ]
 
     def routes_for(self, *parts: str) -> list[BaseRoute]:
         """The routes of ``parts`` (``PARTS``; all of them when none is named), for a host that
-        adds them to its own app's routes."""
+        adds them to its own app's routes. Without the console, its pieces are never built."""
         wanted = _checked_parts(parts)
-        return [route for route in self.routes() if part_of(route) in wanted]
+        every = self.routes() if "console" in wanted else self._routes(console=False)
+        return [route for route in every if part_of(route) in wanted]
+
+    @functools.cached_property
+    def app(self) -> Starlette:
+        """The whole service as one ASGI app (every part), built when first asked for: a host
+        that mounts ``app_for(...)`` parts alone never builds the others (the console)."""
+        return self.app_for(*PARTS)
 
     def app_for(self, *parts: str) -> Starlette:
         """An ASGI app serving only ``parts`` (e.g. ``"api"``: the JSON API without the console,
@@ -266,6 +277,7 @@ class SchedulerService:
             lifespan=self.lifespan,
         )
         app.state.service = self
+        self.observer.instrument(app, [])
         return app
 
     def wakeups(self) -> dict[str, Any]:
