@@ -306,3 +306,19 @@ class Model:
         for *_, status in self.processed:
             counts[status] += 1
         return counts
+
+
+def cut_by_stop(calls: list[Call]) -> set[str]:
+    """The events a stop leaves pending when it arrived during the last event's call and
+    that call failed under the optimistic batch's checkpoint (DEC-7, DEC-7.1): the batch ends
+    before the replay, so that event and those since the last failure before it (rolled back
+    with the checkpoint, never replayed) were never recorded. ``calls`` are the final calls
+    of the poll's events, in the order they first ran."""
+    if not calls or calls[-1].result == "ok":
+        return set()
+    cut = {calls[-1].event_id}
+    for call in reversed(calls[:-1]):
+        if call.result != "ok":
+            break
+        cut.add(call.event_id)
+    return cut

@@ -15,8 +15,9 @@ from typing import Any
 
 from harness.actors import Replica
 from harness.faults import PollBudget
-from harness.model import Call
+from harness.model import Call, cut_by_stop
 from harness.types import RunContext
+from scheduler.core.dispatch_contract import repeatable
 from scheduler.core.loop import PollReport, Scheduler
 
 # A prompt-mode run step lets the loop poll again at once after a full batch, at most this
@@ -43,6 +44,14 @@ class _Run:
         counted = len({c["event_id"] for c in self.r.dispatcher.calls})
         if self.stop_after is not None and counted >= self.stop_after:
             self.stop.set()
+
+    def cut(self, final_calls: list[Call], events_called: int) -> set[str]:
+        """The events the run's stop left pending (``model.cut_by_stop``): only when the stop
+        was asked during the last event's call (``events_called`` reached the budget) and the
+        dispatcher runs its batches optimistically (the replay the stop cut short, DEC-1.4)."""
+        if self.stop_after is None or events_called < self.stop_after or not repeatable(self.r.dispatcher):
+            return set()
+        return cut_by_stop(final_calls)
 
     def ended_by_fault(self, error: BaseException | None) -> bool:
         """True when the step ends here: the replica's backend was killed (the loop must
@@ -123,7 +132,11 @@ class LiteralRun(_Run):
             raise
         batch = sim.model.batches[replica]
         batch.calls.clear()
+        cut = self.cut(calls, len(calls))
         for call in calls:
+            if call.event_id in cut:
+                sim.model.discarded_calls.append(call)  # rolled back with the checkpoint: pending again
+                continue
             sim.model.record_outcome(replica, call.event_id,
                                      "dispatched" if call.result == "ok" else "failed", call)
         sim.model.commit(replica)
@@ -244,7 +257,12 @@ class PromptRun(_Run):
             except Exception:
                 sim.model.discard(replica)
                 raise
+            last = number == len(self.reports) - 1
+            cut = self.cut(mine, len({c.event_id for c in calls})) if last else set()
             for call in mine:
+                if call.event_id in cut:
+                    sim.model.discarded_calls.append(call)  # rolled back with the checkpoint: pending again
+                    continue
                 sim.model.record_outcome(replica, call.event_id,
                                          "dispatched" if call.result == "ok" else "failed", call)
             sim.model.commit(replica)
