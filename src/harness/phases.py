@@ -106,8 +106,9 @@ class Phases:
 
     def dispatch_done(self, r: Replica, expected: tuple[str, str] | None, outcome: Any,
                       error: BaseException | None) -> None:
-        sim, replica = self.sim, r.index
-        calls = [sim._call(r, c) for c in r.dispatcher.take_calls()]
+        sim = self.sim
+        # a batch decided whole at its first dispatch recorded every event's call: each waits for its own
+        calls = [sim._call(r, c) for c in r.dispatcher.take_calls(expected[0] if expected else None)]
         if r.zombie or r.killed:
             if error is not None:
                 sim._poll_failed(r)
@@ -121,6 +122,11 @@ class Phases:
             if expected is not None:
                 raise sim.fail("SIM-1", f"{r.name} stopped before {expected[0]}")
             return
+        self._check_dispatched(r, expected, outcome, calls)
+
+    def _check_dispatched(self, r: Replica, expected: tuple[str, str] | None, outcome: Any, calls: list[Any]) -> None:
+        """One event's outcome against the model's next event, and its dispatcher calls."""
+        sim, replica = self.sim, r.index
         if expected is None:
             raise sim.fail("SIM-1", f"{r.name} dispatched {outcome.id}, which it never claimed")
         event_id, status = expected
@@ -140,10 +146,21 @@ class Phases:
             sim.model.record_replay(replica, earlier, current=event_id)
         sim.model.record_outcome(replica, event_id, outcome.status, call)
 
+    def _check_settled(self, r: Replica, report: Any) -> None:
+        """A batch decided whole at its first dispatch commits every event it decided, those
+        not yet handed out by a dispatch step too (``core.set_based``): each is checked as
+        its dispatch would have been, in order."""
+        sim = self.sim
+        batch = sim.model.batches[r.index]
+        for outcome in report.outcomes[batch.position:]:
+            calls = [sim._call(r, c) for c in r.dispatcher.take_calls(outcome.id)]
+            self._check_dispatched(r, sim.model.next_expected(r.index), outcome, calls)
+
     # -- finish and stop ------------------------------------------------------------------
 
     def finish(self, replica: int) -> bool:
-        """Replica ``replica`` commits its batch (events not dispatched stay pending)."""
+        """Replica ``replica`` commits its batch (events not dispatched stay pending, but for those
+        a batch decided whole at its first dispatch: they commit with it)."""
         return self.end_batch(replica, "finish")
 
     def stop(self, replica: int) -> bool:
@@ -181,6 +198,7 @@ class Phases:
             if armed and isinstance(error, InjectedPollFault):
                 return
             raise sim.fail("SIM-4", f"{r.name}: finishing the batch raised {error!r}")
+        self._check_settled(r, report)
         sim.model.commit(r.index)
         if kind == "stop":
             sim._check_stopped(r)

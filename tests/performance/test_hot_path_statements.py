@@ -7,9 +7,9 @@ its size: no savepoint and no status update per event (the checkpoint's savepoin
 of the dispatcher's first statement, so a dispatcher that writes nothing never sends it). The real dispatch path decides a batch
 set-based: one read (its savepoint sent with it) and one write for the whole batch, the
 outcomes in the write, and no RELEASE (the COMMIT ends the savepoint). The per-event path
-(a dispatcher that cannot decide a batch, or the fallback) adds two statements per event
-(the deduplication key with the participant's preferences and today's count; the
-notification with its in-app delivery) and no lock for a participant the claim holds.
+(a dispatcher that cannot decide a batch, or the fallback) decides each event as a batch of
+one through the same code, so it adds two statements per event (the same read and the same
+write, for one event) and no lock for a participant the claim holds.
 A change that puts a per-event statement back into the hot path fails here.
 """
 
@@ -130,9 +130,9 @@ def test_the_per_event_dispatch_path_adds_two_statements_per_event_and_no_second
 ) -> None:
     """PERF-2: a dispatcher that cannot decide a batch at once (here the platform behind a plain
     function) takes the per-event path: nineteen more events cost thirty-eight more statements,
-    the deduplication key with preferences and today's count, the notification with its delivery;
-    the checkpoint's savepoint goes once ahead of the first event's first statement, and is not
-    released (the COMMIT ends it)."""
+    each event's read (keys, preferences, today's count) and its write (key, notification,
+    delivery), the batch's own two statements for one event; the checkpoint's savepoint goes
+    once ahead of the first event's first statement, and is not released (the COMMIT ends it)."""
     service.scheduler.publisher = None
     platform = service.scheduler.dispatcher
 
@@ -146,6 +146,10 @@ def test_the_per_event_dispatch_path_adds_two_statements_per_event_and_no_second
     many = poll_statements(service, log)
     assert sum(many.values()) - sum(one.values()) == 2 * 19
     assert many["advisory_xact_lock"] == 0  # the claim try-locked all twenty participants in its statement
-    assert many["INSERT INTO dedup_keys"] == many["INSERT INTO notifications"] == 20
-    assert many["INSERT INTO deliveries"] == 0  # written by the notification's own statement
+    # Re-pinned for the one decision (DEC-1.3): the count is unchanged (two per event), but an
+    # event is now a batch of one, so its two statements are the batch's read (counted by its
+    # "FROM participant_preferences") and the batch's write (counted by its first target, the
+    # keys), where they were a key claim with the limits and a notification with its delivery.
+    assert many["FROM participant_preferences"] == many["INSERT INTO dedup_keys"] == 20
+    assert many["INSERT INTO notifications"] == many["INSERT INTO deliveries"] == 0  # parts of the write
     assert one["SAVEPOINT"] == many["SAVEPOINT"] == 1 and many["RELEASE SAVEPOINT"] == 0
