@@ -24,10 +24,13 @@ import pytest
 from sqlalchemy import Engine, event
 from starlette.testclient import TestClient
 
+from scheduler.nudging.dispatch import NudgingPlatform
+from scheduler.nudging.orchestrator import Orchestrator, WebChannel
+from scheduler.nudging.publishers import RecordingPublisher
 from scheduler.types import DigitalTwinEvent, DispatchOutcome, DispatchResult
 from scheduler.web.app import SchedulerService
-from tests.conftest import T0
-from tests.helpers import post_event
+from tests.conftest import INGEST, T0
+from tests.helpers import FakeWebPush, post_event, reminder_facts, rows
 
 
 def noop(session: Any, event: DigitalTwinEvent, now: datetime) -> DispatchResult:
@@ -153,3 +156,41 @@ def test_the_per_event_dispatch_path_adds_two_statements_per_event_and_no_second
     assert many["FROM participant_preferences"] == many["INSERT INTO dedup_keys"] == 20
     assert many["INSERT INTO notifications"] == many["INSERT INTO deliveries"] == 0  # parts of the write
     assert one["SAVEPOINT"] == many["SAVEPOINT"] == 1 and many["RELEASE SAVEPOINT"] == 0
+
+
+@pytest.mark.clause("DEC-1.3")
+def test_an_orchestrator_with_a_second_channel_decides_a_batch_in_the_same_four_statements(
+    client: TestClient, service: SchedulerService, engine: Engine, log: StatementLog
+) -> None:
+    """DEC-1.3: every channel takes part in the batch's one write: with a (fake) web-push channel
+    beside the in-app one, a batch of twenty is still the claim, the savepoint, the read and the
+    write, and each sent notification has both delivery rows, in batch order."""
+    service.scheduler.publisher = None
+    platform = service.scheduler.dispatcher
+    assert isinstance(platform, NudgingPlatform)
+    service.scheduler.dispatcher = NudgingPlatform(platform.catalogue, Orchestrator([WebChannel(), FakeWebPush()]))
+    post_due(client, 20, "many")
+    many = poll_statements(service, log)
+    assert many == Counter({"FOR UPDATE SKIP LOCKED": 1, "SAVEPOINT": 1,
+                            "FROM participant_preferences": 1, "INSERT INTO dedup_keys": 1})
+    deliveries = rows(engine, "SELECT d.channel, d.status, n.user_id FROM deliveries AS d "
+                              "JOIN notifications AS n ON n.id = d.notification_id ORDER BY d.id")
+    assert [(d["channel"], d["status"]) for d in deliveries] == [("web", "sent"), ("web-push", "sent")] * 20
+    assert [d["user_id"] for d in deliveries] == [f"many-{i}" for i in range(20) for _ in range(2)]
+
+
+@pytest.mark.clause("DEC-1.3")
+def test_a_live_event_is_a_batch_of_one_its_lock_its_read_and_its_write(
+    client: TestClient, service: SchedulerService, publisher: RecordingPublisher, log: StatementLog
+) -> None:
+    """DEC-1.3: live ingest decides through the batch's code: the participant's lock (it holds no
+    claim), the batch's read and the batch's write, three statements (the lock travels with the
+    read); a repeat of the same period, a duplicate, costs the same three."""
+    # After the commit the inbox numbers the notification for the stream: not the decision's.
+    service.publisher = publisher
+    body = {"event_type": "commitment_reminder", "user_id": "live-1", "community_id": "c-1", "facts": reminder_facts()}
+    for expected in (200, 409):
+        log.kinds.clear()
+        assert client.post("/admin/ingest-event", headers=INGEST, json=body).status_code == expected
+        assert log.kinds == Counter({"advisory_xact_lock": 1, "FROM participant_preferences": 1,
+                                     "INSERT INTO dedup_keys": 1}), expected

@@ -31,12 +31,12 @@ from scheduler.core.batch import error_text
 from scheduler.core.store import set_preferences, store_event
 from scheduler.nudging.decision import BatchDecisions, Check
 from scheduler.nudging.dispatch import NudgingPlatform
-from scheduler.nudging.orchestrator import Delivery, DeliveryRow, Orchestrator, WebChannel
+from scheduler.nudging.orchestrator import Orchestrator, WebChannel
 from scheduler.nudging.rules import load_catalogue
-from scheduler.types import DigitalTwinEvent, NotificationStatus, OutboundMessage
+from scheduler.types import DigitalTwinEvent
 from scheduler.web.app import SchedulerService
 from tests.conftest import T0
-from tests.helpers import reminder_facts, rows
+from tests.helpers import FakeWebPush, reminder_facts, rows
 
 SHIPPED_RULES = Path(__file__).parents[2] / "src" / "scheduler" / "nudging" / "rules_catalogue" / "reminders.json"
 USERS = ("p0", "p1", "p2")
@@ -54,21 +54,6 @@ def explode_on_request(event: DigitalTwinEvent) -> bool:
     if event.facts.get("explode"):
         raise RuleBlewUp(f"evaluator blew up for {event.user_id}")
     return True
-
-
-class FakeWebPush:
-    """A fake second channel at the delivery edge (web push): it delivers to every participant
-    but ``p2``, who has no push subscription (a failed delivery row, nothing pushed)."""
-
-    name = "web-push"
-
-    def deliver(self, notification: Mapping[str, Any], now: datetime) -> Delivery:
-        if notification["user_id"] == "p2":
-            return Delivery(rows=(DeliveryRow(self.name, NotificationStatus.FAILED, "fake: no push subscription"),))
-        message = OutboundMessage(notification["id"], notification["user_id"], notification["community_id"],
-                                  self.name, notification["kind"], notification["title"], notification["body"],
-                                  notification["rule_id"])
-        return Delivery(rows=(DeliveryRow(self.name, NotificationStatus.SENT),), outbound=(message,))
 
 
 @dataclass(frozen=True)
@@ -247,7 +232,8 @@ def scheduled_rows(engine: Engine) -> dict[str, tuple[str, str | None]]:
 @pytest.fixture
 def platform(tmp_path: Path) -> Iterator[NudgingPlatform]:
     """The shipped rules plus a second rule on commitment reminders (another kind, an evaluator
-    that may raise), delivered in-app and through the fake web push."""
+    that may raise), delivered in-app and through the fake web push (which p2 has no
+    subscription for: a failed delivery row)."""
     rules = json.loads(SHIPPED_RULES.read_text())
     rules.append({
         "id": "commitment-nudge", "description": "A second rule on the same scenario.", "enabled": True,
@@ -256,17 +242,18 @@ def platform(tmp_path: Path) -> Iterator[NudgingPlatform]:
         "evaluator": f"{__name__}:explode_on_request",
     })
     (tmp_path / "rules.json").write_text(json.dumps(rules))
-    yield NudgingPlatform(load_catalogue(tmp_path), Orchestrator([WebChannel(), FakeWebPush()]))
+    yield NudgingPlatform(load_catalogue(tmp_path), Orchestrator([WebChannel(), FakeWebPush(frozenset({"p2"}))]))
 
 
 @pytest.mark.clause("REQ-0066.8")
+@pytest.mark.clause("DEC-1.3")
 @settings(max_examples=30, derandomize=True, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(program=programs)
 def test_live_events_scheduled_batches_of_any_split_and_the_fallback_decide_alike(
     service: SchedulerService, engine: Engine, platform: NudgingPlatform, program: Program
 ) -> None:
-    """REQ-0066.8: a drawn sequence of live and scheduled events gives the same notifications,
+    """REQ-0066.8, DEC-1.3: a drawn sequence of live and scheduled events gives the same notifications,
     deliveries, keys and per-event outcomes and results one by one as live events, as scheduled
     batches of the drawn split, and through the fallback (every batch's write fails)."""
     _, cuts, _ = program
@@ -288,3 +275,21 @@ def test_live_events_scheduled_batches_of_any_split_and_the_fallback_decide_alik
     in_batches(service, fallback, events, cuts)
     assert observed(engine, fallback) == expected
     assert scheduled_rows(engine) == outcomes
+
+
+class OldProtocolChannel:
+    """A fake channel written for the protocol before the one decision: it wrote its own row."""
+
+    name = "old-push"
+
+    def deliver(self, session: Session, notification: Mapping[str, Any], now: datetime) -> None:
+        raise AssertionError("never called: the orchestrator refuses it when built")
+
+
+@pytest.mark.clause("DEC-1.3")
+def test_a_channel_of_the_old_protocol_is_refused_when_the_orchestrator_is_built() -> None:
+    """DEC-1.3: a channel whose deliver takes a session (it wrote its own rows) cannot join the
+    batch's write; it is refused at start-up with a message naming the new protocol, never
+    half-run in a dispatch."""
+    with pytest.raises(TypeError, match=r"deliver\(notification, now\) -> Delivery"):
+        Orchestrator([WebChannel(), OldProtocolChannel()])  # type: ignore[list-item]
