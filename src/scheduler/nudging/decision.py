@@ -25,7 +25,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from scheduler.core.participant_locks import holds_participant_lock, participant_lock_key
+from scheduler.core.participant_locks import locks_to_take
 from scheduler.database import pipeline
 from scheduler.nudging.orchestrator import (
     DEFAULT_PREFERENCES,
@@ -257,8 +257,7 @@ def read(session: Session, users: list[str], keys: list[str], now: datetime) -> 
     if not users:
         return BatchState({}, {}, {})
     day_start, day_end = utc_day(now)
-    locks = [pipeline.named("lock_participant", {"key": key}, fetch=False)
-             for key in map(participant_lock_key, users) if not holds_participant_lock(session, key)]
+    locks = [pipeline.named("lock_participant", {"key": key}, fetch=False) for key in locks_to_take(session, users)]
     answers = pipeline.send(session, [*locks, pipeline.named("read_batch_limits", {
         "user_ids": users, "day_start": day_start, "day_end": day_end, "keys": keys,
     })])

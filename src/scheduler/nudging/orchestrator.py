@@ -11,7 +11,7 @@ statement writes its rows with everything else.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, time, timedelta
 from typing import Any, Protocol
@@ -155,8 +155,10 @@ def _check_channel(channel: Channel) -> None:
     deliver = getattr(channel, "deliver", None)
     if deliver is None or not isinstance(getattr(channel, "name", None), str):
         raise TypeError(f"{channel!r} is not a Channel: it needs a name and deliver(notification, now)")
-    parameters: Sequence[str] = list(inspect.signature(deliver).parameters)
-    if parameters[:1] == ["session"] or len(parameters) == 3:
+    parameters = list(inspect.signature(deliver).parameters.values())
+    required = [p for p in parameters if p.default is inspect.Parameter.empty
+                and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if (parameters and parameters[0].name == "session") or len(required) == 3:
         raise TypeError(
             f"channel {channel.name!r}: deliver(session, notification, now) is the old Channel protocol; "
             "a channel now returns its delivery rows and messages from deliver(notification, now) -> Delivery, "
