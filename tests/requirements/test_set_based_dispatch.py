@@ -13,6 +13,7 @@ path, with the same rows.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -23,6 +24,7 @@ from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 
 from scheduler.core.store import set_preferences, store_event
+from scheduler.database.queries import load_queries
 from scheduler.nudging import decision
 from scheduler.nudging.decision import BatchDecisions
 from scheduler.nudging.dispatch import NudgingPlatform
@@ -290,3 +292,38 @@ def test_a_write_that_differs_from_the_decisions_falls_back_to_the_per_event_pat
     assert len(reads) == 2  # the batch's read, then the event's own as a batch of one
     reasons = sorted((r["rule_id"], r["reason"]) for r in rows(engine, "SELECT rule_id, reason FROM notifications"))
     assert reasons == [("commitment-nudge", None), ("commitment-reminder", "suppressed_dedup")]
+
+
+# The statements the batch path sends as one message, their parameters bound on the client.
+CLIENT_BOUND = ("claim_due_events", "lock_participant", "read_batch_limits", "write_batch_decisions", "record_outcomes")
+HOSTILE_ID = "p-'\";\r\n-- x\u2028) OR true; SELECT 1/0; --\x1b[2J"
+
+
+@pytest.mark.clause("DEC-1.3")
+def test_a_participant_id_that_could_leave_a_comment_or_a_literal_is_decided_like_any_other(
+    service: SchedulerService, engine: Engine, platform: NudgingPlatform
+) -> None:
+    """DEC-1.3: the decision's statements are bound on the client (one message), so a bind
+    parameter inside one of their comments would put a participant's id into the text raw:
+    none has one, and an id with quotes, a newline and a comment marker is decided set-based,
+    live and per event alike, its rows those of any other id."""
+    for name in CLIENT_BOUND:
+        for line in load_queries()[name].sql.splitlines():
+            assert not re.search(r"(?<![:\w]):[A-Za-z_]\w*", line.partition("--")[2]), (name, line)
+    service.scheduler.dispatcher = platform
+    store(service, "h1", HOSTILE_ID, 10)
+    store(service, "h2", HOSTILE_ID, 9, day="2026-11-29")
+    report = service.scheduler.poll_once()
+    assert [(o.id, o.status, o.error) for o in report.outcomes] == [("h1", "dispatched", None), ("h2", "dispatched", None)]
+    with service.sessions() as session:
+        live = platform(session, DigitalTwinEvent("commitment_reminder", HOSTILE_ID, "c-1", reminder_facts()), T0)
+        session.commit()
+    assert live.outcome == "duplicate"
+    service.scheduler.dispatcher = PerEvent(platform)
+    store(service, "h3", HOSTILE_ID, 8, day="2026-11-28")
+    assert [o.status for o in service.scheduler.poll_once().outcomes] == ["dispatched"]
+    notes = rows(engine, "SELECT user_id, status, reason FROM notifications ORDER BY created_at, dedup_key")
+    assert {n["user_id"] for n in notes} == {HOSTILE_ID}
+    # the default cap of three across the batch, the live duplicates and the per-event batch
+    assert sorted([(n["status"], n["reason"]) for n in notes], key=str) == sorted(
+        [("sent", None)] * 3 + [("suppressed", "rate_limited")] * 3 + [("suppressed", "suppressed_dedup")] * 2, key=str)

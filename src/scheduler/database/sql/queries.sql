@@ -179,7 +179,7 @@ SELECT
      FROM participant_preferences AS p
      WHERE p.user_id = ANY(CAST(:user_ids AS text[]))) AS preferences,
     -- one count per participant of its sent deliveries (every channel's) in the batch's UTC
-    -- day (its events share one now), by the participant's position in :user_ids
+    -- day (its events share one now), by the participant's position in the user_ids array
     -- (ix_deliveries_sent_by_user)
     (SELECT coalesce(json_agg(json_build_array(
                 w.n,
