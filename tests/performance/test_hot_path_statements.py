@@ -149,7 +149,7 @@ def test_the_per_event_dispatch_path_adds_two_statements_per_event_and_no_second
     many = poll_statements(service, log)
     assert sum(many.values()) - sum(one.values()) == 2 * 19
     assert many["advisory_xact_lock"] == 0  # the claim try-locked all twenty participants in its statement
-    # Re-pinned for the one decision (DEC-1.3): the count is unchanged (two per event), but an
+    # Re-pinned for the one decision (DEC-1.5): the count is unchanged (two per event), but an
     # event is now a batch of one, so its two statements are the batch's read (counted by its
     # "FROM participant_preferences") and the batch's write (counted by its first target, the
     # keys), where they were a key claim with the limits and a notification with its delivery.
@@ -158,11 +158,11 @@ def test_the_per_event_dispatch_path_adds_two_statements_per_event_and_no_second
     assert one["SAVEPOINT"] == many["SAVEPOINT"] == 1 and many["RELEASE SAVEPOINT"] == 0
 
 
-@pytest.mark.clause("DEC-1.3")
+@pytest.mark.clause("DEC-1.5")
 def test_an_orchestrator_with_a_second_channel_decides_a_batch_in_the_same_four_statements(
     client: TestClient, service: SchedulerService, engine: Engine, log: StatementLog
 ) -> None:
-    """DEC-1.3: every channel takes part in the batch's one write: with a (fake) web-push channel
+    """DEC-1.5: every channel takes part in the batch's one write: with a (fake) web-push channel
     beside the in-app one, a batch of twenty is still the claim, the savepoint, the read and the
     write, and each sent notification has both delivery rows, in batch order."""
     service.scheduler.publisher = None
@@ -179,11 +179,11 @@ def test_an_orchestrator_with_a_second_channel_decides_a_batch_in_the_same_four_
     assert [d["user_id"] for d in deliveries] == [f"many-{i}" for i in range(20) for _ in range(2)]
 
 
-@pytest.mark.clause("DEC-1.3")
+@pytest.mark.clause("DEC-1.5")
 def test_a_live_event_is_a_batch_of_one_its_lock_its_read_and_its_write(
     client: TestClient, service: SchedulerService, publisher: RecordingPublisher, log: StatementLog
 ) -> None:
-    """DEC-1.3: live ingest decides through the batch's code: the participant's lock (it holds no
+    """DEC-1.5: live ingest decides through the batch's code: the participant's lock (it holds no
     claim), the batch's read and the batch's write, three statements (the lock travels with the
     read); a repeat of the same period, a duplicate, costs the same three."""
     # After the commit the inbox numbers the notification for the stream: not the decision's.

@@ -246,14 +246,14 @@ def platform(tmp_path: Path) -> Iterator[NudgingPlatform]:
 
 
 @pytest.mark.clause("REQ-0066.8")
-@pytest.mark.clause("DEC-1.3")
+@pytest.mark.clause("DEC-1.5")
 @settings(max_examples=30, derandomize=True, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(program=programs)
 def test_live_events_scheduled_batches_of_any_split_and_the_fallback_decide_alike(
     service: SchedulerService, engine: Engine, platform: NudgingPlatform, program: Program
 ) -> None:
-    """REQ-0066.8, DEC-1.3: a drawn sequence of live and scheduled events gives the same notifications,
+    """REQ-0066.8, DEC-1.5: a drawn sequence of live and scheduled events gives the same notifications,
     deliveries, keys and per-event outcomes and results one by one as live events, as scheduled
     batches of the drawn split, and through the fallback (every batch's write fails)."""
     _, cuts, _ = program
@@ -286,9 +286,9 @@ class OldProtocolChannel:
         raise AssertionError("never called: the orchestrator refuses it when built")
 
 
-@pytest.mark.clause("DEC-1.3")
+@pytest.mark.clause("DEC-1.5")
 def test_a_channel_of_the_old_protocol_is_refused_when_the_orchestrator_is_built() -> None:
-    """DEC-1.3: a channel whose deliver takes a session (it wrote its own rows) cannot join the
+    """DEC-1.5: a channel whose deliver takes a session (it wrote its own rows) cannot join the
     batch's write; it is refused at start-up with a message naming the new protocol, never
     half-run in a dispatch."""
     with pytest.raises(TypeError, match=r"deliver\(notification, now\) -> Delivery"):

@@ -299,11 +299,11 @@ CLIENT_BOUND = ("claim_due_events", "lock_participant", "read_batch_limits", "wr
 HOSTILE_ID = "p-'\";\r\n-- x\u2028) OR true; SELECT 1/0; --\x1b[2J"
 
 
-@pytest.mark.clause("DEC-1.3")
+@pytest.mark.clause("DEC-1.5")
 def test_a_participant_id_that_could_leave_a_comment_or_a_literal_is_decided_like_any_other(
     service: SchedulerService, engine: Engine, platform: NudgingPlatform
 ) -> None:
-    """DEC-1.3: the decision's statements are bound on the client (one message), so a bind
+    """DEC-1.5: the decision's statements are bound on the client (one message), so a bind
     parameter inside one of their comments would put a participant's id into the text raw:
     none has one, and an id with quotes, a newline and a comment marker is decided set-based,
     live and per event alike, its rows those of any other id."""

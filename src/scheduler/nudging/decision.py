@@ -1,4 +1,4 @@
-"""The one decision (REQ-0066, DEC-1.3): deduplication, preferences, the daily cap and delivery.
+"""The one decision (REQ-0066, DEC-1.5): deduplication, preferences, the daily cap and delivery.
 
 A live event, an event of the scheduler's per-event path and a whole claimed batch are
 decided by the same code: ``decide`` runs each event's rules, reads in one statement what
