@@ -30,8 +30,7 @@ BUCKETS = {
     "Scheduler.dispatch_next": "scheduler/core/loop.py:dispatch_next",
     "Scheduler.finish": "scheduler/core/loop.py:finish",
     "engine evaluate (rules, templates)": "scheduler/nudging/rule_engine.py:evaluate",
-    "Orchestrator.decide (per-event path)": "scheduler/nudging/orchestrator.py:decide",
-    "set-based decide_batch": "scheduler/nudging/dispatch.py:decide_batch",
+    "the one decision (a batch, or a live event as a batch of one)": "scheduler/nudging/decision.py:decide",
 }
 
 

@@ -15,7 +15,8 @@ from starlette.testclient import TestClient
 from starlette.types import ASGIApp
 
 from scheduler.core.loop import Batch, EventOutcome, PollReport, Scheduler
-from scheduler.types import DigitalTwinEvent, DispatchResult
+from scheduler.nudging.orchestrator import Delivery, DeliveryRow
+from scheduler.types import DigitalTwinEvent, DispatchResult, NotificationStatus, OutboundMessage
 from scheduler.web.app import SchedulerService
 from tests.conftest import INGEST, T0
 
@@ -199,3 +200,21 @@ def wait_until_blocked_on_a_lock(engine: Engine, timeout: float = 30.0, count: i
             return
         threading.Event().wait(0.01)
     raise AssertionError(f"{count} backend(s) did not start waiting on a lock within {timeout:g} s")
+
+
+class FakeWebPush:
+    """A fake second channel at the delivery edge (web push): a sent delivery row and a push for
+    every participant but the ``unsubscribed`` ones, who get a failed row and nothing pushed."""
+
+    name = "web-push"
+
+    def __init__(self, unsubscribed: frozenset[str] = frozenset()) -> None:
+        self.unsubscribed = unsubscribed
+
+    def deliver(self, notification: Mapping[str, Any], now: datetime) -> Delivery:
+        if notification["user_id"] in self.unsubscribed:
+            return Delivery(rows=(DeliveryRow(self.name, NotificationStatus.FAILED, "fake: no push subscription"),))
+        message = OutboundMessage(notification["id"], notification["user_id"], notification["community_id"],
+                                  self.name, notification["kind"], notification["title"], notification["body"],
+                                  notification["rule_id"])
+        return Delivery(rows=(DeliveryRow(self.name, NotificationStatus.SENT),), outbound=(message,))

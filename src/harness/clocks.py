@@ -93,10 +93,12 @@ class ClockFaults:
             raise sim.fail("SIM-10", f"{r.name} claimed by the time {claimed_at:%d %H:%M}, not the reference "
                                     f"clock's {sim.now():%d %H:%M}: rows leave before their trigger or stay late")
 
-    def check_recorded_time(self, r: Replica, outcome: EventOutcome) -> None:
-        """SIM-10: the time recorded for an outcome (dispatched_at, updated_at) is the reference's."""
+    def check_recorded_time(self, r: Replica, outcome: EventOutcome, at: datetime | None = None) -> None:
+        """SIM-10: the time recorded for an outcome (dispatched_at, updated_at) is the reference's:
+        now, or ``at`` (the reference's time when the outcome was decided, ahead of its dispatch)."""
         sim = self.sim
         sim._check("SIM-10")
-        if outcome.finished_at is not None and outcome.finished_at != sim.now():
+        expected = sim.now() if at is None else at
+        if outcome.finished_at is not None and outcome.finished_at != expected:
             raise sim.fail("SIM-10", f"{r.name} recorded {outcome.id} at {outcome.finished_at:%d %H:%M}, "
-                                    f"not the reference clock's {sim.now():%d %H:%M}")
+                                    f"not the reference clock's {expected:%d %H:%M}")

@@ -1,22 +1,27 @@
 """Fault injection at the true edges: the dispatcher each replica is handed, and its connection.
 
 Nothing here changes scheduler code. An event's own facts say how its dispatch fails
-(``sim_fault``); a replica can be armed so that its next poll raises outside any event
-(when it claims, or when it commits); the loop is stopped through its own stop event.
+(``sim_fault``), whether it is dispatched alone or decided with its batch; a replica can be
+armed so that its next poll raises outside any event (when it claims, or when it commits);
+the loop is stopped through its own stop event.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Engine, event, text
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from scheduler.core.dispatch_contract import repeatable
+from scheduler.database import pipeline
 from scheduler.database.queries import current_schema
+from scheduler.nudging.decision import BatchDecisions
+from scheduler.nudging.dispatch import NudgingPlatform
 from scheduler.types import DigitalTwinEvent, Dispatcher, DispatchResult
 
 # A statement that always fails inside the database, aborting the transaction it runs in.
@@ -42,9 +47,11 @@ class FaultyDispatcher:
     """Wraps the run's dispatcher (the production platform, or a host's): runs it, records
     the call, then applies the fault.
 
-    The fault is applied *after* the real dispatcher wrote its rows, so a failing event
-    always has effects to roll back; the harness checks they vanish (and a host's own check,
-    SIM-12, that its rows do). ``slow`` delays the return and changes nothing else.
+    The fault is applied *after* the real dispatcher decided, so a failing event always has
+    effects to undo; the harness checks they vanish (and a host's own check, SIM-12, that its
+    rows do). ``slow`` delays the return and changes nothing else. A claimed batch is decided
+    whole, as production decides it (``decide_batch``): each event's call is recorded once
+    its rules ran, and its fault fails it alone after its decision, as the batch's ``check``.
     """
 
     def __init__(self, inner: Dispatcher, replica: int) -> None:
@@ -55,39 +62,106 @@ class FaultyDispatcher:
         self.calls: list[dict[str, Any]] = []
         self._lock = threading.Lock()
         self.on_call: Callable[[], None] | None = None  # the run step's "stop after k"
+        # False: every batch runs per event, as for a host's dispatcher that cannot decide a
+        # batch (and production's fallback), the path where each event's savepoint matters
+        self.decides_batches = True
 
     def __call__(self, session: Session, event: DigitalTwinEvent, now: datetime) -> DispatchResult:
-        facts = event.facts
+        record = self._record(event)
+        try:
+            result = self.inner(session, event, now)
+            fault = self._decided(event, result, record)
+            if fault == "python":
+                raise InjectedEventFault(f"injected failure of event {event.scheduled_event_id}")
+            if fault == "database":
+                session.execute(FAILING_STATEMENT)  # aborts the transaction: the caller's savepoint confines it
+            if fault == "slow":
+                session.execute(SLOW_STATEMENT)
+            return result
+        finally:
+            if self.on_call is not None:
+                self.on_call()
+
+    def decide_batch(self, session: Session, events: Sequence[DigitalTwinEvent], now: datetime,
+                     stop: Callable[[], bool] | None = None) -> BatchDecisions | None:
+        """The platform's batch decision with the events' faults applied, each to its own
+        event after its decision (``None``, the per-event path, for a dispatcher that is not
+        the platform). A call is recorded (and ``on_call`` told) for each event whose rules
+        ran, in order, as the per-event path records one per dispatch."""
+        if not self.decides_batches or not isinstance(self.inner, NudgingPlatform):
+            return None
+        records: list[dict[str, Any]] = []
+
+        def ran(count: int) -> None:
+            while len(records) < count:
+                records.append(self._record(events[len(records)]))
+                if self.on_call is not None:
+                    self.on_call()
+
+        def evaluated() -> bool:
+            ran(len(records) + 1)
+            return stop is not None and stop()
+
+        def fault(index: int, result: DispatchResult) -> Exception | None:
+            ran(index + 1)
+            event = events[index]
+            kind = self._decided(event, result, records[index])
+            if kind == "python":
+                return InjectedEventFault(f"injected failure of event {event.scheduled_event_id}")
+            if kind == "database":
+                return _failing_statement_in_savepoint(session)
+            return None
+
+        decisions = self.inner.decide_batch(session, events, now, evaluated, fault)
+        ran(len(decisions.results))
+        return decisions
+
+    def _record(self, event: DigitalTwinEvent) -> dict[str, Any]:
         record: dict[str, Any] = {
             "event_id": event.scheduled_event_id,
-            "version": int(facts.get("sim_version", -1)),
+            "version": int(event.facts.get("sim_version", -1)),
             "result": "raised",
             "outcome": None,
             "notification_ids": (),
         }
         with self._lock:
             self.calls.append(record)
-        try:
-            result = self.inner(session, event, now)
-            record["outcome"] = result.outcome
-            record["notification_ids"] = tuple(str(n["id"]) for n in result.notifications)
-            fault = facts.get("sim_fault")
-            if fault == "python":
-                raise InjectedEventFault(f"injected failure of event {event.scheduled_event_id}")
-            if fault == "database":
-                session.execute(FAILING_STATEMENT)
-            if fault == "slow":
-                session.execute(SLOW_STATEMENT)
-            record["result"] = "refused" if result.refusal is not None else "ok"
-            return result
-        finally:
-            if self.on_call is not None:
-                self.on_call()
+        return record
 
-    def take_calls(self) -> list[dict[str, Any]]:
+    def _decided(self, event: DigitalTwinEvent, result: DispatchResult, record: dict[str, Any]) -> str | None:
+        """Record what the dispatcher decided; return the event's fault (``python``, ``database``,
+        ``slow``)."""
+        record["outcome"] = result.outcome
+        record["notification_ids"] = tuple(str(n["id"]) for n in result.notifications)
+        fault = event.facts.get("sim_fault")
+        if fault in ("python", "database"):
+            return str(fault)
+        record["result"] = "refused" if result.refusal is not None else "ok"
+        return "slow" if fault == "slow" else None  # slow: it dispatches, a while later
+
+    def take_calls(self, through: str | None = None) -> list[dict[str, Any]]:
+        """The calls recorded so far, up to the last one of event ``through`` when given: the
+        calls of events a batch decided ahead of their dispatch wait for theirs."""
         with self._lock:
-            calls, self.calls = self.calls, []
+            ids = [c["event_id"] for c in self.calls]
+            end = len(ids) - ids[::-1].index(through) if through in ids else len(ids)
+            calls, self.calls = self.calls[:end], self.calls[end:]
             return calls
+
+
+def _failing_statement_in_savepoint(session: Session) -> DBAPIError:
+    """A database error inside a batch decided whole: the failing statement in a savepoint of
+    its own, which confines it to its event as a savepoint does one event's work. When the
+    savepoint did not confine it (the transaction is left failed: a savepoint that does not
+    work), the error is the batch's, and it propagates."""
+    try:
+        with session.begin_nested():
+            session.execute(FAILING_STATEMENT)
+    except DBAPIError as exc:
+        if exc.connection_invalidated or pipeline.in_failed_transaction(session):
+            raise
+        return exc
+    raise AssertionError("the failing statement did not fail")
 
 
 class PollBudget(threading.Event):

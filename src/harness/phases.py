@@ -7,6 +7,7 @@ the model once it has finished (``settle``), and ``claim_blocked`` judges a wait
 
 from __future__ import annotations
 
+from datetime import datetime
 from functools import partial
 from typing import Any
 
@@ -21,6 +22,9 @@ class Phases:
 
     def __init__(self, sim: RunContext) -> None:
         self.sim = sim
+        # by replica: the reference time of its batch's first dispatch, when a batch decided
+        # whole takes every decision and records every outcome's time (``core.set_based``)
+        self.decided_at: dict[int, datetime] = {}
 
     # -- claim ----------------------------------------------------------------------------
 
@@ -98,16 +102,19 @@ class Phases:
             return False
         sim._step("dispatch", f"sim.dispatch({replica})")
         batch = r.batch
+        if batch.position == 0:
+            self.decided_at[replica] = sim.now()
         expected = None if r.zombie else sim.model.next_expected(replica)
         r.submit("dispatch", f"dispatch({replica})", partial(r.scheduler.dispatch_next, batch),
-                 partial(self.dispatch_done, r, expected))
+                 partial(self.dispatch_done, r, batch, expected))
         sim._after_step()
         return True
 
-    def dispatch_done(self, r: Replica, expected: tuple[str, str] | None, outcome: Any,
+    def dispatch_done(self, r: Replica, batch: Batch, expected: tuple[str, str] | None, outcome: Any,
                       error: BaseException | None) -> None:
-        sim, replica = self.sim, r.index
-        calls = [sim._call(r, c) for c in r.dispatcher.take_calls()]
+        sim = self.sim
+        # a batch decided whole at its first dispatch recorded every event's call: each waits for its own
+        calls = [sim._call(r, c) for c in r.dispatcher.take_calls(expected[0] if expected else None)]
         if r.zombie or r.killed:
             if error is not None:
                 sim._poll_failed(r)
@@ -121,10 +128,17 @@ class Phases:
             if expected is not None:
                 raise sim.fail("SIM-1", f"{r.name} stopped before {expected[0]}")
             return
+        self._check_dispatched(r, batch, expected, outcome, calls)
+
+    def _check_dispatched(self, r: Replica, batch: Batch, expected: tuple[str, str] | None, outcome: Any,
+                          calls: list[Any]) -> None:
+        """One event's outcome against the model's next event, and its dispatcher calls."""
+        sim, replica = self.sim, r.index
         if expected is None:
             raise sim.fail("SIM-1", f"{r.name} dispatched {outcome.id}, which it never claimed")
         event_id, status = expected
-        sim.clock_faults.check_recorded_time(r, outcome)
+        # decided whole: at the reference time of the batch's first dispatch; else now
+        sim.clock_faults.check_recorded_time(r, outcome, self.decided_at.get(replica) if batch.planned else None)
         if outcome.id != event_id:
             raise sim.fail("SIM-1", f"{r.name} dispatched {outcome.id} before {event_id}")
         if outcome.status != status:
@@ -141,10 +155,20 @@ class Phases:
             sim.model.record_replay(replica, earlier, current=event_id)
         sim.model.record_outcome(replica, event_id, outcome.status, call)
 
+    def _check_settled(self, r: Replica, batch: Batch, report: Any) -> None:
+        """A batch decided whole at its first dispatch commits every event it decided, those
+        not yet handed out by a dispatch step too (``core.set_based``): each is checked as
+        its dispatch would have been, in order."""
+        sim = self.sim
+        for outcome in report.outcomes[sim.model.batches[r.index].position:]:
+            calls = [sim._call(r, c) for c in r.dispatcher.take_calls(outcome.id)]
+            self._check_dispatched(r, batch, sim.model.next_expected(r.index), outcome, calls)
+
     # -- finish and stop ------------------------------------------------------------------
 
     def finish(self, replica: int) -> bool:
-        """Replica ``replica`` commits its batch (events not dispatched stay pending)."""
+        """Replica ``replica`` commits its batch (events not dispatched stay pending, but for those
+        a batch decided whole at its first dispatch: they commit with it)."""
         return self.end_batch(replica, "finish")
 
     def stop(self, replica: int) -> bool:
@@ -165,11 +189,12 @@ class Phases:
         batch: Batch = r.batch
         armed = r.faults.armed == "commit"
         r.submit(kind, f"{kind}({replica})", partial(r.scheduler.finish, batch),
-                 partial(self.end_batch_done, r, kind, armed))
+                 partial(self.end_batch_done, r, batch, kind, armed))
         sim._after_step()
         return True
 
-    def end_batch_done(self, r: Replica, kind: str, armed: bool, report: Any, error: BaseException | None) -> None:
+    def end_batch_done(self, r: Replica, batch: Batch, kind: str, armed: bool, report: Any,
+                       error: BaseException | None) -> None:
         sim = self.sim
         r.batch = None
         if r.zombie or r.killed:
@@ -182,6 +207,7 @@ class Phases:
             if armed and isinstance(error, InjectedPollFault):
                 return
             raise sim.fail("SIM-4", f"{r.name}: finishing the batch raised {error!r}")
+        self._check_settled(r, batch, report)
         sim.model.commit(r.index)
         if kind == "stop":
             sim._check_stopped(r)

@@ -7,9 +7,9 @@ its size: no savepoint and no status update per event (the checkpoint's savepoin
 of the dispatcher's first statement, so a dispatcher that writes nothing never sends it). The real dispatch path decides a batch
 set-based: one read (its savepoint sent with it) and one write for the whole batch, the
 outcomes in the write, and no RELEASE (the COMMIT ends the savepoint). The per-event path
-(a dispatcher that cannot decide a batch, or the fallback) adds two statements per event
-(the deduplication key with the participant's preferences and today's count; the
-notification with its in-app delivery) and no lock for a participant the claim holds.
+(a dispatcher that cannot decide a batch, or the fallback) decides each event as a batch of
+one through the same code, so it adds two statements per event (the same read and the same
+write, for one event) and no lock for a participant the claim holds.
 A change that puts a per-event statement back into the hot path fails here.
 """
 
@@ -24,10 +24,13 @@ import pytest
 from sqlalchemy import Engine, event
 from starlette.testclient import TestClient
 
+from scheduler.nudging.dispatch import NudgingPlatform
+from scheduler.nudging.orchestrator import Orchestrator, WebChannel
+from scheduler.nudging.publishers import RecordingPublisher
 from scheduler.types import DigitalTwinEvent, DispatchOutcome, DispatchResult
 from scheduler.web.app import SchedulerService
-from tests.conftest import T0
-from tests.helpers import post_event
+from tests.conftest import INGEST, T0
+from tests.helpers import FakeWebPush, post_event, reminder_facts, rows
 
 
 def noop(session: Any, event: DigitalTwinEvent, now: datetime) -> DispatchResult:
@@ -130,9 +133,9 @@ def test_the_per_event_dispatch_path_adds_two_statements_per_event_and_no_second
 ) -> None:
     """PERF-2: a dispatcher that cannot decide a batch at once (here the platform behind a plain
     object, safe to repeat) takes the per-event path: nineteen more events cost thirty-eight more statements,
-    the deduplication key with preferences and today's count, the notification with its delivery;
-    the checkpoint's savepoint goes once ahead of the first event's first statement, and is not
-    released (the COMMIT ends it)."""
+    each event's read (keys, preferences, today's count) and its write (key, notification,
+    delivery), the batch's own two statements for one event; the checkpoint's savepoint goes
+    once ahead of the first event's first statement, and is not released (the COMMIT ends it)."""
     service.scheduler.publisher = None
     platform = service.scheduler.dispatcher
 
@@ -151,6 +154,48 @@ def test_the_per_event_dispatch_path_adds_two_statements_per_event_and_no_second
     many = poll_statements(service, log)
     assert sum(many.values()) - sum(one.values()) == 2 * 19
     assert many["advisory_xact_lock"] == 0  # the claim try-locked all twenty participants in its statement
-    assert many["INSERT INTO scheduler.dedup_keys"] == many["INSERT INTO scheduler.notifications"] == 20
-    assert many["INSERT INTO scheduler.deliveries"] == 0  # written by the notification's own statement
+    # Re-pinned for the one decision (DEC-1.5): the count is unchanged (two per event), but an
+    # event is now a batch of one, so its two statements are the batch's read (counted by its
+    # "FROM scheduler.participant_preferences") and the batch's write (counted by its first target, the
+    # keys), where they were a key claim with the limits and a notification with its delivery.
+    assert many["FROM scheduler.participant_preferences"] == many["INSERT INTO scheduler.dedup_keys"] == 20
+    assert many["INSERT INTO scheduler.notifications"] == many["INSERT INTO scheduler.deliveries"] == 0  # parts of the write
     assert one["SAVEPOINT"] == many["SAVEPOINT"] == 1 and many["RELEASE SAVEPOINT"] == 0
+
+
+@pytest.mark.clause("DEC-1.5")
+def test_an_orchestrator_with_a_second_channel_decides_a_batch_in_the_same_four_statements(
+    client: TestClient, service: SchedulerService, engine: Engine, log: StatementLog
+) -> None:
+    """DEC-1.5: every channel takes part in the batch's one write: with a (fake) web-push channel
+    beside the in-app one, a batch of twenty is still the claim, the savepoint, the read and the
+    write, and each sent notification has both delivery rows, in batch order."""
+    service.scheduler.publisher = None
+    platform = service.scheduler.dispatcher
+    assert isinstance(platform, NudgingPlatform)
+    service.scheduler.dispatcher = NudgingPlatform(platform.catalogue, Orchestrator([WebChannel(), FakeWebPush()]))
+    post_due(client, 20, "many")
+    many = poll_statements(service, log)
+    assert many == Counter({"FOR UPDATE SKIP LOCKED": 1, "SAVEPOINT": 1,
+                            "FROM scheduler.participant_preferences": 1, "INSERT INTO scheduler.dedup_keys": 1})
+    deliveries = rows(engine, "SELECT d.channel, d.status, n.user_id FROM deliveries AS d "
+                              "JOIN notifications AS n ON n.id = d.notification_id ORDER BY d.id")
+    assert [(d["channel"], d["status"]) for d in deliveries] == [("web", "sent"), ("web-push", "sent")] * 20
+    assert [d["user_id"] for d in deliveries] == [f"many-{i}" for i in range(20) for _ in range(2)]
+
+
+@pytest.mark.clause("DEC-1.5")
+def test_a_live_event_is_a_batch_of_one_its_lock_its_read_and_its_write(
+    client: TestClient, service: SchedulerService, publisher: RecordingPublisher, log: StatementLog
+) -> None:
+    """DEC-1.5: live ingest decides through the batch's code: the participant's lock (it holds no
+    claim), the batch's read and the batch's write, three statements (the lock travels with the
+    read); a repeat of the same period, a duplicate, costs the same three."""
+    # After the commit the inbox numbers the notification for the stream: not the decision's.
+    service.publisher = publisher
+    body = {"event_type": "commitment_reminder", "user_id": "live-1", "community_id": "c-1", "facts": reminder_facts()}
+    for expected in (200, 409):
+        log.kinds.clear()
+        assert client.post("/admin/ingest-event", headers=INGEST, json=body).status_code == expected
+        assert log.kinds == Counter({"advisory_xact_lock": 1, "FROM scheduler.participant_preferences": 1,
+                                     "INSERT INTO scheduler.dedup_keys": 1}), expected

@@ -2,7 +2,7 @@
 
 The production dispatcher decides a claimed batch at once: one statement reads the keys,
 preferences and today's counts, one writes every notification, delivery, key and outcome
-(``core.set_based``, ``nudging.set_dispatch``). These tests run one scenario twice on the
+(``core.set_based``, ``nudging.decision``). These tests run one scenario twice on the
 same database state, once per event (the dispatcher wrapped so that it cannot decide a
 batch) and once set-based, and compare every row and every ``DispatchResult``: within-batch
 and earlier duplicates, the cap counted across the batch, a disabled kind, a refusal, a rule
@@ -13,6 +13,7 @@ path, with the same rows.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -23,11 +24,12 @@ from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 
 from scheduler.core.store import set_preferences, store_event
-from scheduler.nudging import set_dispatch
+from scheduler.database.queries import load_queries
+from scheduler.nudging import decision
+from scheduler.nudging.decision import BatchDecisions
 from scheduler.nudging.dispatch import NudgingPlatform
 from scheduler.nudging.publishers import RecordingPublisher
 from scheduler.nudging.rules import load_catalogue
-from scheduler.nudging.set_dispatch import BatchDecisions
 from scheduler.types import DigitalTwinEvent, DispatchResult
 from scheduler.web.app import SchedulerService
 from tests.conftest import T0
@@ -86,9 +88,9 @@ class SetBased(NudgingPlatform):
         super().__init__(inner.catalogue, inner.orchestrator)
         self.results: dict[str, DispatchResult | Exception] = {}
 
-    def decide_batch(self, session: Session, events: Any, now: Any, stop: Any = None) -> BatchDecisions | None:
-        decisions = super().decide_batch(session, events, now, stop)
-        assert decisions is not None
+    def decide_batch(self, session: Session, events: Any, now: Any, stop: Any = None, check: Any = None
+                     ) -> BatchDecisions:
+        decisions = super().decide_batch(session, events, now, stop, check)
         for event, result in zip(events, decisions.results, strict=True):
             self.results[str(event.scheduled_event_id)] = result
         return decisions
@@ -234,9 +236,10 @@ def test_a_set_statement_that_fails_leaves_the_batch_to_the_per_event_path_with_
     expected = snapshot(engine)
     reset(engine)
 
-    original = set_dispatch.BatchDecisions.write_statement
+    original = decision.BatchDecisions.write_statement
 
-    def failing_write(self: BatchDecisions, outcomes: dict[str, list[Any]]) -> tuple[str, dict[str, Any]]:
+    def failing_write(self: BatchDecisions, outcomes: dict[str, list[Any]] | None = None
+                      ) -> tuple[str, dict[str, Any]]:
         name, params = original(self, outcomes)
         # a database error inside the set statement (a time PostgreSQL cannot read), with the COMMIT after it
         batch = json.loads(params["batch"])
@@ -244,7 +247,7 @@ def test_a_set_statement_that_fails_leaves_the_batch_to_the_per_event_path_with_
             outcome["at"] = "not a time"
         return name, {**params, "batch": json.dumps(batch)}
 
-    monkeypatch.setattr(set_dispatch.BatchDecisions, "write_statement", failing_write)
+    monkeypatch.setattr(decision.BatchDecisions, "write_statement", failing_write)
     calls: list[str] = []
 
     class Counting(NudgingPlatform):
@@ -271,16 +274,56 @@ def test_a_write_that_differs_from_the_decisions_falls_back_to_the_per_event_pat
     key = f"commitment-reminder:solo:c-1:{reminder_facts()['date']}"
     batch.session.execute(text("INSERT INTO dedup_keys (key, notification_id, created_at) VALUES (:k, 'n-0', :t)"),
                           {"k": key, "t": T0})
-    original = set_dispatch._read
+    original = decision.read
+    reads: list[list[str]] = []
 
-    def stale_read(session: Session, users: list[str], keys: list[str], start: Any, end: Any) -> Any:
-        preferences, sent, taken = original(session, users, keys, start, end)
-        return preferences, sent, {k: v for k, v in taken.items() if k != key}  # as if read before the insert
+    def stale_read(session: Session, users: list[str], keys: list[str], now: Any) -> decision.BatchState:
+        state = original(session, users, keys, now)
+        reads.append(keys)
+        if len(reads) == 1:  # the batch's read, as if made before the insert; the fallback reads afresh
+            state.keys.pop(key, None)
+        return state
 
-    monkeypatch.setattr(set_dispatch, "_read", stale_read)
+    monkeypatch.setattr(decision, "read", stale_read)
     outcome = service.scheduler.dispatch_next(batch)
     service.scheduler.finish(batch)
     assert outcome is not None and outcome.status == "dispatched"
     assert batch.planned == []  # the set-based run was abandoned
+    assert len(reads) == 2  # the batch's read, then the event's own as a batch of one
     reasons = sorted((r["rule_id"], r["reason"]) for r in rows(engine, "SELECT rule_id, reason FROM notifications"))
     assert reasons == [("commitment-nudge", None), ("commitment-reminder", "suppressed_dedup")]
+
+
+# The statements the batch path sends as one message, their parameters bound on the client.
+CLIENT_BOUND = ("claim_due_events", "lock_participant", "read_batch_limits", "write_batch_decisions", "record_outcomes")
+HOSTILE_ID = "p-'\";\r\n-- x\u2028) OR true; SELECT 1/0; --\x1b[2J"
+
+
+@pytest.mark.clause("DEC-1.5")
+def test_a_participant_id_that_could_leave_a_comment_or_a_literal_is_decided_like_any_other(
+    service: SchedulerService, engine: Engine, platform: NudgingPlatform
+) -> None:
+    """DEC-1.5: the decision's statements are bound on the client (one message), so a bind
+    parameter inside one of their comments would put a participant's id into the text raw:
+    none has one, and an id with quotes, a newline and a comment marker is decided set-based,
+    live and per event alike, its rows those of any other id."""
+    for name in CLIENT_BOUND:
+        for line in load_queries()[name].sql.splitlines():
+            assert not re.search(r"(?<![:\w]):[A-Za-z_]\w*", line.partition("--")[2]), (name, line)
+    service.scheduler.dispatcher = platform
+    store(service, "h1", HOSTILE_ID, 10)
+    store(service, "h2", HOSTILE_ID, 9, day="2026-11-29")
+    report = service.scheduler.poll_once()
+    assert [(o.id, o.status, o.error) for o in report.outcomes] == [("h1", "dispatched", None), ("h2", "dispatched", None)]
+    with service.sessions() as session:
+        live = platform(session, DigitalTwinEvent("commitment_reminder", HOSTILE_ID, "c-1", reminder_facts()), T0)
+        session.commit()
+    assert live.outcome == "duplicate"
+    service.scheduler.dispatcher = PerEvent(platform)
+    store(service, "h3", HOSTILE_ID, 8, day="2026-11-28")
+    assert [o.status for o in service.scheduler.poll_once().outcomes] == ["dispatched"]
+    notes = rows(engine, "SELECT user_id, status, reason FROM notifications ORDER BY created_at, dedup_key")
+    assert {n["user_id"] for n in notes} == {HOSTILE_ID}
+    # the default cap of three across the batch, the live duplicates and the per-event batch
+    assert sorted([(n["status"], n["reason"]) for n in notes], key=str) == sorted(
+        [("sent", None)] * 3 + [("suppressed", "rate_limited")] * 3 + [("suppressed", "suppressed_dedup")] * 2, key=str)

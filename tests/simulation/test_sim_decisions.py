@@ -133,8 +133,11 @@ def test_a_failure_mid_batch_replays_the_events_before_it_and_the_model_sees_eac
     """DEC-1: the third event of a batch fails (a database error, then a Python error in the next
     batch); the events before it are rolled back to the checkpoint and replayed, stepped and run
     by the loop alike, while another replica claims beside it. Every invariant holds after every
-    step, and the run's equality counts each event's committed dispatch once."""
+    step, and the run's equality counts each event's committed dispatch once. Replica 0 runs
+    per event (as a host's dispatcher does, and the fallback): a batch decided whole never
+    replays, it fails the event alone after its decision."""
     with Simulation(database_url, replicas=2, batch_size=4) as sim:
+        sim.replicas[0].dispatcher.decides_batches = False
         for user, fault in ((0, None), (1, None), (2, "database"), (3, None)):
             sim.post(user=user, trigger=-9 + user, fault=fault)
         sim.claim(0)

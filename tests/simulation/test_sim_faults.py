@@ -68,8 +68,10 @@ def test_a_replica_frozen_mid_batch_past_the_timeout_loses_nothing_and_its_loop_
     database_url: str,
 ) -> None:
     """SIM-11: replica 0 dispatches one of its three rows and freezes; the database ends its
-    session; replica 1 claims and dispatches all three; replica 0 resumes, its next dispatch
-    fails its whole poll (nothing committed, nothing pushed), and its next run works."""
+    session; replica 1 claims and dispatches all three; replica 0 resumes, its next statement
+    fails its whole poll (nothing committed, nothing pushed), and its next run works. Its batch
+    was decided whole at its first dispatch, so that statement is its write, sent with the
+    COMMIT when it finishes (its next dispatch only hands out an outcome already decided)."""
     with Simulation(database_url, replicas=2, batch_size=5) as sim:
         for user in range(3):
             sim.post(user=user, trigger=-5 + user)
@@ -80,7 +82,9 @@ def test_a_replica_frozen_mid_batch_past_the_timeout_loses_nothing_and_its_loop_
         for _ in range(3):
             sim.dispatch(1)
         sim.finish(1)
-        sim.dispatch(0)  # replica 0 resumes: the session is gone, the poll fails
+        sim.dispatch(0)  # replica 0 resumes; nothing is sent yet
+        assert sim.stats.poll_errors == 0
+        sim.finish(0)  # its write and COMMIT: the session is gone, the poll fails
         assert sim.replicas[0].batch is None and sim.stats.poll_errors == 1
         sim.post(user=0, trigger=-1)
         sim.run(0)  # its loop goes on

@@ -57,7 +57,7 @@ def claim_rounds(session: Session, now: datetime, batch_size: int) -> tuple[list
             break
         after = (rows[-1]["trigger_at"], rows[-1]["id"])
         # the statement try-locked each participant once: remember those it got, so that
-        # the events' own lock requests cost nothing (participant_locks.lock_participant)
+        # the events' decisions ask for none of them (participant_locks.locks_to_take)
         remember_participant_locks(session, {participant_lock_key(r["user_id"]) for r in rows if r["held"]})
         round_skipped = 0
         for r in rows:

@@ -3,9 +3,9 @@
 Every decision about one participant (deduplication, preferences, the daily cap) happens
 under that participant's lock, so the cap is exact across replicas. A claim only *tries*
 the locks of the participants it claims, in its own statement, and leaves a busy
-participant's rows alone (DEC-2); the orchestrator takes one at a time, waiting (live
-ingest), which is re-entrant when the batch already holds it. Both use the keys defined
-here (the claim's SQL computes the same key).
+participant's rows alone (DEC-2); the one decision (``nudging.decision``) takes, waiting,
+those its transaction does not hold yet (a live event's), so an event of a claimed batch
+asks for none. Both use the keys defined here (the claim's SQL computes the same key).
 """
 
 from __future__ import annotations
@@ -14,8 +14,6 @@ import hashlib
 from collections.abc import Iterable
 
 from sqlalchemy.orm import Session
-
-from scheduler.database.queries import statement
 
 
 def participant_lock_key(user_id: str) -> int:
@@ -53,10 +51,9 @@ def holds_participant_lock(session: Session, key: int) -> bool:
     return held is not None and held[0] is session.get_transaction() and key in held[1]
 
 
-def lock_participant(session: Session, user_id: str) -> None:
-    """Lock one participant until the transaction ends (waits while another holds it),
-    unless this transaction already holds that lock (a batch's claim took it): a second,
-    re-entrant request would be a round trip per event for nothing."""
-    key = participant_lock_key(user_id)
-    if not holds_participant_lock(session, key):
-        session.execute(statement("lock_participant"), {"key": key})
+def locks_to_take(session: Session, user_ids: Iterable[str]) -> list[int]:
+    """The lock keys of ``user_ids`` this transaction does not hold yet, in a stable order (to
+    be taken, waiting, with ``lock_participant`` statements): a second, re-entrant request for
+    a lock the claim took would be a round trip per event for nothing."""
+    keys = sorted({participant_lock_key(user_id) for user_id in user_ids})
+    return [key for key in keys if not holds_participant_lock(session, key)]

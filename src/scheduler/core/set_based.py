@@ -1,7 +1,7 @@
 """The set-based batch (DEC-1): a whole batch decided and written in two statements.
 
 When the dispatcher can decide a batch at once (``BatchDispatcher``, the production
-``NudgingPlatform`` with only the in-app channel), the batch's first dispatch reads what
+``NudgingPlatform`` whatever its channels, DEC-1.5), the batch's first dispatch reads what
 the decisions need in one statement and decides every event in Python in batch order,
 under a checkpoint savepoint; the batch's end writes every decision with the batch's
 outcomes in one more statement, sent with the COMMIT. The savepoint travels with the read

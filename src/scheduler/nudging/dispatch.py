@@ -1,10 +1,11 @@
 """The one dispatch path shared by live ingest and the scheduler (REQ-0066).
 
 ``NudgingPlatform`` is the production ``Dispatcher``: the engine decides what the rules
-want, the orchestrator decides what is delivered, and the result carries the outcome in
-the domain's words (``DispatchOutcome``), the same for a live and a scheduled event; only
-app.py maps it to the HTTP answer a live sender gets. A scheduler's batch may be decided
-set-based (``decide_batch``, ``set_dispatch``): the same results, fewer statements.
+want, the one decision (``nudging.decision``) what is delivered, and the result carries the
+outcome in the domain's words (``DispatchOutcome``), the same for a live and a scheduled
+event; only ``web.ingest`` maps it to the HTTP answer a live sender gets. A live event (and
+an event of the scheduler's per-event path) is a batch of one; a claimed batch is decided
+whole (``decide_batch``), its write left to the scheduler, who sends it with the COMMIT.
 """
 
 from __future__ import annotations
@@ -14,11 +15,11 @@ from datetime import datetime
 
 from sqlalchemy.orm import Session
 
-from scheduler.nudging.orchestrator import Orchestrator, as_recorded
-from scheduler.nudging.rule_engine import RuleRefusal, evaluate
+from scheduler.database import pipeline
+from scheduler.nudging.decision import BatchDecisions, Check, decide
+from scheduler.nudging.orchestrator import Orchestrator
 from scheduler.nudging.rules import Catalogue
-from scheduler.nudging.set_dispatch import BatchDecisions, plan
-from scheduler.types import DigitalTwinEvent, DispatchOutcome, DispatchResult
+from scheduler.types import DigitalTwinEvent, DispatchResult
 
 
 class NudgingPlatform:
@@ -34,35 +35,21 @@ class NudgingPlatform:
         self.orchestrator = orchestrator or Orchestrator()
 
     def __call__(self, session: Session, event: DigitalTwinEvent, now: datetime) -> DispatchResult:
-        try:
-            candidates = evaluate(self.catalogue, event)
-        except RuleRefusal as refusal:
-            return DispatchResult(
-                outcome=refusal.outcome,
-                refusal=str(refusal),
-                detail={"error": refusal.reason, "detail": refusal.detail},
-            )
-        if not candidates:
-            return DispatchResult(outcome=DispatchOutcome.NO_RULE_TRIGGERED)
-        result = DispatchResult(outcome=DispatchOutcome.SUPPRESSED)
-        duplicates = 0
-        for candidate in candidates:
-            decision = self.orchestrator.decide(session, event, candidate, now)
-            duplicates += decision.duplicate
-            if decision.notification is not None:
-                result.notifications.append(as_recorded(decision.notification))
-            result.outbound.extend(decision.outbound)
-        if result.outbound:
-            result.outcome = DispatchOutcome.DELIVERED
-        elif duplicates == len(candidates):
-            result.outcome = DispatchOutcome.DUPLICATE
+        """Decide one event as a batch of one and write its decision (one read, one write;
+        the participant's lock first unless this transaction holds it). An evaluator's own
+        error propagates."""
+        decisions = decide(self.catalogue, self.orchestrator, session, [event], now)
+        [result] = decisions.results
+        if isinstance(result, Exception):
+            raise result
+        if decisions.writes_anything:
+            name, params = decisions.write_statement()
+            pipeline.send(session, [pipeline.named(name, params, fetch=False)])
         return result
 
-
     def decide_batch(self, session: Session, events: Sequence[DigitalTwinEvent], now: datetime,
-                     stop: Callable[[], bool] | None = None) -> BatchDecisions | None:
-        """Decide a claimed batch set-based: each event's result as ``__call__`` would give it,
-        one after the other at ``now``, read in one statement; the writes are left to
-        ``BatchDecisions.write``. ``None`` when only the per-event path applies (channels
-        other than the built-in in-app one)."""
-        return plan(self.catalogue, self.orchestrator, session, events, now, stop)
+                     stop: Callable[[], bool] | None = None, check: Check | None = None) -> BatchDecisions:
+        """Decide a claimed batch: each event's result as ``__call__`` gives it, one after the
+        other at ``now``, read in one statement; the write (``BatchDecisions.write_statement``)
+        is left to the caller. ``stop`` and ``check``: see ``decision.decide``."""
+        return decide(self.catalogue, self.orchestrator, session, events, now, stop=stop, check=check)

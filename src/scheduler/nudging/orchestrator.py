@@ -1,27 +1,21 @@
-"""The orchestrator: deduplication, preferences, the daily cap and delivery.
+"""The orchestrator's vocabulary: preferences and the daily cap's day, the channels a sent
+notification is delivered through, and the rows a decision writes.
 
-Everything here writes inside the caller's transaction; nothing leaves the process until
-that transaction commits (the caller hands ``DispatchResult.outbound`` to a publisher).
-
-Concurrency. Every decision about one participant happens under that participant's
-transaction-level advisory lock. The cap (count today's sent deliveries, then add one)
-is therefore exact across replicas, and because a deduplication key names its
-participant, two writers of one key are serialised by the same lock; the key's primary
-key remains the arbiter all the same.
+The decision itself (deduplication, preferences, the cap, delivery) is ``nudging.decision``:
+one function over a batch's state, for a live event and a scheduled batch alike (REQ-0066).
+A channel takes part in it without a session: it says which delivery rows it writes and
+which messages leave after the commit (``Channel.deliver``), and the batch's one write
+statement writes its rows with everything else.
 """
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Iterable
+import inspect
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, time, timedelta
 from typing import Any, Protocol
 
-from sqlalchemy.orm import Session
-
-from scheduler.core.participant_locks import lock_participant
-from scheduler.database.queries import statement
 from scheduler.nudging.rule_engine import Candidate
 from scheduler.types import DigitalTwinEvent, NotificationStatus, OutboundMessage
 
@@ -30,11 +24,17 @@ DEFAULT_MAX_PER_DAY = 3
 
 @dataclass(frozen=True)
 class Preferences:
+    """A participant's enabled kinds (``None``: all) and daily cap."""
+
     enabled_kinds: frozenset[str] | None
     max_per_day: int
 
     def allows(self, kind: str) -> bool:
         return self.enabled_kinds is None or kind in self.enabled_kinds
+
+
+# A participant without a preferences row: every kind enabled, the default cap.
+DEFAULT_PREFERENCES = Preferences(None, DEFAULT_MAX_PER_DAY)
 
 
 def utc_day(now: datetime) -> tuple[datetime, datetime]:
@@ -45,37 +45,36 @@ def utc_day(now: datetime) -> tuple[datetime, datetime]:
 
 
 @dataclass(frozen=True)
-class KeyClaim:
-    """A deduplication key claimed (or found taken), with what the cap and preferences need."""
+class DeliveryRow:
+    """One row of the delivery log a channel writes for a sent notification. A row with
+    status ``sent`` counts against the participant's daily cap."""
 
-    claimed: bool
-    preferences: Preferences
-    sent_today: int
+    channel: str
+    status: NotificationStatus
+    detail: str | None = None
 
 
-def claim_key_with_limits(session: Session, key: str, notification_id: str, user_id: str, now: datetime) -> KeyClaim:
-    """Claim ``key`` for ``notification_id`` and read the participant's preferences and
-    today's sent deliveries, in one round trip (the caller holds the participant's lock)."""
-    day_start, day_end = utc_day(now)
-    row = session.execute(
-        statement("claim_dedup_key_with_limits"),
-        {"key": key, "notification_id": notification_id, "now": now, "user_id": user_id,
-         "day_start": day_start, "day_end": day_end},
-    ).one()
-    if row.has_preferences:
-        kinds = row.enabled_kinds
-        preferences = Preferences(None if kinds is None else frozenset(kinds), int(row.max_per_day))
-    else:
-        preferences = Preferences(None, DEFAULT_MAX_PER_DAY)
-    return KeyClaim(bool(row.claimed), preferences, int(row.sent_today))
+@dataclass(frozen=True)
+class Delivery:
+    """What a channel does with one sent notification: the delivery rows it contributes to
+    the batch's one write, and the messages a publisher pushes after that write commits."""
+
+    rows: tuple[DeliveryRow, ...] = ()
+    outbound: tuple[OutboundMessage, ...] = ()
 
 
 class Channel(Protocol):
-    """Writes one delivery of a notification inside the dispatch transaction."""
+    """Delivers a sent notification: decides its delivery rows and outbound messages without
+    writing anything itself (the batch's write statement writes the rows, inside the dispatch
+    transaction; nothing leaves the process before it commits).
+
+    ``notification`` is the notification as recorded (``as_recorded``: its columns, with
+    ``created_at``). A channel must decide the same way when asked again for the same
+    notification (a failure elsewhere in a batch replays it)."""
 
     name: str
 
-    def deliver(self, session: Session, notification: dict[str, Any], now: datetime) -> OutboundMessage | None: ...
+    def deliver(self, notification: Mapping[str, Any], now: datetime) -> Delivery: ...
 
 
 class WebChannel:
@@ -83,22 +82,11 @@ class WebChannel:
 
     name = "web"
 
-    def deliver(self, session: Session, notification: dict[str, Any], now: datetime) -> OutboundMessage | None:
-        session.execute(
-            statement("insert_delivery"),
-            {
-                "notification_id": notification["id"],
-                "user_id": notification["user_id"],
-                "channel": self.name,
-                "status": NotificationStatus.SENT,
-                "detail": None,
-                "now": now,
-            },
-        )
-        return self.message(notification)
+    def deliver(self, notification: Mapping[str, Any], now: datetime) -> Delivery:
+        return Delivery(rows=(DeliveryRow(self.name, NotificationStatus.SENT),), outbound=(self.message(notification),))
 
-    def message(self, notification: dict[str, Any]) -> OutboundMessage:
-        """The push for a notification whose delivery row is already written."""
+    def message(self, notification: Mapping[str, Any]) -> OutboundMessage:
+        """The push for a notification delivered in-app."""
         return OutboundMessage(
             notification_id=notification["id"],
             user_id=notification["user_id"],
@@ -113,7 +101,8 @@ class WebChannel:
 
 def notification_row(event: DigitalTwinEvent, candidate: Candidate, key: str, now: datetime,
                      status: NotificationStatus, reason: str | None, notification_id: str) -> dict[str, Any]:
-    """The ``insert_notification`` parameters of one decision (the set-based path writes the same)."""
+    """The notification one decision records, as the write statement takes it (``now`` is
+    its ``created_at``)."""
     return {
         "id": notification_id,
         "user_id": event.user_id,
@@ -133,80 +122,45 @@ def notification_row(event: DigitalTwinEvent, candidate: Candidate, key: str, no
     }
 
 
-def as_recorded(row: dict[str, Any]) -> dict[str, Any]:
-    """A notification as it was recorded: the insert's ``now`` parameter is its ``created_at``."""
+def as_recorded(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A notification as it was recorded: the row's ``now`` is its ``created_at``."""
     notification = {k: v for k, v in row.items() if k != "now"}
     notification["created_at"] = row["now"]
     return notification
 
 
-@dataclass
-class Decision:
-    """What became of one candidate."""
-
-    notification: dict[str, Any] | None
-    duplicate: bool
-    outbound: list[OutboundMessage]
-
-
 class Orchestrator:
-    """Turns the engine's candidates into notifications, honouring dedup, preferences and cap."""
+    """The channels a sent notification is delivered through, in order (the in-app channel
+    alone by default)."""
 
     def __init__(self, channels: Iterable[Channel] | None = None) -> None:
         self.channels: tuple[Channel, ...] = tuple(channels) if channels is not None else (WebChannel(),)
-        # The in-app channel's delivery row is written by the statement that records its
-        # notification (one round trip instead of two); other channels deliver themselves.
-        self.web = next((c for c in self.channels if type(c) is WebChannel), None)
-
-    def _record(
-        self,
-        session: Session,
-        event: DigitalTwinEvent,
-        candidate: Candidate,
-        key: str,
-        now: datetime,
-        status: NotificationStatus,
-        reason: str | None,
-        notification_id: str | None = None,
-        web: WebChannel | None = None,
-    ) -> dict[str, Any]:
-        row = notification_row(event, candidate, key, now, status, reason, notification_id or str(uuid.uuid4()))
-        if web is None:
-            session.execute(statement("insert_notification"), row)
-        else:
-            session.execute(statement("insert_notification_with_delivery"), {**row, "channel": web.name})
-        return row
-
-    def decide(self, session: Session, event: DigitalTwinEvent, candidate: Candidate, now: datetime) -> Decision:
-        """Deduplicate, filter by preference and cap, then deliver one candidate."""
-        lock_participant(session, event.user_id)
-        key = candidate.dedup_key(event)
-        notification_id = str(uuid.uuid4())
-        claim = claim_key_with_limits(session, key, notification_id, event.user_id, now)
-        if not claim.claimed:
-            repeat = session.execute(statement("record_duplicate"), {"key": key, "now": now}).one()
-            # A duplicate is recorded once per key; later repeats only bump the counter.
-            if repeat.duplicate_notification_id is None:
-                row = self._record(session, event, candidate, key, now, NotificationStatus.SUPPRESSED, "suppressed_dedup")
-                session.execute(
-                    statement("link_duplicate_notification"), {"key": key, "notification_id": row["id"]}
-                )
-            return Decision(None, True, [])
-
-        if not claim.preferences.allows(candidate.rule.kind):
-            row = self._record(session, event, candidate, key, now, NotificationStatus.SUPPRESSED, "kind_disabled", notification_id)
-            return Decision(row, False, [])
-        if claim.sent_today >= claim.preferences.max_per_day:
-            row = self._record(session, event, candidate, key, now, NotificationStatus.SUPPRESSED, "rate_limited", notification_id)
-            return Decision(row, False, [])
-
-        row = self._record(session, event, candidate, key, now, NotificationStatus.SENT, None, notification_id, self.web)
-        outbound = []
         for channel in self.channels:
-            if channel is self.web:
-                message: OutboundMessage | None = self.web.message(row)
-            else:
-                message = channel.deliver(session, row, now)
-            if message is not None:
-                outbound.append(message)
-        return Decision(row, False, outbound)
+            _check_channel(channel)
+
+    def deliver(self, notification: Mapping[str, Any], now: datetime) -> tuple[list[DeliveryRow], list[OutboundMessage]]:
+        """Every channel's delivery rows and messages for one sent notification, channel by channel."""
+        rows: list[DeliveryRow] = []
+        outbound: list[OutboundMessage] = []
+        for channel in self.channels:
+            delivery = channel.deliver(notification, now)
+            rows.extend(delivery.rows)
+            outbound.extend(delivery.outbound)
+        return rows, outbound
+
+
+def _check_channel(channel: Channel) -> None:
+    """Refuse, when the orchestrator is built, a channel written for the protocol before the one
+    decision (``deliver(session, notification, now)`` writing its own rows): its rows now join
+    the batch's write (CHANGELOG.md)."""
+    deliver = getattr(channel, "deliver", None)
+    if deliver is None or not isinstance(getattr(channel, "name", None), str):
+        raise TypeError(f"{channel!r} is not a Channel: it needs a name and deliver(notification, now)")
+    parameters = list(inspect.signature(deliver).parameters.values())
+    required = [p for p in parameters if p.default is inspect.Parameter.empty
+                and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if (parameters and parameters[0].name == "session") or len(required) == 3:
+        raise TypeError(
+            f"channel {channel.name!r}: deliver(session, notification, now) is the old Channel protocol; "
+            "a channel now returns its delivery rows and messages from deliver(notification, now) -> Delivery, "
+            "and the batch's one write statement writes them (see CHANGELOG.md)")

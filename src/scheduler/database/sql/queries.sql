@@ -164,38 +164,6 @@ SET status = 'pending', dispatched_at = NULL, last_error = NULL, updated_at = :n
 WHERE id = :id AND status = ANY(CAST(:sources AS text[]))
 RETURNING *;
 
--- name: claim_dedup_key_with_limits
--- Claim a deduplication key and read the participant's preferences and today's sent count, in one round trip.
-WITH claimed AS (
-    -- the key's primary key decides between racing writers
-    INSERT INTO scheduler.dedup_keys (key, notification_id, created_at)
-    VALUES (:key, :notification_id, :now)
-    ON CONFLICT (key) DO NOTHING
-    RETURNING key
-)
-SELECT EXISTS (SELECT 1 FROM claimed) AS claimed,
-       -- no preferences row: every kind enabled and the default cap (the caller knows it)
-       p.user_id IS NOT NULL AS has_preferences, p.enabled_kinds, p.max_per_day,
-       -- sent deliveries in the current UTC day; exact because the caller holds the
-       -- participant's lock, so no other transaction adds one until this one ends
-       (SELECT count(*) FROM scheduler.deliveries AS d
-        WHERE d.user_id = :user_id AND d.status = 'sent'
-          AND d.created_at >= :day_start AND d.created_at < :day_end) AS sent_today
--- exactly one row, whether or not the participant has preferences
-FROM (VALUES (1)) AS one (n)
-LEFT JOIN scheduler.participant_preferences AS p ON p.user_id = :user_id;
-
--- name: record_duplicate
--- Count one more duplicate of a key and return how many there have been.
-UPDATE scheduler.dedup_keys
-SET duplicate_count = duplicate_count + 1, last_duplicate_at = :now
-WHERE key = :key
-RETURNING duplicate_count, duplicate_notification_id;
-
--- name: link_duplicate_notification
--- Remember the one suppressed_dedup notification recorded for a key.
-UPDATE scheduler.dedup_keys SET duplicate_notification_id = :notification_id WHERE key = :key;
-
 -- name: upsert_preferences
 -- Set a participant's enabled kinds and daily cap.
 INSERT INTO scheduler.participant_preferences (user_id, enabled_kinds, max_per_day, updated_at)
@@ -205,46 +173,17 @@ SET enabled_kinds = EXCLUDED.enabled_kinds, max_per_day = EXCLUDED.max_per_day,
     updated_at = EXCLUDED.updated_at
 RETURNING user_id, enabled_kinds, max_per_day, updated_at;
 
--- name: insert_notification
--- Record a notification (sent, suppressed or failed) for a participant.
-INSERT INTO scheduler.notifications (id, user_id, community_id, rule_id, kind, scenario, time_scope,
-                           dedup_key, title, body, status, reason, source,
-                           scheduled_event_id, created_at)
-VALUES (:id, :user_id, :community_id, :rule_id, :kind, :scenario, :time_scope,
-        :dedup_key, :title, :body, :status, :reason, :source,
-        :scheduled_event_id, :now);
-
--- name: insert_notification_with_delivery
--- Record a sent notification and its in-app (web) delivery in one statement.
-WITH notification AS (
-    INSERT INTO scheduler.notifications (id, user_id, community_id, rule_id, kind, scenario, time_scope,
-                               dedup_key, title, body, status, reason, source,
-                               scheduled_event_id, created_at)
-    VALUES (:id, :user_id, :community_id, :rule_id, :kind, :scenario, :time_scope,
-            :dedup_key, :title, :body, :status, :reason, :source,
-            :scheduled_event_id, :now)
-    RETURNING id, user_id
-)
--- the delivery references the notification inserted above; its foreign key is checked at
--- the end of the statement, when both rows exist
-INSERT INTO scheduler.deliveries (notification_id, user_id, channel, status, detail, created_at)
-SELECT id, user_id, :channel, 'sent', NULL, :now FROM notification;
-
--- name: insert_delivery
--- Log one channel's delivery of a notification.
-INSERT INTO scheduler.deliveries (notification_id, user_id, channel, status, detail, created_at)
-VALUES (:notification_id, :user_id, :channel, :status, :detail, :now);
-
 -- name: read_batch_limits
--- A set-based batch's inputs in one round trip: its participants' preferences, their sent counts per UTC day, its keys already taken.
--- exact because the batch's claim holds every one of these participants' locks (DEC-2):
--- no other transaction adds a delivery or a key of theirs until the batch commits
+-- A batch's decision inputs in one round trip (a live event is a batch of one): its participants' preferences, their sent counts per UTC day, its keys already taken.
+-- exact because the transaction holds every one of these participants' locks (the claim's,
+-- DEC-2, or a live event's lock_participant): no other transaction adds a delivery or a key
+-- of theirs until this one ends
 SELECT
     (SELECT coalesce(json_agg(json_build_array(p.user_id, p.enabled_kinds, p.max_per_day)), '[]')
      FROM scheduler.participant_preferences AS p
      WHERE p.user_id = ANY(CAST(:user_ids AS text[]))) AS preferences,
-    -- one count per participant in the batch's UTC day (its events share one now), by the
-    -- participant's position in :user_ids; the same predicate as claim_dedup_key_with_limits
+    -- one count per participant of its sent deliveries (every channel's) in the batch's UTC
+    -- day (its events share one now), by the participant's position in the user_ids array
     -- (ix_deliveries_sent_by_user)
     (SELECT coalesce(json_agg(json_build_array(
                 w.n,
@@ -258,13 +197,13 @@ SELECT
      WHERE k.key = ANY(CAST(:keys AS text[]))) AS taken_keys;
 
 -- name: write_batch_decisions
--- A set-based batch's writes in one statement: new keys, repeated keys, notifications, web deliveries and the outcomes.
+-- A batch's decisions in one statement (a live event is a batch of one): new keys, repeated keys, notifications, every channel's deliveries and the outcomes (none for a live event).
 -- the batch parameter is one JSON document with an array per part (one parameter to send instead of some
 -- thirty arrays); the notifications and deliveries go in in batch order (their ids too).
 -- Every part counts the rows it wrote; any difference from the lengths of those arrays
 -- (what the caller decided) fails the statement, so the COMMIT sent after it in the same
--- round trip does not run: the caller rolls back to its checkpoint and takes the per-event
--- path (DEC-1.2)
+-- round trip does not run: the scheduler rolls back to its checkpoint and decides the
+-- batch's events as batches of one (DEC-1.2)
 WITH document AS MATERIALIZED (
     -- the batch's one parameter, named once: bound on the client, it is a literal in the text
     SELECT CAST(:batch AS jsonb) AS b
@@ -301,10 +240,11 @@ WITH document AS MATERIALIZED (
     ORDER BY n.ord
     RETURNING id
 ), delivery AS (
-    -- the in-app (web) deliveries of the sent notifications, in batch order (their ids too);
+    -- every channel's deliveries of the sent notifications, in batch order (their ids too);
     -- the foreign key to the notifications above is checked at the end of the statement
     INSERT INTO scheduler.deliveries (notification_id, user_id, channel, status, detail, created_at)
-    SELECT d.e->>'notification_id', d.e->>'user_id', :channel, 'sent', NULL, CAST(d.e->>'now' AS timestamptz)
+    SELECT d.e->>'notification_id', d.e->>'user_id', d.e->>'channel', d.e->>'status', d.e->>'detail',
+           CAST(d.e->>'now' AS timestamptz)
     FROM document, jsonb_array_elements(document.b->'deliveries') WITH ORDINALITY AS d(e, ord)
     ORDER BY d.ord
     RETURNING id
@@ -341,7 +281,7 @@ SELECT w.*,
        CASE WHEN (w.new_keys, w.repeated_keys, w.notifications, w.deliveries, w.outcomes)
                  = (d.new_keys, d.repeated_keys, d.notifications, d.deliveries, d.outcomes)
             THEN 0
-            ELSE CAST(format('the set-based write differs from the decisions: wrote %s keys, %s repeated keys, '
+            ELSE CAST(format('the batch''s write differs from the decisions: wrote %s keys, %s repeated keys, '
                              '%s notifications, %s deliveries, %s outcomes', w.new_keys, w.repeated_keys,
                              w.notifications, w.deliveries, w.outcomes) AS integer)
        END AS differs

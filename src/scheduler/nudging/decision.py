@@ -1,0 +1,272 @@
+"""The one decision (REQ-0066, DEC-1.5): deduplication, preferences, the daily cap and delivery.
+
+A live event, an event of the scheduler's per-event path and a whole claimed batch are
+decided by the same code: ``decide`` runs each event's rules, reads in one statement what
+the decisions need (``read_batch_limits``: the keys already taken, the participants'
+preferences, today's sent counts), decides every event in order over that state, carrying
+forward what the earlier events did (a key they claimed, a delivery they sent), and leaves
+one statement to write it all (``write_batch_decisions``). A live event is a batch of one.
+
+Exactness rests on the participant lock: every participant decided for is locked until the
+transaction ends (the claim took it, DEC-2, or ``decide`` takes it first), and a
+deduplication key names its participant, so nothing another transaction commits can change
+what was read. The write still counts the rows it wrote and fails on any difference from
+the decisions (the scheduler then falls back to batches of one, DEC-1.2).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from scheduler.core.participant_locks import locks_to_take
+from scheduler.database import pipeline
+from scheduler.nudging.orchestrator import (
+    DEFAULT_PREFERENCES,
+    Orchestrator,
+    Preferences,
+    as_recorded,
+    notification_row,
+    utc_day,
+)
+from scheduler.nudging.rule_engine import Candidate, RuleRefusal, evaluate
+from scheduler.nudging.rules import Catalogue
+from scheduler.types import DigitalTwinEvent, DispatchOutcome, DispatchResult, NotificationStatus
+
+# What an event's rules gave: its candidates with their keys, a refusal's result, or the
+# exception an evaluator raised (that event fails, alone: REQ-0067).
+Evaluated = list[tuple[Candidate, str]] | DispatchResult | Exception
+
+# Asked after each event's decision: an exception fails that event alone, as if it had never
+# been decided (its effects leave the batch's state); ``None`` keeps the result.
+Check = Callable[[int, DispatchResult], Exception | None]
+
+
+def evaluated(catalogue: Catalogue, event: DigitalTwinEvent) -> Evaluated:
+    """Run the event's rules: its candidates and their keys, or the refusal as a result."""
+    try:
+        return [(c, c.dedup_key(event)) for c in evaluate(catalogue, event)]
+    except RuleRefusal as refusal:
+        return DispatchResult(outcome=refusal.outcome, refusal=str(refusal),
+                              detail={"error": refusal.reason, "detail": refusal.detail})
+    except Exception as exc:  # noqa: BLE001 - an evaluator's own error: this event fails, alone (REQ-0067)
+        return exc
+
+
+@dataclass(frozen=True)
+class KeyState:
+    """A deduplication key as the batch sees it: taken before the batch, or claimed by it."""
+
+    taken_before: bool
+    duplicate_notification_id: str | None = None  # its one suppressed_dedup row, read or written
+    notification_id: str | None = None  # the claiming notification (claimed by the batch)
+    created_at: datetime | None = None
+    duplicates: int = 0  # the batch's duplicates of this key
+    last_duplicate_at: datetime | None = None
+    new_duplicate_notification_id: str | None = None  # the suppressed_dedup row this batch wrote
+
+
+@dataclass
+class BatchState:
+    """What was read, and what the batch did so far: the decisions' whole input, and the
+    rows they write. Changes are journaled so that an event can be undone (``Check``)."""
+
+    preferences: dict[str, Preferences]
+    sent_today: dict[str, int]
+    keys: dict[str, KeyState]
+    notifications: list[dict[str, Any]] = field(default_factory=list)
+    deliveries: list[dict[str, Any]] = field(default_factory=list)
+    _journal: list[tuple[dict[str, Any], str, Any]] = field(default_factory=list)
+
+    def preferences_of(self, user_id: str) -> Preferences:
+        return self.preferences.get(user_id, DEFAULT_PREFERENCES)
+
+    def put_key(self, key: str, state: KeyState) -> None:
+        self._set(self.keys, key, state)
+
+    def count_sent(self, user_id: str, sent: int) -> None:
+        if sent:
+            self._set(self.sent_today, user_id, self.sent_today.get(user_id, 0) + sent)
+
+    def _set(self, table: dict[str, Any], key: str, value: Any) -> None:
+        self._journal.append((table, key, table.get(key)))
+        table[key] = value
+
+    def mark(self) -> tuple[int, int, int]:
+        return len(self.notifications), len(self.deliveries), len(self._journal)
+
+    def undo(self, mark: tuple[int, int, int]) -> None:
+        """Forget everything done since ``mark``."""
+        notifications, deliveries, journal = mark
+        del self.notifications[notifications:], self.deliveries[deliveries:]
+        while len(self._journal) > journal:
+            table, key, old = self._journal.pop()
+            if old is None:
+                table.pop(key, None)
+            else:
+                table[key] = old
+
+    @property
+    def writes_anything(self) -> bool:
+        """Every candidate claims a key or counts a duplicate of one: the write has work."""
+        return any(not s.taken_before or s.duplicates for s in self.keys.values())
+
+
+def decide_event(orchestrator: Orchestrator, state: BatchState, event: DigitalTwinEvent,
+                 candidates: Evaluated, now: datetime) -> DispatchResult | Exception:
+    """One event's result over the batch's state (changed by what it decides), and the
+    outcome in the domain's words: delivered when a message leaves, duplicate when every
+    candidate was one, else suppressed."""
+    if not isinstance(candidates, list):
+        return candidates
+    if not candidates:
+        return DispatchResult(outcome=DispatchOutcome.NO_RULE_TRIGGERED)
+    result = DispatchResult(outcome=DispatchOutcome.SUPPRESSED)
+    duplicates = sum(_decide(orchestrator, state, result, event, candidate, key, now) for candidate, key in candidates)
+    if result.outbound:
+        result.outcome = DispatchOutcome.DELIVERED
+    elif duplicates == len(candidates):
+        result.outcome = DispatchOutcome.DUPLICATE
+    return result
+
+
+def _decide(orchestrator: Orchestrator, state: BatchState, result: DispatchResult, event: DigitalTwinEvent,
+            candidate: Candidate, key: str, now: datetime) -> bool:
+    """Deduplicate, filter by preference and cap, then deliver one candidate; True for a duplicate."""
+    known = state.keys.get(key)
+    if known is not None:
+        known = replace(known, duplicates=known.duplicates + 1, last_duplicate_at=now)
+        # A duplicate is recorded once per key; later repeats only bump the counter.
+        if known.duplicate_notification_id is None:
+            row = notification_row(event, candidate, key, now, NotificationStatus.SUPPRESSED, "suppressed_dedup",
+                                   str(uuid.uuid4()))
+            state.notifications.append(row)
+            known = replace(known, duplicate_notification_id=row["id"], new_duplicate_notification_id=row["id"])
+        state.put_key(key, known)
+        return True
+    notification_id = str(uuid.uuid4())
+    state.put_key(key, KeyState(False, notification_id=notification_id, created_at=now))
+    prefs = state.preferences_of(event.user_id)
+    if not prefs.allows(candidate.rule.kind):
+        status, reason = NotificationStatus.SUPPRESSED, "kind_disabled"
+    elif state.sent_today.get(event.user_id, 0) >= prefs.max_per_day:
+        status, reason = NotificationStatus.SUPPRESSED, "rate_limited"
+    else:
+        status, reason = NotificationStatus.SENT, None
+    row = notification_row(event, candidate, key, now, status, reason, notification_id)
+    state.notifications.append(row)
+    notification = as_recorded(row)
+    result.notifications.append(notification)
+    if status == NotificationStatus.SENT:
+        rows, outbound = orchestrator.deliver(notification, now)
+        state.deliveries.extend({"notification_id": notification_id, "user_id": event.user_id, "channel": r.channel,
+                                 "status": r.status, "detail": r.detail, "now": now} for r in rows)
+        # the batch's own sent deliveries count for its later decisions about this participant
+        state.count_sent(event.user_id, sum(r.status == NotificationStatus.SENT for r in rows))
+        result.outbound.extend(outbound)
+    return False
+
+
+@dataclass
+class BatchDecisions:
+    """One result per event decided (a ``DispatchResult``, or the ``Exception`` that fails it
+    alone), and the state whose rows the write statement writes, not yet sent."""
+
+    results: list[DispatchResult | Exception]
+    state: BatchState
+
+    @property
+    def writes_anything(self) -> bool:
+        return self.state.writes_anything
+
+    def write_statement(self, outcomes: dict[str, list[Any]] | None = None) -> tuple[str, dict[str, Any]]:
+        """The batch's one write statement and its parameters, with ``outcomes``
+        (``record_outcomes``'s arrays; none for a live event or the per-event path): every
+        part as one JSON document whose array lengths are what was decided; the statement
+        fails when it writes other rows than these."""
+        outcomes = outcomes or {"ids": [], "statuses": [], "errors": [], "times": []}
+        keys = self.state.keys
+        document = {
+            "new_keys": [{"key": k, "notification_id": s.notification_id, "at": s.created_at,
+                          "duplicates": s.duplicates, "last_duplicate_at": s.last_duplicate_at,
+                          "duplicate_notification_id": s.new_duplicate_notification_id}
+                         for k, s in keys.items() if not s.taken_before],
+            "repeated_keys": [{"key": k, "duplicates": s.duplicates, "at": s.last_duplicate_at,
+                               "notification_id": s.new_duplicate_notification_id}
+                              for k, s in keys.items() if s.taken_before and s.duplicates],
+            "notifications": self.state.notifications,
+            "deliveries": self.state.deliveries,
+            "outcomes": [{"id": i, "status": st, "error": er, "at": at} for i, st, er, at in
+                         zip(outcomes["ids"], outcomes["statuses"], outcomes["errors"], outcomes["times"],
+                             strict=True)],
+        }
+        return "write_batch_decisions", {"batch": json.dumps(document, default=_json_time),
+                                         "outcome_ids": list(outcomes["ids"])}
+
+
+def _json_time(value: object) -> str:
+    """A time in the write's JSON: ISO 8601 with its offset and microseconds (exact as timestamptz)."""
+    if isinstance(value, datetime):
+        return value.isoformat()
+    raise TypeError(f"{type(value).__name__} in a batch's write")
+
+
+def decide(catalogue: Catalogue, orchestrator: Orchestrator, session: Session,
+           events: Sequence[DigitalTwinEvent], now: datetime, *,
+           stop: Callable[[], bool] | None = None, check: Check | None = None) -> BatchDecisions:
+    """Decide ``events`` in order at ``now``, each as if it were alone after the ones before it.
+
+    ``stop`` is asked after each event's rules ran (the last's excepted): when it says so (a
+    stop arrived), only the events evaluated so far are decided, as one by one they would
+    have stopped after the event in hand (DEC-7); ``results`` is then shorter than ``events``.
+    ``check`` may fail an event after its decision (``Check``).
+
+    A rule that raises fails its own event only (its result is the exception); a database
+    error propagates.
+    """
+    candidates: list[Evaluated] = []
+    for event in events:
+        candidates.append(evaluated(catalogue, event))
+        if stop is not None and len(candidates) < len(events) and stop():
+            break
+    events = events[:len(candidates)]
+    users = sorted({e.user_id for e, c in zip(events, candidates, strict=True) if isinstance(c, list) and c})
+    keys = sorted({key for c in candidates if isinstance(c, list) for _, key in c})
+    state = read(session, users, keys, now)
+    results: list[DispatchResult | Exception] = []
+    for index, (event, event_candidates) in enumerate(zip(events, candidates, strict=True)):
+        mark = state.mark()
+        result = decide_event(orchestrator, state, event, event_candidates, now)
+        failure = check(index, result) if check is not None and isinstance(result, DispatchResult) else None
+        if failure is not None:
+            state.undo(mark)
+            result = failure
+        results.append(result)
+    return BatchDecisions(results, state)
+
+
+def read(session: Session, users: list[str], keys: list[str], now: datetime) -> BatchState:
+    """The decisions' one read, after the lock of every participant this transaction does not
+    hold yet (a live event's; the claim holds a batch's, DEC-2), in the same round trip."""
+    if not users:
+        return BatchState({}, {}, {})
+    day_start, day_end = utc_day(now)
+    locks = [pipeline.named("lock_participant", {"key": key}, fetch=False) for key in locks_to_take(session, users)]
+    answers = pipeline.send(session, [*locks, pipeline.named("read_batch_limits", {
+        "user_ids": users, "day_start": day_start, "day_end": day_end, "keys": keys,
+    })])
+    row = (answers[-1] or [{}])[0]
+    preferences = {
+        str(user): Preferences(None if kinds is None else frozenset(kinds), int(cap))
+        for user, kinds, cap in row["preferences"]
+    }
+    sent_today = {users[int(n) - 1]: int(count) for n, count in row["sent_today"]}
+    taken = {str(key): KeyState(True, duplicate_notification_id=None if dup is None else str(dup))
+             for key, dup in row["taken_keys"]}
+    return BatchState(preferences, sent_today, taken)
