@@ -84,7 +84,8 @@ def check_database_schema(env: Env) -> None:
 
     result = migrate(env.engine, schema="elsewhere")
     assert (result.schema, result.before) == ("elsewhere", None)
-    with service_from_env(env.base(SCHEDULER_DATABASE_SCHEMA="elsewhere")) as service, \
+    # the loop is off: the check polls itself (a running loop could take the row first)
+    with service_from_env(env.base(SCHEDULER_DATABASE_SCHEMA="elsewhere", SCHEDULER_ENABLED="false")) as service, \
             TestClient(service.app) as client:
         assert client.post("/admin/scheduled-events", headers=auth(token("nudging.ingest")), json={
             "event_type": "reminder", "user_id": "elsewhere", "trigger_at": T0.isoformat(),
