@@ -82,6 +82,13 @@ class FaultyDispatcher:
             if self.on_call is not None:
                 self.on_call()
 
+    @property
+    def replays_on_failure(self) -> bool:
+        """Whether a failing event makes the loop roll back to its checkpoint and replay: the
+        optimistic per-event path (DEC-1), not a batch decided whole (DEC-1.5) nor a
+        dispatcher called once per event (DEC-1.4)."""
+        return self.safe_to_repeat and not (self.decides_batches and isinstance(self.inner, NudgingPlatform))
+
     def decide_batch(self, session: Session, events: Sequence[DigitalTwinEvent], now: datetime,
                      stop: Callable[[], bool] | None = None) -> BatchDecisions | None:
         """The platform's batch decision with the events' faults applied, each to its own

@@ -17,7 +17,6 @@ from harness.actors import Replica
 from harness.faults import PollBudget
 from harness.model import Call, cut_by_stop
 from harness.types import RunContext
-from scheduler.core.dispatch_contract import repeatable
 from scheduler.core.loop import PollReport, Scheduler
 
 # A prompt-mode run step lets the loop poll again at once after a full batch, at most this
@@ -48,8 +47,9 @@ class _Run:
     def cut(self, final_calls: list[Call], events_called: int) -> set[str]:
         """The events the run's stop left pending (``model.cut_by_stop``): only when the stop
         was asked during the last event's call (``events_called`` reached the budget) and the
-        dispatcher runs its batches optimistically (the replay the stop cut short, DEC-1.4)."""
-        if self.stop_after is None or events_called < self.stop_after or not repeatable(self.r.dispatcher):
+        dispatcher runs its batches optimistically, event by event (the replay the stop cut
+        short: DEC-1, DEC-1.4, DEC-1.5)."""
+        if self.stop_after is None or events_called < self.stop_after or not self.r.dispatcher.replays_on_failure:
             return set()
         return cut_by_stop(final_calls)
 
