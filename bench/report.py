@@ -58,7 +58,7 @@ def claim_table(claim: dict[str, Any]) -> list[str]:
 
 
 def retention_lines(claim: dict[str, Any]) -> list[str]:
-    """The claim after an UPDATE-made history, with and without a retention run (issue 10)."""
+    """The claim after an UPDATE-made history, with and without a retention run."""
     rows = [(size, e) for size, e in claim["sizes"].items() if e.get("ours_retained")]
     if not rows:
         return []

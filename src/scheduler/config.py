@@ -144,7 +144,7 @@ class Settings(BaseSettings):
         False, "SCHEDULER_METRICS_REQUIRE_ADMIN", "`GET /metrics` needs an admin token")
     console_refresh_seconds: float = _setting(
         2.0, "SCHEDULER_CONSOLE_REFRESH_SECONDS", "how often the console's overview updates", ge=0.1)
-    # A frozen peer holds nothing for long (issue 14): DEC-11 says why 10 s.
+    # A frozen peer holds nothing for long: DEC-11 says why 10 s.
     idle_in_transaction_timeout_ms: int = _setting(
         10_000, "SCHEDULER_IDLE_IN_TRANSACTION_TIMEOUT_MS",
         "PostgreSQL ends a session idle inside a transaction this long (a frozen replica), releasing its "

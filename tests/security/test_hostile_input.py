@@ -210,7 +210,7 @@ def test_an_empty_value_is_the_same_as_no_value(service: SchedulerService) -> No
 
 @pytest.mark.clause("PARAM-2")
 def test_the_reported_superscript_two_is_a_422_on_the_three_admin_lists(service: SchedulerService) -> None:
-    """PARAM-2: issue 14's three 500s: ?limit=%C2%B2 and ?before_id=%C2%B2."""
+    """PARAM-2: the three inputs that were 500s: ?limit=%C2%B2 and ?before_id=%C2%B2."""
     by_label = {t.label: t for t in targets(service.app.routes)}
     for label, name in [("GET /admin/scheduled-events", "limit"), ("GET /admin/audit", "before_id"),
                         ("GET /admin/notifications", "limit"), ("GET /console/audit", "before_id"),

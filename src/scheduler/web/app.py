@@ -165,7 +165,7 @@ class SchedulerService:
         self._stop: asyncio.Event | None = None
         # Every open stream (the inbox's, the console's): ended at once when the server stops.
         self.streams = Streams()
-        # Heartbeats, metrics, the operator API and the console (issue 9).
+        # Heartbeats, metrics, the operator API and the console.
         # Signed-in browsers (the console's, the inbox page's), in the database: any replica serves them.
         self.web_sessions = SessionStore(self.sessions, self.clock, max_seconds=self.settings.session_max_seconds,
                                          idle_seconds=self.settings.session_idle_seconds)
@@ -178,7 +178,7 @@ class SchedulerService:
         self.health = HealthRoutes(scheduler=self.scheduler, clock=self.clock, listener=listener,
                                    settings=self.settings, loop_alive=lambda: self.loop_alive,
                                    mounted=lambda: self.app.routes, run_scheduler=lambda: self.run_scheduler)
-        # Observability (issue 17): spans for requests, statements, polls and dispatches when
+        # Observability: spans for requests, statements, polls and dispatches when
         # OTEL_TRACES_EXPORTER asks (or ``observer`` traces); log context either way.
         self.observer = observer if observer is not None else observer_from_env()
         self.ingest = IngestRoutes(sessions=self.sessions, clock=self.clock, dispatcher=self.dispatcher,
@@ -350,7 +350,7 @@ class SchedulerService:
             self._stop.set()
             with contextlib.suppress(Exception):
                 await self._task
-            # A replica that stops cleanly leaves the replica list now, not stale (issue 9);
+            # A replica that stops cleanly leaves the replica list now, not stale;
             # with the database unreachable, shutdown does not wait more than two seconds for it.
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(run_in_threadpool(self.operations.heartbeat.forget), timeout=2.0)

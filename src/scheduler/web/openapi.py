@@ -147,7 +147,7 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
         "request": PreferencesIn,
         "responses": {"200": _json(PreferencesOut, "the stored preferences"), **TOO_LARGE, **ERRORS},
     },
-    # Issue 9: metrics and the operator API (the console's HTML pages are not API operations).
+    # Metrics and the operator API (the console's HTML pages are not API operations).
     ("/metrics", "get"): {
         "summary": "Prometheus metrics (open unless SCHEDULER_METRICS_REQUIRE_ADMIN)",
         "responses": {"200": {"description": "the Prometheus text format",
@@ -169,7 +169,7 @@ _CANCEL = {
     "409": _json(CancelConflictOut, "the row was already dispatched; it stays dispatched"),
     **ERRORS,
 }
-# Issue 10: cancel, history, the participant's inbox.
+# Cancel, history, the participant's inbox.
 OPERATIONS.update({
     ("/admin/scheduled-events/{event_id}", "delete"): {
         "summary": "Cancel a pending or failed row (permission: ingest)", "responses": _CANCEL,
@@ -203,7 +203,7 @@ OPERATIONS.update({
     },
 })
 
-# Issue 17: sessions of the console and the inbox page.
+# Sessions of the console and the inbox page.
 OPERATIONS.update({
     ("/admin/sessions", "get"): {
         "summary": "The open browser sessions (console and inbox), most recently seen first (permission: admin)",

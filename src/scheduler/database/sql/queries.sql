@@ -298,7 +298,7 @@ ORDER BY created_at DESC, id
 LIMIT :limit;
 
 -- ---------------------------------------------------------------------------------------
--- Operations (issue 9): heartbeats, metrics gauges, the console, bulk reset, audit.
+-- Operations: heartbeats, metrics gauges, the console, bulk reset, audit.
 -- ---------------------------------------------------------------------------------------
 
 -- name: upsert_heartbeat
@@ -348,7 +348,7 @@ SELECT count(*) FROM (
     -- a scan of the table that stops after cap failed rows among however many others
     ORDER BY updated_at, id
     -- failed rows are never deleted by retention, so they pile up: counting stops past the
-    -- cap, and the count's cost is bounded whatever the table holds (issue 16 §4)
+    -- cap, and the count's cost is bounded whatever the table holds
     LIMIT :cap + 1
 ) AS counted;
 
@@ -531,7 +531,7 @@ SELECT CASE WHEN seen_at < CAST(:now AS timestamptz) - 3 * greatest(poll_seconds
        count(*) AS count
 FROM scheduler.scheduler_replicas
 GROUP BY 1;
--- The event lifecycle (issue 10): cancel, history, retention, the participant's inbox.
+-- The event lifecycle: cancel, history, retention, the participant's inbox.
 -- ---------------------------------------------------------------------------------------
 
 -- name: set_change_context
@@ -646,7 +646,7 @@ WHERE user_id = :user_id
 ORDER BY created_at DESC, id DESC
 LIMIT :limit;
 
--- Sessions (issue 17 §3): the console's and the inbox's signed-in browsers.
+-- Sessions: the console's and the inbox's signed-in browsers.
 -- ---------------------------------------------------------------------------------------
 
 -- name: insert_web_session
