@@ -61,6 +61,7 @@ from scheduler.web.errors import EXCEPTION_HANDLERS
 from scheduler.web.health import HealthRoutes
 from scheduler.web.inbox import Inbox, StreamPublisher
 from scheduler.web.inbox_routes import inbox_routes
+from scheduler.web.batch import BatchRoutes
 from scheduler.web.ingest import IngestRoutes
 from scheduler.web.participants import ParticipantRoutes
 from scheduler.web.scheduled_events import EventRoutes
@@ -183,6 +184,10 @@ class SchedulerService:
         self.ingest = IngestRoutes(sessions=self.sessions, clock=self.clock, dispatcher=self.dispatcher,
                                    publisher=StreamPublisher(self.sessions, inner_publisher),
                                    max_body_bytes=self.settings.max_body_bytes, observer=self.observer)
+        self.batch = BatchRoutes(sessions=self.sessions, clock=self.clock,
+                                 max_events=self.settings.batch_max_events,
+                                 max_body_bytes=self.settings.batch_max_body_bytes,
+                                 max_item_bytes=self.settings.max_body_bytes, observer=self.observer)
         self.events = EventRoutes(sessions=self.sessions, clock=self.clock)
         self.participants = ParticipantRoutes(sessions=self.sessions, clock=self.clock,
                                               max_body_bytes=self.settings.max_body_bytes)
@@ -241,6 +246,7 @@ class SchedulerService:
         return [
             *self.health.routes(),
             *self.ingest.routes(),
+            *self.batch.routes(),
             *self.events.routes(),
             *self.participants.routes(),
             *inbox_routes(sessions=self.sessions, inbox=self.inbox, store=self.web_sessions, verifier=self.verifier,
