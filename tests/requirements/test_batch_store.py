@@ -203,17 +203,18 @@ def test_two_batches_over_the_same_keys_in_opposite_orders_both_finish_without_a
         except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
             errors.append(exc)
 
-    with engine.connect() as holder:
-        holder.execute(text("SELECT id FROM scheduled_events WHERE external_key = :k FOR UPDATE"), {"k": keys[0]})
-        threads = [threading.Thread(target=run, args=(keys, "forward"), daemon=True),
-                   threading.Thread(target=run, args=(keys[::-1], "backward"), daemon=True)]
+    for _ in range(3):  # each round a fresh race; with keys out of order most rounds deadlock
+        with engine.connect() as holder:
+            holder.execute(text("SELECT id FROM scheduled_events WHERE external_key = :k FOR UPDATE"), {"k": keys[0]})
+            threads = [threading.Thread(target=run, args=(keys, "forward"), daemon=True),
+                       threading.Thread(target=run, args=(keys[::-1], "backward"), daemon=True)]
+            for count, thread in enumerate(threads, start=1):
+                thread.start()
+                wait_until_blocked_on_a_lock(engine, count=count)  # forward first in the queue, then backward
+            holder.rollback()
         for thread in threads:
-            thread.start()
-        wait_until_blocked_on_a_lock(engine, count=2)
-        holder.rollback()
-    for thread in threads:
-        bounded(thread.join, 30, "a batch behind the other")
-        assert not thread.is_alive(), "a batch did not finish within the deadline"
+            bounded(lambda thread=thread: thread.join(30), 35, "a batch behind the other")
+            assert not thread.is_alive(), "a batch did not finish within the deadline"
     assert errors == []
     users = {r["user_id"] for r in rows(engine, "SELECT user_id FROM scheduled_events")}
     assert len(users) == 1 and users <= {"forward", "backward"}
