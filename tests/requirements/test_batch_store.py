@@ -51,6 +51,7 @@ def batch(client: TestClient, items: Any, headers: Any = INGEST) -> Any:
 
 
 @pytest.mark.clause("BATCH-2")
+@pytest.mark.clause("DEC-BATCH")
 def test_each_item_answers_in_order_with_its_row_or_the_422_a_single_post_of_it_gets(
     client: TestClient, engine: Engine
 ) -> None:
@@ -112,6 +113,7 @@ def test_an_item_larger_than_the_single_posts_bound_is_a_422_for_that_item_only(
 
 
 @pytest.mark.clause("BATCH-5")
+@pytest.mark.clause("DEC-BATCH")
 def test_a_key_repeated_in_one_request_is_a_422_for_the_later_items_naming_the_first(
     client: TestClient, engine: Engine
 ) -> None:
@@ -127,7 +129,6 @@ def test_a_key_repeated_in_one_request_is_a_422_for_the_later_items_naming_the_f
 
 
 @pytest.mark.clause("BATCH-3")
-@pytest.mark.clause("REQ-0064.2")
 def test_a_known_key_in_a_batch_rewrites_and_resets_its_row_as_a_single_post_does(
     client: TestClient, engine: Engine
 ) -> None:
@@ -184,6 +185,7 @@ def test_a_batch_of_three_hundred_sends_the_statements_of_a_batch_of_three(
 
 
 @pytest.mark.clause("BATCH-4")
+@pytest.mark.clause("DEC-BATCH")
 def test_two_batches_over_the_same_keys_in_opposite_orders_both_finish_without_a_deadlock(engine: Engine) -> None:
     """BATCH-4: both batches are held behind one locked row, then let go at once: each takes
     the keys in key order, so neither waits for the other in a cycle (PostgreSQL would end one
