@@ -28,7 +28,13 @@ from scheduler.core.store_batch import NewEvent, store_events
 from scheduler.database.engine import make_sessionmaker
 from scheduler.web.app import SchedulerService
 from tests.conftest import INGEST, PARTICIPANT, T0, TEST_SECRET, bearer
-from tests.helpers import bounded, event_body, post_event, reminder_facts, rows, wait_until_blocked_on_a_lock
+from tests.helpers import (
+    event_body,
+    post_event,
+    reminder_facts,
+    rows,
+    wait_until_blocked_on_a_lock,
+)
 
 BATCH = "/admin/scheduled-events/batch"
 SINGLE = "/admin/scheduled-events"
@@ -79,7 +85,8 @@ def test_each_item_answers_in_order_with_its_row_or_the_422_a_single_post_of_it_
 def test_an_empty_array_stores_nothing_and_a_non_array_is_a_422_naming_the_body(client: TestClient) -> None:
     """BATCH-1: ``[]`` answers an empty list; an object, a string or a number is a 422 naming ``body``."""
     assert batch(client, []).json() == []
-    for body in (event_body(), "x", 3, {"items": []}):
+    bodies: list[Any] = [event_body(), "x", 3, {"items": []}]
+    for body in bodies:
         answer = batch(client, body)
         assert answer.status_code == 422, body
         assert answer.json()["errors"] == [{"field": "body", "message": "must be a JSON array of scheduled events"}]
@@ -215,7 +222,7 @@ def test_two_batches_over_the_same_keys_in_opposite_orders_both_finish_without_a
                 wait_until_blocked_on_a_lock(engine, count=count)  # forward first in the queue, then backward
             holder.rollback()
         for thread in threads:
-            bounded(lambda thread=thread: thread.join(30), 35, "a batch behind the other")
+            thread.join(30)  # the deadline: a batch stuck behind the other fails here
             assert not thread.is_alive(), "a batch did not finish within the deadline"
     assert errors == []
     users = {r["user_id"] for r in rows(engine, "SELECT user_id FROM scheduled_events")}

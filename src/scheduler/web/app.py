@@ -57,11 +57,11 @@ from scheduler.operations.retention import Retention
 from scheduler.types import Clock, Dispatcher, Publisher, SchedulerMode
 from scheduler.web.admin import Operations
 from scheduler.web.auth import JWTBackend, TokenVerifier, on_auth_error
+from scheduler.web.batch import BatchRoutes
 from scheduler.web.errors import EXCEPTION_HANDLERS
 from scheduler.web.health import HealthRoutes
 from scheduler.web.inbox import Inbox, StreamPublisher
 from scheduler.web.inbox_routes import inbox_routes
-from scheduler.web.batch import BatchRoutes
 from scheduler.web.ingest import IngestRoutes
 from scheduler.web.participants import ParticipantRoutes
 from scheduler.web.scheduled_events import EventRoutes
