@@ -306,3 +306,30 @@ def test_import_draws_a_progress_bar_on_stderr_only_when_it_is_a_terminal() -> N
         bar.close()
     assert "2/4 lines" in shown.getvalue() and shown.getvalue().endswith("4/4 lines\n")
     assert piped.getvalue() == ""
+
+
+@pytest.mark.clause("BATCH-7")
+def test_import_stopped_by_the_database_exits_2_naming_the_first_line_not_stored(
+    client: TestClient, engine: Engine, database_url: str, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """BATCH-7: a chunk the database refuses (here a lock timeout on a row another
+    transaction holds) rolls back alone: the chunks before it stay stored, and the command
+    exits 2 naming the first line not stored."""
+    post_event(client, external_key="held")
+    monkeypatch.setenv("DATABASE_URL", database_url)
+    monkeypatch.setenv("SCHEDULER_BATCH_MAX_EVENTS", "2")
+    monkeypatch.setenv("SCHEDULER_LOCK_TIMEOUT_MS", "200")
+    lines = [json.dumps(event_body(user_id=f"early-{i}")) for i in range(2)] + [
+        json.dumps(event_body(user_id="late", external_key="held")), json.dumps(event_body(user_id="later"))]
+    path = _jsonl(tmp_path / "events.jsonl", lines)
+    with engine.connect() as holder:
+        holder.execute(text("SELECT id FROM scheduled_events WHERE external_key = 'held' FOR UPDATE"))
+        code = main(["events", "import", str(path)])
+        holder.rollback()
+    out = capsys.readouterr()
+    assert code == 2, out
+    assert out.out.splitlines()[0] == "stored 2, rewritten 0, refused 0"
+    assert "database error" in out.err and "from line 3 on" in out.err
+    users = sorted(r["user_id"] for r in rows(engine, "SELECT user_id FROM scheduled_events"))
+    assert users == ["early-0", "early-1", "participant-1"]

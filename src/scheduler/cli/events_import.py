@@ -24,7 +24,8 @@ from scheduler.config import Settings
 EXIT_CODES = """exit codes:
   0  every line was stored (or rewritten)
   1  some lines were refused (the others are stored); the summary names each refused line
-  2  the file cannot be read, or the database cannot be used (nothing of the failed chunk is stored)"""
+  2  the file cannot be read, or the database cannot be used or failed mid-import (stderr names the
+     first line not stored; the lines before it are stored, and a re-import rewrites keyed ones)"""
 
 
 @dataclass
@@ -32,6 +33,8 @@ class Summary:
     stored: int = 0
     rewritten: int = 0
     refused: list[tuple[int, str]] = field(default_factory=list)  # (line number, why)
+    stopped_at: int | None = None  # the first line of the chunk the database refused
+    error: str | None = None
 
 
 def _detail(body: dict[str, Any]) -> str:
@@ -87,6 +90,8 @@ def _lines(path: str) -> list[tuple[int, str]]:
 def import_lines(lines: Sequence[tuple[int, str]], settings: Settings, *, sessions: Any, clock: Any,
                  actor: str, progress: Progress | None = None) -> Summary:
     """Judge and store ``lines`` in chunks of ``settings.batch_max_events`` (one transaction each)."""
+    from sqlalchemy.exc import DBAPIError
+
     from scheduler.web.batch import Refusal, check_items, store_checked
 
     summary = Summary()
@@ -102,7 +107,12 @@ def import_lines(lines: Sequence[tuple[int, str]], settings: Settings, *, sessio
         # a line that is not JSON is refused for that, not for being null
         checked = [Refusal({"detail": f"the line {value}"}) if not ok else item
                    for (ok, value), item in zip(parsed, checked, strict=True)]
-        results = store_checked(sessions, checked, now=clock.now(), actor=actor)
+        try:
+            results = store_checked(sessions, checked, now=clock.now(), actor=actor)
+        except DBAPIError as exc:  # the chunk's transaction rolled back: nothing of it is stored
+            summary.stopped_at = numbers[0]
+            summary.error = str(exc.orig or exc).splitlines()[0]
+            return summary
         for number, result in zip(numbers, results, strict=True):
             if isinstance(result, Refusal):
                 summary.refused.append((number, _detail(result.body)))
@@ -137,6 +147,11 @@ def cmd_events_import(args: argparse.Namespace, settings: Settings) -> int:
     print(f"stored {summary.stored}, rewritten {summary.rewritten}, refused {len(summary.refused)}")
     for number, why in summary.refused:
         print(terminal_safe(f"line {number}: {why}"))
+    if summary.stopped_at is not None:
+        print(terminal_safe(f"database error: {summary.error}; nothing from line {summary.stopped_at} on is stored "
+                            "(the lines before it are); import the rest again once the database is back"),
+              file=sys.stderr)
+        return 2
     return 1 if summary.refused else 0
 
 
