@@ -98,7 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="seconds until it expires, at least 1 (default 3600)")
     token.set_defaults(func=cmd_token)
 
-    events = sub.add_parser("events", help="inspect and reset scheduled events",
+    events = sub.add_parser("events", help="inspect, import, reset and cancel scheduled events",
                             description="Operators' view of the scheduled_events table.")
     events_sub = events.add_subparsers(dest="events_command", required=True, metavar="ACTION")
     ev_list = events_sub.add_parser("list", help="list rows, newest change first",
