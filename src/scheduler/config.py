@@ -121,6 +121,14 @@ class Settings(BaseSettings):
         None, "SCHEDULER_RULES_DIR", "a directory of rule files (`*.json`)", shown="the shipped examples")
     max_body_bytes: int = _setting(
         64 * 1024, "SCHEDULER_MAX_BODY_BYTES", "larger bodies are a 413", ge=1024)
+    batch_max_events: int = _setting(
+        1000, "SCHEDULER_BATCH_MAX_EVENTS",
+        "events one `POST /admin/scheduled-events/batch` (and one chunk of `scheduler events import`) may hold; "
+        "more is a 413", ge=1, le=10_000)
+    batch_max_body_bytes: int = _setting(
+        8 * 1024 * 1024, "SCHEDULER_BATCH_MAX_BODY_BYTES",
+        "larger batch bodies are a 413 (each item is still bounded by SCHEDULER_MAX_BODY_BYTES: a 422 for that item)",
+        shown="8 MiB", ge=1024)
     statement_timeout_ms: int = _setting(
         30_000, "SCHEDULER_STATEMENT_TIMEOUT_MS", "PostgreSQL `statement_timeout` for every connection", ge=0)
     lock_timeout_ms: int = _setting(

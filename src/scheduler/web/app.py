@@ -58,6 +58,7 @@ from scheduler.operations.retention import Retention
 from scheduler.types import Clock, Dispatcher, Publisher, SchedulerMode
 from scheduler.web.admin import Operations
 from scheduler.web.auth import JWTBackend, TokenVerifier, on_auth_error
+from scheduler.web.batch import BatchRoutes
 from scheduler.web.errors import EXCEPTION_HANDLERS
 from scheduler.web.health import HealthRoutes
 from scheduler.web.inbox import Inbox, StreamPublisher
@@ -184,6 +185,10 @@ class SchedulerService:
         self.ingest = IngestRoutes(sessions=self.sessions, clock=self.clock, dispatcher=self.dispatcher,
                                    publisher=StreamPublisher(self.sessions, inner_publisher),
                                    max_body_bytes=self.settings.max_body_bytes, observer=self.observer)
+        self.batch = BatchRoutes(sessions=self.sessions, clock=self.clock,
+                                 max_events=self.settings.batch_max_events,
+                                 max_body_bytes=self.settings.batch_max_body_bytes,
+                                 max_item_bytes=self.settings.max_body_bytes, observer=self.observer)
         self.events = EventRoutes(sessions=self.sessions, clock=self.clock)
         self.participants = ParticipantRoutes(sessions=self.sessions, clock=self.clock,
                                               max_body_bytes=self.settings.max_body_bytes)
@@ -245,6 +250,7 @@ class SchedulerService:
         return [
             *self.health.routes(),
             *self.ingest.routes(),
+            *self.batch.routes(),
             *self.events.routes(),
             *self.participants.routes(),
             *inbox_routes(sessions=self.sessions, inbox=self.inbox, store=self.web_sessions, verifier=self.verifier,
