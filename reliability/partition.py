@@ -41,6 +41,7 @@ from reliability.cluster import (
 from reliability.report import report
 from reliability.tcp_proxy import TcpProxy
 from reliability.workload import audit_backlog, plan_backlog, seed_backlog
+from scheduler.core.participant_locks import participant_lock_key
 
 VARIANTS = ("proxy", "process")
 
@@ -189,27 +190,52 @@ def _backend(engine: Engine, pid: int) -> dict[str, Any] | None:
     return dict(row._mapping) if row else None
 
 
-def _held_rows(engine: Engine, xid: str) -> tuple[list[str], list[str]]:
-    """Pending rows the frozen batch holds: its own (locked by its transaction), and the
-    other pending rows of their participants (whose advisory locks it holds, so that every
-    other replica's claim skips them)."""
+def frozen_batch(engine: Engine, name: str) -> tuple[int, list[str], list[str]] | None:
+    """What a frozen replica's own backends hold, read from their state, never guessed from
+    what a row remembers: the backend of ``name`` that sits ``idle in transaction`` with a
+    transaction id, its batch (the pending rows whose xmax is that transaction, still in
+    progress, so their locks are its own) and the other pending rows of the participants
+    whose advisory locks it holds (pg_locks), which every other replica's claim skips.
+
+    None when no backend of the replica sits in a transaction holding a pending row: the
+    batch had committed (or not begun) when the freeze landed. A committed batch leaves its
+    xid in the xmax of every row it locked and left pending (a busy participant's rows), so
+    xmax alone would count rows nobody holds, in a session the database never ends."""
     with engine.connect() as conn:
+        # One statement, so the backend's state, its locks and the rows are read together.
         rows = conn.execute(text(
-            "WITH batch AS (SELECT user_id FROM scheduled_events WHERE status = 'pending' AND xmax::text = :xid) "
-            "SELECT id, xmax::text = :xid AS locked FROM scheduled_events WHERE status = 'pending' "
-            "AND user_id IN (SELECT user_id FROM batch)"), {"xid": xid}).all()
-    return [r.id for r in rows if r.locked], [r.id for r in rows if not r.locked]
+            "WITH frozen AS ("
+            "  SELECT a.pid, a.backend_xid::text AS xid,"
+            "         ARRAY(SELECT (l.classid::bigint << 32) | l.objid::bigint FROM pg_locks l"
+            "               WHERE l.pid = a.pid AND l.locktype = 'advisory' AND l.granted"
+            "                 AND l.objsubid = 1) AS keys"
+            "  FROM pg_stat_activity a"
+            "  WHERE a.application_name = :name AND a.state = 'idle in transaction'"
+            "    AND a.backend_xid IS NOT NULL) "
+            "SELECT f.pid, f.keys, e.id, e.user_id, e.xmax::text = f.xid AS locked "
+            "FROM frozen f JOIN scheduled_events e ON e.status = 'pending' "
+            "ORDER BY f.pid, e.id"), {"name": name}).all()
+    for pid in dict.fromkeys(r.pid for r in rows):
+        mine = [r for r in rows if r.pid == pid]
+        batch = [r.id for r in mine if r.locked]
+        if not batch:
+            continue
+        keys = set(mine[0].keys)
+        participants = [r.id for r in mine if not r.locked and participant_lock_key(r.user_id) in keys]
+        return int(pid), batch, participants
+    return None
 
 
 def _freeze_mid_batch(c: Cluster, victim: Replica, proxy: TcpProxy | None,
                       variant: str) -> tuple[tuple[list[str], list[str]], int, float]:
-    """Freeze the victim the moment it holds a batch; try again if that batch had already
-    committed when the freeze landed."""
+    """Freeze the victim the moment it holds a batch, and keep the freeze only if its own
+    backend then sits inside that batch's transaction (``frozen_batch``); otherwise (the
+    batch committed first) let it go on and catch the next one."""
     for _ in range(50):
         found = wait_for(lambda: _batch_of(c.engine, victim.name), 60, f"{victim.name} to hold a batch",
                          interval=0.002)
         assert found is not None
-        pid, xid = found
+        pid, _xid = found
         if proxy is not None:
             proxy.freeze()
         else:
@@ -223,9 +249,10 @@ def _freeze_mid_batch(c: Cluster, victim: Replica, proxy: TcpProxy | None,
                      f"{victim.name}'s backend to finish what it was sent", interval=0.002)
         except ScenarioError as exc:
             raise ScenarioError(f"{exc}; the backend: {_backend(c.engine, pid)}") from None
-        held = _held_rows(c.engine, xid)
-        if held[0]:
-            return held, pid, frozen_at
+        held = frozen_batch(c.engine, victim.name)
+        if held is not None:
+            frozen_pid, batch, participants = held
+            return (batch, participants), frozen_pid, frozen_at
         # the batch committed before the freeze: let it go on and catch the next one
         if proxy is not None:
             proxy.thaw()

@@ -19,7 +19,12 @@ from typing import Any
 import pytest
 from reliability.clock_skew import faketime_library
 from reliability.cluster import ROOT
+from reliability.partition import frozen_batch
+from sqlalchemy import Engine, text
 
+from scheduler.core.participant_locks import participant_lock_key
+from tests.conftest import T0
+from tests.reliability.support import store_due
 from tests.reliability.test_scenarios import _test_pgdata
 
 
@@ -68,3 +73,34 @@ def test_a_small_clock_skew_run_passes_end_to_end(tmp_path: Path) -> None:
     assert figures["early"] == 0 and figures["reminders"] == 9
     assert figures["ahead_clock_offset_seconds"] == pytest.approx(-300, abs=5)
     assert figures["behind_clock_offset_seconds"] == pytest.approx(300, abs=5)
+
+
+@pytest.mark.clause("REL-16")
+def test_a_freeze_counts_only_what_the_frozen_backend_holds_inside_its_open_transaction(engine: Engine) -> None:
+    """REL-16: the partition scenario's freeze detection reads the victim backend's own state.
+    A batch that committed leaves its xid in the xmax of the rows it left pending (a busy
+    participant's), in a session that is merely idle: that is no frozen batch. A session idle
+    in its transaction is: its batch is the pending rows it locks, its participants' rows the
+    other pending rows of the users whose advisory locks it holds (pg_locks)."""
+    a_first, a_second, b_only = store_due(engine, ["user-a", "user-a", "user-b"], T0)
+    with engine.connect() as victim, engine.connect() as other:
+        victim.execute(text("SET application_name = 'frozen-victim'"))
+        victim.commit()
+        lock_row = text("SELECT id FROM scheduled_events WHERE id = :id FOR UPDATE")
+        victim.execute(lock_row, {"id": a_first})
+        xid = victim.execute(text("SELECT pg_current_xact_id()::text")).scalar_one()
+        victim.commit()  # the batch committed and left the row pending: its xmax stays
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT xmax::text FROM scheduled_events WHERE id = :id"),
+                                {"id": a_first}).scalar_one() == xid
+        assert frozen_batch(engine, "frozen-victim") is None
+
+        other.execute(lock_row, {"id": b_only})  # another replica's batch: not the victim's
+        victim.execute(lock_row, {"id": a_first})
+        victim.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": participant_lock_key("user-a")})
+        pid = victim.execute(text("SELECT pg_backend_pid()")).scalar_one()
+        assert frozen_batch(engine, "frozen-victim") == (pid, [a_first], [a_second])
+
+        victim.rollback()  # the database ended the session's transaction: nothing held now
+        assert frozen_batch(engine, "frozen-victim") is None
+        other.rollback()
