@@ -45,11 +45,13 @@ def _scenario(name: str, args: list[str], tmp_path: Path, timeout: float) -> dic
 
 
 @pytest.mark.clause("REL-13")
+@pytest.mark.clause("REL-16")
 def test_a_small_partition_run_passes_end_to_end(tmp_path: Path) -> None:
-    """REL-13: a replica frozen mid-batch behind a SIGSTOPped proxy, then one SIGSTOPped
-    itself: the database ends each frozen session, its batch's rows go out through the other
-    replica well within 30 s, the victim's health showed the stall, it is healthy again
-    within 30 s of the heal, and the audit finds nothing lost or twice."""
+    """REL-13, REL-16: a replica frozen mid-batch (inside its batch's open transaction, as its
+    backend's state shows) behind a SIGSTOPped proxy, then one SIGSTOPped itself: the database
+    ends each frozen session, its batch's rows go out through the other replica well within
+    30 s, the victim's health showed the stall, it is healthy again within 30 s of the heal,
+    and the audit finds nothing lost or twice."""
     figures = _scenario("partition", ["--events", "300", "--replicas", "2", "--freeze-seconds", "4",
                                       "--idle-timeout-ms", "1500", "--seed", "21"], tmp_path, timeout=400)
     for variant in ("proxy", "process"):
