@@ -186,10 +186,25 @@ class Replica:
     log_level: str = "warning"
     starts: int = 0
     exits: list[int] = field(default_factory=list)
+    # An admin token's header: the loop's error text is only on /admin/health/scheduler
+    # (the open /health/scheduler never shows it).
+    admin_headers: dict[str, str] = field(default_factory=dict)
 
     @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    def scheduler_health(self, http: httpx.Client | None = None, timeout: float = 5) -> tuple[int, dict[str, Any]]:
+        """``GET /admin/health/scheduler`` as an admin: (status, body), ``last_error`` included.
+        Raises ``httpx.HTTPError`` without an answer, ``ValueError`` for an answer other than
+        the route's 200 or 503 (a refused token, say) or a body that is not JSON."""
+        get = http.get if http is not None else httpx.get
+        response = get(f"{self.base_url}/admin/health/scheduler", headers=self.admin_headers, timeout=timeout)
+        if response.status_code not in (200, 503):
+            raise ValueError(f"{self.name}: /admin/health/scheduler answered {response.status_code}: "
+                             f"{response.text[:200]}")
+        body: dict[str, Any] = response.json()
+        return response.status_code, body
 
     def start(self, wait: bool = True, timeout: float = 60) -> None:
         if self.process is not None and self.process.poll() is None:
@@ -285,7 +300,8 @@ class Cluster:
             "PYTHONPATH": str(ROOT) + os.pathsep + environment.get("PYTHONPATH", ""),
         })
         environment.update(env)
-        replica = Replica(name, free_port(), environment, self.workdir / f"{name}.log")
+        replica = Replica(name, free_port(), environment, self.workdir / f"{name}.log",
+                          admin_headers=self.headers("nudging.admin"))
         self.replicas.append(replica)
         return replica
 
