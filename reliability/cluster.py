@@ -92,9 +92,7 @@ class Postgres:
         return url
 
     def _pg_ctl(self, args: list[str], timeout: float = 60) -> None:
-        from pgserver._commands import pg_ctl  # type: ignore[attr-defined]  # made by a factory
-
-        pg_ctl(args, pgdata=self.pgdata, user=self.system_user, timeout=timeout)
+        _pg_ctl(self.pgdata, args, timeout)
 
     def stop(self, mode: str = "fast") -> None:
         """``pg_ctl stop -m fast``: every backend is terminated, in-flight transactions roll back."""
@@ -112,6 +110,22 @@ class Postgres:
 
     def drop_database(self, name: str) -> None:
         drop_database(sqlalchemy_url(self.uri), name)
+
+
+def _pg_ctl(pgdata: Path, args: list[str], timeout: float = 60) -> None:
+    from pgserver._commands import pg_ctl  # type: ignore[attr-defined]  # made by a factory
+
+    pg_ctl(args, pgdata=pgdata, user="pgserver" if os.geteuid() == 0 else None, timeout=timeout)
+
+
+def stop_server(pgdata: Path) -> bool:
+    """Stop the server running in ``pgdata``, whoever started it (``pg_ctl stop -m fast``);
+    False if none ran there. A scenario that stopped and started the server itself
+    (database-restart) leaves one that pgserver no longer stops when its last user exits."""
+    if not (pgdata / "postmaster.pid").exists():
+        return False
+    _pg_ctl(pgdata.resolve(), ["-w", "-m", "fast", "stop"])
+    return True
 
 
 def terminate_backends(engine: Engine, database: str, application_prefix: str = "replica-") -> int:

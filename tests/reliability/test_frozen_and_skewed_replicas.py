@@ -9,39 +9,17 @@ clock skew with a few reminders per phase.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 from reliability.clock_skew import faketime_library
-from reliability.cluster import ROOT
 from reliability.partition import frozen_batch
 from sqlalchemy import Engine, text
 
 from scheduler.core.participant_locks import participant_lock_key
 from tests.conftest import T0
+from tests.reliability.scenarios import run_small_scenario
 from tests.reliability.support import store_due
-from tests.reliability.test_scenarios import _test_pgdata
-
-
-def _scenario(name: str, args: list[str], tmp_path: Path, timeout: float) -> dict[str, Any]:
-    pgdata = _test_pgdata()
-    if pgdata is None:
-        pytest.skip("the scenario needs the embedded server (SCHEDULER_TEST_DATABASE_URL is set)")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SCHEDULER_")}
-    command = [sys.executable, "-m", "reliability", name, *args, "--pgdata", str(pgdata), "--workdir", str(tmp_path)]
-    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout, check=False)
-    output = result.stdout[-4000:] + result.stderr[-3000:]
-    assert result.returncode == 0, output
-    assert f"== {name}: passed" in result.stdout, output
-    line = next(line for line in result.stdout.splitlines() if line.startswith("figures-json: "))
-    figures: dict[str, Any] = json.loads(line.removeprefix("figures-json: "))
-    assert figures["lost"] == 0 and figures["problems"] == 0, output
-    return figures
 
 
 @pytest.mark.clause("REL-13")
@@ -52,8 +30,9 @@ def test_a_small_partition_run_passes_end_to_end(tmp_path: Path) -> None:
     ends each frozen session, its batch's rows go out through the other replica well within
     30 s, the victim's health showed the stall, it is healthy again within 30 s of the heal,
     and the audit finds nothing lost or twice."""
-    figures = _scenario("partition", ["--events", "300", "--replicas", "2", "--freeze-seconds", "4",
-                                      "--idle-timeout-ms", "1500", "--seed", "21"], tmp_path, timeout=400)
+    figures = run_small_scenario("partition", ["--events", "300", "--replicas", "2", "--freeze-seconds", "4",
+                                               "--idle-timeout-ms", "1500", "--seed", "21"],
+                                 tmp_path, timeout=400).figures
     for variant in ("proxy", "process"):
         assert figures[f"{variant}_batch_rows_held"] > 0
         assert figures[f"{variant}_session_ended_by_database_seconds"] is not None
@@ -71,7 +50,7 @@ def test_a_small_clock_skew_run_passes_end_to_end(tmp_path: Path) -> None:
     warned about; nothing lost or twice."""
     if faketime_library() is None:
         pytest.skip("libfaketime is missing: bash scripts/system-packages installs Debian's faketime")
-    figures = _scenario("clock-skew", ["--reminders", "3", "--seed", "22"], tmp_path, timeout=300)
+    figures = run_small_scenario("clock-skew", ["--reminders", "3", "--seed", "22"], tmp_path, timeout=300).figures
     assert figures["early"] == 0 and figures["reminders"] == 9
     assert figures["ahead_clock_offset_seconds"] == pytest.approx(-300, abs=5)
     assert figures["behind_clock_offset_seconds"] == pytest.approx(300, abs=5)
