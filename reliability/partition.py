@@ -99,9 +99,9 @@ def _run_variant(args: argparse.Namespace, variant: str, figures: dict[str, Any]
                 replica.wait_healthy(60)
             started = time.monotonic()
             freeze = _freeze_mid_batch(c, victim, proxy, variant)
-            (batch, participants), pid, frozen_at = freeze
-            log(f"[{variant}] froze {victim.name} mid-batch (backend {pid}) holding {len(batch)} rows of its batch "
-                f"and the locks of {len(participants)} more pending rows of their participants")
+            (batch, participants), pid, frozen_at, tries = freeze
+            log(f"[{variant}] froze {victim.name} mid-batch (backend {pid}, try {tries}) holding {len(batch)} rows "
+                f"of its batch and the locks of {len(participants)} more pending rows of their participants")
             watch = Watch(c.engine, batch, participants, pid, frozen_at)
             stall = _watch_while_frozen(watch, victim, args)
             if proxy is not None:
@@ -122,6 +122,7 @@ def _run_variant(args: argparse.Namespace, variant: str, figures: dict[str, Any]
             failed_poll = "poll failed" in victim.log_path.read_text(errors="replace")
             prefix = f"{variant}_"
             figures.update({
+                prefix + "freeze_tries": tries,
                 prefix + "batch_rows_held": len(batch),
                 prefix + "batch_rows_out_seconds": watch.out,
                 prefix + "participant_rows_blocked": len(participants),
@@ -165,13 +166,15 @@ def _pg_port(c: Cluster) -> int:
     return make_url(c.pg.url(c.database)).port or 5432
 
 
-def _batch_of(engine: Engine, name: str) -> tuple[int, str] | None:
-    """The victim's backend that holds row locks now (it has a transaction id), if any."""
+def _between_round_trips(engine: Engine, name: str) -> int | None:
+    """The victim's backend inside a transaction that holds locks (it has a transaction id)
+    and waiting for its client between two round trips (the claim answered, the replica
+    deciding the batch), if any: the moment to freeze it."""
     with engine.connect() as conn:
-        row = conn.execute(text(
-            "SELECT pid, backend_xid::text AS xid FROM pg_stat_activity "
-            "WHERE application_name = :name AND backend_xid IS NOT NULL"), {"name": name}).first()
-    return (int(row.pid), str(row.xid)) if row else None
+        pid = conn.execute(text(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = :name "
+            "AND backend_xid IS NOT NULL AND state = 'idle in transaction' LIMIT 1"), {"name": name}).scalar()
+    return int(pid) if pid is not None else None
 
 
 def _waits_on_client(engine: Engine, pid: int) -> bool:
@@ -227,15 +230,18 @@ def frozen_batch(engine: Engine, name: str) -> tuple[int, list[str], list[str]] 
 
 
 def _freeze_mid_batch(c: Cluster, victim: Replica, proxy: TcpProxy | None,
-                      variant: str) -> tuple[tuple[list[str], list[str]], int, float]:
+                      variant: str) -> tuple[tuple[list[str], list[str]], int, float, int]:
     """Freeze the victim the moment it holds a batch, and keep the freeze only if its own
     backend then sits inside that batch's transaction (``frozen_batch``); otherwise (the
-    batch committed first) let it go on and catch the next one."""
-    for _ in range(50):
-        found = wait_for(lambda: _batch_of(c.engine, victim.name), 60, f"{victim.name} to hold a batch",
-                         interval=0.002)
-        assert found is not None
-        pid, _xid = found
+    batch committed first) let it go on and catch the next one, for up to two minutes.
+    Returns the held rows, the frozen backend, when it froze, and how many tries it took."""
+    deadline = time.monotonic() + 120
+    tries = 0
+    while time.monotonic() < deadline:
+        tries += 1
+        pid = wait_for(lambda: _between_round_trips(c.engine, victim.name), 60,
+                       f"{victim.name} to hold a batch", interval=0.002)
+        assert pid is not None
         if proxy is not None:
             proxy.freeze()
         else:
@@ -252,14 +258,14 @@ def _freeze_mid_batch(c: Cluster, victim: Replica, proxy: TcpProxy | None,
         held = frozen_batch(c.engine, victim.name)
         if held is not None:
             frozen_pid, batch, participants = held
-            return (batch, participants), frozen_pid, frozen_at
+            return (batch, participants), frozen_pid, frozen_at, tries
         # the batch committed before the freeze: let it go on and catch the next one
         if proxy is not None:
             proxy.thaw()
         else:
             assert victim.process is not None
             victim.process.send_signal(signal.SIGCONT)
-    raise ScenarioError(f"could not freeze {victim.name} while it held a batch ({variant})")
+    raise ScenarioError(f"could not freeze {victim.name} while it held a batch ({variant}, {tries} tries)")
 
 
 class Watch:
