@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from reliability.clock_skew import faketime_library
-from reliability.partition import frozen_batch
+from reliability.frozen_backend import frozen_batch
 from sqlalchemy import Engine, text
 
 from scheduler.core.participant_locks import participant_lock_key
