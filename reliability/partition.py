@@ -42,6 +42,7 @@ from reliability.frozen_backend import (
     backend_state,
     between_round_trips,
     frozen_batch,
+    frozen_in_transaction,
     waits_on_client,
 )
 from reliability.report import report
@@ -174,8 +175,10 @@ def _pg_port(c: Cluster) -> int:
 def _freeze_mid_batch(c: Cluster, victim: Replica, proxy: TcpProxy | None,
                       variant: str) -> tuple[tuple[list[str], list[str]], int, float, int]:
     """Freeze the victim the moment it holds a batch, and keep the freeze only if its own
-    backend then sits inside that batch's transaction (``frozen_batch``); otherwise (the
-    batch committed first) let it go on and catch the next one, for up to two minutes.
+    backend then sits inside that batch's transaction with nothing of the victim's still
+    unread (``frozen_in_transaction``, ``frozen_batch``); otherwise (the batch's last round
+    trip was already on its way, or committed) let it go on and catch the next one, for up
+    to two minutes.
     Returns the held rows, the frozen backend, when it froze, and how many tries it took."""
     deadline = time.monotonic() + 120
     tries = 0
@@ -197,11 +200,11 @@ def _freeze_mid_batch(c: Cluster, victim: Replica, proxy: TcpProxy | None,
                      f"{victim.name}'s backend to finish what it was sent", interval=0.002)
         except ScenarioError as exc:
             raise ScenarioError(f"{exc}; the backend: {backend_state(c.engine, pid)}") from None
-        held = frozen_batch(c.engine, victim.name)
+        held = frozen_batch(c.engine, pid) if frozen_in_transaction(c.engine, pid) else None
         if held is not None:
-            frozen_pid, batch, participants = held
-            return (batch, participants), frozen_pid, frozen_at, tries
-        # the batch committed before the freeze: let it go on and catch the next one
+            batch, participants = held
+            return (batch, participants), pid, frozen_at, tries
+        # the batch's last round trip got away before the freeze: let it go on, catch the next one
         if proxy is not None:
             proxy.thaw()
         else:

@@ -1,4 +1,5 @@
-"""REL-13, REL-14: the partition and clock-skew scenarios pass end to end, small.
+"""REL-13, REL-14, REL-16: the partition and clock-skew scenarios pass end to end, small,
+and the partition scenario's freeze detection reads the frozen backend's own state.
 
 The full runs (and their figures) are ``python -m reliability partition`` and
 ``python -m reliability clock-skew``; docs/reliability.md has them. Here CI runs each with
@@ -9,17 +10,25 @@ clock skew with a few reminders per phase.
 
 from __future__ import annotations
 
+import os
+import signal
 from pathlib import Path
 
+import psycopg
 import pytest
 from reliability.clock_skew import faketime_library
-from reliability.frozen_backend import frozen_batch
+from reliability.frozen_backend import (
+    backend_state,
+    frozen_batch,
+    frozen_in_transaction,
+    unread_bytes,
+)
 from sqlalchemy import Engine, text
 
 from scheduler.core.participant_locks import participant_lock_key
 from tests.conftest import T0
 from tests.reliability.scenarios import run_small_scenario
-from tests.reliability.support import store_due
+from tests.reliability.support import store_due, wait_until
 
 
 @pytest.mark.clause("REL-13")
@@ -65,7 +74,7 @@ def test_a_freeze_counts_only_what_the_frozen_backend_holds_inside_its_open_tran
     other pending rows of the users whose advisory locks it holds (pg_locks)."""
     a_first, a_second, b_only = store_due(engine, ["user-a", "user-a", "user-b"], T0)
     with engine.connect() as victim, engine.connect() as other:
-        victim.execute(text("SET application_name = 'frozen-victim'"))
+        pid = victim.execute(text("SELECT pg_backend_pid()")).scalar_one()
         victim.commit()
         lock_row = text("SELECT id FROM scheduled_events WHERE id = :id FOR UPDATE")
         victim.execute(lock_row, {"id": a_first})
@@ -74,14 +83,45 @@ def test_a_freeze_counts_only_what_the_frozen_backend_holds_inside_its_open_tran
         with engine.connect() as conn:
             assert conn.execute(text("SELECT xmax::text FROM scheduled_events WHERE id = :id"),
                                 {"id": a_first}).scalar_one() == xid
-        assert frozen_batch(engine, "frozen-victim") is None
+        assert not frozen_in_transaction(engine, pid)
+        assert frozen_batch(engine, pid) is None
 
         other.execute(lock_row, {"id": b_only})  # another replica's batch: not the victim's
         victim.execute(lock_row, {"id": a_first})
         victim.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": participant_lock_key("user-a")})
-        pid = victim.execute(text("SELECT pg_backend_pid()")).scalar_one()
-        assert frozen_batch(engine, "frozen-victim") == (pid, [a_first], [a_second])
+        assert frozen_in_transaction(engine, pid)
+        assert frozen_batch(engine, pid) == ([a_first], [a_second])
 
         victim.rollback()  # the database ended the session's transaction: nothing held now
-        assert frozen_batch(engine, "frozen-victim") is None
+        assert not frozen_in_transaction(engine, pid)
+        assert frozen_batch(engine, pid) is None
         other.rollback()
+
+
+@pytest.mark.clause("REL-16")
+def test_a_backend_with_its_clients_last_message_still_unread_is_not_frozen(engine: Engine) -> None:
+    """REL-16: a client frozen just after it sent its batch's last round trip (the COMMIT) left
+    that message in the backend's socket, and until the backend reads it pg_stat_activity
+    still says `idle in transaction`, waiting on ClientRead: the detection sees the unread
+    bytes and does not take that for a freeze. Made deterministic by stopping the backend
+    itself while the message arrives."""
+    store_due(engine, ["user-a"], T0)
+    with engine.connect() as victim:
+        pid = victim.execute(text("SELECT pg_backend_pid()")).scalar_one()
+        victim.execute(text("SELECT id FROM scheduled_events FOR UPDATE"))
+        assert frozen_in_transaction(engine, pid) and unread_bytes(pid) == 0
+        driver = victim.connection.driver_connection
+        assert isinstance(driver, psycopg.Connection)
+        os.kill(pid, signal.SIGSTOP)
+        results = []
+        try:
+            driver.pgconn.send_query(b"COMMIT")  # on its way: in the backend's socket, unread
+            assert wait_until(lambda: unread_bytes(pid), "the kernel to show the unread message", timeout=10)
+            assert backend_state(engine, pid)["state"] == "idle in transaction"  # type: ignore[index]
+            assert not frozen_in_transaction(engine, pid)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+            while (result := driver.pgconn.get_result()) is not None:
+                results.append(result.status)
+            victim.invalidate()  # its driver was driven by hand: not given back to the pool
+        assert results == [psycopg.pq.ExecStatus.COMMAND_OK]
