@@ -21,6 +21,7 @@ from sqlalchemy import Engine, text
 
 from reliability.cluster import ScenarioError
 from scheduler.core.participant_locks import participant_lock_key
+from scheduler.database.queries import load_queries
 
 # linux/sock_diag.h, linux/unix_diag.h, linux/netlink.h
 _NETLINK_SOCK_DIAG, _SOCK_DIAG_BY_FAMILY = 4, 20
@@ -32,14 +33,25 @@ _REQUEST = struct.Struct("=BBHIII2I")  # unix_diag_req
 _MESSAGE = struct.Struct("=BBBBI2I")  # unix_diag_msg
 
 
-def between_round_trips(engine: Engine, name: str) -> int | None:
-    """The victim's backend inside a transaction that holds locks (it has a transaction id)
-    and waiting for its client between two round trips (the claim answered, the replica
-    deciding the batch), if any: the moment to freeze it."""
+def _claim_marker() -> str:
+    """The claim's first line of SQL (queries.sql's claim_due_events past its comments): what
+    pg_stat_activity shows of a backend running the claim, or whose last statement it was
+    (it shows only the first kilobyte of a statement)."""
+    sql = load_queries()["claim_due_events"].sql
+    return next(line.strip() for line in sql.splitlines() if line.strip() and not line.lstrip().startswith("--"))
+
+
+def in_claim(engine: Engine, name: str) -> int | None:
+    """The backend of replica ``name`` that is running its batch's claim, or has just been
+    answered it (the claim is still its last statement, in a transaction that holds locks),
+    if any: the replica has not sent its batch's write yet, so a freeze now lands inside the
+    batch, with the claim's run and the replica's deciding of the batch as margin."""
+    marker = "%" + _claim_marker().replace("%", r"\%").replace("_", r"\_") + "%"
     with engine.connect() as conn:
         pid = conn.execute(text(
-            "SELECT pid FROM pg_stat_activity WHERE application_name = :name "
-            "AND backend_xid IS NOT NULL AND state = 'idle in transaction' LIMIT 1"), {"name": name}).scalar()
+            "SELECT pid FROM pg_stat_activity WHERE application_name = :name AND backend_xid IS NOT NULL "
+            "AND state IN ('active', 'idle in transaction') AND query LIKE :marker LIMIT 1"),
+            {"name": name, "marker": marker}).scalar()
     return int(pid) if pid is not None else None
 
 

@@ -40,14 +40,15 @@ from reliability.cluster import (
 )
 from reliability.frozen_backend import (
     backend_state,
-    between_round_trips,
     frozen_batch,
     frozen_in_transaction,
+    in_claim,
+    unread_bytes,
     waits_on_client,
 )
 from reliability.report import report
 from reliability.tcp_proxy import TcpProxy
-from reliability.workload import audit_backlog, plan_backlog, seed_backlog
+from reliability.workload import audit_backlog, pending_count, plan_backlog, seed_backlog
 
 VARIANTS = ("proxy", "process")
 
@@ -174,7 +175,7 @@ def _pg_port(c: Cluster) -> int:
 
 def _freeze_mid_batch(c: Cluster, victim: Replica, proxy: TcpProxy | None,
                       variant: str) -> tuple[tuple[list[str], list[str]], int, float, int]:
-    """Freeze the victim the moment it holds a batch, and keep the freeze only if its own
+    """Freeze the victim the moment it claims a batch, and keep the freeze only if its own
     backend then sits inside that batch's transaction with nothing of the victim's still
     unread (``frozen_in_transaction``, ``frozen_batch``); otherwise (the batch's last round
     trip was already on its way, or committed) let it go on and catch the next one, for up
@@ -182,10 +183,15 @@ def _freeze_mid_batch(c: Cluster, victim: Replica, proxy: TcpProxy | None,
     Returns the held rows, the frozen backend, when it froze, and how many tries it took."""
     deadline = time.monotonic() + 120
     tries = 0
+    missed: list[str] = []  # why each try that did not count did not
     while time.monotonic() < deadline:
         tries += 1
-        pid = wait_for(lambda: between_round_trips(c.engine, victim.name), 60,
-                       f"{victim.name} to hold a batch", interval=0.002)
+        if tries > 1 and pending_count(c.engine) == 0:
+            raise ScenarioError(f"the backlog drained before a freeze of {victim.name} landed inside a batch "
+                                f"({variant}, {tries - 1} tries; the first misses: {missed[:3]}; the last: "
+                                f"{missed[-2:]}): use more --events")
+        pid = wait_for(lambda: in_claim(c.engine, victim.name), 60, f"{victim.name} to claim a batch",
+                       interval=0.002)
         assert pid is not None
         if proxy is not None:
             proxy.freeze()
@@ -200,8 +206,15 @@ def _freeze_mid_batch(c: Cluster, victim: Replica, proxy: TcpProxy | None,
                      f"{victim.name}'s backend to finish what it was sent", interval=0.002)
         except ScenarioError as exc:
             raise ScenarioError(f"{exc}; the backend: {backend_state(c.engine, pid)}") from None
-        held = frozen_batch(c.engine, pid) if frozen_in_transaction(c.engine, pid) else None
+        held = None
+        if not frozen_in_transaction(c.engine, pid):
+            missed.append(f"not frozen in its transaction: {backend_state(c.engine, pid)}, "
+                          f"{unread_bytes(pid)} bytes unread")
+        elif (held := frozen_batch(c.engine, pid)) is None:
+            missed.append(f"frozen in a transaction no pending row carries: {backend_state(c.engine, pid)}")
         if held is not None:
+            if missed:
+                log(f"[{variant}] {len(missed)} freezes did not land inside a batch first, e.g. {missed[-1]}")
             batch, participants = held
             return (batch, participants), pid, frozen_at, tries
         # the batch's last round trip got away before the freeze: let it go on, catch the next one
@@ -210,7 +223,8 @@ def _freeze_mid_batch(c: Cluster, victim: Replica, proxy: TcpProxy | None,
         else:
             assert victim.process is not None
             victim.process.send_signal(signal.SIGCONT)
-    raise ScenarioError(f"could not freeze {victim.name} while it held a batch ({variant}, {tries} tries)")
+    raise ScenarioError(f"could not freeze {victim.name} while it held a batch ({variant}, {tries} tries; "
+                        f"the first misses: {missed[:3]}; the last: {missed[-2:]})")
 
 
 class Watch:
