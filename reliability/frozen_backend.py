@@ -41,17 +41,14 @@ def _claim_marker() -> str:
     return next(line.strip() for line in sql.splitlines() if line.strip() and not line.lstrip().startswith("--"))
 
 
-def in_claim(engine: Engine, name: str) -> int | None:
-    """The backend of replica ``name`` that is running its batch's claim, or has just been
-    answered it (the claim is still its last statement, in a transaction that holds locks),
-    if any: the replica has not sent its batch's write yet, so a freeze now lands inside the
-    batch, with the claim's run and the replica's deciding of the batch as margin."""
+def claim_behind_lock(engine: Engine, name: str) -> int | None:
+    """The backend of replica ``name`` whose claim waits for a table lock (an operator's),
+    if any: it has sent its claim and locked nothing yet."""
     marker = "%" + _claim_marker().replace("%", r"\%").replace("_", r"\_") + "%"
     with engine.connect() as conn:
         pid = conn.execute(text(
-            "SELECT pid FROM pg_stat_activity WHERE application_name = :name AND backend_xid IS NOT NULL "
-            "AND state IN ('active', 'idle in transaction') AND query LIKE :marker LIMIT 1"),
-            {"name": name, "marker": marker}).scalar()
+            "SELECT pid FROM pg_stat_activity WHERE application_name = :name AND state = 'active' "
+            "AND wait_event_type = 'Lock' AND query LIKE :marker LIMIT 1"), {"name": name, "marker": marker}).scalar()
     return int(pid) if pid is not None else None
 
 

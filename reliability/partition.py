@@ -40,9 +40,9 @@ from reliability.cluster import (
 )
 from reliability.frozen_backend import (
     backend_state,
+    claim_behind_lock,
     frozen_batch,
     frozen_in_transaction,
-    in_claim,
     unread_bytes,
     waits_on_client,
 )
@@ -175,11 +175,13 @@ def _pg_port(c: Cluster) -> int:
 
 def _freeze_mid_batch(c: Cluster, victim: Replica, proxy: TcpProxy | None,
                       variant: str) -> tuple[tuple[list[str], list[str]], int, float, int]:
-    """Freeze the victim the moment it claims a batch, and keep the freeze only if its own
-    backend then sits inside that batch's transaction with nothing of the victim's still
-    unread (``frozen_in_transaction``, ``frozen_batch``); otherwise (the batch's last round
-    trip was already on its way, or committed) let it go on and catch the next one, for up
-    to two minutes.
+    """Freeze the victim inside a batch by construction: an operator's session holds
+    ``LOCK TABLE scheduled_events IN EXCLUSIVE MODE`` (reads go on, claims wait) until the
+    victim's claim waits behind it; the victim freezes, the lock goes, and the claim runs and
+    answers a client that can send nothing more. The freeze counts only if the backend then
+    sits inside that transaction with nothing of the victim's unread and pending rows carry
+    it (``frozen_in_transaction``, ``frozen_batch``); otherwise (the claim found no due row)
+    let it go on and try again, for up to two minutes.
     Returns the held rows, the frozen backend, when it froze, and how many tries it took."""
     deadline = time.monotonic() + 120
     tries = 0
@@ -190,17 +192,23 @@ def _freeze_mid_batch(c: Cluster, victim: Replica, proxy: TcpProxy | None,
             raise ScenarioError(f"the backlog drained before a freeze of {victim.name} landed inside a batch "
                                 f"({variant}, {tries - 1} tries; the first misses: {missed[:3]}; the last: "
                                 f"{missed[-2:]}): use more --events")
-        pid = wait_for(lambda: in_claim(c.engine, victim.name), 60, f"{victim.name} to claim a batch",
-                       interval=0.002)
-        assert pid is not None
-        if proxy is not None:
-            proxy.freeze()
-        else:
-            assert victim.process is not None
-            victim.process.send_signal(signal.SIGSTOP)
-        frozen_at = time.monotonic()
-        # What the victim sent before the freeze still runs (the set-based write with its
-        # COMMIT is one round trip): wait until its backend has finished it, then look.
+        operator = c.engine.connect()
+        try:
+            operator.execute(text("LOCK TABLE scheduled_events IN EXCLUSIVE MODE"))
+            pid = wait_for(lambda: claim_behind_lock(c.engine, victim.name), 60,
+                           f"{victim.name}'s claim to wait behind the table lock", interval=0.005)
+            assert pid is not None
+            if proxy is not None:
+                proxy.freeze()
+            else:
+                assert victim.process is not None
+                victim.process.send_signal(signal.SIGSTOP)
+            frozen_at = time.monotonic()
+        finally:
+            operator.rollback()
+            operator.close()
+        # The claim runs once the lock goes, answering a frozen client: wait until its
+        # backend has finished it, then look.
         try:
             wait_for(partial(waits_on_client, c.engine, pid), 10,
                      f"{victim.name}'s backend to finish what it was sent", interval=0.002)
