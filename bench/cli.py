@@ -76,7 +76,7 @@ DESCRIPTIONS = {
     "fullpath": "drain N due commitment reminders through the real NudgingPlatform (rules, dedup, "
                 "preferences, cap, notification rows) by 1/2/4 replicas; beside it procrastinate and pgqueuer "
                 "running the handler a user writes (dedup key, notification, delivery, own transaction)",
-    "http": "requests/s and p50/p99 of POST /admin/scheduled-events on a real `scheduler serve` (uvicorn, "
+    "http": "requests/s and p50/p99 of POST /admin/scheduled-events (and events/s of the batch route) on a real `scheduler serve` (uvicorn, "
             "127.0.0.1) from a separate load process: new keys, then the same keys re-posted",
     "shutdown": "time from stop to loop exit with a one-hour poll interval: run_blocking, async run, "
                 "and the service lifespan",
@@ -162,9 +162,12 @@ def _fullpath(server: Any, s: Sizes, results: dict[str, Any]) -> dict[str, Any]:
 def _http(server: Any, s: Sizes, results: dict[str, Any]) -> dict[str, Any]:
     from bench import http_load
 
+    # the batch route's phases (1 and 8 clients) run once, in the first server's run, beside
+    # that run's single POST from one client
     return {
-        str(c): http_load.run(server, requests=s.http_requests, concurrency=c, seconds=s.http_seconds)
-        for c in s.http_concurrency
+        str(c): http_load.run(server, requests=s.http_requests, concurrency=c, seconds=s.http_seconds,
+                              batch_concurrency=(1, 8) if index == 0 else ())
+        for index, c in enumerate(s.http_concurrency)
     }
 
 

@@ -1,4 +1,4 @@
-"""Benchmark: what the history trigger costs the dispatch hot path (issue 10).
+"""Benchmark: what the history trigger costs the dispatch hot path.
 
 Migration 0003 appends a history row, by trigger, to every INSERT and UPDATE of
 ``scheduled_events``: the loop's ``mark_dispatched`` and ``mark_failed`` included. The

@@ -1,4 +1,4 @@
-"""The handler a pgqueuer or procrastinate user would write for a reminder (issue 16 §3).
+"""The handler a pgqueuer or procrastinate user would write for a reminder.
 
 Our full path deduplicates, applies preferences and the daily cap, and writes a
 notification with its delivery row, in the batch's transaction. Comparing it with peers

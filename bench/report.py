@@ -58,7 +58,7 @@ def claim_table(claim: dict[str, Any]) -> list[str]:
 
 
 def retention_lines(claim: dict[str, Any]) -> list[str]:
-    """The claim after an UPDATE-made history, with and without a retention run (issue 10)."""
+    """The claim after an UPDATE-made history, with and without a retention run."""
     rows = [(size, e) for size, e in claim["sizes"].items() if e.get("ours_retained")]
     if not rows:
         return []
@@ -213,6 +213,22 @@ def http_table(http: dict[str, Any]) -> list[str]:
     return lines
 
 
+def batch_table(phases: dict[str, Any]) -> list[str]:
+    """Events per second of POST /admin/scheduled-events/batch beside the single POST of the same run."""
+    single = phases["single POST, 1 client"]["events_per_second"]
+    lines = [
+        "### Storing events in batches: POST /admin/scheduled-events/batch, beside the single POST",
+        "",
+        "| route | requests | events | events/s | x single POST (1 client) | p50 ms per request | p99 ms |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for label, r in phases.items():
+        events = r.get("events", r["requests"])
+        lines.append(f"| {label} | {r['requests']:,} | {events:,} | {r['events_per_second']:,.0f} | "
+                     f"{r['events_per_second'] / single:.1f} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} |")
+    return lines
+
+
 def shutdown_table(shutdown: dict[str, Any]) -> list[str]:
     lines = [
         f"### Shutdown with a {shutdown['poll_seconds']:.0f} s poll interval (stop to loop exit)",
@@ -313,6 +329,8 @@ def markdown(results: dict[str, Any]) -> str:
     if "http" in sections:
         for http in sections["http"].values():
             lines += ["", *http_table(http)]
+            if "batch" in http:
+                lines += ["", *batch_table(http["batch"])]
     if "shutdown" in sections:
         lines += ["", *shutdown_table(sections["shutdown"])]
     if "memory" in sections:

@@ -1,4 +1,4 @@
-"""Benchmark: the scheduler at 10k, 1M and 10M rows (issue 16 §4).
+"""Benchmark: the scheduler at 10k, 1M and 10M rows.
 
 Each size gets a fresh database holding a long history and the same live work:
 ``size - 1,000`` finished rows (nine in ten dispatched, one in ten failed), one finished

@@ -92,9 +92,7 @@ class Postgres:
         return url
 
     def _pg_ctl(self, args: list[str], timeout: float = 60) -> None:
-        from pgserver._commands import pg_ctl  # type: ignore[attr-defined]  # made by a factory
-
-        pg_ctl(args, pgdata=self.pgdata, user=self.system_user, timeout=timeout)
+        _pg_ctl(self.pgdata, args, timeout)
 
     def stop(self, mode: str = "fast") -> None:
         """``pg_ctl stop -m fast``: every backend is terminated, in-flight transactions roll back."""
@@ -112,6 +110,22 @@ class Postgres:
 
     def drop_database(self, name: str) -> None:
         drop_database(sqlalchemy_url(self.uri), name)
+
+
+def _pg_ctl(pgdata: Path, args: list[str], timeout: float = 60) -> None:
+    from pgserver._commands import pg_ctl  # type: ignore[attr-defined]  # made by a factory
+
+    pg_ctl(args, pgdata=pgdata, user="pgserver" if os.geteuid() == 0 else None, timeout=timeout)
+
+
+def stop_server(pgdata: Path) -> bool:
+    """Stop the server running in ``pgdata``, whoever started it (``pg_ctl stop -m fast``);
+    False if none ran there. A scenario that stopped and started the server itself
+    (database-restart) leaves one that pgserver no longer stops when its last user exits."""
+    if not (pgdata / "postmaster.pid").exists():
+        return False
+    _pg_ctl(pgdata.resolve(), ["-w", "-m", "fast", "stop"])
+    return True
 
 
 def terminate_backends(engine: Engine, database: str, application_prefix: str = "replica-") -> int:
@@ -186,10 +200,25 @@ class Replica:
     log_level: str = "warning"
     starts: int = 0
     exits: list[int] = field(default_factory=list)
+    # An admin token's header: the loop's error text is only on /admin/health/scheduler
+    # (the open /health/scheduler never shows it).
+    admin_headers: dict[str, str] = field(default_factory=dict)
 
     @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    def scheduler_health(self, http: httpx.Client | None = None, timeout: float = 5) -> tuple[int, dict[str, Any]]:
+        """``GET /admin/health/scheduler`` as an admin: (status, body), ``last_error`` included.
+        Raises ``httpx.HTTPError`` without an answer, ``ValueError`` for an answer other than
+        the route's 200 or 503 (a refused token, say) or a body that is not JSON."""
+        get = http.get if http is not None else httpx.get
+        response = get(f"{self.base_url}/admin/health/scheduler", headers=self.admin_headers, timeout=timeout)
+        if response.status_code not in (200, 503):
+            raise ValueError(f"{self.name}: /admin/health/scheduler answered {response.status_code}: "
+                             f"{response.text[:200]}")
+        body: dict[str, Any] = response.json()
+        return response.status_code, body
 
     def start(self, wait: bool = True, timeout: float = 60) -> None:
         if self.process is not None and self.process.poll() is None:
@@ -285,7 +314,8 @@ class Cluster:
             "PYTHONPATH": str(ROOT) + os.pathsep + environment.get("PYTHONPATH", ""),
         })
         environment.update(env)
-        replica = Replica(name, free_port(), environment, self.workdir / f"{name}.log")
+        replica = Replica(name, free_port(), environment, self.workdir / f"{name}.log",
+                          admin_headers=self.headers("nudging.admin"))
         self.replicas.append(replica)
         return replica
 

@@ -38,9 +38,17 @@ from reliability.cluster import (
     log,
     wait_for,
 )
+from reliability.frozen_backend import (
+    backend_state,
+    claim_behind_lock,
+    frozen_batch,
+    frozen_in_transaction,
+    unread_bytes,
+    waits_on_client,
+)
 from reliability.report import report
 from reliability.tcp_proxy import TcpProxy
-from reliability.workload import audit_backlog, plan_backlog, seed_backlog
+from reliability.workload import audit_backlog, pending_count, plan_backlog, seed_backlog
 
 VARIANTS = ("proxy", "process")
 
@@ -98,9 +106,9 @@ def _run_variant(args: argparse.Namespace, variant: str, figures: dict[str, Any]
                 replica.wait_healthy(60)
             started = time.monotonic()
             freeze = _freeze_mid_batch(c, victim, proxy, variant)
-            (batch, participants), pid, frozen_at = freeze
-            log(f"[{variant}] froze {victim.name} mid-batch (backend {pid}) holding {len(batch)} rows of its batch "
-                f"and the locks of {len(participants)} more pending rows of their participants")
+            (batch, participants), pid, frozen_at, tries = freeze
+            log(f"[{variant}] froze {victim.name} mid-batch (backend {pid}, try {tries}) holding {len(batch)} rows "
+                f"of its batch and the locks of {len(participants)} more pending rows of their participants")
             watch = Watch(c.engine, batch, participants, pid, frozen_at)
             stall = _watch_while_frozen(watch, victim, args)
             if proxy is not None:
@@ -121,6 +129,7 @@ def _run_variant(args: argparse.Namespace, variant: str, figures: dict[str, Any]
             failed_poll = "poll failed" in victim.log_path.read_text(errors="replace")
             prefix = f"{variant}_"
             figures.update({
+                prefix + "freeze_tries": tries,
                 prefix + "batch_rows_held": len(batch),
                 prefix + "batch_rows_out_seconds": watch.out,
                 prefix + "participant_rows_blocked": len(participants),
@@ -164,75 +173,66 @@ def _pg_port(c: Cluster) -> int:
     return make_url(c.pg.url(c.database)).port or 5432
 
 
-def _batch_of(engine: Engine, name: str) -> tuple[int, str] | None:
-    """The victim's backend that holds row locks now (it has a transaction id), if any."""
-    with engine.connect() as conn:
-        row = conn.execute(text(
-            "SELECT pid, backend_xid::text AS xid FROM pg_stat_activity "
-            "WHERE application_name = :name AND backend_xid IS NOT NULL"), {"name": name}).first()
-    return (int(row.pid), str(row.xid)) if row else None
-
-
-def _waits_on_client(engine: Engine, pid: int) -> bool:
-    """The backend runs nothing the client sent: it waits for the client (or is gone)."""
-    with engine.connect() as conn:
-        state = conn.execute(text("SELECT state FROM pg_stat_activity WHERE pid = :pid"), {"pid": pid}).scalar()
-    return state != "active"
-
-
-def _backend(engine: Engine, pid: int) -> dict[str, Any] | None:
-    """What pg_stat_activity says of a backend (a scenario's error shows it)."""
-    with engine.connect() as conn:
-        row = conn.execute(text(
-            "SELECT state, wait_event_type, wait_event, backend_xid::text AS xid, left(query, 300) AS query, "
-            "now() - state_change AS in_state_for FROM pg_stat_activity WHERE pid = :pid"), {"pid": pid}).first()
-    return dict(row._mapping) if row else None
-
-
-def _held_rows(engine: Engine, xid: str) -> tuple[list[str], list[str]]:
-    """Pending rows the frozen batch holds: its own (locked by its transaction), and the
-    other pending rows of their participants (whose advisory locks it holds, so that every
-    other replica's claim skips them)."""
-    with engine.connect() as conn:
-        rows = conn.execute(text(
-            "WITH batch AS (SELECT user_id FROM scheduled_events WHERE status = 'pending' AND xmax::text = :xid) "
-            "SELECT id, xmax::text = :xid AS locked FROM scheduled_events WHERE status = 'pending' "
-            "AND user_id IN (SELECT user_id FROM batch)"), {"xid": xid}).all()
-    return [r.id for r in rows if r.locked], [r.id for r in rows if not r.locked]
-
-
 def _freeze_mid_batch(c: Cluster, victim: Replica, proxy: TcpProxy | None,
-                      variant: str) -> tuple[tuple[list[str], list[str]], int, float]:
-    """Freeze the victim the moment it holds a batch; try again if that batch had already
-    committed when the freeze landed."""
-    for _ in range(50):
-        found = wait_for(lambda: _batch_of(c.engine, victim.name), 60, f"{victim.name} to hold a batch",
-                         interval=0.002)
-        assert found is not None
-        pid, xid = found
-        if proxy is not None:
-            proxy.freeze()
-        else:
-            assert victim.process is not None
-            victim.process.send_signal(signal.SIGSTOP)
-        frozen_at = time.monotonic()
-        # What the victim sent before the freeze still runs (the set-based write with its
-        # COMMIT is one round trip): wait until its backend has finished it, then look.
+                      variant: str) -> tuple[tuple[list[str], list[str]], int, float, int]:
+    """Freeze the victim inside a batch by construction: an operator's session holds
+    ``LOCK TABLE scheduled_events IN EXCLUSIVE MODE`` (reads go on, claims wait) until the
+    victim's claim waits behind it; the victim freezes, the lock goes, and the claim runs and
+    answers a client that can send nothing more. The freeze counts only if the backend then
+    sits inside that transaction with nothing of the victim's unread and pending rows carry
+    it (``frozen_in_transaction``, ``frozen_batch``); otherwise (the claim found no due row)
+    let it go on and try again, for up to two minutes.
+    Returns the held rows, the frozen backend, when it froze, and how many tries it took."""
+    deadline = time.monotonic() + 120
+    tries = 0
+    missed: list[str] = []  # why each try that did not count did not
+    while time.monotonic() < deadline:
+        tries += 1
+        if tries > 1 and pending_count(c.engine) == 0:
+            raise ScenarioError(f"the backlog drained before a freeze of {victim.name} landed inside a batch "
+                                f"({variant}, {tries - 1} tries; the first misses: {missed[:3]}; the last: "
+                                f"{missed[-2:]}): use more --events")
+        operator = c.engine.connect()
         try:
-            wait_for(partial(_waits_on_client, c.engine, pid), 10,
+            operator.execute(text("LOCK TABLE scheduled_events IN EXCLUSIVE MODE"))
+            pid = wait_for(lambda: claim_behind_lock(c.engine, victim.name), 60,
+                           f"{victim.name}'s claim to wait behind the table lock", interval=0.005)
+            assert pid is not None
+            if proxy is not None:
+                proxy.freeze()
+            else:
+                assert victim.process is not None
+                victim.process.send_signal(signal.SIGSTOP)
+            frozen_at = time.monotonic()
+        finally:
+            operator.rollback()
+            operator.close()
+        # The claim runs once the lock goes, answering a frozen client: wait until its
+        # backend has finished it, then look.
+        try:
+            wait_for(partial(waits_on_client, c.engine, pid), 10,
                      f"{victim.name}'s backend to finish what it was sent", interval=0.002)
         except ScenarioError as exc:
-            raise ScenarioError(f"{exc}; the backend: {_backend(c.engine, pid)}") from None
-        held = _held_rows(c.engine, xid)
-        if held[0]:
-            return held, pid, frozen_at
-        # the batch committed before the freeze: let it go on and catch the next one
+            raise ScenarioError(f"{exc}; the backend: {backend_state(c.engine, pid)}") from None
+        held = None
+        if not frozen_in_transaction(c.engine, pid):
+            missed.append(f"not frozen in its transaction: {backend_state(c.engine, pid)}, "
+                          f"{unread_bytes(pid)} bytes unread")
+        elif (held := frozen_batch(c.engine, pid)) is None:
+            missed.append(f"frozen in a transaction no pending row carries: {backend_state(c.engine, pid)}")
+        if held is not None:
+            if missed:
+                log(f"[{variant}] {len(missed)} freezes did not land inside a batch first, e.g. {missed[-1]}")
+            batch, participants = held
+            return (batch, participants), pid, frozen_at, tries
+        # the batch's last round trip got away before the freeze: let it go on, catch the next one
         if proxy is not None:
             proxy.thaw()
         else:
             assert victim.process is not None
             victim.process.send_signal(signal.SIGCONT)
-    raise ScenarioError(f"could not freeze {victim.name} while it held a batch ({variant})")
+    raise ScenarioError(f"could not freeze {victim.name} while it held a batch ({variant}, {tries} tries; "
+                        f"the first misses: {missed[:3]}; the last: {missed[-2:]})")
 
 
 class Watch:

@@ -217,7 +217,7 @@ def _backlog_pending(engine: Engine) -> int:
 
 def _health(replica: Replica) -> dict[str, Any]:
     try:
-        body: dict[str, Any] = httpx.get(f"{replica.base_url}/health/scheduler", timeout=5).json()
+        _, body = replica.scheduler_health()
     except (httpx.HTTPError, ValueError) as exc:
         body = {"error": str(exc)}
     body["name"] = replica.name

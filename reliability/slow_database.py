@@ -182,7 +182,7 @@ def _check_timeouts_shown(monitor: HealthMonitor, start: float, end: float, prob
     for name, words in expected.items():
         samples = [s for s in monitor.between(start, end) if s.replica == name]
         if not any(s.status == 503 and words in (s.body.get("last_error") or "") for s in samples):
-            errors = {s.body.get("last_error", "")[:80] for s in samples}
+            errors = {(s.body.get("last_error") or "")[:80] for s in samples}
             problems.append(f"{name}: health never showed a {words} during the table lock (errors seen: {errors})")
         if any(s.status is None or not s.body.get("running") for s in samples):
             problems.append(f"{name}: health stopped answering, or the loop stopped, during the table lock")

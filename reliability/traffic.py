@@ -1,4 +1,5 @@
-"""Load and observation during a fault: POSTing clients and a /health/scheduler monitor.
+"""Load and observation during a fault: POSTing clients and a monitor of each replica's
+loop health (``/admin/health/scheduler``, as an admin: the open route has no error text).
 
 Each client posts scheduled events with its own external keys (opt-in idempotence,
 REQ-0064), so a 503 can be retried with the same key: at the end the table must hold
@@ -162,7 +163,8 @@ class HealthSample:
 
 
 class HealthMonitor:
-    """Samples every replica's /health/scheduler every ``interval`` seconds."""
+    """Samples every replica's /admin/health/scheduler every ``interval`` seconds (the open
+    route's fields and ``last_error``; an answer other than 200 or 503 is no sample's body)."""
 
     def __init__(self, replicas: list[Replica], interval: float = 0.1) -> None:
         self.replicas = replicas
@@ -183,8 +185,8 @@ class HealthMonitor:
             while not self._stop.is_set():
                 for replica in self.replicas:
                     try:
-                        response = http.get(f"{replica.base_url}/health/scheduler")
-                        sample = HealthSample(time.monotonic(), replica.name, response.status_code, response.json())
+                        status, body = replica.scheduler_health(http)
+                        sample = HealthSample(time.monotonic(), replica.name, status, body)
                     except (httpx.HTTPError, ValueError):
                         sample = HealthSample(time.monotonic(), replica.name, None, {})
                     self.samples.append(sample)
@@ -197,9 +199,9 @@ class HealthMonitor:
         """Every replica answers 200 with a loop that is running."""
         for replica in self.replicas:
             try:
-                response = httpx.get(f"{replica.base_url}/health/scheduler", timeout=http_timeout)
-            except httpx.HTTPError:
+                status, body = replica.scheduler_health(timeout=http_timeout)
+            except (httpx.HTTPError, ValueError):
                 return False
-            if response.status_code != 200 or not response.json().get("running"):
+            if status != 200 or not body.get("running"):
                 return False
         return True

@@ -121,6 +121,14 @@ class Settings(BaseSettings):
         None, "SCHEDULER_RULES_DIR", "a directory of rule files (`*.json`)", shown="the shipped examples")
     max_body_bytes: int = _setting(
         64 * 1024, "SCHEDULER_MAX_BODY_BYTES", "larger bodies are a 413", ge=1024)
+    batch_max_events: int = _setting(
+        1000, "SCHEDULER_BATCH_MAX_EVENTS",
+        "events one `POST /admin/scheduled-events/batch` (and one chunk of `scheduler events import`) may hold; "
+        "more is a 413", ge=1, le=10_000)
+    batch_max_body_bytes: int = _setting(
+        8 * 1024 * 1024, "SCHEDULER_BATCH_MAX_BODY_BYTES",
+        "larger batch bodies are a 413 (each item is still bounded by SCHEDULER_MAX_BODY_BYTES: a 422 for that item)",
+        shown="8 MiB", ge=1024)
     statement_timeout_ms: int = _setting(
         30_000, "SCHEDULER_STATEMENT_TIMEOUT_MS", "PostgreSQL `statement_timeout` for every connection", ge=0)
     lock_timeout_ms: int = _setting(
@@ -144,7 +152,7 @@ class Settings(BaseSettings):
         False, "SCHEDULER_METRICS_REQUIRE_ADMIN", "`GET /metrics` needs an admin token")
     console_refresh_seconds: float = _setting(
         2.0, "SCHEDULER_CONSOLE_REFRESH_SECONDS", "how often the console's overview updates", ge=0.1)
-    # A frozen peer holds nothing for long (issue 14): DEC-11 says why 10 s.
+    # A frozen peer holds nothing for long: DEC-11 says why 10 s.
     idle_in_transaction_timeout_ms: int = _setting(
         10_000, "SCHEDULER_IDLE_IN_TRANSACTION_TIMEOUT_MS",
         "PostgreSQL ends a session idle inside a transaction this long (a frozen replica), releasing its "

@@ -1,4 +1,4 @@
-"""INBOX-7 — the participant's page in real Chromium, across two replicas (issue 10).
+"""INBOX-7 — the participant's page in real Chromium, across two replicas.
 
 Replica A runs the polling loop; replica B only serves (no loop). Both are `uvicorn`
 servers on 127.0.0.1 over one test database. The page, opened on B, signs in with a

@@ -1,4 +1,4 @@
-"""Cancel in the console (issue 17 §4), over HTTP; test_console_browser.py drives it in Chromium.
+"""Cancel in the console, over HTTP; test_console_browser.py drives it in Chromium.
 
 In our words: an event's page cancels a pending or failed row with a required reason
 (CSRF-protected, audited, the row's history naming who); a dispatched row stays dispatched

@@ -1,4 +1,4 @@
-"""The console's sessions over HTTP (issue 17 §3); tests/operations/test_console_browser.py drives them in Chromium.
+"""The console's sessions over HTTP; tests/operations/test_console_browser.py drives them in Chromium.
 
 In our words: a token pasted once opens a session stored in the database; the cookie holds
 only a random session id (the table keeps its hash, the API refuses it); sign-out deletes

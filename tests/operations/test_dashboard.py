@@ -2,7 +2,7 @@
 
 In our words: every PromQL expression of the dashboard names metrics (and groups by labels)
 that a real scrape of ``GET /metrics`` shows, so renaming a metric breaks this test before
-it breaks an operator's dashboard; and the dashboard shows what issue 17 lists.
+it breaks an operator's dashboard; and the dashboard shows what OBS and DASH clauses list.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""HEALTH-1 to HEALTH-3: the open health route tells health in words, not secrets (issue 14 §5).
+"""HEALTH-1 to HEALTH-3: the open health route tells health in words, not secrets.
 
 ``GET /health/scheduler`` is open: it says whether the loop is healthy and why (``state``
 running, stale, failing or stopped, and a ``reason`` in words), and never error text, which

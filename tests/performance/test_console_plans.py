@@ -26,7 +26,7 @@ from tests.performance.test_claim_plan import scans
 PENDING = "ix_scheduled_events_pending_due"
 FAILED = "ix_scheduled_events_failed"
 UPDATED_AT = "ix_scheduled_events_updated_at"
-# retention's partial index (issue 10) holds exactly the dispatched and cancelled rows by
+# retention's partial index holds exactly the dispatched and cancelled rows by
 # updated_at: as good a window for the lateness of the last hour, and smaller
 FINISHED = "ix_scheduled_events_finished"
 USER = "ix_scheduled_events_user_id"

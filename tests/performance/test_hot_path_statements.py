@@ -115,7 +115,7 @@ def test_the_real_dispatch_path_decides_a_batch_of_twenty_in_the_statements_of_a
     one and a batch of twenty send the same four statements (the claim with its try-locks, the
     savepoint sent with the read, the write sent with the COMMIT; no release): 0.2 per event at
     batch 20."""
-    # After the commit the inbox numbers the batch's notifications for the stream (issue 10):
+    # After the commit the inbox numbers the batch's notifications for the stream:
     # one short transaction per batch, measured by `python -m bench history`; not the batch's own.
     service.scheduler.publisher = None
     post_due(client, 1, "one")

@@ -12,16 +12,11 @@ protocol, whatever the batch's size. A fast path that silently fell back fails h
 
 from __future__ import annotations
 
-import contextlib
-import socket
 import struct
-import threading
 from collections.abc import Iterator
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
-from sqlalchemy import make_url
 from starlette.testclient import TestClient
 
 from scheduler.config import Settings
@@ -31,25 +26,21 @@ from scheduler.nudging.publishers import RecordingPublisher
 from scheduler.web.app import SchedulerService
 from tests.conftest import T0
 from tests.helpers import post_event
+from tests.proxy import UnixSocketProxy, running, through, unix_socket_of
 
 # The untyped requests a client may send before its startup message (SSL, GSS encryption,
 # cancel): a length and a code, no type byte.
 _REQUESTS = {80877103, 80877104, 80877102}
 
 
-class MessageRecorder:
-    """A TCP proxy to PostgreSQL's Unix socket that records each frontend message's type and
-    text (a fake at the edge: the bytes pass unchanged)."""
+class MessageRecorder(UnixSocketProxy):
+    """A proxy (a fake at the edge) that records each frontend message's type and text; the
+    bytes pass unchanged."""
 
     def __init__(self, unix_path: str) -> None:
-        self.unix_path = unix_path
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
         self.messages: list[tuple[str, bytes]] = []
-        self.lock = threading.Lock()
-        self.sockets: list[socket.socket] = []
-        self.threads = [threading.Thread(target=self._accept, daemon=True)]
-        self.threads[0].start()
+        self._buffer, self._started = b"", False
+        super().__init__(unix_path)
 
     def take(self) -> list[tuple[str, bytes]]:
         """The messages recorded since the last call."""
@@ -57,71 +48,32 @@ class MessageRecorder:
             taken, self.messages = self.messages, []
         return taken
 
-    def _accept(self) -> None:
+    def observe_upstream(self, data: bytes) -> None:
+        # one client connection at a time in these tests: one parse state
+        self._buffer += data
         while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
+            if not self._started:
+                if len(self._buffer) < 8:
+                    return
+                length, code = struct.unpack("!ii", self._buffer[:8])
+                if len(self._buffer) < length:
+                    return
+                self._buffer, self._started = self._buffer[length:], code not in _REQUESTS
+                continue
+            if len(self._buffer) < 5:
                 return
-            server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            server.connect(self.unix_path)
-            self.sockets += [client, server]
-            for target, source, parse in ((server, client, True), (client, server, False)):
-                thread = threading.Thread(target=self._pipe, args=(source, target, parse), daemon=True)
-                thread.start()
-                self.threads.append(thread)
-
-    def _pipe(self, source: socket.socket, target: socket.socket, parse: bool) -> None:
-        buffer, started = b"", False
-        try:
-            while data := source.recv(65536):
-                target.sendall(data)
-                if not parse:
-                    continue
-                buffer += data
-                while True:
-                    if not started:
-                        if len(buffer) < 8:
-                            break
-                        length, code = struct.unpack("!ii", buffer[:8])
-                        if len(buffer) < length:
-                            break
-                        buffer, started = buffer[length:], code not in _REQUESTS
-                        continue
-                    if len(buffer) < 5:
-                        break
-                    kind, length = chr(buffer[0]), struct.unpack("!i", buffer[1:5])[0]
-                    if len(buffer) < 1 + length:
-                        break
-                    with self.lock:
-                        self.messages.append((kind, buffer[5:1 + length]))
-                    buffer = buffer[1 + length:]
-        except OSError:
-            pass
-
-    def close(self) -> None:
-        with contextlib.suppress(OSError):
-            self.listener.shutdown(socket.SHUT_RDWR)
-        self.listener.close()
-        for s in self.sockets:
-            with contextlib.suppress(OSError):
-                s.shutdown(socket.SHUT_RDWR)
-            s.close()
-        for thread in self.threads:
-            thread.join(timeout=5)
+            kind, length = chr(self._buffer[0]), struct.unpack("!i", self._buffer[1:5])[0]
+            if len(self._buffer) < 1 + length:
+                return
+            with self.lock:
+                self.messages.append((kind, self._buffer[5:1 + length]))
+            self._buffer = self._buffer[1 + length:]
 
 
 @pytest.fixture
 def wire(database_url: str) -> Iterator[tuple[MessageRecorder, str]]:
-    url = make_url(database_url)
-    host, port = url.query.get("host") or url.host, url.query.get("port") or url.port or 5432
-    if not (isinstance(host, str) and host.startswith("/")):
-        pytest.skip("the proxy reaches PostgreSQL through its Unix socket (the embedded server's)")
-    recorder = MessageRecorder(str(Path(host) / f".s.PGSQL.{port}"))
-    proxied = make_url(database_url).set(host="127.0.0.1", port=recorder.port)
-    proxied = proxied.set(query={k: v for k, v in proxied.query.items() if k not in ("host", "port")})
-    yield recorder, proxied.render_as_string(hide_password=False)
-    recorder.close()
+    with running(MessageRecorder(unix_socket_of(database_url))) as recorder:
+        yield recorder, through(database_url, recorder)
 
 
 def _poll_messages(service: SchedulerService, recorder: MessageRecorder) -> list[tuple[str, bytes]]:

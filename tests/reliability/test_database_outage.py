@@ -183,7 +183,7 @@ def test_a_connection_terminated_mid_request_answers_503_and_the_retry_succeeds(
 @pytest.mark.clause("REL-2")
 def test_a_polls_connection_used_a_moment_ago_is_not_pinged_and_a_requests_always_is(database_url: str) -> None:
     """REL-2: a poll's pooled connection used less than a second ago is taken without a ping (the
-    round trip a burst's polls saved, issue 16 §2); one idle longer is pinged, and so is every
+    round trip a burst's polls saved); one idle longer is pinged, and so is every
     request's; a connection killed while idle is replaced at a pinged checkout, unseen."""
     now = [100.0]
     engine = create_engine(database_url, pool_size=1, max_overflow=0)

@@ -13,15 +13,12 @@ would. The server must still end the session within the timeout and release the 
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import socket
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-from sqlalchemy import Engine, make_url, text
+from sqlalchemy import Engine, text
 from sqlalchemy.exc import DBAPIError
 
 from scheduler.config import Settings
@@ -30,80 +27,40 @@ from scheduler.core.claim import claim_rounds
 from scheduler.core.isolation import commit_batch
 from scheduler.database.engine import make_engine, make_sessionmaker
 from tests.conftest import T0
+from tests.proxy import UnixSocketProxy, running, through, unix_socket_of
 from tests.reliability.support import store_due, wait_until
 
 TIMEOUT_MS = 500
 FORWARDED = 8192  # libpq's chunk: what a sender frozen mid-write had handed over
 
 
-class CuttingProxy:
-    """A TCP proxy to PostgreSQL's Unix socket that, once ``cut`` is called, forwards only
-    the next ``FORWARDED`` bytes the client sends and holds back the rest (a fake at the edge)."""
+class CuttingProxy(UnixSocketProxy):
+    """A proxy (a fake at the edge) that, once ``cut`` is called, forwards only the next
+    ``FORWARDED`` bytes the client sends and holds back the rest."""
 
     def __init__(self, unix_path: str) -> None:
-        self.unix_path = unix_path
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
         self.budget: int | None = None  # bytes still to forward after the cut; None: no cut
         self.held = 0
-        self.lock = threading.Lock()
-        self.sockets: list[socket.socket] = []
-        self.threads = [threading.Thread(target=self._accept, daemon=True)]
-        self.threads[0].start()
+        super().__init__(unix_path)
 
     def cut(self) -> None:
         with self.lock:
             self.budget = FORWARDED
 
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            server.connect(self.unix_path)
-            self.sockets += [client, server]
-            for source, target, upstream in ((client, server, True), (server, client, False)):
-                thread = threading.Thread(target=self._pipe, args=(source, target, upstream), daemon=True)
-                thread.start()
-                self.threads.append(thread)
-
-    def _pipe(self, source: socket.socket, target: socket.socket, upstream: bool) -> None:
-        try:
-            while data := source.recv(65536):
-                if upstream:
-                    with self.lock:
-                        if self.budget is not None:
-                            data, rest = data[:self.budget], data[self.budget:]
-                            self.budget -= len(data)
-                            self.held += len(rest)
-                if data:
-                    target.sendall(data)
-        except OSError:
-            pass
-
-    def close(self) -> None:
-        with contextlib.suppress(OSError):
-            self.listener.shutdown(socket.SHUT_RDWR)  # wakes the accepting thread
-        self.listener.close()
-        for s in self.sockets:
-            with contextlib.suppress(OSError):
-                s.shutdown(socket.SHUT_RDWR)
-            s.close()
-        for thread in self.threads:
-            thread.join(timeout=5)
+    def upstream(self, data: bytes) -> bytes:
+        with self.lock:
+            if self.budget is None:
+                return data
+            data, rest = data[:self.budget], data[self.budget:]
+            self.budget -= len(data)
+            self.held += len(rest)
+            return data
 
 
 @pytest.fixture
 def proxy(database_url: str) -> Iterator[CuttingProxy]:
-    url = make_url(database_url)
-    host, port = url.query.get("host") or url.host, url.query.get("port") or url.port or 5432
-    if not (isinstance(host, str) and host.startswith("/")):
-        pytest.skip("the proxy reaches PostgreSQL through its Unix socket (the embedded server's)")
-    running = CuttingProxy(str(Path(host) / f".s.PGSQL.{port}"))
-    yield running
-    running.close()
+    with running(CuttingProxy(unix_socket_of(database_url))) as cutting:
+        yield cutting
 
 
 def _alive(engine: Engine, pid: int) -> bool:
@@ -127,9 +84,7 @@ def test_a_replica_frozen_mid_send_of_its_commit_round_trip_is_ended_by_the_data
     """REL-15: the batch's last round trip (its outcomes with the COMMIT, 40 KB) reaches the server
     only in part; the server ends the session within the idle timeout and the rows are free."""
     ids = store_due(engine, [f"user-{i}" for i in range(3)], T0)
-    url = make_url(database_url).set(host="127.0.0.1", port=proxy.port)
-    url = url.set(query={k: v for k, v in url.query.items() if k not in ("host", "port")})
-    frozen_engine = make_engine(url.render_as_string(hide_password=False),
+    frozen_engine = make_engine(through(database_url, proxy),
                                 Settings(idle_in_transaction_timeout_ms=TIMEOUT_MS), pool_size=1, max_overflow=0)
     session = make_sessionmaker(frozen_engine)()
     errors: list[BaseException] = []

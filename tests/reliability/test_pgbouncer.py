@@ -8,15 +8,12 @@ reason, only where the pgbouncer package is not installed (``scripts/system-pack
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from reliability.cluster import ROOT
 from reliability.pooler import PgBouncer, pgbouncer_binary
 from sqlalchemy import Connection, Engine, make_url, text
 from sqlalchemy.exc import OperationalError
@@ -31,8 +28,8 @@ from scheduler.types import SchedulerMode
 from scheduler.web.app import SchedulerService
 from tests.conftest import TEST_SECRET, PgServer
 from tests.helpers import bounded
+from tests.reliability.scenarios import run_small_scenario
 from tests.reliability.support import statuses, store_due
-from tests.reliability.test_scenarios import _test_pgdata
 
 needs_pgbouncer = pytest.mark.skipif(
     pgbouncer_binary() is None,
@@ -189,15 +186,7 @@ def test_a_small_pgbouncer_run_passes_end_to_end(tmp_path: Path) -> None:
     """REL-9: `python -m reliability pgbouncer` (300 events, 2 prompt-mode replicas behind a real
     PgBouncer in transaction mode, 2 POSTing clients) exits 0 with lost: 0, both replicas on timed
     wake-ups with a reason, the fallback logged once each; full-size figures in docs/reliability.md."""
-    pgdata = _test_pgdata()
-    if pgdata is None:
-        pytest.skip("the scenario needs the embedded server (SCHEDULER_TEST_DATABASE_URL is set)")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SCHEDULER_")}
-    command = [sys.executable, "-m", "reliability", "pgbouncer", "--events", "300", "--clients", "2", "--timed", "2",
-               "--poll-seconds", "0.5", "--timeout", "60", "--seed", "12", "--pgdata", str(pgdata),
-               "--workdir", str(tmp_path)]
-    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180, check=False)
-    output = result.stdout[-4000:] + result.stderr[-3000:]
-    assert result.returncode == 0, output
-    assert "  lost: 0" in result.stdout and "== pgbouncer: passed" in result.stdout, output
-    assert "  wakeups: {'replica-1': 'timer', 'replica-2': 'timer'}" in result.stdout, output
+    run = run_small_scenario("pgbouncer", ["--events", "300", "--clients", "2", "--timed", "2",
+                                           "--poll-seconds", "0.5", "--timeout", "60", "--seed", "12"],
+                             tmp_path, timeout=180)
+    assert "  wakeups: {'replica-1': 'timer', 'replica-2': 'timer'}" in run.stdout, run.output()

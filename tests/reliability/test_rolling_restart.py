@@ -2,7 +2,7 @@
 
 Real ``scheduler serve`` processes on the test's database. On SIGTERM with an inbox stream
 and a console stream open, both streams end at once with a ``retry:`` hint, the process
-exits 0 promptly, and its log holds no ERROR and no traceback (before issue 14: 10.6 s and
+exits 0 promptly, and its log holds no ERROR and no traceback (before DEC-SSE: 10.6 s and
 an ERROR with a ``CancelledError`` traceback, uvicorn's graceful-shutdown timeout cancelling
 the stream). A participant whose replica stopped reconnects to another replica with
 ``Last-Event-ID`` and gets exactly what was delivered meanwhile, then the live stream.

@@ -1,22 +1,24 @@
-"""REL-7: the fault scenarios' audit can fail, and a scenario runs from one command.
+"""REL-7, REL-17: the fault scenarios' audit can fail, and every scenario runs, small, in CI.
 
 The full scenarios (several thousand events, many faults) are scripts, run by hand or
-nightly: ``python -m reliability --help``. Here, CI checks their foundation: the audit
-detects a lost, a duplicated and an over-cap outcome, and a small killed-replicas run
-passes end to end through real processes.
+nightly: ``python -m reliability --help``. Here, CI checks their foundation (the audit
+detects a lost, a duplicated and an over-cap outcome) and runs every scenario at a small
+size through real processes: here killed-replicas, database-restart, slow-database, shutdown
+and fuzz; partition and clock-skew in test_frozen_and_skewed_replicas.py, pgbouncer in
+test_pgbouncer.py. A registry test fails if a registered scenario has no such run.
 """
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
+import ast
+import importlib
+import shutil
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from reliability.cluster import ROOT
+from reliability.__main__ import SCENARIOS
+from reliability.cluster import ROOT, stop_server
 from reliability.workload import Backlog, audit_backlog, plan_backlog, seed_backlog
 from sqlalchemy import Engine, text
 
@@ -25,6 +27,7 @@ from scheduler.core.clock import SystemClock
 from scheduler.web.app import SchedulerService
 from tests.conftest import TEST_SECRET
 from tests.helpers import drain
+from tests.reliability.scenarios import run_small_scenario, suite_pgdata
 
 
 def _drained(engine: Engine) -> Backlog:
@@ -70,26 +73,109 @@ def test_the_scenario_audit_passes_a_clean_drain_and_catches_each_kind_of_damage
     assert any(words in problem for problem in damaged.problems), damaged.problems
 
 
-def _test_pgdata() -> Path | None:
-    """The embedded server the suite already runs (tests/conftest.py), shared by the scenario."""
-    if os.environ.get("SCHEDULER_TEST_DATABASE_URL"):
-        return None
-    return Path(os.environ.get("SCHEDULER_TEST_PGDATA") or Path(tempfile.gettempdir()) / f"scheduler-tests-pg-{os.getuid()}")
-
-
 @pytest.mark.clause("REL-7")
 def test_a_small_killed_replicas_run_passes_end_to_end(tmp_path: Path) -> None:
     """REL-7: `python -m reliability killed-replicas` (300 events, 2 replicas, kill -9 every second)
     exits 0 and reports lost: 0; the full-size figures are in docs/reliability.md."""
-    pgdata = _test_pgdata()
-    if pgdata is None:
-        pytest.skip("the scenario needs the embedded server (SCHEDULER_TEST_DATABASE_URL is set)")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SCHEDULER_")}
-    command = [sys.executable, "-m", "reliability", "killed-replicas", "--events", "300", "--replicas", "2",
-               "--kill-every", "1", "--seed", "11", "--pgdata", str(pgdata), "--workdir", str(tmp_path)]
-    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False)
-    output: Callable[[], str] = lambda: result.stdout[-3000:] + result.stderr[-3000:]  # noqa: E731
-    assert result.returncode == 0, output()
-    assert "  lost: 0" in result.stdout and "== killed-replicas: passed" in result.stdout, output()
-    kills = next(line for line in result.stdout.splitlines() if line.startswith("  kills: "))
-    assert int(kills.split()[1]) >= 1, output()
+    run = run_small_scenario("killed-replicas", ["--events", "300", "--replicas", "2", "--kill-every", "1",
+                                                 "--seed", "11"], tmp_path, timeout=300)
+    assert run.figures["kills"] >= 1, run.output()
+
+
+@pytest.mark.clause("REL-2")
+@pytest.mark.clause("REL-17")
+def test_a_small_database_restart_run_passes_end_to_end(tmp_path: Path) -> None:
+    """REL-2, REL-17: `python -m reliability database-restart` (300 events, PostgreSQL stopped for
+    2 s once, replica backends terminated twice, 2 POSTing clients) on a server of its own (it
+    stops the server, which the suite's other tests share): every replica survives, its health
+    showed the outage (503 failing) and recovered, nothing lost, every 201 in the table."""
+    # Not under tmp_path: the server runs as another user when root, and every pytest session
+    # starting meanwhile (the machine's others) makes pytest's own temporary root private again.
+    own = Path(tempfile.mkdtemp(prefix="scheduler-restart-pg-")) / "pg"
+    try:
+        run = run_small_scenario("database-restart", ["--events", "300", "--replicas", "2", "--clients", "2",
+                                                      "--outage", "2", "--restarts", "1", "--terminations", "2",
+                                                      "--seed", "13"], tmp_path, timeout=300, pgdata=own)
+    finally:
+        stop_server(own)  # started again by the scenario itself: nobody else stops it
+        stopped = not (own / "postmaster.pid").exists()
+        shutil.rmtree(own.parent, ignore_errors=True)
+    assert stopped, "the scenario's own server was left running"
+    assert run.figures["database_restarts"] == 1 and run.figures["backends_terminated"] >= 1, run.output()
+    assert run.figures["health_503_samples"] > 0 and run.figures["acknowledged_201"] > 0, run.output()
+
+
+@pytest.mark.clause("REL-3")
+@pytest.mark.clause("REL-4")
+@pytest.mark.clause("REL-17")
+def test_a_small_slow_database_run_passes_end_to_end(tmp_path: Path) -> None:
+    """REL-3, REL-4, REL-17: `python -m reliability slow-database` (1200 events, each lock held
+    2 s, 2 POSTing clients): during the table lock each replica's admin health named its own
+    timeout (lock, statement) and POSTs answered 503; during one participant's advisory lock
+    the others kept going at no less than half the rate without a hold; nothing lost."""
+    run = run_small_scenario("slow-database", ["--events", "1200", "--clients", "2", "--hold", "2",
+                                               "--seed", "14"], tmp_path, timeout=300)
+    assert run.figures["progress_during_advisory_lock"] > 0, run.output()
+
+
+@pytest.mark.clause("REL-5")
+@pytest.mark.clause("REL-17")
+def test_a_small_shutdown_run_passes_end_to_end(tmp_path: Path) -> None:
+    """REL-5, REL-17: `python -m reliability shutdown` (600 events, 2 replicas, 3 SIGTERMs, each
+    restarted): every SIGTERM ends in a clean lifespan shutdown and exit 0, no backend of the
+    replica is left, and the audit finds every event done exactly once."""
+    run = run_small_scenario("shutdown", ["--events", "600", "--replicas", "2", "--rounds", "3", "--seed", "15"],
+                             tmp_path, timeout=300)
+    assert run.figures["sigterms"] >= 1 and run.figures["graceful_shutdowns"] == run.figures["sigterms"], run.output()
+
+
+@pytest.mark.clause("SEC-17")
+@pytest.mark.clause("REL-17")
+def test_a_small_fuzz_run_passes_end_to_end(tmp_path: Path) -> None:
+    """SEC-17, REL-17: `python -m reliability fuzz` with 2 examples per operation and generation
+    mode (its pytest run on the suite's embedded server): no 5xx, the figures name the cases."""
+    pgdata = suite_pgdata()
+    run = run_small_scenario("fuzz", ["--examples", "2", "--seed", "16"], tmp_path, timeout=600,
+                             env={"SCHEDULER_TEST_PGDATA": str(pgdata)} if pgdata else None)
+    assert run.figures["cases"] > 0, run.output()
+
+
+def _small_runs_in_tests() -> dict[str, list[str]]:
+    """Scenario name -> the tests that call ``run_small_scenario`` with it written out, read
+    from the source of every test module (not from a pytest run: the check holds whatever
+    subset of the suite is selected)."""
+    found: dict[str, list[str]] = {}
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) or not node.name.startswith("test_"):
+                continue
+            for call in ast.walk(node):
+                if (isinstance(call, ast.Call) and call.args and isinstance(call.args[0], ast.Constant)
+                        and isinstance(call.args[0].value, str)
+                        and (getattr(call.func, "id", None) or getattr(call.func, "attr", None)) == "run_small_scenario"):
+                    found.setdefault(call.args[0].value, []).append(f"{path.relative_to(ROOT)}::{node.name}")
+    return found
+
+
+@pytest.mark.clause("REL-17")
+def test_every_registered_scenario_runs_small_in_ci_and_every_scenario_module_is_registered() -> None:
+    """REL-17: each scenario of `python -m reliability` (reliability.__main__.SCENARIOS) has a
+    test that runs it at a small size through run_small_scenario, and every module of
+    reliability/ that defines a scenario (add_arguments and run) is registered, so that none
+    can rot unseen."""
+    registered = {name: module for name, module, _ in SCENARIOS}
+    scenario_modules = set()
+    for path in (ROOT / "reliability").glob("*.py"):
+        defined = {n.name for n in ast.parse(path.read_text()).body if isinstance(n, ast.FunctionDef)}
+        if {"add_arguments", "run"} <= defined:
+            scenario_modules.add(path.stem)
+    assert scenario_modules == set(registered.values()), "a scenario module is not in SCENARIOS, or the reverse"
+    for _, module, _ in SCENARIOS:
+        imported = importlib.import_module(f"reliability.{module}")
+        assert callable(imported.add_arguments) and callable(imported.run), module
+    runs = _small_runs_in_tests()
+    missing = sorted(set(registered) - set(runs))
+    assert not missing, f"scenarios without a small run in CI: {missing} (add a test calling run_small_scenario)"
+    unknown = sorted(set(runs) - set(registered))
+    assert not unknown, f"small runs of scenarios that are not registered: {unknown}"

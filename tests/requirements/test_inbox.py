@@ -1,4 +1,4 @@
-"""INBOX — the participant's live inbox, from any replica (issue 10).
+"""INBOX — the participant's live inbox, from any replica.
 
 In our words: ``GET /me/notifications`` gives a participant their own delivered
 notifications, newest first, page by page (an admin token may name another participant);

@@ -1,4 +1,4 @@
-"""INBOX-12, INBOX-13 — the inbox page's session (issue 17 §3); tests/browser/test_inbox_page.py drives it in Chromium.
+"""INBOX-12, INBOX-13 — the inbox page's session; tests/browser/test_inbox_page.py drives it in Chromium.
 
 In our words: the page posts the token once; the service opens a participant session in the
 database and sets an HttpOnly cookie holding only its random id; that cookie reads the

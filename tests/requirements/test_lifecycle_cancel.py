@@ -1,4 +1,4 @@
-"""LIFE — a sender withdraws a scheduled event (issue 10, cancel).
+"""LIFE — a sender withdraws a scheduled event (cancel).
 
 In our words: ``DELETE /admin/scheduled-events/{id}`` or ``.../by-key/{external_key}``
 (ingest permission) puts a pending or failed row in the terminal status ``cancelled`` and

@@ -1,4 +1,4 @@
-"""HIST — every change of a scheduled event, kept in order (issue 10, history).
+"""HIST — every change of a scheduled event, kept in order (history).
 
 In our words: each change of a row (stored, rewritten by key with what changed, dispatched,
 failed, reset, cancelled) is appended to ``scheduled_event_history`` in the same transaction

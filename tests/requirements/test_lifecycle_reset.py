@@ -1,4 +1,4 @@
-"""LIFE-9 — the reset by hand of a *dispatched* row, through every adapter (issue 18).
+"""LIFE-9 — the reset by hand of a *dispatched* row, through every adapter.
 
 In our words: an operator who wants a reminder sent again resets its row, through the API
 (``POST /admin/scheduled-events/{id}/reset``), the console's event page or the CLI

@@ -1,4 +1,4 @@
-"""RET — finished rows do not pile up forever (issue 10, retention).
+"""RET — finished rows do not pile up forever (retention).
 
 In our words: rows ``dispatched`` or ``cancelled`` more than ``SCHEDULER_RETENTION_DAYS``
 ago (default 30; 0 keeps everything) are deleted with their history, in small batches, by

@@ -33,8 +33,8 @@ from scheduler.database.listener import Listener, conninfo_of
 from scheduler.nudging.publishers import RecordingPublisher
 from scheduler.types import SchedulerMode
 from scheduler.web.app import SchedulerService
-from tests.conftest import ADMIN, T0, TEST_SECRET
-from tests.helpers import post_event, rows, statuses
+from tests.conftest import ADMIN, INGEST, T0, TEST_SECRET
+from tests.helpers import event_body, post_event, rows, statuses
 
 HOUR = 3600.0
 DEADLINE = 20.0  # generous: these are deadlines for a bug to fail, not performance limits
@@ -233,6 +233,25 @@ def test_a_post_on_another_replica_wakes_this_one(
         row = post_event(client, user_id="now", trigger_at=T0)
     assert scheduler.wait_for(lambda: scheduler.health.dispatched == 1, DEADLINE)
     assert statuses(engine)[row["id"]] == "dispatched"
+
+
+@pytest.mark.clause("PROMPT-5")
+@pytest.mark.clause("BATCH-3")
+def test_a_batch_posted_on_another_replica_wakes_this_one(
+    engine: Engine, clock: ManualClock, running: list[LoopThread]
+) -> None:
+    """PROMPT-5, BATCH-3: as for a single POST, rows due now stored by a batch through
+    replica B's API reach A by NOTIFY, and A dispatches them at once."""
+    a = make_service(engine, clock)
+    b = make_service(engine, clock, mode=SchedulerMode.LITERAL, run_scheduler=False)
+    scheduler = start(running, a)
+    assert waits(scheduler)
+    with TestClient(b.app) as client:
+        answer = client.post("/admin/scheduled-events/batch", headers=INGEST,
+                             json=[event_body(user_id=f"batch-{i}", trigger_at=T0) for i in range(2)])
+        assert answer.status_code == 200, answer.text
+    assert scheduler.wait_for(lambda: scheduler.health.dispatched == 2, DEADLINE)
+    assert set(statuses(engine).values()) == {"dispatched"}
 
 
 @pytest.mark.clause("PROMPT-5")

@@ -10,6 +10,7 @@ fast rather than hanging the suite.
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -129,3 +130,39 @@ def call(app: ASGIApp, method: str, path: str, query: bytes = b"",
     """One raw request to ``app``, answered within ``DEADLINE`` seconds. ``path`` is the raw
     path, percent-encoding and all (ASCII, or bytes as latin-1)."""
     return asyncio.run(_call(app, method, path, query, headers or [], body))
+
+
+def batch_bodies(valid: dict[str, Any]) -> Iterator[tuple[str, bytes, int]]:
+    """Hostile bodies for ``POST /admin/scheduled-events/batch`` (label, bytes, the status
+    expected): an empty array, non-arrays, items of every wrong shape, more items than the
+    bound, and one item past the single POST's body bound."""
+    def dumped(value: Any) -> bytes:
+        return json.dumps(value).encode()
+
+    yield "empty array", b"[]", 200
+    for label, raw in [("object", dumped(valid)), ("string", b'"x"'), ("number", b"1"), ("null", b"null"),
+                       ("true", b"true"), ("not JSON", b"[{"), ("NaN", b"[NaN]"), ("empty body", b""),
+                       ("not UTF-8", b'["' + bytes([0xFF, 0xFE]) + b'"]'),
+                       ("deeply nested", b"[" * 100_000 + b"]" * 100_000)]:
+        yield label, raw, 422
+    wrong_items: list[Any] = [
+        None, 0, -1, 1e308, True, "event", "", [], [valid], {}, {"event_type": None},
+        {**valid, "event_type": 7}, {**valid, "user_id": ""}, {**valid, "user_id": "x" * 201},
+        {**valid, "trigger_at": None}, {**valid, "trigger_at": "2026-13-40T99:99:99Z"},
+        {**valid, "trigger_at": "0001-01-01T00:00:00Z"}, {**valid, "trigger_at": "2026-11-30T09:00:00"},
+        {**valid, "facts": []}, {**valid, "facts": "x"}, {**valid, "facts": {}},
+        {**valid, "facts": {**valid["facts"], "scenario": "\u0000"}},
+        {**valid, "facts": {**valid["facts"], "nested": _nested(40)}},
+        {**valid, "external_key": ""}, {**valid, "external_key": "\ud800"}, {**valid, "extra": 1},
+    ]
+    yield "items of every wrong shape", dumped([*wrong_items, valid]), 200
+    yield "10,001 items", dumped([valid] * 10_001), 413
+    huge = {**valid, "facts": {**valid["facts"], "padding": "x" * 200_000}}
+    yield "one huge item", dumped([valid, huge]), 200
+
+
+def _nested(depth: int) -> Any:
+    value: Any = "leaf"
+    for _ in range(depth):
+        value = {"n": value}
+    return value

@@ -7,7 +7,7 @@ the scheduled_events table holds exactly the rows whose POST answered 201 (with 
 external key a repeat rewrites the same row, so the comparison is on ids).
 
 CI runs SCHEDULER_FUZZ_EXAMPLES (default 25) examples per operation and generation mode,
-with a fixed seed so that CI is reproducible: 23 operations x 2 modes x 25 = 1,150 cases.
+with a fixed seed so that CI is reproducible: 24 operations x 2 modes x 25 = 1,200 cases.
 The nightly-style run is ``scripts/fuzz-nightly`` (a few thousand cases, a random seed
 printed so that a failure can be replayed with SCHEDULER_FUZZ_SEED).
 """
@@ -42,18 +42,24 @@ CALLERS: dict[str, Mapping[str, str]] = {"admin": ADMIN, "ingest": INGEST, "part
 # Mostly admin, so that most cases reach the handlers rather than the authentication.
 CALLER_WEIGHTS = ["admin"] * 6 + ["ingest"] * 2 + ["participant", "anonymous"]
 CONTRACT_ROUTES = {"POST /admin/scheduled-events", "POST /admin/ingest-event"}
+BATCH_ROUTE = "POST /admin/scheduled-events/batch"
 CONTRACT = {"facts_version": "1", "scenario": "commitment_reminder", "date": "2026-11-30", "commitment": "fuzz"}
 
 
 def _honour_contract(case: Any, data: st.DataObject) -> None:
-    """Two in three generated scheduled/live bodies get a valid facts contract, so that the
+    """Two in three generated scheduled/live bodies (and batch items) get a valid facts contract, so that the
     fuzzer also reaches the database with arbitrary event types, users, keys and times."""
-    if case.operation.label not in CONTRACT_ROUTES or not isinstance(case.body, dict):
+    if case.operation.label == BATCH_ROUTE and isinstance(case.body, list):
+        bodies = [item for item in case.body if isinstance(item, dict)]  # each batch item, as a single POST's body
+    elif case.operation.label in CONTRACT_ROUTES and isinstance(case.body, dict):
+        bodies = [case.body]
+    else:
         return
-    if data.draw(st.sampled_from([True, True, False]), label="honour contract"):
-        facts = case.body.get("facts")
-        extra: dict[str, Any] = facts if isinstance(facts, dict) else {}
-        case.body["facts"] = {**extra, **CONTRACT}
+    for body in bodies:
+        if data.draw(st.sampled_from([True, True, False]), label="honour contract"):
+            facts = body.get("facts")
+            extra: dict[str, Any] = facts if isinstance(facts, dict) else {}
+            body["facts"] = {**extra, **CONTRACT}
 
 
 def _content_type(response: Any) -> str:
@@ -90,7 +96,7 @@ def test_fuzzing_every_operation_gives_no_5xx_json_4xx_and_exactly_the_201_rows(
     # The SSE stream never ends (a 2xx would hang the case): its refusals are tested in
     # tests/requirements/test_inbox.py instead.
     operations = [op for op in operations if op.label != "GET /me/notifications/stream"]
-    assert len(operations) == 23  # the API routes of specs/routes.md but the stream (console pages are not API operations)
+    assert len(operations) == 24  # the API routes of specs/routes.md but the stream (console pages are not API operations)
     created: set[str] = set()
     answered: dict[int, int] = {}
 
@@ -112,6 +118,8 @@ def test_fuzzing_every_operation_gives_no_5xx_json_4xx_and_exactly_the_201_rows(
                 case.validate_response(response, checks=CONFORMANCE)
                 if case.operation.label == "POST /admin/scheduled-events" and response.status_code == 201:
                     created.add(response.json()["id"])
+                if case.operation.label == BATCH_ROUTE and response.status_code == 200:
+                    created.update(r["event"]["id"] for r in response.json() if r["status"] == 201)
 
             try:
                 fuzz()

@@ -22,7 +22,8 @@ from scheduler.web.app import SchedulerService
 from scheduler.web.openapi import openapi_document
 from scheduler.web.params import Param, digits_value, parse_query, whole_number
 from scheduler.web.params import Unprocessable as Refused
-from tests.security.hostile import Answer, Target, call, targets
+from tests.helpers import event_body
+from tests.security.hostile import Answer, Target, batch_bodies, call, targets
 
 NON_ASCII_DIGITS = ["²", "٣", "\uff11", "\U0001d7d9", "Ⅻ", "߁", "᠑"]  # superscript, Arabic-Indic, full-width, math, ...
 SIGNS = ["+1", "-1", "-0", "+0", "1-", "1e3", "0x10", "1_000", "1.0"]
@@ -100,7 +101,7 @@ def test_every_route_declares_its_query_parameters_and_the_schema_shows_them(ser
         documented += 1
         in_schema = {p["name"]: p["schema"] for p in operation.get("parameters", []) if p["in"] == "query"}
         assert in_schema == {name: param.schema for name, param in target.params.items()}, target.label
-    assert documented == 24  # every API operation (the console's pages are not API operations)
+    assert documented == 25  # every API operation (the console's pages are not API operations)
     assert {"limit", "before_id"} <= {n for t in listed if t.template == "/admin/audit" for n in t.params}
 
 
@@ -210,7 +211,7 @@ def test_an_empty_value_is_the_same_as_no_value(service: SchedulerService) -> No
 
 @pytest.mark.clause("PARAM-2")
 def test_the_reported_superscript_two_is_a_422_on_the_three_admin_lists(service: SchedulerService) -> None:
-    """PARAM-2: issue 14's three 500s: ?limit=%C2%B2 and ?before_id=%C2%B2."""
+    """PARAM-2: the three inputs that were 500s: ?limit=%C2%B2 and ?before_id=%C2%B2."""
     by_label = {t.label: t for t in targets(service.app.routes)}
     for label, name in [("GET /admin/scheduled-events", "limit"), ("GET /admin/audit", "before_id"),
                         ("GET /admin/notifications", "limit"), ("GET /console/audit", "before_id"),
@@ -299,3 +300,22 @@ def test_fuzzing_every_route_with_raw_query_strings_and_headers_finds_no_5xx(
         parse_query(raw, target.params)
     except Refused:
         assert answer.status in (401, 403, 422), (target.label, raw, answer.status)
+
+
+@pytest.mark.clause("BATCH-1")
+@pytest.mark.clause("BATCH-2")
+def test_the_batch_route_answers_every_hostile_body_without_a_5xx(service: SchedulerService) -> None:
+    """BATCH-1, BATCH-2: an empty array, a non-array, items of every wrong shape, 10,001 items
+    and one huge item, sent as raw bytes: never a 5xx; every refusal JSON with a detail; an
+    array within the bounds answers one result per item, each a 201 or a 422 with a detail."""
+    target = Target("POST", "/admin/scheduled-events/batch", "ingest", "/admin/scheduled-events/batch", {})
+    for label, body, expected in batch_bodies(event_body()):
+        answer = call(service.app, "POST", target.path, b"",
+                      [*target.credentials(""), (b"content-type", b"application/json")], body)
+        _no_5xx(target, answer, label)
+        assert answer.status == expected, f"{label}: {answer.status} {answer.text[:300]}"
+        if expected == 200:
+            results = json.loads(answer.body)
+            sent = json.loads(body)
+            assert [r["index"] for r in results] == list(range(len(sent))), label
+            assert all(r["status"] == 201 or r["error"]["detail"] for r in results), label

@@ -1,4 +1,4 @@
-"""SIM-CANCEL: the simulation's model and invariants include cancel (issue 10).
+"""SIM-CANCEL: the simulation's model and invariants include cancel.
 
 A cancel is a client step like a re-post or a reset: it may arrive while a replica holds
 the row in a batch, and then it must wait for that batch and answer what the batch

@@ -1,4 +1,4 @@
-"""SIM-10, SIM-11: the faults of a real deployment, in the simulation (issue 14).
+"""SIM-10, SIM-11: the faults of a real deployment, in the simulation.
 
 SIM-10: each replica has its own host clock, which a step can set minutes off the reference
 (the simulation's one clock, standing for the database's). The production scheduler reads

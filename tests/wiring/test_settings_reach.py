@@ -241,6 +241,34 @@ def check_max_body_bytes(env: Env) -> None:
         assert post(1000) == 201
 
 
+def _batch_body(count: int, padding: int = 0) -> list[dict[str, Any]]:
+    return [{"event_type": "reminder", "user_id": f"u{i}", "trigger_at": T0.isoformat(),
+             "facts": reminder_facts(padding="x" * padding)} for i in range(count)]
+
+
+def check_batch_max_events(env: Env) -> None:
+    with service_from_env(env.base(SCHEDULER_BATCH_MAX_EVENTS="2")) as service, TestClient(service.app) as client:
+        def post(count: int) -> int:
+            status: int = client.post("/admin/scheduled-events/batch", headers=auth(token("nudging.ingest")),
+                                      json=_batch_body(count)).status_code
+            return status
+
+        assert post(3) == 413
+        assert post(2) == 200
+
+
+def check_batch_max_body_bytes(env: Env) -> None:
+    with service_from_env(env.base(SCHEDULER_BATCH_MAX_BODY_BYTES="4096")) as service, \
+            TestClient(service.app) as client:
+        def post(padding: int) -> int:
+            status: int = client.post("/admin/scheduled-events/batch", headers=auth(token("nudging.ingest")),
+                                      json=_batch_body(2, padding)).status_code
+            return status
+
+        assert post(3000) == 413
+        assert post(1000) == 200
+
+
 def _shown(engine: Engine, name: str) -> str:
     with engine.connect() as conn:
         return str(conn.execute(text(f"SHOW {name}")).scalar_one())
@@ -433,6 +461,8 @@ CHECKS: dict[str, Callable[[Env], None]] = {
     "jwt_leeway_seconds": check_jwt_leeway_seconds,
     "rules_dir": check_rules_dir,
     "max_body_bytes": check_max_body_bytes,
+    "batch_max_events": check_batch_max_events,
+    "batch_max_body_bytes": check_batch_max_body_bytes,
     "statement_timeout_ms": check_statement_timeout_ms,
     "lock_timeout_ms": check_lock_timeout_ms,
     "pool_timeout_seconds": check_pool_timeout_seconds,

@@ -44,7 +44,7 @@ class QueryError(ValueError):
 class EventOrder(StrEnum):
     """The orders a page of rows comes in (each one walks an index of its own)."""
 
-    # The API's order since issue 1: newest change first, ties by id ascending.
+    # The API's order from the start: newest change first, ties by id ascending.
     CHANGED = "changed"
     # The console's: newest change first, ties by id descending (the (updated_at, id)
     # indexes walked backwards, so a page reads one page of rows even among equal times).

@@ -25,6 +25,7 @@ from scheduler.cli.events import (
     cmd_events_show,
     cmd_rules_list,
 )
+from scheduler.cli.events_import import add_import_parser
 from scheduler.cli.serve import cmd_migrate, cmd_serve, cmd_token
 from scheduler.cli.terminal import terminal_safe
 from scheduler.config import ConfigError, DatabaseUnusable, Settings, log_format_of
@@ -97,7 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="seconds until it expires, at least 1 (default 3600)")
     token.set_defaults(func=cmd_token)
 
-    events = sub.add_parser("events", help="inspect and reset scheduled events",
+    events = sub.add_parser("events", help="inspect, import, reset and cancel scheduled events",
                             description="Operators' view of the scheduled_events table.")
     events_sub = events.add_subparsers(dest="events_command", required=True, metavar="ACTION")
     ev_list = events_sub.add_parser("list", help="list rows, newest change first",
@@ -135,6 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev_cancel.add_argument("--key", action="store_true", help="ID is an external_key")
     _add_by_filter_options(ev_cancel, "cancel", CANCELLABLE)
     ev_cancel.set_defaults(func=cmd_events_cancel)
+    add_import_parser(events_sub)
     ev_history = events_sub.add_parser(
         "history", help="every change of a row, oldest first",
         description="Stored, rewritten (with what changed), dispatched, failed, reset, cancelled; "

@@ -6,7 +6,7 @@ takes a further round past such rows, so a busy participant at the head of the q
 not empty the batch.
 
 One round is one statement: the row locks and the participants' try-locks together
-(``claim_due_events``), sent with the transaction's BEGIN in one round trip (issue 16 §2,
+(``claim_due_events``), sent with the transaction's BEGIN in one round trip (DEC-1,
 ``database.pipeline``).
 """
 

@@ -112,7 +112,7 @@ class Scheduler:
         self.last_poll_seconds: float | None = None  # how long the last poll of the loop took
         self.pacing = Pacing()  # prompt mode's wake-ups and the wait they imply
         self.state = LoopState()  # whether the loop waits, observable without sleeping
-        # Observability (issue 17): spans around each poll and each event's dispatch, and
+        # Observability: spans around each poll and each event's dispatch, and
         # the event id in log lines; the service sets a tracing observer when tracing is on.
         self.observer: Observer = Observer()
 

@@ -197,7 +197,7 @@ def make_engine(url: str, settings: Settings | None = None, **kwargs: Any) -> En
     UTC and every instant of the storable range reads back (``core.trigger_range``); behind
     the pooler it travels per transaction with the timeouts.
 
-    A frozen peer holds nothing for long (issue 14, DEC-11): PostgreSQL ends a session that
+    A frozen peer holds nothing for long (DEC-11): PostgreSQL ends a session that
     sits idle inside a transaction longer than ``idle_in_transaction_timeout_ms`` (a frozen
     replica, a paused VM, a stopped proxy), which releases the batch's row and participant
     locks to the other replicas; TCP keepalives and ``tcp_user_timeout`` let this side give
@@ -273,9 +273,9 @@ def ping_when_idle(engine: Engine, after_seconds: float, monotonic: Callable[[],
     poll's connection used less than ``after_seconds`` ago (``polling``; ``0``: always ping).
 
     The pre-ping costs a round trip on every checkout: a poll in a burst, which takes its
-    connection back a millisecond after it returned it, paid one round trip in three for it
-    (issue 16 §2). A connection used that recently is as alive as a ping would show. If the
-    database restarted in that moment, the poll fails whole and the next one heals (REL-2,
+    connection back a millisecond after it returned it, paid one round trip in three for it.
+    A connection used that recently is as alive as a ping would show. If the database
+    restarted in that moment, the poll fails whole and the next one heals (REL-2,
     as for a connection that dies mid-batch); a request is always pinged, so it never sees a
     connection that died while idle. The time here is the host's monotonic clock: it says
     how long a socket sat unused and decides nothing about any event.

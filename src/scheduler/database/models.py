@@ -78,7 +78,7 @@ class ScheduledEvent(Base):
         # for its lateness percentiles (a dispatched row's updated_at is its dispatched_at).
         Index("ix_scheduled_events_updated_at", "updated_at", "id"),
         # One participant's rows, newest change first: the console's and the API's user_id
-        # filter reads one page of them at any table size (issue 16 §4, migration 0007).
+        # filter reads one page of them at any table size (migration 0007).
         Index("ix_scheduled_events_user_id", "user_id", "updated_at", "id"),
     )
 
@@ -110,7 +110,7 @@ class Notification(Base):
         Index("ix_notifications_user_id_stream_seq", "user_id", "stream_seq",
               postgresql_where=text("stream_seq IS NOT NULL")),
         Index("ix_notifications_stream_seq", "stream_seq", postgresql_where=text("stream_seq IS NOT NULL")),
-        # An event's page in the console lists the notifications it produced (issue 9).
+        # An event's page in the console lists the notifications it produced.
         Index(
             "ix_notifications_scheduled_event_id",
             "scheduled_event_id",

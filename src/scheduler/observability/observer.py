@@ -1,7 +1,7 @@
 """What the loop and the HTTP edge tell observability, and the default that traces nothing.
 
 ``Observer`` is the whole interface: a context around each poll and each event's dispatch
-(the loop), around a live event's dispatch (``POST /admin/ingest-event``), and the trace
+(the loop), around a live event's dispatch (``POST /admin/ingest-event``) and a batch store, and the trace
 context a stored row keeps. This default keeps the log context only (the event id of the
 dispatch under way) and costs a context variable per event; ``otel.TracingObserver`` adds
 the spans. Standard library only: the loop imports it whether tracing is installed or not.
@@ -25,9 +25,14 @@ if TYPE_CHECKING:
 
 DispatchDone = Callable[["EventOutcome | None"], None]
 LiveDone = Callable[["DispatchResult"], None]
+BatchDone = Callable[[int, int], None]  # (stored, refused)
 
 
 def _ignore(_: object) -> None:
+    return None
+
+
+def _ignore_counts(stored: int, refused: int) -> None:
     return None
 
 
@@ -64,6 +69,12 @@ class Observer:
     def live_dispatch(self, event_type: str) -> Iterator[LiveDone]:
         """Around a live event's dispatch; call the yielded function with its result."""
         yield _ignore
+
+    @contextlib.contextmanager
+    def store_batch(self, count: int) -> Iterator[BatchDone]:
+        """Around one batch store (``POST /admin/scheduled-events/batch``) of ``count`` items;
+        call the yielded function with how many were stored and refused."""
+        yield _ignore_counts
 
     def storing_traceparent(self, header: str | None) -> str | None:
         """The ``traceparent`` a row stored by the current request keeps: without tracing,

@@ -13,7 +13,9 @@ Spans:
 - ``scheduler.poll``: one poll of the loop, with the heartbeat and retention hooks after it;
 - ``scheduler.dispatch``: one claimed event, a child of its poll, with a **link** to the span
   of the request that stored it (``scheduled_events.traceparent``);
-- ``scheduler.ingest``: a live event's dispatch (``POST /admin/ingest-event``).
+- ``scheduler.ingest``: a live event's dispatch (``POST /admin/ingest-event``);
+- ``scheduler.store_batch``: one batch store (``POST /admin/scheduled-events/batch``), with
+  the number of items, stored and refused.
 
 Attributes name events by id and type, never by participant or community.
 """
@@ -42,7 +44,7 @@ from starlette.applications import Starlette
 from scheduler.config import ConfigError
 from scheduler.observability import traceparent as w3c
 from scheduler.observability.log_context import event_scope
-from scheduler.observability.observer import DispatchDone, LiveDone, Observer, PollRecord
+from scheduler.observability.observer import BatchDone, DispatchDone, LiveDone, Observer, PollRecord
 
 if TYPE_CHECKING:
     from scheduler.core.batch import ClaimedEvent, EventOutcome, PollReport
@@ -63,6 +65,9 @@ POLL_DISPATCHED = "scheduler.poll.dispatched"
 POLL_FAILED = "scheduler.poll.failed"
 POLL_SKIPPED = "scheduler.poll.skipped_busy"
 LINK_REASON = "scheduler.link"
+BATCH_COUNT = "scheduler.batch.count"
+BATCH_STORED = "scheduler.batch.stored"
+BATCH_REFUSED = "scheduler.batch.refused"
 
 # What the HTTP instrumentation records of a URL, in its old and its stable conventions:
 # each is rewritten to the route template (paths and queries may hold participant ids).
@@ -194,6 +199,14 @@ class TracingObserver(Observer):
             yield done
 
     # -- the store -------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def store_batch(self, count: int) -> Iterator[BatchDone]:
+        with self.tracer.start_as_current_span("scheduler.store_batch", attributes={BATCH_COUNT: count}) as span:
+            def done(stored: int, refused: int) -> None:
+                span.set_attributes({BATCH_STORED: stored, BATCH_REFUSED: refused})
+
+            yield done
 
     def storing_traceparent(self, header: str | None) -> str | None:
         """The current span (the POST's server span, a child of the caller's ``traceparent``

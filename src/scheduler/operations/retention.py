@@ -1,4 +1,4 @@
-"""Retention: old dispatched and cancelled rows, with their history, are deleted (issue 10).
+"""Retention: old dispatched and cancelled rows, with their history, are deleted.
 
 A table that only grows makes every replica slower to start and every operator query
 slower to answer (a stuck scheduler in the public system wrote 141k audit rows). Rows that

@@ -1,4 +1,4 @@
-"""Issue 9's part of the service: heartbeats, metrics, the operator API and the console.
+"""Operations: heartbeats, metrics, the operator API and the console.
 
 The composition root (``scheduler.web.app``) creates one ``Operations`` with the
 settings, the sessionmaker, the clock, the loop, the token verifier and the web sessions'

@@ -58,6 +58,7 @@ from scheduler.operations.retention import Retention
 from scheduler.types import Clock, Dispatcher, Publisher, SchedulerMode
 from scheduler.web.admin import Operations
 from scheduler.web.auth import JWTBackend, TokenVerifier, on_auth_error
+from scheduler.web.batch import BatchRoutes
 from scheduler.web.errors import EXCEPTION_HANDLERS
 from scheduler.web.health import HealthRoutes
 from scheduler.web.inbox import Inbox, StreamPublisher
@@ -165,7 +166,7 @@ class SchedulerService:
         self._stop: asyncio.Event | None = None
         # Every open stream (the inbox's, the console's): ended at once when the server stops.
         self.streams = Streams()
-        # Heartbeats, metrics, the operator API and the console (issue 9).
+        # Heartbeats, metrics, the operator API and the console.
         # Signed-in browsers (the console's, the inbox page's), in the database: any replica serves them.
         self.web_sessions = SessionStore(self.sessions, self.clock, max_seconds=self.settings.session_max_seconds,
                                          idle_seconds=self.settings.session_idle_seconds)
@@ -178,12 +179,16 @@ class SchedulerService:
         self.health = HealthRoutes(scheduler=self.scheduler, clock=self.clock, listener=listener,
                                    settings=self.settings, loop_alive=lambda: self.loop_alive,
                                    mounted=lambda: self.app.routes, run_scheduler=lambda: self.run_scheduler)
-        # Observability (issue 17): spans for requests, statements, polls and dispatches when
+        # Observability: spans for requests, statements, polls and dispatches when
         # OTEL_TRACES_EXPORTER asks (or ``observer`` traces); log context either way.
         self.observer = observer if observer is not None else observer_from_env()
         self.ingest = IngestRoutes(sessions=self.sessions, clock=self.clock, dispatcher=self.dispatcher,
                                    publisher=StreamPublisher(self.sessions, inner_publisher),
                                    max_body_bytes=self.settings.max_body_bytes, observer=self.observer)
+        self.batch = BatchRoutes(sessions=self.sessions, clock=self.clock,
+                                 max_events=self.settings.batch_max_events,
+                                 max_body_bytes=self.settings.batch_max_body_bytes,
+                                 max_item_bytes=self.settings.max_body_bytes, observer=self.observer)
         self.events = EventRoutes(sessions=self.sessions, clock=self.clock)
         self.participants = ParticipantRoutes(sessions=self.sessions, clock=self.clock,
                                               max_body_bytes=self.settings.max_body_bytes)
@@ -245,6 +250,7 @@ class SchedulerService:
         return [
             *self.health.routes(),
             *self.ingest.routes(),
+            *self.batch.routes(),
             *self.events.routes(),
             *self.participants.routes(),
             *inbox_routes(sessions=self.sessions, inbox=self.inbox, store=self.web_sessions, verifier=self.verifier,
@@ -350,7 +356,7 @@ class SchedulerService:
             self._stop.set()
             with contextlib.suppress(Exception):
                 await self._task
-            # A replica that stops cleanly leaves the replica list now, not stale (issue 9);
+            # A replica that stops cleanly leaves the replica list now, not stale;
             # with the database unreachable, shutdown does not wait more than two seconds for it.
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(run_in_threadpool(self.operations.heartbeat.forget), timeout=2.0)

@@ -1,4 +1,4 @@
-"""The console's cancel (issue 17 §4): one row from its page, or every row a filter selects.
+"""The console's cancel: one row from its page, or every row a filter selects.
 
 Like reset and bulk reset: a CSRF-protected form with a required reason; the filter's
 page first shows the dry-run count (pending and failed rows that match), and the action

@@ -5,7 +5,7 @@ reports on, whether the loop task runs (``loop_alive``) and whether this process
 all (``run_scheduler``), and the mounted routes (for ``/openapi.json``): nothing else of
 the service.
 
-The loop's health is told twice (issue 14 §5): ``GET /health/scheduler`` is open (load
+The loop's health is told twice: ``GET /health/scheduler`` is open (load
 balancers and uptime checks call it without a token), so it says whether this replica's
 loop is healthy and why, in words an operator can act on (``state``: running, stale,
 failing, stopped; ``reason``), with counters and times, and never error text: a database

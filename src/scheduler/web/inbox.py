@@ -1,4 +1,4 @@
-"""The participant's live inbox, from any replica (issue 10).
+"""The participant's live inbox, from any replica.
 
 The path of a notification to a browser:
 

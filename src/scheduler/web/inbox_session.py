@@ -1,4 +1,4 @@
-"""The inbox page's session (issue 17 §3): a participant pastes a token once; the page keeps none.
+"""The inbox page's session: a participant pastes a token once; the page keeps none.
 
 ``POST /inbox/session`` verifies the token (any valid token: its ``sub`` is the participant)
 and opens a ``participant`` session in the database (``scheduler.web.sessions``); the answer

@@ -3,7 +3,7 @@
 ``IngestRoutes`` receives the database, the clock, the dispatch path (dispatcher and
 publisher) and the body limit; a scheduled event is validated when stored (REQ-0063), a
 live one goes through the same engine and orchestrator a scheduled event does (REQ-0066).
-With an observer (issue 17), a stored row keeps the POST's W3C ``traceparent`` and a live
+With an observer, a stored row keeps the POST's W3C ``traceparent`` and a live
 dispatch gets a span of its own.
 """
 

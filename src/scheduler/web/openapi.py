@@ -11,6 +11,7 @@ from starlette.routing import BaseRoute, Route
 
 from scheduler.web.params import STREAM_ID_DIGITS, declared
 from scheduler.web.schemas import (
+    BatchItemOut,
     CancelConflictOut,
     DuplicateOut,
     ErrorOut,
@@ -42,7 +43,7 @@ MODELS: tuple[type[BaseModel], ...] = (
     IngestOut, DuplicateOut, PreferencesOut, SchedulerHealthOut, HealthOut, ErrorOut,
     ValidationErrorOut, FactsContractErrorOut, RuleRefusalOut, ReplicaOut, OperatorActionOut,
     HistoryEntryOut, CancelConflictOut, InboxNotificationOut, InboxPageOut, SchedulerHealthDetailOut,
-    WebSessionOut, InboxSignInIn, InboxSessionOut,
+    WebSessionOut, InboxSignInIn, InboxSessionOut, BatchItemOut,
 )
 
 
@@ -107,6 +108,21 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
                       **TOO_LARGE, **ERRORS,
                       "422": _one_of((ValidationErrorOut, ErrorOut, FactsContractErrorOut), MISSING_FACTS)},
     },
+    ("/admin/scheduled-events/batch", "post"): {
+        "summary": "Store many events to dispatch later, each judged as a single POST; the valid ones in one "
+                   "transaction (permission: ingest)",
+        "request": ScheduledEventIn,
+        "request_many": True,
+        "responses": {"200": _json(BatchItemOut, "one result per item, in the order sent: 201 with the row "
+                                                 "(rewritten: an existing key's row, reset), or 422 with the body "
+                                                 "a single POST of it would get (also: larger than "
+                                                 "SCHEDULER_MAX_BODY_BYTES; an external_key an earlier item gave)",
+                                   many=True),
+                      "413": _json(ErrorOut, "body larger than SCHEDULER_BATCH_MAX_BODY_BYTES, or more items than "
+                                             "SCHEDULER_BATCH_MAX_EVENTS"),
+                      **ERRORS,
+                      "422": _json(ValidationErrorOut, "the body is not JSON, or not a JSON array")},
+    },
     ("/admin/scheduled-events", "get"): {
         "summary": "List scheduled events by the one query model, newest change first, a page at a time (permission: admin)",
         "responses": {"200": {**_json(ScheduledEventOut, "rows, newest change first (then by id)", many=True),
@@ -147,7 +163,7 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
         "request": PreferencesIn,
         "responses": {"200": _json(PreferencesOut, "the stored preferences"), **TOO_LARGE, **ERRORS},
     },
-    # Issue 9: metrics and the operator API (the console's HTML pages are not API operations).
+    # Metrics and the operator API (the console's HTML pages are not API operations).
     ("/metrics", "get"): {
         "summary": "Prometheus metrics (open unless SCHEDULER_METRICS_REQUIRE_ADMIN)",
         "responses": {"200": {"description": "the Prometheus text format",
@@ -169,7 +185,7 @@ _CANCEL = {
     "409": _json(CancelConflictOut, "the row was already dispatched; it stays dispatched"),
     **ERRORS,
 }
-# Issue 10: cancel, history, the participant's inbox.
+# Cancel, history, the participant's inbox.
 OPERATIONS.update({
     ("/admin/scheduled-events/{event_id}", "delete"): {
         "summary": "Cancel a pending or failed row (permission: ingest)", "responses": _CANCEL,
@@ -203,7 +219,7 @@ OPERATIONS.update({
     },
 })
 
-# Issue 17: sessions of the console and the inbox page.
+# Sessions of the console and the inbox page.
 OPERATIONS.update({
     ("/admin/sessions", "get"): {
         "summary": "The open browser sessions (console and inbox), most recently seen first (permission: admin)",
@@ -281,9 +297,12 @@ def openapi_document(routes: Sequence[BaseRoute], root_path: str = "") -> dict[s
             if params:
                 operation["parameters"] = params
             if "request" in spec:
+                body_schema: dict[str, Any] = _ref(spec["request"])
+                if spec.get("request_many"):
+                    body_schema = {"type": "array", "items": body_schema}
                 operation["requestBody"] = {
                     "required": True,
-                    "content": {"application/json": {"schema": _ref(spec["request"])}},
+                    "content": {"application/json": {"schema": body_schema}},
                 }
             if route.path_format.startswith(("/admin", "/me")):
                 operation["security"] = [{"bearer": []}]

@@ -8,7 +8,7 @@ Cancel puts a ``pending`` or ``failed`` row in the terminal status ``cancelled``
 reads only ``pending`` rows, so it never takes one, and a re-post of the key re-arms it as
 REQ-0064 says for any row. The command locks the row first, so a cancel that meets a batch
 dispatching the row waits for it: either the batch committed first and the cancel answers
-409, or the cancel committed first and no claim takes the row (issue 10).
+409, or the cancel committed first and no claim takes the row.
 """
 
 from __future__ import annotations

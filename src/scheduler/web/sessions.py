@@ -1,4 +1,4 @@
-"""Browser sessions in the database (issue 17 §3): sign in once, then an opaque cookie.
+"""Browser sessions in the database: sign in once, then an opaque cookie.
 
 A browser signs in with a token; the service verifies it once and stores a session in
 ``web_sessions``: the subject, the kind (``admin`` for the console, ``participant`` for

@@ -1,4 +1,4 @@
-"""Server-sent event streams that end at once when the server stops (issue 14 §4).
+"""Server-sent event streams that end at once when the server stops.
 
 A stream never ends by itself, so a server that stops waits for it: uvicorn waits its
 graceful-shutdown timeout (10 s in ``scheduler serve``), then cancels the stream's task,

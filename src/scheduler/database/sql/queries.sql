@@ -129,6 +129,36 @@ SET event_type = EXCLUDED.event_type,
     traceparent = EXCLUDED.traceparent
 RETURNING *;
 
+-- name: store_events_batch
+-- Store many scheduled events, or rewrite and reset the rows of their external keys, in one statement (REQ-0064, BATCH-3): one element of :items per event; keys taken in a fixed order (BATCH-4).
+INSERT INTO scheduler.scheduled_events (id, event_type, user_id, community_id, external_key,
+                              trigger_at, facts, status, created_at, updated_at, traceparent)
+SELECT i.id, i.event_type, i.user_id, i.community_id, i.external_key,
+       i.trigger_at, i.facts, 'pending', :now, :now, :traceparent
+FROM jsonb_to_recordset(CAST(:items AS jsonb))
+     AS i(ord integer, id text, event_type text, user_id text, community_id text, external_key text,
+          trigger_at timestamptz, facts jsonb)
+-- rows are inserted (and conflicting rows locked) in this order: two batches that share
+-- keys wait for each other in the same order, so they never deadlock; the keys of one
+-- request are distinct (a repeat is refused before this statement), so no row is
+-- affected twice
+ORDER BY i.external_key COLLATE "C" NULLS LAST, i.ord
+-- exactly the single store's rewrite (upsert_event_by_key): the unique constraint
+-- arbitrates, a row being dispatched is waited for, then rewritten and reset
+ON CONFLICT (external_key) DO UPDATE
+SET event_type = EXCLUDED.event_type,
+    user_id = EXCLUDED.user_id,
+    community_id = EXCLUDED.community_id,
+    trigger_at = EXCLUDED.trigger_at,
+    facts = EXCLUDED.facts,
+    status = 'pending',
+    dispatched_at = NULL,
+    last_error = NULL,
+    updated_at = EXCLUDED.updated_at,
+    traceparent = EXCLUDED.traceparent
+-- xmax is 0 on a row this statement inserted, the locking transaction on one it rewrote
+RETURNING *, (xmax = 0) AS inserted;
+
 -- name: get_event
 -- One scheduled event by id.
 SELECT * FROM scheduler.scheduled_events WHERE id = :id;
@@ -298,7 +328,7 @@ ORDER BY created_at DESC, id
 LIMIT :limit;
 
 -- ---------------------------------------------------------------------------------------
--- Operations (issue 9): heartbeats, metrics gauges, the console, bulk reset, audit.
+-- Operations: heartbeats, metrics gauges, the console, bulk reset, audit.
 -- ---------------------------------------------------------------------------------------
 
 -- name: upsert_heartbeat
@@ -348,7 +378,7 @@ SELECT count(*) FROM (
     -- a scan of the table that stops after cap failed rows among however many others
     ORDER BY updated_at, id
     -- failed rows are never deleted by retention, so they pile up: counting stops past the
-    -- cap, and the count's cost is bounded whatever the table holds (issue 16 §4)
+    -- cap, and the count's cost is bounded whatever the table holds
     LIMIT :cap + 1
 ) AS counted;
 
@@ -531,7 +561,7 @@ SELECT CASE WHEN seen_at < CAST(:now AS timestamptz) - 3 * greatest(poll_seconds
        count(*) AS count
 FROM scheduler.scheduler_replicas
 GROUP BY 1;
--- The event lifecycle (issue 10): cancel, history, retention, the participant's inbox.
+-- The event lifecycle: cancel, history, retention, the participant's inbox.
 -- ---------------------------------------------------------------------------------------
 
 -- name: set_change_context
@@ -646,7 +676,7 @@ WHERE user_id = :user_id
 ORDER BY created_at DESC, id DESC
 LIMIT :limit;
 
--- Sessions (issue 17 §3): the console's and the inbox's signed-in browsers.
+-- Sessions: the console's and the inbox's signed-in browsers.
 -- ---------------------------------------------------------------------------------------
 
 -- name: insert_web_session

@@ -1,4 +1,4 @@
-"""The event lifecycle: cancel, history, retention, and the inbox's stream order (issue 10).
+"""The event lifecycle: cancel, history, retention, and the inbox's stream order.
 
 - ``cancelled``: a terminal status for a withdrawn reminder (the claim reads only
   ``pending``, so it never takes one).

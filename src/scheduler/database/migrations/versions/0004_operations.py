@@ -1,4 +1,4 @@
-"""Operations (issue 9): replica heartbeats, the operators' audit trail, console indexes.
+"""Operations: replica heartbeats, the operators' audit trail, console indexes.
 
 The console pages events newest change first by keyset on (updated_at, id), over every row
 and over failed rows, and reads the last hour's dispatches for its lateness percentiles

@@ -1,4 +1,4 @@
-"""Sessions (issue 17 §3): the console and the inbox keep an opaque session id, not a token.
+"""Sessions: the console and the inbox keep an opaque session id, not a token.
 
 A browser signs in with a token once; the service stores a session here and gives the
 browser a random session id in an HttpOnly cookie. Only the SHA-256 of that id is stored

@@ -1,4 +1,4 @@
-"""The trace context of the request that stored a row (issue 17, tracing from store to dispatch).
+"""The trace context of the request that stored a row (tracing from store to dispatch).
 
 ``scheduled_events.traceparent`` keeps the W3C ``traceparent`` of the POST that stored (or
 last rewrote) the row: the storing request's own span when tracing is on, else the header

@@ -1,4 +1,4 @@
-"""A participant's rows by index (issue 16 §4): the console's and the API's ``user_id`` filter.
+"""A participant's rows by index: the console's and the API's ``user_id`` filter.
 
 Without it, a page of one participant's rows walked ``ix_scheduled_events_updated_at``
 from the newest row and filtered on ``user_id``: ``python -m bench scale`` measured 478 ms
