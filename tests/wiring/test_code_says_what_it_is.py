@@ -22,7 +22,7 @@ ISSUE = re.compile(r"\b[Ii]ssues? #?\d+")
 def _sources() -> list[Path]:
     return sorted(p for top in SCANNED for p in (ROOT / top).rglob("*")
                   if p.is_file() and p.suffix in SUFFIXES and "__pycache__" not in p.parts
-                  and ".venv" not in p.parts)
+                  and ".venv" not in p.parts and not any(part.endswith(".egg-info") for part in p.parts))
 
 
 @pytest.mark.clause("ARCH-4")
