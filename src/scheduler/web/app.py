@@ -182,7 +182,8 @@ class SchedulerService:
         self.observer = observer if observer is not None else observer_from_env()
         self.ingest = IngestRoutes(sessions=self.sessions, clock=self.clock, dispatcher=self.dispatcher,
                                    publisher=StreamPublisher(self.sessions, inner_publisher),
-                                   max_body_bytes=self.settings.max_body_bytes, observer=self.observer)
+                                   max_body_bytes=self.settings.max_body_bytes, observer=self.observer,
+                                   default_expiry=self.settings.default_expiry)
         self.events = EventRoutes(sessions=self.sessions, clock=self.clock)
         self.participants = ParticipantRoutes(sessions=self.sessions, clock=self.clock,
                                               max_body_bytes=self.settings.max_body_bytes)
