@@ -12,6 +12,8 @@ as dispatched ones.
 
 from __future__ import annotations
 
+import json
+import re
 from datetime import timedelta
 from typing import Any
 
@@ -19,11 +21,13 @@ import pytest
 from sqlalchemy import Engine
 from starlette.testclient import TestClient
 
+from scheduler.cli import main
 from scheduler.config import Settings
 from scheduler.core.clock import ManualClock
 from scheduler.web.app import SchedulerService
 from tests.conftest import ADMIN, INGEST, T0, TEST_SECRET
 from tests.helpers import event_body, event_row, later, post_event, rows, statuses
+from tests.operations.support import loop_step, scrape, sign_in
 
 
 def post(client: TestClient, **body: Any) -> Any:
@@ -227,3 +231,59 @@ def test_expired_rows_take_no_batch_slot(
     report = service.scheduler.poll_once()
     assert sorted(o.id for o in report.expired) == sorted(doomed)
     assert sorted(o.id for o in report.outcomes if o.status == "dispatched") == sorted(fresh)
+
+
+def one_expired(client: TestClient, service: SchedulerService, clock: ManualClock) -> str:
+    """One row ended expired (and one dispatched beside it); the expired row's id."""
+    row = stored(client, expires_at=T0 + timedelta(minutes=5))
+    stored(client, user_id="p-fine")
+    clock.advance(later())
+    loop_step(service)
+    return str(row["id"])
+
+
+@pytest.mark.clause("EXP-7")
+def test_expired_shows_in_the_api_filter_the_console_and_the_cli(
+        client: TestClient, service: SchedulerService, clock: ManualClock, database_url: str,
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """EXP-7: ?status=expired lists it; the console's overview counts it, its filter offers it and
+    its event page shows expires_at; `scheduler events list --status expired` lists it."""
+    expired_id = one_expired(client, service, clock)
+    listed = client.get("/admin/scheduled-events?status=expired", headers=ADMIN)
+    assert [r["id"] for r in listed.json()] == [expired_id], listed.text
+    sign_in(client)
+    overview = client.get("/console").text
+    assert re.search(r'data-field="counts.expired">1<', overview), overview
+    events_page = client.get("/console/events?status=expired").text
+    assert '<option value="expired" selected>' in events_page and expired_id in events_page
+    assert "expires_at" in client.get(f"/console/events/{expired_id}").text
+    monkeypatch.setenv("DATABASE_URL", database_url)
+    assert main(["events", "list", "--status", "expired", "--json"]) == 0
+    assert [r["id"] for r in json.loads(capsys.readouterr().out)] == [expired_id]
+
+
+@pytest.mark.clause("EXP-7")
+def test_expired_is_counted_by_event_type_in_the_metrics_and_the_health(
+        client: TestClient, service: SchedulerService, clock: ManualClock) -> None:
+    """EXP-7: scheduler_events_expired_total{event_type}, and the loop's health counts it; no lateness observed."""
+    one_expired(client, service, clock)
+    m = scrape(client)
+    assert m["scheduler_events_expired_total{event_type=commitment_reminder}"] == 1
+    assert m["scheduler_events_dispatched_total{event_type=commitment_reminder}"] == 1
+    assert m["scheduler_event_lateness_seconds_count"] == 1
+    assert client.get("/health/scheduler").json()["expired"] == 1
+
+
+@pytest.mark.clause("EXP-8")
+def test_expired_rows_are_kept_as_long_as_dispatched_ones(
+        client: TestClient, service: SchedulerService, clock: ManualClock, engine: Engine) -> None:
+    """EXP-8: 29 days on both stay; 31 days on both go, with their history."""
+    expired_id = one_expired(client, service, clock)
+    clock.advance(timedelta(days=29))
+    report = service.retention.run_if_due()
+    assert report is not None and report.deleted == 0
+    clock.advance(timedelta(days=2))
+    report = service.retention.run_if_due()
+    assert report is not None and report.deleted == 2
+    assert statuses(engine) == {}
+    assert rows(engine, "SELECT id FROM scheduled_event_history WHERE event_id = :id", id=expired_id) == []
