@@ -206,6 +206,7 @@ def test_a_default_window_past_the_range_is_a_422_naming_trigger_at(windowed: Sc
 
 
 @pytest.mark.clause("EXP-5")
+@pytest.mark.clause("DEC-EXPIRY")
 def test_without_a_window_nothing_expires_however_late(
         client: TestClient, service: SchedulerService, clock: ManualClock, engine: Engine) -> None:
     """EXP-5: off by default: REQ-0065's literal behaviour, a row a year late is dispatched."""

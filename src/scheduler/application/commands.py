@@ -154,8 +154,8 @@ def cancel(sessions: sessionmaker[Session], *, now: datetime, actor: Actor, even
     if changed:
         return CancelResult("cancelled", row, action_id)
     # dispatched and expired are terminal outcomes of the loop's: a cancel cannot undo either (EXP-3)
-    outcome: CancelOutcome = {EventStatus.DISPATCHED: "dispatched", EventStatus.EXPIRED: "expired"}.get(
-        row.status, "already_cancelled")
+    outcome: CancelOutcome = ("dispatched" if row.status is EventStatus.DISPATCHED
+                              else "expired" if row.status is EventStatus.EXPIRED else "already_cancelled")
     return CancelResult(outcome, row, action_id)
 
 

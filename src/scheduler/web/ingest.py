@@ -20,8 +20,8 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from scheduler.core import store
-from scheduler.core.expiry import ExpiryRefused
 from scheduler.core.dispatch_contract import NotADispatchResult, checked_result
+from scheduler.core.expiry import ExpiryRefused
 from scheduler.nudging.facts import ContractViolation, FactsMissing, check_facts_contract
 from scheduler.observability.observer import Observer
 from scheduler.types import (

@@ -6,7 +6,15 @@ import re
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, PlainSerializer, ValidationInfo, field_validator
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    ValidationInfo,
+    field_validator,
+)
 
 from scheduler.core.trigger_range import RANGE_TEXT, TriggerOutOfRange, check_trigger_at
 from scheduler.types import DispatchOutcome, EventStatus, NotificationStatus, SchedulerMode
