@@ -93,3 +93,24 @@ def test_a_small_killed_replicas_run_passes_end_to_end(tmp_path: Path) -> None:
     assert "  lost: 0" in result.stdout and "== killed-replicas: passed" in result.stdout, output()
     kills = next(line for line in result.stdout.splitlines() if line.startswith("  kills: "))
     assert int(kills.split()[1]) >= 1, output()
+
+
+@pytest.mark.clause("EXP-9")
+def test_a_small_expired_backlog_run_ends_every_passed_window_expired_and_dispatches_the_rest(tmp_path: Path) -> None:
+    """EXP-9: `python -m reliability expired-backlog` (300 events stored while no replica ran, due
+    two hours ago, 40% with a one-hour window): every row ends as planned (expired exactly when its
+    window passed, else dispatched or failed for its reason), lost: 0."""
+    pgdata = _test_pgdata()
+    if pgdata is None:
+        pytest.skip("the scenario needs the embedded server (SCHEDULER_TEST_DATABASE_URL is set)")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SCHEDULER_")}
+    command = [sys.executable, "-m", "reliability", "expired-backlog", "--events", "300", "--replicas", "2",
+               "--seed", "13", "--pgdata", str(pgdata), "--workdir", str(tmp_path)]
+    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False)
+    output: Callable[[], str] = lambda: result.stdout[-3000:] + result.stderr[-3000:]  # noqa: E731
+    assert result.returncode == 0, output()
+    assert "  lost: 0" in result.stdout and "== expired-backlog: passed" in result.stdout, output()
+    figures = dict(line.strip().split(": ", 1) for line in result.stdout.splitlines()
+                   if line.startswith("  ") and ": " in line)
+    assert int(figures["expired"]) == int(figures["planned_expired"]) > 0, output()
+    assert int(figures["dispatched"]) > 0, output()
