@@ -23,7 +23,10 @@ from starlette.testclient import TestClient
 
 from scheduler.cli import main
 from scheduler.config import Settings
+from scheduler.core.batch import PollReport, expired
 from scheduler.core.clock import ManualClock
+from scheduler.core.pacing import polls_again_at_once
+from scheduler.types import SchedulerMode
 from scheduler.web.app import SchedulerService
 from tests.conftest import ADMIN, INGEST, T0, TEST_SECRET
 from tests.helpers import event_body, event_row, later, post_event, rows, statuses
@@ -288,3 +291,50 @@ def test_expired_rows_are_kept_as_long_as_dispatched_ones(
     assert report is not None and report.deleted == 2
     assert statuses(engine) == {}
     assert rows(engine, "SELECT id FROM scheduled_event_history WHERE event_id = :id", id=expired_id) == []
+
+
+@pytest.mark.clause("EXP-2")
+@pytest.mark.clause("EXP-6")
+def test_expired_rows_beyond_one_claims_bound_are_never_dispatched_and_the_next_claim_ends_them(
+        engine: Engine, clock: ManualClock) -> None:
+    """EXP-2, EXP-6: batch size 2 and three expired rows: the first claim ends two expired and
+    dispatches none (the third waits, still pending), the next ends the third."""
+    service = SchedulerService(Settings(jwt_secret=TEST_SECRET, batch_size=2), engine=engine, clock=clock,
+                               run_scheduler=False)
+    with TestClient(service.app) as client:
+        doomed = [stored(client, user_id=f"old-{i}", expires_at=T0 + timedelta(minutes=i + 1))["id"] for i in range(3)]
+    clock.advance(later())
+    first = service.scheduler.poll_once()
+    assert (first.claimed, [o.id for o in first.expired]) == (0, doomed[:2])
+    assert statuses(engine)[doomed[2]] == "pending"
+    second = service.scheduler.poll_once()
+    assert (second.claimed, [o.id for o in second.expired]) == (0, doomed[2:])
+    assert effects(engine, doomed[2]) == (0, 0, 0)
+
+
+@pytest.mark.clause("EXP-6")
+@pytest.mark.clause("DEC-EXPIRY")
+def test_a_prompt_mode_claim_that_ended_a_full_batch_of_expired_rows_polls_again_at_once() -> None:
+    """EXP-6, DEC-EXPIRY: a backlog of expired rows drains without an interval between claims in
+    prompt mode; literal mode keeps REQ-0065's interval."""
+    ended = tuple(expired(f"e{i}", "reminder", T0, "expired: claimed 1s after its expires_at", T0) for i in range(3))
+    report = PollReport(claimed=0, outcomes=(), expired=ended)
+    assert polls_again_at_once(SchedulerMode.PROMPT, 3, report)
+    assert not polls_again_at_once(SchedulerMode.PROMPT, 4, report)
+    assert not polls_again_at_once(SchedulerMode.LITERAL, 3, report)
+
+
+@pytest.mark.clause("EXP-3")
+@pytest.mark.clause("EXP-7")
+def test_the_console_and_the_cli_refuse_to_cancel_an_expired_row(
+        client: TestClient, service: SchedulerService, clock: ManualClock, engine: Engine, database_url: str,
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """EXP-3, EXP-7: the console's cancel answers 409 saying why; `scheduler events cancel` exits 1."""
+    expired_id = one_expired(client, service, clock)
+    csrf = sign_in(client)
+    response = client.post(f"/console/events/{expired_id}/cancel", data={"csrf": csrf, "reason": "too late"})
+    assert response.status_code == 409 and "already expired" in response.text, response.text
+    monkeypatch.setenv("DATABASE_URL", database_url)
+    assert main(["events", "cancel", expired_id]) == 1
+    assert "already expired" in capsys.readouterr().err
+    assert event_row(engine, expired_id)["status"] == "expired"
