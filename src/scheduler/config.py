@@ -141,7 +141,8 @@ class Settings(BaseSettings):
         "are); `0`: ping before every poll too", ge=0)
     retention_days: int = _setting(
         30, "SCHEDULER_RETENTION_DAYS",
-        "dispatched and cancelled rows older than this are deleted with their history (`0`: keep everything)",
+        "dispatched, cancelled and expired rows older than this are deleted with their history (`0`: keep "
+        "everything)",
         ge=0)
     transaction_pooling: bool = _setting(
         False, "SCHEDULER_TRANSACTION_POOLING",
