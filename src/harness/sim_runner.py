@@ -28,7 +28,7 @@ from harness.types import Violation
 
 _clones = itertools.count()
 SIMULATION_DEFAULTS: dict[str, Any] = {"replicas": 4, "clients": 2, "batch_size": 20, "participants": 4}
-FAULTS_ALL = ("event-errors", "poll-errors", "crash", "kill", "stop", "clock", "skew", "freeze", "expiry")
+FAULTS_ALL = ("event-errors", "poll-errors", "crash", "kill", "stop", "clock", "skew", "freeze")
 
 
 def server_url(url: str) -> str:

@@ -274,3 +274,12 @@ def test_a_broken_variant_whose_target_sql_is_gone_fails_loudly() -> None:
 
     with pytest.raises(VariantNoLongerApplies, match=r"matches no statement of queries\.sql"):
         Replace(r"FOR SHARE NOWAIT", "FOR UPDATE", claim_only=False).build()
+
+
+@pytest.mark.clause("SIM-EXPIRY")
+def test_random_programs_with_expiring_posts_agree_with_the_model(database_url: str) -> None:
+    """SIM-EXPIRY: the production scheduler under the driver's opt-in expiry draw (with event
+    errors): every invariant holds after every step and the drain, and some rows did expire."""
+    with Simulation(database_url, seed=2, replicas=3, batch_size=3, participants=2) as sim:
+        run_random(sim, 300, random.Random(2), frozenset({"event-errors", "expiry"}))
+        assert sim.model.expired
