@@ -52,7 +52,7 @@ def measure(conn: Connection) -> dict[str, dict[str, float]]:
                     times[kind]["store"].append(_timed(conn, "upsert_event_by_key", {
                         "id": f"new-{n}", "event_type": "commitment", "user_id": f"user-{n}", "community_id": None,
                         "external_key": f"key-{n}", "trigger_at": NOW + timedelta(days=1), "facts": facts,
-                        "now": NOW, "traceparent": None}))
+                        "now": NOW, "traceparent": None, "expires_at": None}))
                     times[kind]["outcome"].append(_timed(conn, "record_outcomes", {
                         "ids": ids, "statuses": ["dispatched"] * len(ids), "errors": [None] * len(ids),
                         "times": [NOW] * len(ids)}))

@@ -99,7 +99,7 @@ def hot_statements() -> dict[str, tuple[str, dict[str, Any]]]:
             "external_key": "bench-new-key", "trigger_at": NOW + timedelta(days=1),
             "facts": json.dumps({"facts_version": "1", "scenario": "commitment_reminder",
                                  "commitment": "water the plants", "date": DAY}), "now": NOW,
-            "traceparent": None}),
+            "traceparent": None, "expires_at": None}),
         "retention: one batch": ("delete_expired_events", {"cutoff": NOW + timedelta(days=1), "batch_size": 500}),
     }
 

@@ -21,6 +21,8 @@ SCENARIOS = [
     ("pgbouncer", "pgbouncer", "two prompt-mode replicas behind a real PgBouncer in transaction mode"),
     ("partition", "partition", "a replica frozen mid-batch (a SIGSTOPped proxy or process) while others drain"),
     ("clock-skew", "clock_skew", "replicas whose host clocks are 5 minutes ahead and behind (libfaketime)"),
+    ("expired-backlog", "expired_backlog",
+     "every replica stopped past the reminders' window, then started: the passed ones end expired"),
     ("fuzz", "fuzz", "the nightly-style schemathesis run (a few thousand cases)"),
 ]
 

@@ -11,7 +11,10 @@ order in which replicas meet them, so the audit can state exact equalities:
   one notification that is not ``suppressed_dedup``; at most one ``suppressed_dedup`` per key
   and one exactly when the key was sent more than once; no key has two ``sent``;
 - each participant's ``sent`` count is exactly min(cap, distinct keys of an enabled kind), so
-  nobody is over the cap and nobody was silently skipped; each ``sent`` has one delivery.
+  nobody is over the cap and nobody was silently skipped; each ``sent`` has one delivery;
+- an event given a window that had passed when the replicas met it (``with_windows``) ends
+  ``expired``, with no notification and no key, whatever it would otherwise have become;
+- over the whole run, one equality: every row's status is its planned fate (``expected``).
 """
 
 from __future__ import annotations
@@ -39,10 +42,11 @@ class Planned:
     id: str
     user_id: str
     facts: dict[str, Any]
-    expected: str  # "dispatched" or "failed"
-    reason: str | None = None  # the last_error prefix for a failure
+    expected: str  # "dispatched", "failed" or "expired"
+    reason: str | None = None  # the last_error prefix for a failure (or an expiry)
     key: str | None = None  # the dedup key a success claims
     kind: str | None = None
+    window: timedelta | None = None  # expires_at is trigger_at plus this (EXP-1); None: never expires
 
 
 @dataclass
@@ -98,8 +102,23 @@ def plan_backlog(seed: int, events: int, users: int | None = None) -> Backlog:
     return Backlog(seed, planned, caps, disabled)
 
 
-def seed_backlog(engine: Engine, backlog: Backlog, now: datetime | None = None) -> None:
-    """Store the backlog (due an hour ago, spread over a minute) and the participants' preferences."""
+def with_windows(backlog: Backlog, seed: int, *, share: float, passed: timedelta, open_for: timedelta) -> Backlog:
+    """The backlog with a window on every event: ``share`` of them get ``passed`` (their expiry
+    will have gone by when the replicas meet them: they must end ``expired``, whatever they were
+    built to become), the others ``open_for`` (still worth sending: their planned fate holds)."""
+    rng = random.Random(seed ^ 0x5EED)
+    events = []
+    for e in backlog.events:
+        if rng.random() < share:
+            events.append(Planned(e.id, e.user_id, e.facts, "expired", "expired: claimed", window=passed))
+        else:
+            events.append(Planned(e.id, e.user_id, e.facts, e.expected, e.reason, e.key, e.kind, window=open_for))
+    return Backlog(backlog.seed, events, backlog.caps, backlog.disabled)
+
+
+def seed_backlog(engine: Engine, backlog: Backlog, now: datetime | None = None,
+                 overdue: timedelta = timedelta(hours=1)) -> None:
+    """Store the backlog (due ``overdue`` ago, spread over a minute) and the participants' preferences."""
     now = now or datetime.now(UTC)
     sessions = make_sessionmaker(engine)
     with sessions.begin() as session:
@@ -110,11 +129,13 @@ def seed_backlog(engine: Engine, backlog: Backlog, now: datetime | None = None) 
             enabled = sorted({"reminder", "insight", "summary"} - kinds)
             session.execute(statement("upsert_preferences"),
                             {"user_id": user, "enabled_kinds": enabled, "max_per_day": 3, "now": now})
+        triggers = [now - overdue + timedelta(milliseconds=i * 10) for i in range(len(backlog.events))]
         rows = [
             {"id": e.id, "event_type": "reliability", "user_id": e.user_id, "community_id": "community-1",
-             "external_key": None, "trigger_at": now - timedelta(hours=1) + timedelta(milliseconds=i * 10),
+             "external_key": None, "trigger_at": trigger_at,
+             "expires_at": None if e.window is None else trigger_at + e.window,
              "facts": json.dumps(e.facts), "now": now, "traceparent": None}
-            for i, e in enumerate(backlog.events)
+            for e, trigger_at in zip(backlog.events, triggers, strict=True)
         ]
         session.execute(statement("insert_event"), rows)
 
@@ -158,7 +179,12 @@ def audit_backlog(engine: Engine, backlog: Backlog) -> Audit:
     planned = {e.id: e for e in backlog.events}
     statuses = Counter(r.status for r in rows.values())
     audit.figures.update(events=len(planned), dispatched=statuses["dispatched"], failed=statuses["failed"],
-                         pending=statuses["pending"])
+                         expired=statuses["expired"], pending=statuses["pending"])
+    # the run's one equality: every row ended as planned (nothing lost, nothing both)
+    fates = {i: r.status for i, r in rows.items()}
+    planned_fates = {e.id: e.expected for e in backlog.events}
+    audit.check(fates == planned_fates, f"{sum(fates.get(i) != s for i, s in planned_fates.items())} rows ended "
+                "otherwise than planned")
 
     # every planned row exists and nothing else does
     audit.check(sorted(rows) == backlog.ids, f"rows in the table differ from the backlog: "
@@ -174,7 +200,12 @@ def audit_backlog(engine: Engine, backlog: Backlog) -> Audit:
                 f"failed ids differ: {len(set(want_failed) - set(got_failed))} missing, "
                 f"{len(set(got_failed) - set(want_failed))} unexpected")
     audit.check(statuses["pending"] == 0, f"{statuses['pending']} rows still pending")
-    wrong_reason = [i for i in got_failed if i in planned and planned[i].reason
+    want_expired = sorted(e.id for e in backlog.events if e.expected == "expired")
+    got_expired = sorted(i for i, r in rows.items() if r.status == "expired")
+    audit.check(got_expired == want_expired,
+                f"expired ids differ: {len(set(want_expired) - set(got_expired))} missing, "
+                f"{len(set(got_expired) - set(want_expired))} unexpected")
+    wrong_reason = [i for i in (*got_failed, *got_expired) if i in planned and planned[i].reason
                     and not (rows[i].last_error or "").startswith(planned[i].reason or "")]
     audit.check(not wrong_reason, f"{len(wrong_reason)} failed rows with another reason, e.g. "
                 f"{rows[wrong_reason[0]].last_error if wrong_reason else ''!r}")
@@ -221,6 +252,7 @@ def audit_backlog(engine: Engine, backlog: Backlog) -> Audit:
                          suppressed_dedup=sum(dups.values()),
                          rate_limited=sum(1 for n in notes if n.reason == "rate_limited"),
                          kind_disabled=sum(1 for n in notes if n.reason == "kind_disabled"))
-    missing = len(set(want_dispatched) - set(got_dispatched)) + len(set(want_failed) - set(got_failed))
+    missing = (len(set(want_dispatched) - set(got_dispatched)) + len(set(want_failed) - set(got_failed))
+               + len(set(want_expired) - set(got_expired)))
     audit.figures["lost"] = missing + statuses["pending"]
     return audit

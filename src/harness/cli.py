@@ -16,7 +16,7 @@ from typing import Any
 from sqlalchemy.exc import SQLAlchemyError
 
 from harness.broken import VARIANTS
-from harness.driver import FAULTS, Progress, regression_source, run_random, write_regression
+from harness.driver import FAULTS, OPT_IN, Progress, regression_source, run_random, write_regression
 from harness.host import HostDispatcher, HostImportError, load_host
 from harness.report import EPILOG, emit_json, write_junit
 from harness.settle import HarnessError
@@ -33,16 +33,17 @@ MAX_ACTORS = 40  # keeps a run well under PostgreSQL's default max_connections (
 
 
 def parse_faults(raw: str) -> frozenset[str]:
-    """``all``, ``none`` or a comma-separated subset of ``FAULTS``."""
+    """``all``, ``none`` or a comma-separated subset of ``FAULTS`` and ``OPT_IN`` (``all`` is ``FAULTS``)."""
     raw = raw.strip().lower()
     if raw == "all":
         return frozenset(FAULTS)
     if raw in ("none", ""):
         return frozenset()
     chosen = {f.strip() for f in raw.split(",") if f.strip()}
-    unknown = chosen - set(FAULTS)
+    unknown = chosen - set(FAULTS) - set(OPT_IN)
     if unknown:
-        raise argparse.ArgumentTypeError(f"unknown faults {sorted(unknown)}; choose from {', '.join(FAULTS)}, all, none")
+        raise argparse.ArgumentTypeError(f"unknown faults {sorted(unknown)}; choose from "
+                                         f"{', '.join((*FAULTS, *OPT_IN))}, all, none")
     return frozenset(chosen)
 
 
@@ -68,7 +69,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=_positive("--seed", 0, 2**63 - 1), default=None,
                         help="the seed that drives every choice (default: a random one, printed first)")
     parser.add_argument("--faults", type=parse_faults, default=DEFAULTS["faults"],
-                        help=f"comma-separated faults to inject: {', '.join(FAULTS)}; or all (default) or none")
+                        help=f"comma-separated faults to inject: {', '.join(FAULTS)}; or all (default) or none; "
+                             f"opt-in, not in all: {', '.join(OPT_IN)} (some posts carry an expires_at window)")
     parser.add_argument("--scheduler", choices=sorted(VARIANTS), default=DEFAULTS["scheduler"],
                         help="correct (default), or a deliberately broken variant the invariants must catch")
     parser.add_argument("--modes", choices=MODES, default=DEFAULTS["modes"],

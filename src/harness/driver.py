@@ -22,6 +22,9 @@ from harness.simulation import Simulation
 from harness.types import Violation
 
 FAULTS = ("event-errors", "poll-errors", "crash", "kill", "stop", "clock", "skew", "freeze")
+# Opt-in draws, named like faults but not in ``all``: adding one to ``all`` would change every
+# seeded program (their random streams) that the suite pins. "expiry": some posts carry a window.
+OPT_IN = ("expiry",)
 
 Step = tuple[int, str, Callable[[], bool]]
 
@@ -32,7 +35,7 @@ def _choices(sim: Simulation, rng: random.Random, faults: frozenset[str]) -> lis
     def add(weight: int, name: str, fn: Callable[[], bool]) -> None:
         steps.append((weight, name, fn))
 
-    def content(retry: bool = False) -> tuple[int, int, str | None, int, str | None]:
+    def content(retry: bool = False) -> tuple[int, int, str | None, int, str | None, int | None]:
         fault = None
         if "event-errors" in faults and rng.random() < 0.15:
             fault = rng.choice(sim.event_faults)  # the built-in's, or a host's (harness.host)
@@ -41,7 +44,10 @@ def _choices(sim: Simulation, rng: random.Random, faults: frozenset[str]) -> lis
         in_flight = [c.request.key for c in sim.clients if c.request is not None and c.request.key]
         if retry and in_flight and rng.random() < 0.5:
             key = rng.choice(in_flight)  # a sender retrying while its first request is in flight
-        return rng.randrange(sim.participants), rng.randint(-30, 20), key, rng.randrange(4), fault
+        user, trigger, day = rng.randrange(sim.participants), rng.randint(-30, 20), rng.randrange(4)
+        # "expiry": some posts carry an expires_at a few minutes after their trigger (EXP-1)
+        window = rng.choice((1, 5, 15)) if "expiry" in faults and rng.random() < 0.4 else None
+        return user, trigger, key, day, fault, window
 
     if sim.free_clients():
         add(14, "post", partial(sim.post, *content()))

@@ -33,6 +33,11 @@ class Content:
     fault: str | None
     version: int  # unique per post; stored in the facts as ``sim_version``
     expected: Expected | None = None  # a host's expectation of the event (harness.host)
+    expires_at: datetime | None = None  # claimed after it, the row ends expired (EXP-2)
+
+    def expired_at(self, now: datetime) -> bool:
+        """Whether a claim at ``now`` ends this content expired (strictly after its expiry)."""
+        return self.expires_at is not None and now > self.expires_at
 
     @property
     def expected_status(self) -> str:
@@ -87,6 +92,9 @@ class OpenBatch:
     versions: dict[str, int]
     # rows the claim locked but left alone: their participant was busy in another batch
     skipped: list[str] = field(default_factory=list)
+    # rows the claim ended expired (locked, written by the claim's statement: EXP-2)
+    expired: list[str] = field(default_factory=list)
+    claimed_at: datetime | None = None  # the reference clock's time of the claim
     # the participants whose advisory locks the batch holds (those of its events)
     users: frozenset[str] = frozenset()
     position: int = 0
@@ -107,6 +115,10 @@ class Model:
         self.serial = 0
         # (id, generation, version, status) of every committed outcome, in commit order
         self.processed: list[tuple[str, int, int, str]] = []
+        # (id, generation, version) of every committed expiry (EXP-2), in commit order
+        self.expired: list[tuple[str, int, int]] = []
+        # committed dispatches of rows claimed after their expiry: (id, claimed at, expires_at)
+        self.late_dispatches: list[tuple[str, datetime, datetime]] = []
         self.committed_calls: list[Call] = []
         self.expected_notifications: set[str] = set()
         self.duplicate_events: set[str] = set()  # events whose committed dispatch was a duplicate
@@ -120,7 +132,7 @@ class Model:
         for replica, batch in self.batches.items():
             if batch.dead or replica == besides:
                 continue
-            for event_id in (*batch.ids, *batch.skipped):
+            for event_id in (*batch.ids, *batch.skipped, *batch.expired):
                 held[event_id] = replica
         return held
 
@@ -160,7 +172,7 @@ class Model:
         its error); a dispatched row stays dispatched (409); a cancelled one answers itself."""
         row = self.rows[event_id]
         expected = {"pending": "cancelled", "failed": "cancelled", "dispatched": "dispatched",
-                    "cancelled": "already_cancelled"}[row.status]
+                    "cancelled": "already_cancelled", "expired": "expired"}[row.status]
         if outcome != expected:
             return f"the cancel of {event_id} answered {outcome!r}, but the row was {row.status} (expected {expected!r})"
         if outcome == "cancelled":
@@ -181,24 +193,30 @@ class Model:
 
     # -- batches ----------------------------------------------------------------------------
 
-    def expected_claim(self, replica: int, now: datetime, batch_size: int) -> tuple[list[str], list[str]]:
-        """What a claim takes, and what it locks but skips (DEC-2), as the production claim
-        does it: due pending rows not held by another replica, oldest first, at most the
-        batch size; rows of a participant another batch holds are skipped, and the claim
-        takes further rounds past them until the batch is full or nothing more is due."""
+    def expected_claim(self, replica: int, now: datetime,
+                       batch_size: int) -> tuple[list[str], list[str], list[str]]:
+        """What a claim takes, what it locks but skips (DEC-2), and what it ends expired
+        (EXP-2), as the production claim does it: due pending rows not held by another
+        replica and not past their expiry, oldest first, at most the batch size; rows of a
+        participant another batch holds are skipped, and the claim takes further rounds past
+        them until the batch is full or nothing more is due. Each round also ends up to as
+        many rows past their expiry (by expires_at, then id) as it asks for, besides them."""
         held = self.held(besides=replica)
         locked_elsewhere = self.busy_users(besides=replica)
-        due = [
-            r for r in self.rows.values()
-            if r.status == "pending" and r.content.trigger_at <= now and r.id not in held
-        ]
+        pending = [r for r in self.rows.values() if r.status == "pending" and r.id not in held]
+        due = [r for r in pending if r.content.trigger_at <= now and not r.content.expired_at(now)]
         due.sort(key=lambda r: (r.content.trigger_at, r.id))
+        past = sorted((r for r in pending if r.content.expired_at(now)),
+                      key=lambda r: (r.content.expires_at, r.id))
+        expired: list[str] = []
         events: list[str] = []
         skipped: list[str] = []
         busy: set[str] = set()
         position = 0
         while True:
             wanted = batch_size - len(events)
+            ending = past[len(expired):len(expired) + wanted]
+            expired.extend(r.id for r in ending)
             taken: list[Row] = []
             while position < len(due) and len(taken) < wanted:
                 row = due[position]
@@ -217,17 +235,20 @@ class Model:
                     events.append(row.id)
             if len(taken) < wanted or round_skipped == 0:
                 break
-        return events, skipped
+        return events, skipped, expired
 
-    def open_batch(self, replica: int, ids: list[str], skipped: list[str] | None = None) -> OpenBatch:
+    def open_batch(self, replica: int, ids: list[str], skipped: list[str] | None = None,
+                   expired: list[str] | None = None, claimed_at: datetime | None = None) -> OpenBatch:
         if replica in self.batches:
             raise AssertionError(f"replica {replica} already holds a batch")
         self.serial += 1
         batch = OpenBatch(
             self.serial, replica, list(ids),
-            {i: self.rows[i].generation for i in ids},
-            {i: self.rows[i].content.version for i in ids},
+            {i: self.rows[i].generation for i in (*ids, *(expired or ()))},
+            {i: self.rows[i].content.version for i in (*ids, *(expired or ()))},
             skipped=list(skipped or ()),
+            expired=list(expired or ()),
+            claimed_at=claimed_at,
             users=frozenset(self.rows[i].content.user for i in ids),
         )
         self.batches[replica] = batch
@@ -276,8 +297,17 @@ class Model:
     def commit(self, replica: int) -> OpenBatch:
         """The batch committed: its outcomes and their effects become the committed state."""
         batch = self.batches.pop(replica)
+        for event_id in batch.expired:
+            row = self.rows[event_id]
+            row.status = "expired"
+            row.has_error, row.has_dispatched_at = True, False
+            self.expired.append((event_id, batch.generations[event_id], batch.versions[event_id]))
         for event_id, status in batch.outcomes.items():
             row = self.rows[event_id]
+            expires_at = row.content.expires_at
+            if (status == "dispatched" and batch.claimed_at is not None and expires_at is not None
+                    and batch.claimed_at > expires_at):
+                self.late_dispatches.append((event_id, batch.claimed_at, expires_at))
             row.status = status
             row.has_error = status == "failed"
             row.has_dispatched_at = status == "dispatched"

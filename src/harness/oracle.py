@@ -27,6 +27,7 @@ class Oracle:
         if self.sim.host is None:
             self.check_cap_and_dedup()
         self.check_idle_replicas()
+        self.check_no_late_dispatch()
         if self.sim.host is not None and self.sim.host.check_every_step:
             self.check_host_effects()
 
@@ -117,6 +118,16 @@ class Oracle:
         twice = self.sim.observer.keys_sent_twice()
         if twice:
             raise self.sim.fail("SIM-6", f"dedup keys sent more than once: {twice}")
+
+    def check_no_late_dispatch(self) -> None:
+        """Nothing is dispatched after its expiry by the reference clock (SIM-EXPIRY): no
+        committed dispatch of a row whose batch claimed it after its expires_at."""
+        sim = self.sim
+        sim._check("SIM-EXPIRY")
+        if sim.model.late_dispatches:
+            event_id, claimed_at, expires_at = sim.model.late_dispatches[0]
+            raise sim.fail("SIM-EXPIRY", f"{event_id} was dispatched by a batch claimed at {claimed_at:%H:%M}, "
+                                         f"after its expires_at {expires_at:%H:%M}")
 
     def check_idle_replicas(self) -> None:
         """A replica without a batch holds no lock and no open transaction (SIM-7)."""

@@ -17,6 +17,22 @@ from harness.types import RunContext
 from scheduler.core.loop import Batch
 
 
+def check_expiry(sim: RunContext, r: Replica, actual: list[str], actual_expired: list[str],
+                 expected_expired: list[str]) -> None:
+    """Nothing is dispatched after its expiry by the reference clock (SIM-EXPIRY): a claim
+    takes no row past its expires_at for dispatch, and ends exactly the model's expired."""
+    sim._check("SIM-EXPIRY")
+    now = sim.now()
+    for event_id in actual:
+        row = sim.model.rows.get(event_id)
+        if row is not None and row.status == "pending" and row.content.expired_at(now):
+            raise sim.fail("SIM-EXPIRY", f"{r.name} claimed {event_id} to dispatch at {now:%H:%M}, after its "
+                                         f"expires_at {row.content.expires_at:%H:%M}")
+    if sorted(actual_expired) != sorted(expected_expired):
+        raise sim.fail("SIM-EXPIRY", f"{r.name}'s claim ended {sim._show(actual_expired)} expired, but the rows "
+                                     f"past their expiry it should end were {sim._show(expected_expired)}")
+
+
 class Phases:
     """The claim, dispatch, finish and stop steps of one run."""
 
@@ -36,15 +52,16 @@ class Phases:
             return False
         sim._step("claim", f"sim.claim({replica})")
         armed = r.faults.armed == "claim"
-        expected, skipped = ([], []) if armed else sim.model.expected_claim(replica, sim.now(), sim.batch_size)
+        now = sim.now()
+        expected, skipped, expired = ([], [], []) if armed else sim.model.expected_claim(replica, now, sim.batch_size)
         if not armed:
-            sim.model.open_batch(replica, expected, skipped)
+            sim.model.open_batch(replica, expected, skipped, expired, claimed_at=now)
         r.submit("claim", f"claim({replica})", r.scheduler.claim,
-                 partial(self.claim_done, r, armed, expected, skipped), partial(sim._claim_blocked, r))
+                 partial(self.claim_done, r, armed, expected, skipped, expired), partial(sim._claim_blocked, r))
         sim._after_step()
         return True
 
-    def claim_done(self, r: Replica, armed: bool, expected: list[str], skipped: list[str],
+    def claim_done(self, r: Replica, armed: bool, expected: list[str], skipped: list[str], expired: list[str],
                    batch: Any, error: BaseException | None) -> None:
         sim = self.sim
         if error is not None:
@@ -57,6 +74,7 @@ class Phases:
         r.batch = batch
         sim.clock_faults.check_not_early(r, [e.id for e in batch.events])
         sim.clock_faults.check_claim_time(r, batch.claimed_at)
+        check_expiry(sim, r, [e.id for e in batch.events], [o.id for o in batch.expired], expired)
         self.check_claim(r, [e.id for e in batch.events], expected, list(batch.skipped), skipped)
 
     def check_claim(self, r: Replica, actual: list[str], expected: list[str],

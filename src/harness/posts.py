@@ -32,6 +32,11 @@ def _minutes(n: int) -> timedelta:
     return timedelta(minutes=n)
 
 
+def _window_arg(window: int | None) -> str:
+    """The program line's ``window=`` argument, only when the post has one (older programs replay as written)."""
+    return "" if window is None else f", window={window}"
+
+
 class Posts:
     """The post, reset and cancel steps of one run (``Simulation.post``, ``begin_post``,
     ``end_post``, ``reset``, ``cancel``)."""
@@ -46,7 +51,8 @@ class Posts:
         digest = hashlib.blake2b(f"{self.sim.seed}:{version}".encode(), digest_size=16).digest()
         return str(uuid.UUID(bytes=digest, version=4))
 
-    def new_request(self, user: int, trigger: int, key: str | None, day: int, fault: str | None) -> Request:
+    def new_request(self, user: int, trigger: int, key: str | None, day: int, fault: str | None,
+                    window: int | None = None) -> Request:
         sim = self.sim
         if fault is not None and fault not in EVENT_FAULTS:
             raise ValueError(f"an event fault is one of {EVENT_FAULTS}, not {fault!r}")
@@ -69,13 +75,16 @@ class Posts:
         }
         event_id = self.event_id(version)
         expected = sim.expect(DigitalTwinEvent("reminder", user_id, "c1", facts, event_id))
-        content = Content(user_id, now + _minutes(trigger), scope_day, fault, version, expected)
+        trigger_at = now + _minutes(trigger)
+        expires_at = None if window is None else trigger_at + _minutes(window)
+        content = Content(user_id, trigger_at, scope_day, fault, version, expected, expires_at)
         params = {
             "event_type": "reminder",
             "user_id": content.user,
             "community_id": "c1",
             "external_key": key,
             "trigger_at": content.trigger_at,
+            "expires_at": expires_at,
             "facts": facts,
             "now": now,
             "event_id": event_id,
@@ -94,14 +103,15 @@ class Posts:
     # -- the steps --------------------------------------------------------------------------
 
     def begin_post(self, client: int, user: int, trigger: int, key: str | None = None,
-                   day: int = 0, fault: str | None = None) -> bool:
+                   day: int = 0, fault: str | None = None, window: int | None = None) -> bool:
         """A post arrives at API client ``client`` (trigger in minutes from now, day of the facts)."""
         sim = self.sim
         c = sim.clients[client]
         if c.op is not None or c.request is not None:
             return False
-        sim._step("post", f"sim.begin_post({client}, user={user}, trigger={trigger}, key={key!r}, day={day}, fault={fault!r})")
-        self.begin_request(c, user, trigger, key, day, fault)
+        sim._step("post", f"sim.begin_post({client}, user={user}, trigger={trigger}, key={key!r}, day={day}, "
+                          f"fault={fault!r}{_window_arg(window)})")
+        self.begin_request(c, user, trigger, key, day, fault, window)
         sim._after_step()
         return True
 
@@ -116,15 +126,16 @@ class Posts:
         return True
 
     def post(self, user: int, trigger: int, key: str | None = None, day: int = 0,
-             fault: str | None = None) -> bool:
+             fault: str | None = None, window: int | None = None) -> bool:
         """A post that arrives and is answered at once, on the first free client."""
         sim = self.sim
         free = sim.free_clients()
         if not free or sim._row_has_waiting_writer(key, None):
             return False
         c = sim.clients[free[0]]
-        sim._step("post", f"sim.post(user={user}, trigger={trigger}, key={key!r}, day={day}, fault={fault!r})")
-        self.begin_request(c, user, trigger, key, day, fault)
+        sim._step("post", f"sim.post(user={user}, trigger={trigger}, key={key!r}, day={day}, fault={fault!r}"
+                          f"{_window_arg(window)})")
+        self.begin_request(c, user, trigger, key, day, fault, window)
         sim._settle()
         self.end_request(c)
         sim._after_step()
@@ -159,8 +170,9 @@ class Posts:
 
     # -- what the client threads run ----------------------------------------------------------
 
-    def begin_request(self, c: Client, user: int, trigger: int, key: str | None, day: int, fault: str | None) -> None:
-        request = self.new_request(user, trigger, key, day, fault)
+    def begin_request(self, c: Client, user: int, trigger: int, key: str | None, day: int, fault: str | None,
+                      window: int | None = None) -> None:
+        request = self.new_request(user, trigger, key, day, fault, window)
         c.request = request
         c.target = None
         if self.sim.variant.read_then_write and key is not None:

@@ -16,6 +16,7 @@ from typing import Any
 from harness.actors import Replica
 from harness.faults import PollBudget
 from harness.model import Call, cut_by_stop
+from harness.phases import check_expiry
 from harness.types import RunContext
 from scheduler.core.loop import PollReport, Scheduler
 
@@ -74,8 +75,9 @@ class LiteralRun(_Run):
 
     def __init__(self, sim: RunContext, r: Replica, stop_after: int | None) -> None:
         super().__init__(sim, r, stop_after)
-        self.expected, self.skipped = sim.model.expected_claim(r.index, sim.now(), sim.batch_size)
-        sim.model.open_batch(r.index, self.expected, self.skipped)
+        now = sim.now()
+        self.expected, self.skipped, self.expired = sim.model.expected_claim(r.index, now, sim.batch_size)
+        sim.model.open_batch(r.index, self.expected, self.skipped, self.expired, claimed_at=now)
         self.limit = len(self.expected) if stop_after is None else min(stop_after, len(self.expected))
         self.stop = PollBudget(2 if self.armed == "claim" else 1)
         if stop_after is not None and stop_after < len(self.expected):
@@ -120,6 +122,8 @@ class LiteralRun(_Run):
             sim.model.discard(replica)
             raise sim.fail("SIM-1", f"{r.name}'s loop skipped {report.skipped} rows as busy, "
                                     f"expected {sim._show(self.skipped)}")
+        if report is not None:
+            check_expiry(sim, r, dispatched, [o.id for o in report.expired], self.expired)
         if dispatched != self.expected[:self.limit]:
             sim.model.discard(replica)
             raise sim.fail("SIM-1", f"{r.name}'s loop dispatched {sim._show(dispatched)}, "
@@ -158,9 +162,10 @@ class PromptRun(_Run):
 
     def __init__(self, sim: RunContext, r: Replica, stop_after: int | None) -> None:
         super().__init__(sim, r, stop_after)
-        first, first_skipped = ([], []) if self.armed == "claim" else \
-            sim.model.expected_claim(r.index, sim.now(), sim.batch_size)
-        sim.model.open_batch(r.index, first, first_skipped)
+        now = sim.now()
+        first, first_skipped, first_expired = ([], [], []) if self.armed == "claim" else \
+            sim.model.expected_claim(r.index, now, sim.batch_size)
+        sim.model.open_batch(r.index, first, first_skipped, first_expired, claimed_at=now)
         self.stop = threading.Event()
         self.failures = 0
         self.reports: list[PollReport] = []
@@ -234,10 +239,12 @@ class PromptRun(_Run):
                 raise sim.fail("SIM-1", f"{r.name}'s prompt-mode poll {number + 1} claimed {report.claimed} rows, "
                                         f"more than the batch size {sim.batch_size}")
             if number > 0 or reopen:
-                expected, skipped = sim.model.expected_claim(replica, sim.now(), sim.batch_size)
-                sim.model.open_batch(replica, expected, skipped)
+                now = sim.now()
+                expected, skipped, expired = sim.model.expected_claim(replica, now, sim.batch_size)
+                sim.model.open_batch(replica, expected, skipped, expired, claimed_at=now)
             batch = sim.model.batches[replica]
             expected, skipped = batch.ids, batch.skipped
+            check_expiry(sim, r, [o.id for o in report.outcomes], [o.id for o in report.expired], batch.expired)
             take = len(expected) if budget is None else min(budget, len(expected))
             # this poll's calls: its events are its own (a row is terminal once committed),
             # and replays after a failure repeat them; the final call of each one counts
@@ -268,7 +275,7 @@ class PromptRun(_Run):
             sim.model.commit(replica)
             if budget is not None:
                 budget -= take
-            full = len(expected) >= sim.batch_size
+            full = len(expected) >= sim.batch_size or len(batch.expired) >= sim.batch_size
             again = full and (budget is None or budget > 0) and number + 1 < PROMPT_RUN_POLLS
             polled_again = number + 1 < len(self.reports)
             if again != polled_again:

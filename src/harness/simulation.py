@@ -289,18 +289,19 @@ class Simulation:
     # -- posts (the API side; posts.py) -----------------------------------------------------
 
     def begin_post(self, client: int, user: int, trigger: int, key: str | None = None,
-                   day: int = 0, fault: str | None = None) -> bool:
-        """A post arrives at API client ``client`` (trigger in minutes from now, day of the facts)."""
-        return self.posts.begin_post(client, user, trigger, key, day, fault)
+                   day: int = 0, fault: str | None = None, window: int | None = None) -> bool:
+        """A post arrives at API client ``client`` (trigger in minutes from now, day of the facts,
+        ``window``: its expires_at in minutes after the trigger, EXP-1)."""
+        return self.posts.begin_post(client, user, trigger, key, day, fault, window)
 
     def end_post(self, client: int) -> bool:
         """The API answers client ``client``'s post: the store writes and commits (it may wait)."""
         return self.posts.end_post(client)
 
     def post(self, user: int, trigger: int, key: str | None = None, day: int = 0,
-             fault: str | None = None) -> bool:
+             fault: str | None = None, window: int | None = None) -> bool:
         """A post that arrives and is answered at once, on the first free client."""
-        return self.posts.post(user, trigger, key, day, fault)
+        return self.posts.post(user, trigger, key, day, fault, window)
 
     def reset(self, row: int) -> bool:
         """The operator resets the ``row``-th stored row (modulo the count) by hand."""

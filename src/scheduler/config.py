@@ -14,6 +14,7 @@ import argparse
 import os
 import sys
 from collections.abc import Mapping, Sequence
+from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
@@ -119,6 +120,12 @@ class Settings(BaseSettings):
         "PostgreSQL (DATABASE_URL is required)")
     rules_dir: Path | None = _setting(
         None, "SCHEDULER_RULES_DIR", "a directory of rule files (`*.json`)", shown="the shipped examples")
+    default_expiry_seconds: float | None = _setting(
+        None, "SCHEDULER_DEFAULT_EXPIRY_SECONDS",
+        "a default window for scheduled events stored without `expires_at`: stored as the row's `expires_at`, "
+        "`trigger_at` plus this, so a row claimed later ends `expired` instead of dispatched (changing it "
+        "rewrites no stored row); unset: no expiry unless the sender sends one (DEC-EXPIRY)",
+        shown="unset (never expires)", gt=0.0, le=100.0 * 365 * 86400)
     max_body_bytes: int = _setting(
         64 * 1024, "SCHEDULER_MAX_BODY_BYTES", "larger bodies are a 413", ge=1024)
     batch_max_events: int = _setting(
@@ -142,7 +149,8 @@ class Settings(BaseSettings):
         "are); `0`: ping before every poll too", ge=0)
     retention_days: int = _setting(
         30, "SCHEDULER_RETENTION_DAYS",
-        "dispatched and cancelled rows older than this are deleted with their history (`0`: keep everything)",
+        "dispatched, cancelled and expired rows older than this are deleted with their history (`0`: keep "
+        "everything)",
         ge=0)
     transaction_pooling: bool = _setting(
         False, "SCHEDULER_TRANSACTION_POOLING",
@@ -223,6 +231,11 @@ class Settings(BaseSettings):
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         """Read settings from ``env`` (default: ``os.environ``); a blank variable is unset."""
         return cls(**_Environment(cls, os.environ if env is None else env)())
+
+    @property
+    def default_expiry(self) -> timedelta | None:
+        """``default_expiry_seconds`` as the window ``core.store.store_event`` takes."""
+        return None if self.default_expiry_seconds is None else timedelta(seconds=self.default_expiry_seconds)
 
     def with_(self, **changes: Any) -> Settings:
         """A copy with some fields changed, validated like any other construction."""

@@ -26,6 +26,8 @@ class EventStatus(StrEnum):
     DISPATCHED = "dispatched"
     FAILED = "failed"
     CANCELLED = "cancelled"
+    # claimed after its expires_at: not dispatched, its engine never ran (EXP-2, DEC-EXPIRY)
+    EXPIRED = "expired"
 
 
 EVENT_STATUSES: tuple[EventStatus, ...] = tuple(EventStatus)

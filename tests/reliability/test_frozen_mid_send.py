@@ -89,7 +89,7 @@ def test_a_replica_frozen_mid_send_of_its_commit_round_trip_is_ended_by_the_data
     session = make_sessionmaker(frozen_engine)()
     errors: list[BaseException] = []
     try:
-        events, _ = claim_rounds(session, T0, 20)
+        events, _, _ = claim_rounds(session, T0, 20)
         assert [e.id for e in events] == ids and _locked(engine, ids) == 3
         pid = session.connection().connection.dbapi_connection.info.backend_pid  # type: ignore[union-attr]
         batch = Batch(session=session, events=events, claimed_at=T0, position=len(events),

@@ -179,3 +179,16 @@ def test_every_registered_scenario_runs_small_in_ci_and_every_scenario_module_is
     assert not missing, f"scenarios without a small run in CI: {missing} (add a test calling run_small_scenario)"
     unknown = sorted(set(runs) - set(registered))
     assert not unknown, f"small runs of scenarios that are not registered: {unknown}"
+
+
+@pytest.mark.clause("EXP-9")
+@pytest.mark.clause("REL-17")
+def test_a_small_expired_backlog_run_ends_every_passed_window_expired_and_dispatches_the_rest(tmp_path: Path) -> None:
+    """EXP-9, REL-17: `python -m reliability expired-backlog` (300 events stored while no replica
+    ran, due two hours ago, 40% with a one-hour window): every row ends as planned (expired
+    exactly when its window passed, else dispatched or failed for its reason), lost: 0."""
+    run = run_small_scenario("expired-backlog", ["--events", "300", "--replicas", "2", "--seed", "13"],
+                             tmp_path, timeout=300)
+    assert run.figures["expired"] == run.figures["planned_expired"], run.output()
+    assert isinstance(run.figures["expired"], int) and run.figures["expired"] > 0, run.output()
+    assert isinstance(run.figures["dispatched"], int) and run.figures["dispatched"] > 0, run.output()

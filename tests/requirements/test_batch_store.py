@@ -13,7 +13,7 @@ import json
 import threading
 from collections import Counter
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -333,3 +333,31 @@ def test_import_stopped_by_the_database_exits_2_naming_the_first_line_not_stored
     assert "database error" in out.err and "from line 3 on" in out.err
     users = sorted(r["user_id"] for r in rows(engine, "SELECT user_id FROM scheduled_events"))
     assert users == ["early-0", "early-1", "participant-1"]
+
+
+@pytest.mark.clause("EXP-10")
+def test_a_batch_keeps_each_items_expiry_as_a_single_post_does_and_refuses_a_bad_one_for_that_item(
+    client: TestClient, engine: Engine, settings: Settings, clock: ManualClock
+) -> None:
+    """EXP-10: a batch item's ``expires_at`` is stored with its row and a rewrite by key takes
+    the new one, as a single POST's; one not after its ``trigger_at`` is that item's 422 (the
+    single POST's body), the rest stored; with a default window, items without an expiry get
+    ``trigger_at`` plus it."""
+    later = (T0 + timedelta(hours=1)).isoformat()
+    answer = batch(client, [{**event_body(external_key="k1"), "expires_at": later},
+                            {**event_body(external_key="k2"), "expires_at": T0.isoformat()},
+                            event_body(external_key="k3")])
+    assert answer.status_code == 200, answer.text
+    results = answer.json()
+    assert [r["status"] for r in results] == [201, 422, 201]
+    single = client.post(SINGLE, headers=INGEST, json={**event_body(external_key="k2"), "expires_at": T0.isoformat()})
+    assert results[1]["error"] == single.json()
+    stored = {r["external_key"]: r["expires_at"] for r in rows(engine, "SELECT external_key, expires_at FROM "
+                                                                        "scheduler.scheduled_events")}
+    assert stored == {"k1": T0 + timedelta(hours=1), "k3": None}
+    assert batch(client, [event_body(external_key="k1")]).json()[0]["event"]["expires_at"] is None
+    windowed = SchedulerService(settings.with_(default_expiry_seconds=5400.0), engine=engine, clock=clock,
+                                run_scheduler=False)
+    with TestClient(windowed.app) as other:
+        [item] = batch(other, [event_body(external_key="k4")]).json()
+    assert datetime.fromisoformat(item["event"]["expires_at"]) == T0 + timedelta(minutes=90)

@@ -184,18 +184,50 @@ FOUND_BY_RANDOM_DRIVER = {
     "status-first": (1, 300),
     "prompt-catch-up": (3, 300),
     "host-clock": (1, 300),
+    "ignores-expiry": (1, 300),
 }
+
+
+@pytest.mark.clause("SIM-EXPIRY")
+def test_a_claim_that_ignores_expiry_is_caught_taking_an_expired_row_to_dispatch(database_url: str) -> None:
+    """SIM-EXPIRY: a row whose expires_at passed (by the reference clock) is claimed for dispatch."""
+    with Simulation(database_url, replicas=1, batch_size=2, scheduler="ignores-expiry") as sim:
+        def program(sim: Simulation) -> None:
+            sim.post(user=0, trigger=-10, window=5)  # expired five minutes ago
+            sim.claim(0)
+        violation = caught(sim, program)
+    assert violation.clause == "SIM-EXPIRY"
+    assert "after its expires_at" in violation.message
+
+
+@pytest.mark.clause("SIM-EXPIRY")
+def test_the_correct_claim_ends_expired_rows_and_dispatches_the_rest_by_the_reference_clock(database_url: str) -> None:
+    """SIM-EXPIRY: with the production scheduler a claim ends the expired row, dispatches the one
+    still in its window and the one without expiry, and the oracle agrees after every step."""
+    with Simulation(database_url, replicas=2, batch_size=2) as sim:
+        sim.post(user=0, trigger=-10, window=5)
+        sim.post(user=1, trigger=-10, window=30)
+        sim.post(user=0, trigger=-8)
+        sim.claim(0)
+        assert (len(sim.model.batches[0].ids), len(sim.model.batches[0].expired)) == (2, 1)
+        sim.dispatch(0)
+        sim.dispatch(0)
+        sim.finish(0)
+        assert [status for *_, status in sim.model.processed] == ["dispatched", "dispatched"]
+        assert len(sim.model.expired) == 1
+        sim.drain()
 
 
 @pytest.mark.clause("SIM-1")
 @pytest.mark.clause("SIM-2")
 @pytest.mark.clause("SIM-4")
 @pytest.mark.clause("SIM-5")
+@pytest.mark.clause("SIM-EXPIRY")
 @pytest.mark.clause("SIM-6")
 @pytest.mark.clause("SIM-10")
 @pytest.mark.parametrize("name", sorted(FOUND_BY_RANDOM_DRIVER))
 def test_the_random_driver_finds_every_broken_scheduler_by_itself(database_url: str, name: str) -> None:
-    """SIM-1, SIM-2, SIM-4, SIM-5, SIM-6, SIM-10: each broken variant is caught by its named
+    """SIM-1, SIM-2, SIM-4, SIM-5, SIM-6, SIM-10, SIM-EXPIRY: each broken variant is caught by its named
     invariant (the prompt-mode variant runs its replicas in prompt mode; the host-clock
     variant with skewed host clocks among the faults)."""
     seed, steps = FOUND_BY_RANDOM_DRIVER[name]
@@ -247,3 +279,12 @@ def test_a_broken_variant_whose_target_sql_is_gone_fails_loudly() -> None:
 
     with pytest.raises(VariantNoLongerApplies, match=r"matches no statement of queries\.sql"):
         Replace(r"FOR SHARE NOWAIT", "FOR UPDATE", claim_only=False).build()
+
+
+@pytest.mark.clause("SIM-EXPIRY")
+def test_random_programs_with_expiring_posts_agree_with_the_model(database_url: str) -> None:
+    """SIM-EXPIRY: the production scheduler under the driver's opt-in expiry draw (with event
+    errors): every invariant holds after every step and the drain, and some rows did expire."""
+    with Simulation(database_url, seed=2, replicas=3, batch_size=3, participants=2) as sim:
+        run_random(sim, 300, random.Random(2), frozenset({"event-errors", "expiry"}))
+        assert sim.model.expired

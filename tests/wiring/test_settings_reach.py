@@ -269,6 +269,16 @@ def check_batch_max_body_bytes(env: Env) -> None:
         assert post(1000) == 200
 
 
+def check_default_expiry_seconds(env: Env) -> None:
+    for value, expected in (("5400", T0 + timedelta(minutes=90)), ("", None)):
+        with service_from_env(env.base(SCHEDULER_DEFAULT_EXPIRY_SECONDS=value)) as service, \
+                TestClient(service.app) as client:
+            response = client.post("/admin/scheduled-events", headers=auth(token("nudging.ingest")), json={
+                "event_type": "reminder", "user_id": "u1", "trigger_at": T0.isoformat(), "facts": reminder_facts()})
+            assert response.status_code == 201, response.text
+            assert response.json()["expires_at"] == (expected.isoformat() if expected else None), value
+
+
 def _shown(engine: Engine, name: str) -> str:
     with engine.connect() as conn:
         return str(conn.execute(text(f"SHOW {name}")).scalar_one())
@@ -447,6 +457,7 @@ CHECKS: dict[str, Callable[[Env], None]] = {
     "data_dir": check_data_dir,
     "poll_seconds": check_poll_seconds,
     "batch_size": check_batch_size,
+    "default_expiry_seconds": check_default_expiry_seconds,
     "scheduler_enabled": check_scheduler_enabled,
     "mode": check_mode,
     "listen": check_listen,

@@ -54,7 +54,7 @@ class Actor:
 
 
 ResetOutcome = Literal["reset", "missing"]
-CancelOutcome = Literal["cancelled", "already_cancelled", "dispatched", "missing"]
+CancelOutcome = Literal["cancelled", "already_cancelled", "dispatched", "expired", "missing"]
 
 
 @dataclass(frozen=True)
@@ -153,7 +153,9 @@ def cancel(sessions: sessionmaker[Session], *, now: datetime, actor: Actor, even
         return CancelResult("missing", None, None)
     if changed:
         return CancelResult("cancelled", row, action_id)
-    outcome: CancelOutcome = "dispatched" if row.status is EventStatus.DISPATCHED else "already_cancelled"
+    # dispatched and expired are terminal outcomes of the loop's: a cancel cannot undo either (EXP-3)
+    outcome: CancelOutcome = ("dispatched" if row.status is EventStatus.DISPATCHED
+                              else "expired" if row.status is EventStatus.EXPIRED else "already_cancelled")
     return CancelResult(outcome, row, action_id)
 
 

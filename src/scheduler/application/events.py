@@ -206,6 +206,7 @@ class EventRecord:
     created_at: datetime
     updated_at: datetime
     dispatched_at: datetime | None
+    expires_at: datetime | None = None  # claimed after it, the row ends expired (EXP-2)
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any] | RowMapping) -> EventRecord:
@@ -214,6 +215,8 @@ class EventRecord:
             community_id=row["community_id"], external_key=row["external_key"], trigger_at=row["trigger_at"],
             facts=row["facts"], status=EventStatus(row["status"]), last_error=row["last_error"],
             created_at=row["created_at"], updated_at=row["updated_at"], dispatched_at=row["dispatched_at"],
+            # the console's page statements select fewer columns than the API's
+            expires_at=row.get("expires_at"),
         )
 
     def as_json(self) -> dict[str, Any]:

@@ -218,6 +218,9 @@ def cmd_events_cancel(args: argparse.Namespace, settings: Settings) -> int:
             dispatched_at = result.event.dispatched_at.isoformat() if result.event.dispatched_at else None
             print(f"{result.event.id} was already dispatched at {dispatched_at}; it stays dispatched", file=sys.stderr)
             return 1
+        if result.outcome == "expired":
+            print(f"{result.event.id} already expired ({result.event.last_error}); it stays expired", file=sys.stderr)
+            return 1
         note = " (it already was)" if result.outcome == "already_cancelled" else ""
         print(f"{result.event.id} is cancelled{note}")
         return 0

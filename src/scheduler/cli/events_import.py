@@ -102,7 +102,8 @@ def import_lines(lines: Sequence[tuple[int, str]], settings: Settings, *, sessio
         parsed = [_parse(text) for _, text in chunk]
         payloads = [value if ok else None for ok, value in parsed]
         numbers = [number for number, _ in chunk]
-        checked = check_items(payloads, max_item_bytes=settings.max_body_bytes, first_of_key=first_of_key,
+        checked = check_items(payloads, max_item_bytes=settings.max_body_bytes, default_expiry=settings.default_expiry,
+                              first_of_key=first_of_key,
                               positions=numbers, what="line")
         # a line that is not JSON is refused for that, not for being null
         checked = [Refusal({"detail": f"the line {value}"}) if not ok else item

@@ -48,7 +48,7 @@ class EventOutcome:
     """What one claimed event became, with what metrics need (its type and lateness)."""
 
     id: str
-    status: EventStatus  # dispatched or failed
+    status: EventStatus  # dispatched or failed; expired for a row the claim ended (EXP-2)
     error: str | None = None
     event_type: str = ""
     trigger_at: datetime | None = None
@@ -72,6 +72,12 @@ def failed(event: ClaimedEvent, error: str, now: datetime) -> EventOutcome:
     return EventOutcome(event.id, EventStatus.FAILED, error, event.event_type, event.trigger_at, now)
 
 
+def expired(row_id: str, event_type: str, trigger_at: datetime, error: str, now: datetime) -> EventOutcome:
+    """A row the claim found past its ``expires_at`` and ended ``expired`` in its own statement
+    (never dispatched, nothing to record at the batch's end)."""
+    return EventOutcome(row_id, EventStatus.EXPIRED, error, event_type, trigger_at, now)
+
+
 def outcome_parameters(outcomes: list[EventOutcome]) -> dict[str, list[Any]]:
     """The ``record_outcomes`` arrays: one element per event, in the batch's order."""
     return {
@@ -92,6 +98,9 @@ class Batch:
     # Rows the claim locked but left alone because their participant was busy elsewhere:
     # untouched (still pending, no error); the commit releases them for a later poll.
     skipped: list[str] = field(default_factory=list)
+    # Rows the claim ended ``expired`` (claimed after their expires_at, EXP-2): written by the
+    # claim's own statement, they take no batch slot and commit (or roll back) with the batch.
+    expired: list[EventOutcome] = field(default_factory=list)
     position: int = 0
     outcomes: list[EventOutcome] = field(default_factory=list)
     outbound: list[OutboundMessage] = field(default_factory=list)
@@ -129,6 +138,8 @@ class PollReport:
     claimed: int
     outcomes: tuple[EventOutcome, ...]
     skipped: int = 0  # rows of busy participants, left pending
+    # rows the claim ended expired (no batch slot, never dispatched: EXP-2, DEC-EXPIRY)
+    expired: tuple[EventOutcome, ...] = ()
 
     @property
     def dispatched(self) -> int:

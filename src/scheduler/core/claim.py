@@ -7,7 +7,8 @@ not empty the batch.
 
 One round is one statement: the row locks and the participants' try-locks together
 (``claim_due_events``), sent with the transaction's BEGIN in one round trip (DEC-1,
-``database.pipeline``).
+``database.pipeline``). The same statement ends rows claimed after their ``expires_at``
+``expired`` (EXP-2): they come back marked, take no batch slot, and are never dispatched.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from scheduler.core.batch import ClaimedEvent
+from scheduler.core.batch import ClaimedEvent, EventOutcome, expired
 from scheduler.core.participant_locks import participant_lock_key, remember_participant_locks
 from scheduler.core.trigger_range import BEFORE_EVERY_TRIGGER
 from scheduler.database import pipeline
@@ -34,13 +35,15 @@ def claim_params(now: datetime, batch_size: int) -> dict[str, Any]:
             "after_id": _BEFORE_ALL[1], "busy": []}
 
 
-def claim_rounds(session: Session, now: datetime, batch_size: int) -> tuple[list[ClaimedEvent], list[str]]:
+def claim_rounds(session: Session, now: datetime,
+                 batch_size: int) -> tuple[list[ClaimedEvent], list[str], list[EventOutcome]]:
     """Lock up to ``batch_size`` rows due at ``now``, oldest first, in ``session``'s
-    transaction, never waiting for a lock; return them and the ids of the rows skipped
-    because their participant was busy."""
+    transaction, never waiting for a lock; return them, the ids of the rows skipped
+    because their participant was busy, and the rows the claim ended expired."""
     busy: set[str] = set()
     events: list[ClaimedEvent] = []
     skipped: list[str] = []
+    ended: list[EventOutcome] = []
     after = _BEFORE_ALL
     # Rounds go on until the batch is full or nothing more is due: however many participants
     # are busy at the head of the queue, the rest of the batch goes ahead (BUSY-1, DEC-2).
@@ -52,7 +55,10 @@ def claim_rounds(session: Session, now: datetime, batch_size: int) -> tuple[list
         wanted = batch_size - len(events)
         params = {**claim_params(now, wanted), "after_trigger": after[0], "after_id": after[1],
                   "busy": sorted(busy)}
-        [rows] = pipeline.send(session, [pipeline.named("claim_due_events", params)])
+        [returned] = pipeline.send(session, [pipeline.named("claim_due_events", params)])
+        ended.extend(expired(r["id"], r["event_type"], r["trigger_at"], r["last_error"], now)
+                     for r in returned or [] if r["expired"])
+        rows = [r for r in returned or [] if not r["expired"]]
         if not rows:
             break
         after = (rows[-1]["trigger_at"], rows[-1]["id"])
@@ -80,4 +86,4 @@ def claim_rounds(session: Session, now: datetime, batch_size: int) -> tuple[list
         # Fewer rows than asked: nothing more is due. None skipped: the batch is full.
         if len(rows) < wanted or round_skipped == 0:
             break
-    return events, skipped
+    return events, skipped, ended

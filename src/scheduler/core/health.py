@@ -21,6 +21,7 @@ class SchedulerHealth:
     polls: int = 0
     dispatched: int = 0
     failed: int = 0
+    expired: int = 0  # rows this replica's claims ended expired (EXP-2)
     consecutive_failures: int = 0  # polls that failed since the last one that completed
     skipped: int = 0  # rows left pending because their participant was busy
 
@@ -35,6 +36,7 @@ class SchedulerHealth:
         self.last_poll_at = now
         self.dispatched += report.dispatched
         self.failed += report.failed
+        self.expired += len(report.expired)
 
     def poll_failed(self, error: str, now: datetime) -> None:
         self.last_error = error
@@ -64,6 +66,7 @@ class SchedulerHealth:
             "polls": self.polls,
             "dispatched": self.dispatched,
             "failed": self.failed,
+            "expired": self.expired,
             "consecutive_failures": self.consecutive_failures,
             "skipped_busy": self.skipped,
         }

@@ -142,12 +142,12 @@ class Scheduler:
         try:
             with polling():  # its connection, used a moment ago, is not pinged first
                 session.connection()
-            events, skipped = claim_rounds(session, now, self.batch_size)
+            events, skipped, ended = claim_rounds(session, now, self.batch_size)
         except BaseException:
             session.rollback()
             session.close()
             raise
-        return Batch(session=session, events=events, claimed_at=now, skipped=skipped)
+        return Batch(session=session, events=events, claimed_at=now, skipped=skipped, expired=ended)
 
     def dispatch_next(self, batch: Batch) -> EventOutcome | None:
         """Dispatch the next claimed event, isolated from the others; ``None`` when none is
@@ -162,7 +162,7 @@ class Scheduler:
         committing releases them still ``pending`` for the next poll.
         """
         commit_batch(batch)
-        report = PollReport(len(batch.events), tuple(batch.outcomes), len(batch.skipped))
+        report = PollReport(len(batch.events), tuple(batch.outcomes), len(batch.skipped), tuple(batch.expired))
         self.health.committed(report, self.clock.now())
         self.last_report = report
         publish_committed(self.publisher, batch.outbound, self.name)

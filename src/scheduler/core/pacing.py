@@ -27,8 +27,9 @@ _LOOK_NOW = BEFORE_EVERY_TRIGGER
 
 
 def is_full(report: PollReport, batch_size: int) -> bool:
-    """A poll that claimed a whole batch: more may be due."""
-    return report.claimed >= batch_size
+    """A poll that claimed a whole batch, or ended a whole batch's worth of rows expired
+    (a backlog of them drains without waiting an interval between claims): more may be due."""
+    return report.claimed >= batch_size or len(report.expired) >= batch_size
 
 
 def polls_again_at_once(mode: SchedulerMode, batch_size: int, report: PollReport | None) -> bool:

@@ -10,17 +10,18 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Mapping, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import RowMapping
 from sqlalchemy.orm import Session, sessionmaker
 
+from scheduler.core.expiry import stored_expires_at
 from scheduler.core.trigger_range import check_trigger_at
 from scheduler.database.queries import statement
 
 EVENT_COLUMNS = (
-    "id", "event_type", "user_id", "community_id", "external_key", "trigger_at", "facts",
+    "id", "event_type", "user_id", "community_id", "external_key", "trigger_at", "expires_at", "facts",
     "status", "last_error", "created_at", "updated_at", "dispatched_at",
 )
 
@@ -47,6 +48,8 @@ def store_event(
     event_id: str | None = None,
     actor: str | None = None,
     traceparent: str | None = None,
+    expires_at: datetime | None = None,
+    default_expiry: timedelta | None = None,
 ) -> dict[str, Any]:
     """Insert a row, or rewrite and reset the row of ``external_key`` (REQ-0064), atomically.
 
@@ -55,8 +58,12 @@ def store_event(
     ``actor`` (a token's subject) is recorded in the row's history. ``traceparent`` (W3C,
     already validated) is the storing request's trace context, which the dispatch links to.
     A ``trigger_at`` outside the storable range is a ``TriggerOutOfRange`` (``core.trigger_range``).
+    ``expires_at`` (after ``trigger_at``), else ``trigger_at + default_expiry`` when the
+    service sets a window, is stored on the row (``core.expiry``; an ``ExpiryRefused`` names
+    the field otherwise): claimed after it, the row ends ``expired`` (EXP-2).
     """
     check_trigger_at(trigger_at)  # every path that stores one keeps to the range (DEC-TRIGGER)
+    expiry = stored_expires_at(trigger_at, expires_at, default_expiry)
     params = {
         "id": event_id or str(uuid.uuid4()),
         "event_type": event_type,
@@ -64,6 +71,7 @@ def store_event(
         "community_id": community_id,
         "external_key": external_key,
         "trigger_at": trigger_at,
+        "expires_at": expiry,
         "facts": json.dumps(facts),
         "now": now,
         "traceparent": traceparent,

@@ -42,6 +42,7 @@ class NewEvent:
     trigger_at: datetime
     facts: Mapping[str, Any]
     event_id: str | None = None
+    expires_at: datetime | None = None  # as stored: the sender's, or trigger_at plus the default window
 
 
 @dataclass(frozen=True)
@@ -86,6 +87,7 @@ def store_events(
             "community_id": event.community_id,
             "external_key": event.external_key,
             "trigger_at": event.trigger_at.isoformat(),
+            "expires_at": event.expires_at.isoformat() if event.expires_at is not None else None,
             "facts": event.facts,
         })
     if not items:

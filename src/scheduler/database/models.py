@@ -51,7 +51,9 @@ class ScheduledEvent(Base):
 
     __tablename__ = "scheduled_events"
     __table_args__ = (
-        CheckConstraint("status IN ('pending', 'dispatched', 'failed', 'cancelled')", name="status"),
+        CheckConstraint("status IN ('pending', 'dispatched', 'failed', 'cancelled', 'expired')", name="status"),
+        # an expiry is an instant after the trigger (EXP-1; migration 0009)
+        CheckConstraint("expires_at IS NULL OR expires_at > trigger_at", name="expiry_after_trigger"),
         # The claim reads only pending rows in (trigger_at, id) order; a partial index keeps
         # its cost independent of how many dispatched and failed rows pile up.
         Index(
@@ -68,11 +70,19 @@ class ScheduledEvent(Base):
             "id",
             postgresql_where=text("status = 'failed'"),
         ),
-        # Retention finds dispatched and cancelled rows older than the cutoff here.
+        # Retention finds dispatched, cancelled and expired rows older than the cutoff here.
         Index(
             "ix_scheduled_events_finished",
             "updated_at",
-            postgresql_where=text("status IN ('dispatched', 'cancelled')"),
+            postgresql_where=text("status IN ('dispatched', 'cancelled', 'expired')"),
+        ),
+        # The claim's expiry step (EXP-2): the pending rows that carry an expiry, by it, so the
+        # expired ones are found without walking a backlog of rows that never expire.
+        Index(
+            "ix_scheduled_events_pending_expiry",
+            "expires_at",
+            "id",
+            postgresql_where=text("status = 'pending' AND expires_at IS NOT NULL"),
         ),
         # The console's events page, newest change first, and the last hour's dispatches
         # for its lateness percentiles (a dispatched row's updated_at is its dispatched_at).
@@ -94,6 +104,9 @@ class ScheduledEvent(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     dispatched_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # Claimed after this instant, the row ends ``expired`` instead of dispatched (EXP-2,
+    # migration 0009); NULL: it never expires (REQ-0065's literal behaviour).
+    expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     # The W3C traceparent of the request that stored the row (migration 0006): the dispatch
     # span links to it. Never shown by the API; NULL when the request carried none.
     traceparent: Mapped[str | None] = mapped_column(String(TRACEPARENT_LENGTH))

@@ -132,6 +132,9 @@ class Metrics:
                                   ["event_type"], registry=self.registry)
         self.failed = Counter("scheduler_events_failed", "events this process marked failed",
                               ["event_type"], registry=self.registry)
+        self.expired = Counter("scheduler_events_expired",
+                               "events this process's claims ended expired (claimed after their expires_at)",
+                               ["event_type"], registry=self.registry)
         self.polls = Counter("scheduler_polls", "polls this process ran, completed or failed",
                              registry=self.registry)
         self.poll_errors = Counter("scheduler_poll_errors", "polls that failed as a whole (REQ-0067)",
@@ -148,6 +151,7 @@ class Metrics:
         for known in self._known:  # a series exists from the first scrape, at zero
             self.dispatched.labels(known)
             self.failed.labels(known)
+            self.expired.labels(known)
 
     def _label(self, event_type: str) -> str:
         if event_type in self._known or event_type in self._event_types:
@@ -177,6 +181,8 @@ class Metrics:
                     self.lateness.observe(max(lateness.total_seconds(), 0.0))
             else:
                 self.failed.labels(label).inc()
+        for ended in report.expired:  # never dispatched: no lateness observed (EXP-7)
+            self.expired.labels(self._label(ended.event_type or "unknown")).inc()
 
     def exposition(self) -> bytes:
         """The Prometheus text format (runs the scrape-time queries: call off the event loop)."""

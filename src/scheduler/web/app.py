@@ -184,8 +184,9 @@ class SchedulerService:
         self.observer = observer if observer is not None else observer_from_env()
         self.ingest = IngestRoutes(sessions=self.sessions, clock=self.clock, dispatcher=self.dispatcher,
                                    publisher=StreamPublisher(self.sessions, inner_publisher),
-                                   max_body_bytes=self.settings.max_body_bytes, observer=self.observer)
-        self.batch = BatchRoutes(sessions=self.sessions, clock=self.clock,
+                                   max_body_bytes=self.settings.max_body_bytes, observer=self.observer,
+                                   default_expiry=self.settings.default_expiry)
+        self.batch = BatchRoutes(sessions=self.sessions, clock=self.clock, default_expiry=self.settings.default_expiry,
                                  max_events=self.settings.batch_max_events,
                                  max_body_bytes=self.settings.batch_max_body_bytes,
                                  max_item_bytes=self.settings.max_body_bytes, observer=self.observer)

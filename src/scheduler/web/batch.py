@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
@@ -25,6 +26,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
+from scheduler.core.expiry import ExpiryRefused, stored_expires_at
 from scheduler.core.store_batch import NewEvent, Stored, store_events
 from scheduler.nudging.facts import ContractViolation, FactsMissing, check_facts_contract
 from scheduler.observability.observer import Observer
@@ -54,8 +56,9 @@ def item_size(payload: Any) -> int:
     return len(json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogatepass"))
 
 
-def check_item(payload: Any, *, max_item_bytes: int) -> NewEvent | Refusal:
-    """One item judged as a single POST's body is (REQ-0063), or its refusal."""
+def check_item(payload: Any, *, max_item_bytes: int, default_expiry: timedelta | None = None) -> NewEvent | Refusal:
+    """One item judged as a single POST's body is (REQ-0063), or its refusal; its
+    ``expires_at`` as the single store keeps it (the sender's, or the default window, EXP-5)."""
     try:
         size = item_size(payload)
     except RecursionError:
@@ -74,8 +77,13 @@ def check_item(payload: Any, *, max_item_bytes: int) -> NewEvent | Refusal:
     except ContractViolation as exc:
         return Refusal({"detail": {"error": "invalid_facts_contract", "errors": list(exc.errors)}})
     assert body.facts is not None
+    try:
+        expires_at = stored_expires_at(body.trigger_at, body.expires_at, default_expiry)
+    except ExpiryRefused as exc:
+        return _unprocessable(Unprocessable.field(exc.field, exc.problem))
     return NewEvent(event_type=body.event_type, user_id=body.user_id, community_id=body.community_id,
-                    external_key=body.external_key, trigger_at=body.trigger_at, facts=body.facts)
+                    external_key=body.external_key, trigger_at=body.trigger_at, facts=body.facts,
+                    expires_at=expires_at)
 
 
 def repeated_key(first: int, *, what: str = "item") -> Refusal:
@@ -84,7 +92,7 @@ def repeated_key(first: int, *, what: str = "item") -> Refusal:
     return _unprocessable(Unprocessable.field("external_key", message))
 
 
-def check_items(payloads: Sequence[Any], *, max_item_bytes: int,
+def check_items(payloads: Sequence[Any], *, max_item_bytes: int, default_expiry: timedelta | None = None,
                 first_of_key: dict[str, int] | None = None,
                 positions: Sequence[int] | None = None, what: str = "item") -> list[NewEvent | Refusal]:
     """Each payload judged on its own (``check_item``), then a key already given refused
@@ -94,7 +102,7 @@ def check_items(payloads: Sequence[Any], *, max_item_bytes: int,
     checked: list[NewEvent | Refusal] = []
     for offset, payload in enumerate(payloads):
         position = positions[offset] if positions is not None else offset
-        result = check_item(payload, max_item_bytes=max_item_bytes)
+        result = check_item(payload, max_item_bytes=max_item_bytes, default_expiry=default_expiry)
         if isinstance(result, NewEvent) and result.external_key is not None:
             first = seen.setdefault(result.external_key, position)
             if first != position:
@@ -115,8 +123,10 @@ class BatchRoutes:
     """``POST /admin/scheduled-events/batch``."""
 
     def __init__(self, *, sessions: sessionmaker[Session], clock: Clock, max_events: int, max_body_bytes: int,
-                 max_item_bytes: int, observer: Observer | None = None) -> None:
+                 max_item_bytes: int, observer: Observer | None = None,
+                 default_expiry: timedelta | None = None) -> None:
         self.sessions = sessions
+        self.default_expiry = default_expiry  # SCHEDULER_DEFAULT_EXPIRY_SECONDS, as the single POST's
         self.clock = clock
         self.max_events = max_events
         self.max_body_bytes = max_body_bytes
@@ -136,7 +146,7 @@ class BatchRoutes:
             raise Unprocessable.field("body", "must be a JSON array of scheduled events", NOT_AN_ARRAY)
         if len(payload) > self.max_events:
             raise HTTPException(413, f"more than {self.max_events} events in one batch (SCHEDULER_BATCH_MAX_EVENTS)")
-        checked = check_items(payload, max_item_bytes=self.max_item_bytes)
+        checked = check_items(payload, max_item_bytes=self.max_item_bytes, default_expiry=self.default_expiry)
         # observability: the storing request's trace context, as a single POST's rows keep
         traceparent = self.observer.storing_traceparent(request.headers.get("traceparent"))
         with self.observer.store_batch(len(payload)) as done:

@@ -47,6 +47,9 @@ def cancel_routes(console: ConsolePages, guard: ConsoleGuard) -> list[Route]:
         if done.outcome == "dispatched":
             return console.page(request, "error.html", {
                 "message": "already dispatched: a dispatched event cannot be cancelled"}, 409)
+        if done.outcome == "expired":
+            return console.page(request, "error.html", {
+                "message": "already expired: an expired event cannot be cancelled"}, 409)
         outcome = "cancelled" if done.outcome == "cancelled" else "already-cancelled"
         return RedirectResponse(f"{base_path(request)}/console/events/{event_id}?done={outcome}", status_code=303)
 

@@ -10,8 +10,8 @@ dispatch gets a span of its own.
 from __future__ import annotations
 
 import logging
-from datetime import datetime
-from typing import TypeVar
+from datetime import datetime, timedelta
+from typing import Any, TypeVar
 
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
@@ -21,6 +21,7 @@ from starlette.routing import BaseRoute, Route
 
 from scheduler.core import store
 from scheduler.core.dispatch_contract import NotADispatchResult, checked_result
+from scheduler.core.expiry import ExpiryRefused
 from scheduler.nudging.facts import ContractViolation, FactsMissing, check_facts_contract
 from scheduler.observability.observer import Observer
 from scheduler.types import (
@@ -32,7 +33,7 @@ from scheduler.types import (
     Publisher,
 )
 from scheduler.web.auth import actor_of, require
-from scheduler.web.http import HTTPRefusal, parse_body, read_json, respond
+from scheduler.web.http import HTTPRefusal, Unprocessable, parse_body, read_json, respond
 from scheduler.web.params import declares
 from scheduler.web.schemas import (
     DuplicateOut,
@@ -66,12 +67,15 @@ class IngestRoutes:
     """``POST /admin/scheduled-events`` and ``POST /admin/ingest-event``."""
 
     def __init__(self, *, sessions: sessionmaker[Session], clock: Clock, dispatcher: Dispatcher,
-                 publisher: Publisher, max_body_bytes: int, observer: Observer | None = None) -> None:
+                 publisher: Publisher, max_body_bytes: int, observer: Observer | None = None,
+                 default_expiry: timedelta | None = None) -> None:
         self.sessions = sessions
         self.clock = clock
         self.dispatcher = dispatcher
         self.publisher = publisher
         self.max_body_bytes = max_body_bytes
+        # SCHEDULER_DEFAULT_EXPIRY_SECONDS: a row stored without expires_at gets trigger_at plus it
+        self.default_expiry = default_expiry
         # observability: the live dispatch's span, the traceparent a stored row keeps
         self.observer = observer or Observer()
 
@@ -88,13 +92,15 @@ class IngestRoutes:
         body = await self._event_body(request, ScheduledEventIn, MISSING_FACTS_SCHEDULED)
         assert body.facts is not None
         row = await run_in_threadpool(
-            store.store_event,
+            self._store,
             self.sessions,
             event_type=body.event_type,
             user_id=body.user_id,
             community_id=body.community_id,
             external_key=body.external_key,
             trigger_at=body.trigger_at,
+            expires_at=body.expires_at,
+            default_expiry=self.default_expiry,
             facts=body.facts,
             now=self.clock.now(),
             actor=actor_of(request),
@@ -102,6 +108,15 @@ class IngestRoutes:
             traceparent=self.observer.storing_traceparent(request.headers.get("traceparent")),
         )
         return respond(ScheduledEventOut.model_validate(row), 201)
+
+    @staticmethod
+    def _store(sessions: sessionmaker[Session], **fields: Any) -> dict[str, Any]:
+        """``store.store_event``; an expiry it refuses (the default window past the range) is a
+        422 naming the field, as the schema's own checks are."""
+        try:
+            return store.store_event(sessions, **fields)
+        except ExpiryRefused as exc:
+            raise Unprocessable.field(exc.field, exc.problem) from None
 
     @require("ingest")
     @declares()

@@ -135,12 +135,16 @@ class EventRoutes:
             conflict = CancelConflictOut(detail="already dispatched: a dispatched event cannot be cancelled",
                                          event=_out(result.event))
             return respond(conflict, 409)
+        if result.outcome == "expired":  # EXP-3: as final as dispatched
+            conflict = CancelConflictOut(detail="already expired: an expired event cannot be cancelled",
+                                         event=_out(result.event))
+            return respond(conflict, 409)
         return respond(_out(result.event))
 
     @require("ingest")
     @declares()
     async def cancel_by_id(self, request: Request) -> Response:
-        """Cancel a pending or failed row (200 with the row; 409 once dispatched)."""
+        """Cancel a pending or failed row (200 with the row; 409 once dispatched or expired)."""
         return await self._cancel(request, event_id=path_param(request, "event_id"))
 
     @require("ingest")

@@ -6,7 +6,15 @@ import re
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, PlainSerializer, field_validator
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    ValidationInfo,
+    field_validator,
+)
 
 from scheduler.core.trigger_range import RANGE_TEXT, TriggerOutOfRange, check_trigger_at
 from scheduler.types import DispatchOutcome, EventStatus, NotificationStatus, SchedulerMode
@@ -99,13 +107,20 @@ class ScheduledEventIn(_Body):
     trigger_at: AwareDatetime = Field(
         description=f"An ISO 8601 instant with its offset (a string), from {RANGE_TEXT}; a naive time, "
                     "a number (Unix time) or a time outside that range is refused.")
+    expires_at: AwareDatetime | None = Field(
+        default=None,
+        description="Optional: an ISO 8601 instant with its offset, after trigger_at and in the same range. "
+                    "Claimed after it (by the service's clock), the event is not dispatched: it ends expired. "
+                    "Absent: the service's default window from trigger_at, if one is set, else never.")
     facts: dict[str, Any] | None = Field(
         default=None, description="Must carry facts_version and scenario as non-empty strings."
     )
 
-    @field_validator("trigger_at", mode="before")
+    @field_validator("trigger_at", "expires_at", mode="before")
     @classmethod
-    def _trigger_is_an_instant(cls, value: object) -> object:
+    def _trigger_is_an_instant(cls, value: object, info: ValidationInfo) -> object:
+        if value is None and info.field_name == "expires_at":
+            return None  # null: as if absent
         # pydantic's lax mode would read a number, or a numeric string, as Unix time
         if not isinstance(value, str) or not _INSTANT.fullmatch(value):
             raise ValueError("must be an ISO 8601 instant with its offset, as a string "
@@ -120,6 +135,21 @@ class ScheduledEventIn(_Body):
             return check_trigger_at(value)
         except TriggerOutOfRange as exc:
             raise ValueError(str(exc)) from None
+
+    @field_validator("expires_at", mode="after")
+    @classmethod
+    def _expiry_in_range(cls, value: datetime | None, info: ValidationInfo) -> datetime | None:
+        # a 422 naming expires_at (EXP-1): out of range, or at or before the trigger (born expired)
+        if value is None:
+            return None
+        try:
+            check_trigger_at(value)
+        except TriggerOutOfRange as exc:
+            raise ValueError(str(exc)) from None
+        trigger_at = info.data.get("trigger_at")  # absent when trigger_at itself was refused
+        if isinstance(trigger_at, datetime) and value <= trigger_at:
+            raise ValueError(f"must be after trigger_at ({trigger_at.isoformat()})")
+        return value
 
 
 class LiveEventIn(_Body):
@@ -178,6 +208,8 @@ class ScheduledEventOut(_Out):
     community_id: str | None
     external_key: str | None
     trigger_at: Timestamp
+    expires_at: Timestamp | None = Field(
+        description="claimed after this instant, the row ends expired instead of dispatched; null: never expires")
     facts: dict[str, Any]
     status: EventStatus
     last_error: str | None
@@ -256,6 +288,7 @@ class SchedulerHealthOut(_Out):
     polls: int
     dispatched: int
     failed: int
+    expired: int = Field(description="rows this replica's claims ended expired (claimed after their expires_at)")
     consecutive_failures: int
     skipped_busy: int
     stale: bool
@@ -385,7 +418,8 @@ class HistoryEntryOut(_Out):
     id: int
     event_id: str
     at: Timestamp = Field(description="the row's updated_at after the change (the service's clock)")
-    change: Literal["stored", "rewritten", "dispatched", "failed", "reset", "cancelled", "pending", "updated"]
+    change: Literal["stored", "rewritten", "dispatched", "failed", "reset", "cancelled", "expired", "pending",
+                    "updated"]
     actor: str | None = Field(description="the token's subject; null for the polling loop")
     status: EventStatus
     changes: dict[str, list[Any]] = Field(description="column -> [before, after], for each column that changed")

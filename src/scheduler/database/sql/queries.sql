@@ -13,12 +13,41 @@ SELECT clock_timestamp();
 ('x' || left(encode(sha256(convert_to('nudging-participant:' || user_id, 'UTF8')), 'hex'), 16))::bit(64)::bigint
 
 -- name: claim_due_events
--- Take up to :batch_size due pending rows, oldest first, lock them for this batch, and try their participants' locks in the same statement (held: whether this transaction got it).
+-- Take up to :batch_size due pending rows, oldest first, lock them for this batch, and try their participants' locks in the same statement (held: whether this transaction got it); end up to :batch_size rows claimed after their expires_at as expired (expired: true) without a batch slot (EXP-2, DEC-EXPIRY).
 -- Every step is a MATERIALIZED CTE, evaluated once and wholly before the step that reads
 -- it: the rows are locked first (exactly the rows returned: the row locks are taken under
 -- the LIMIT), then each of their participants is try-locked exactly once, and never a
 -- participant of a row the claim did not return (DEC-2)
-WITH claimed AS MATERIALIZED (
+WITH expired AS MATERIALIZED (
+    -- rows claimed after their expires_at by the injected clock: never dispatched, no
+    -- participant lock needed (their engine does not run); the history trigger records the
+    -- change at the claim's now (when it was claimed) and last_error says how late
+    UPDATE scheduler.scheduled_events AS e
+    SET status = 'expired', dispatched_at = NULL, updated_at = :now,
+        last_error = 'expired: claimed ' || concat_ws(' ',
+            CASE WHEN extract(day FROM d.late) > 0 THEN extract(day FROM d.late)::int || 'd' END,
+            CASE WHEN extract(hour FROM d.late) > 0 THEN extract(hour FROM d.late)::int || 'h' END,
+            CASE WHEN extract(minute FROM d.late) > 0 THEN extract(minute FROM d.late)::int || 'm' END,
+            CASE WHEN floor(extract(second FROM d.late)) > 0 OR d.late < interval '1 minute'
+                 THEN floor(extract(second FROM d.late))::int || 's' END)
+            || ' after its expires_at ' || to_char(e.expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"')
+    FROM (
+        -- ix_scheduled_events_pending_expiry holds exactly the pending rows with an expiry;
+        -- expires_at > trigger_at (a CHECK), so every one of these is due
+        SELECT id, CAST(:now AS timestamptz) - expires_at AS late
+        FROM scheduler.scheduled_events
+        WHERE status = 'pending' AND expires_at < :now
+        ORDER BY expires_at, id
+        -- bounded like the batch, but not counted against it: a backlog of expired rows
+        -- drains at most a batch size a claim, and never delays a row still worth sending
+        LIMIT :batch_size
+        -- a row another replica holds is its to decide
+        FOR UPDATE SKIP LOCKED
+    ) AS d
+    WHERE e.id = d.id
+    RETURNING e.id, e.event_type, e.user_id, e.community_id, e.external_key, e.trigger_at, e.facts,
+              e.status, e.last_error, e.created_at, e.updated_at, e.dispatched_at, e.traceparent
+), claimed AS MATERIALIZED (
     SELECT id, event_type, user_id, community_id, external_key, trigger_at, facts,
            status, last_error, created_at, updated_at, dispatched_at, traceparent
     FROM scheduler.scheduled_events
@@ -27,6 +56,9 @@ WITH claimed AS MATERIALIZED (
     WHERE status = 'pending'
       -- due by the injected clock, never the database's
       AND trigger_at <= :now
+      -- not past its expiry (those beyond the expired step's bound wait for the next claim,
+      -- which ends them expired: a row claimed after its expires_at is never dispatched)
+      AND (expires_at IS NULL OR expires_at >= :now)
       -- a later round of the same claim continues after the rows the earlier rounds saw
       -- (a keyset on the index order; the first round starts before every row Python can
       -- read, core.trigger_range.BEFORE_EVERY_TRIGGER)
@@ -53,9 +85,15 @@ WITH claimed AS MATERIALIZED (
 )
 SELECT c.id, c.event_type, c.user_id, c.community_id, c.external_key, c.trigger_at, c.facts,
        c.status, c.last_error, c.created_at, c.updated_at, c.dispatched_at, c.traceparent,
-       c.user_id = ANY(h.users) AS held
+       c.user_id = ANY(h.users) AS held, FALSE AS expired
 FROM claimed AS c CROSS JOIN held AS h
-ORDER BY c.trigger_at, c.id;
+-- the expired rows after the claimed ones (the claim's keyset reads the claimed rows only)
+UNION ALL
+SELECT x.id, x.event_type, x.user_id, x.community_id, x.external_key, x.trigger_at, x.facts,
+       x.status, x.last_error, x.created_at, x.updated_at, x.dispatched_at, x.traceparent,
+       FALSE AS held, TRUE AS expired
+FROM expired AS x
+ORDER BY expired, trigger_at, id;
 
 -- name: next_pending_trigger
 -- The earliest trigger_at of a pending row still in the future (prompt mode's next wake-up);
@@ -101,17 +139,17 @@ WHERE id = :id;
 -- name: insert_event
 -- Store a new scheduled event without an external key (two posts are two rows).
 INSERT INTO scheduler.scheduled_events (id, event_type, user_id, community_id, external_key,
-                              trigger_at, facts, status, created_at, updated_at, traceparent)
+                              trigger_at, expires_at, facts, status, created_at, updated_at, traceparent)
 VALUES (:id, :event_type, :user_id, :community_id, NULL,
-        :trigger_at, CAST(:facts AS jsonb), 'pending', :now, :now, :traceparent)
+        :trigger_at, :expires_at, CAST(:facts AS jsonb), 'pending', :now, :now, :traceparent)
 RETURNING *;
 
 -- name: upsert_event_by_key
 -- Store or rewrite the row of an external key in one atomic statement (REQ-0064).
 INSERT INTO scheduler.scheduled_events (id, event_type, user_id, community_id, external_key,
-                              trigger_at, facts, status, created_at, updated_at, traceparent)
+                              trigger_at, expires_at, facts, status, created_at, updated_at, traceparent)
 VALUES (:id, :event_type, :user_id, :community_id, :external_key,
-        :trigger_at, CAST(:facts AS jsonb), 'pending', :now, :now, :traceparent)
+        :trigger_at, :expires_at, CAST(:facts AS jsonb), 'pending', :now, :now, :traceparent)
 -- the unique constraint arbitrates between concurrent posts of one key; a row that a
 -- replica is dispatching is locked, so this waits for that batch, then rewrites the
 -- newest version
@@ -120,6 +158,8 @@ SET event_type = EXCLUDED.event_type,
     user_id = EXCLUDED.user_id,
     community_id = EXCLUDED.community_id,
     trigger_at = EXCLUDED.trigger_at,
+    -- the new post's expiry (or none): a rewrite re-arms an expired row (EXP-4)
+    expires_at = EXCLUDED.expires_at,
     facts = EXCLUDED.facts,
     status = 'pending',
     dispatched_at = NULL,
@@ -132,12 +172,12 @@ RETURNING *;
 -- name: store_events_batch
 -- Store many scheduled events, or rewrite and reset the rows of their external keys, in one statement (REQ-0064, BATCH-3): one element of :items per event; keys taken in a fixed order (BATCH-4).
 INSERT INTO scheduler.scheduled_events (id, event_type, user_id, community_id, external_key,
-                              trigger_at, facts, status, created_at, updated_at, traceparent)
+                              trigger_at, expires_at, facts, status, created_at, updated_at, traceparent)
 SELECT i.id, i.event_type, i.user_id, i.community_id, i.external_key,
-       i.trigger_at, i.facts, 'pending', :now, :now, :traceparent
+       i.trigger_at, i.expires_at, i.facts, 'pending', :now, :now, :traceparent
 FROM jsonb_to_recordset(CAST(:items AS jsonb))
      AS i(ord integer, id text, event_type text, user_id text, community_id text, external_key text,
-          trigger_at timestamptz, facts jsonb)
+          trigger_at timestamptz, expires_at timestamptz, facts jsonb)
 -- rows are inserted (and conflicting rows locked) in this order: two batches that share
 -- keys wait for each other in the same order, so they never deadlock; the keys of one
 -- request are distinct (a repeat is refused before this statement), so no row is
@@ -150,6 +190,7 @@ SET event_type = EXCLUDED.event_type,
     user_id = EXCLUDED.user_id,
     community_id = EXCLUDED.community_id,
     trigger_at = EXCLUDED.trigger_at,
+    expires_at = EXCLUDED.expires_at,
     facts = EXCLUDED.facts,
     status = 'pending',
     dispatched_at = NULL,
@@ -608,12 +649,13 @@ WHERE scheduler_maintenance.last_run_at <= CAST(:now AS timestamptz) - make_inte
 RETURNING last_run_at;
 
 -- name: delete_expired_events
--- Delete up to :batch_size rows dispatched or cancelled before :cutoff, with their history.
+-- Delete up to :batch_size rows dispatched, cancelled or expired before :cutoff, with their history.
 WITH doomed AS (
     SELECT id FROM scheduler.scheduled_events
-    -- only terminal successes and withdrawals: failed and pending rows are never deleted;
-    -- ix_scheduled_events_finished holds exactly these rows, by updated_at
-    WHERE status IN ('dispatched', 'cancelled') AND updated_at < :cutoff
+    -- only terminal successes, withdrawals and expiries (kept as long as dispatched rows,
+    -- EXP-8): failed and pending rows are never deleted; ix_scheduled_events_finished holds
+    -- exactly these rows, by updated_at
+    WHERE status IN ('dispatched', 'cancelled', 'expired') AND updated_at < :cutoff
     ORDER BY updated_at
     -- a small batch: each runs in its own short transaction
     LIMIT :batch_size
