@@ -21,7 +21,7 @@ SELECT clock_timestamp();
 WITH expired AS MATERIALIZED (
     -- rows claimed after their expires_at by the injected clock: never dispatched, no
     -- participant lock needed (their engine does not run); the history trigger records the
-    -- change at the claim's now (when it was claimed) and last_error says how late
+    -- change at the claim's time, the moment it was claimed, and last_error says how late
     UPDATE scheduler.scheduled_events AS e
     SET status = 'expired', dispatched_at = NULL, updated_at = :now,
         last_error = 'expired: claimed ' || concat_ws(' ',
