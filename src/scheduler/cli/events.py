@@ -165,7 +165,8 @@ def _one_row_or_filter(args: argparse.Namespace, settings: Settings, *, verb: st
                        one_row: Any) -> int:
     """The shared frame of ``events reset`` and ``events cancel``: an ID or a filter (never
     both), the database's clock (DEC-10), then ``one_row(sessions, now)`` or ``_by_filter``."""
-    from scheduler.database.engine import make_sessionmaker, synced_database_clock
+    from scheduler.core.clock import synced_database_clock
+    from scheduler.database.engine import make_sessionmaker
 
     chosen = _id_or_filter(args, verb)
     if chosen is None:

@@ -129,7 +129,8 @@ def import_lines(lines: Sequence[tuple[int, str]], settings: Settings, *, sessio
 def cmd_events_import(args: argparse.Namespace, settings: Settings) -> int:
     from scheduler.cli.events import _cli_actor
     from scheduler.cli.serve import migrated_engine
-    from scheduler.database.engine import make_sessionmaker, synced_database_clock
+    from scheduler.core.clock import synced_database_clock
+    from scheduler.database.engine import make_sessionmaker
 
     try:
         lines = _lines(args.file)

@@ -187,7 +187,8 @@ def _token_clock(settings: Settings) -> Clock | None:
         return None
     from sqlalchemy.exc import SQLAlchemyError
 
-    from scheduler.database.engine import make_engine, sqlalchemy_url, synced_database_clock
+    from scheduler.core.clock import synced_database_clock
+    from scheduler.database.engine import make_engine, sqlalchemy_url
 
     engine = make_engine(sqlalchemy_url(settings.database_url), settings)
     try:

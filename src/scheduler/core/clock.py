@@ -9,9 +9,13 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from functools import partial
+from typing import TYPE_CHECKING, Any
 
 from scheduler.types import Clock
+
+if TYPE_CHECKING:
+    from sqlalchemy import Engine
 
 logger = logging.getLogger(__name__)
 
@@ -166,3 +170,13 @@ def clock_details(clock: Clock) -> dict[str, Any]:
         return clock.details()
     return {"source": "injected", "synced": None, "offset_seconds": None, "round_trip_seconds": None,
             "synced_at": None}
+
+
+def synced_database_clock(engine: Engine, *, warn_seconds: float = 1.0) -> DatabaseClock:
+    """Production's clock for a short-lived command (``scheduler events reset``, ``cancel``,
+    ``import``): the database's, read once now (DEC-10)."""
+    from scheduler.database.engine import database_time
+
+    clock = DatabaseClock(partial(database_time, engine), warn_seconds=warn_seconds)
+    clock.sync()
+    return clock

@@ -14,7 +14,6 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from datetime import datetime
-from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlparse
@@ -25,7 +24,6 @@ from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.orm import Session, sessionmaker
 
 from scheduler.config import ConfigError, Settings
-from scheduler.core.clock import DatabaseClock
 from scheduler.database.queries import statement
 
 if TYPE_CHECKING:
@@ -340,14 +338,6 @@ def database_time(engine: Engine) -> datetime:
     if not isinstance(value, datetime):
         raise TypeError(f"clock_timestamp() returned {value!r}")
     return value
-
-
-def synced_database_clock(engine: Engine, *, warn_seconds: float = 1.0) -> DatabaseClock:
-    """Production's clock for a short-lived command (``scheduler events reset``, ``cancel``):
-    the database's, read once now (DEC-10)."""
-    clock = DatabaseClock(partial(database_time, engine), warn_seconds=warn_seconds)
-    clock.sync()
-    return clock
 
 
 def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
