@@ -144,12 +144,8 @@ VALUES (:id, :event_type, :user_id, :community_id, NULL,
         :trigger_at, :expires_at, CAST(:facts AS jsonb), 'pending', :now, :now, :traceparent)
 RETURNING *;
 
--- name: upsert_event_by_key
--- Store or rewrite the row of an external key in one atomic statement (REQ-0064).
-INSERT INTO scheduler.scheduled_events (id, event_type, user_id, community_id, external_key,
-                              trigger_at, expires_at, facts, status, created_at, updated_at, traceparent)
-VALUES (:id, :event_type, :user_id, :community_id, :external_key,
-        :trigger_at, :expires_at, CAST(:facts AS jsonb), 'pending', :now, :now, :traceparent)
+-- name: rewrite_by_key
+-- A fragment, not a statement: what a post of a known external key does to its row (REQ-0064), shared by the single store and the batch so the two never drift.
 -- the unique constraint arbitrates between concurrent posts of one key; a row that a
 -- replica is dispatching is locked, so this waits for that batch, then rewrites the
 -- newest version
@@ -167,6 +163,14 @@ SET event_type = EXCLUDED.event_type,
     updated_at = EXCLUDED.updated_at,
     -- the rewrite's request is the one a dispatch now links to
     traceparent = EXCLUDED.traceparent
+
+-- name: upsert_event_by_key
+-- Store or rewrite the row of an external key in one atomic statement (REQ-0064).
+INSERT INTO scheduler.scheduled_events (id, event_type, user_id, community_id, external_key,
+                              trigger_at, expires_at, facts, status, created_at, updated_at, traceparent)
+VALUES (:id, :event_type, :user_id, :community_id, :external_key,
+        :trigger_at, :expires_at, CAST(:facts AS jsonb), 'pending', :now, :now, :traceparent)
+{{rewrite_by_key}}
 RETURNING *;
 
 -- name: store_events_batch
@@ -183,20 +187,8 @@ FROM jsonb_to_recordset(CAST(:items AS jsonb))
 -- request are distinct (a repeat is refused before this statement), so no row is
 -- affected twice
 ORDER BY i.external_key COLLATE "C" NULLS LAST, i.ord
--- exactly the single store's rewrite (upsert_event_by_key): the unique constraint
--- arbitrates, a row being dispatched is waited for, then rewritten and reset
-ON CONFLICT (external_key) DO UPDATE
-SET event_type = EXCLUDED.event_type,
-    user_id = EXCLUDED.user_id,
-    community_id = EXCLUDED.community_id,
-    trigger_at = EXCLUDED.trigger_at,
-    expires_at = EXCLUDED.expires_at,
-    facts = EXCLUDED.facts,
-    status = 'pending',
-    dispatched_at = NULL,
-    last_error = NULL,
-    updated_at = EXCLUDED.updated_at,
-    traceparent = EXCLUDED.traceparent
+-- exactly the single store's rewrite (upsert_event_by_key)
+{{rewrite_by_key}}
 -- xmax is 0 on a row this statement inserted, the locking transaction on one it rewrote
 RETURNING *, (xmax = 0) AS inserted;
 
