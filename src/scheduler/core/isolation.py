@@ -132,8 +132,9 @@ def _dispatch_next(batch: Batch, dispatcher: Dispatcher, clock: Clock, name: str
 
 def _dispatch_once(batch: Batch, dispatcher: Dispatcher, event: ClaimedEvent, now: datetime,
                    name: str) -> EventOutcome:
-    """Run one event of a dispatcher that is not safe to repeat in a savepoint of its own: its
-    failure rolls back only its own work, and it is never called again for this poll (DEC-1.4).
+    """Run one event in a savepoint of its own: whatever it raises (or refuses), only its work
+    is undone. Every event of a dispatcher that is not safe to repeat runs so, once per poll
+    (DEC-1.4); so do the optimistic batch's replayed events after a failure (DEC-1).
 
     The savepoint travels ahead of the dispatcher's first statement (``pipeline.defer``), so a
     dispatcher that writes nothing costs no round trip; once it went out, it is released ahead
@@ -201,13 +202,13 @@ def _replay(batch: Batch, dispatcher: Dispatcher, event: ClaimedEvent, now: date
         if _stopping(batch):
             _stopped_in_replay(batch, start + done, name)
             return None
-        batch.outcomes.append(_dispatch_isolated(batch, dispatcher, previous, outcome.finished_at or now, name))
+        batch.outcomes.append(_dispatch_once(batch, dispatcher, previous, outcome.finished_at or now, name))
         batch.replayed += 1
     if _stopping(batch):
         _stopped_in_replay(batch, batch.position - 1, name)
         return None
     batch.replayed += 1
-    return _dispatch_isolated(batch, dispatcher, event, now, name)
+    return _dispatch_once(batch, dispatcher, event, now, name)
 
 
 def _stopped_in_replay(batch: Batch, position: int, name: str) -> None:
@@ -216,31 +217,6 @@ def _stopped_in_replay(batch: Batch, position: int, name: str) -> None:
                 name, len(batch.events) - position)
     batch.position = position
     batch.stopped = True
-
-
-def _dispatch_isolated(batch: Batch, dispatcher: Dispatcher, event: ClaimedEvent, now: datetime,
-                       name: str) -> EventOutcome:
-    """Run one event inside its own SAVEPOINT: whatever it raises, only its work is undone."""
-    session = batch.session
-    savepoint = session.begin_nested()
-    try:
-        result = checked_result(dispatcher(session, event.as_event(), now))
-        if not savepoint.is_active:
-            raise RuntimeError("the dispatcher ended the transaction it was handed")
-        if result.refusal is not None:
-            # The sender's error: a live request would get 400/422. Nothing it wrote stays.
-            savepoint.rollback()
-            return failed(event, result.refusal, now)
-        savepoint.commit()
-    except Exception as exc:
-        if isinstance(exc, DBAPIError) and exc.connection_invalidated:
-            raise
-        logger.exception("%s: dispatch of scheduled event %s failed", name, event.id)
-        if savepoint.is_active:
-            savepoint.rollback()
-        return failed(event, error_text(exc), now)
-    batch.outbound.extend(result.outbound)
-    return dispatched(event, now)
 
 
 def commit_batch(batch: Batch) -> None:
