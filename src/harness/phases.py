@@ -156,7 +156,7 @@ class Phases:
             raise sim.fail("SIM-1", f"{r.name} dispatched {outcome.id}, which it never claimed")
         event_id, status = expected
         # decided whole: at the reference time of the batch's first dispatch; else now
-        sim.clock_faults.check_recorded_time(r, outcome, self.decided_at.get(replica) if batch.planned else None)
+        sim.clock_faults.check_recorded_time(r, outcome, self.decided_at.get(replica) if batch.decided_whole else None)
         if outcome.id != event_id:
             raise sim.fail("SIM-1", f"{r.name} dispatched {outcome.id} before {event_id}")
         if outcome.status != status:

@@ -288,7 +288,7 @@ def test_a_write_that_differs_from_the_decisions_falls_back_to_the_per_event_pat
     outcome = service.scheduler.dispatch_next(batch)
     service.scheduler.finish(batch)
     assert outcome is not None and outcome.status == "dispatched"
-    assert batch.planned == []  # the set-based run was abandoned
+    assert not batch.decided_whole  # the set-based run was abandoned for the per-event path
     assert len(reads) == 2  # the batch's read, then the event's own as a batch of one
     reasons = sorted((r["rule_id"], r["reason"]) for r in rows(engine, "SELECT rule_id, reason FROM notifications"))
     assert reasons == [("commitment-nudge", None), ("commitment-reminder", "suppressed_dedup")]

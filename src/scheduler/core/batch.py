@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 
-from sqlalchemy.orm import Session, SessionTransaction
+from sqlalchemy.orm import Session
 
-from scheduler.types import Clock, DigitalTwinEvent, Dispatcher, EventStatus, OutboundMessage
+from scheduler.types import DigitalTwinEvent, EventStatus, OutboundMessage
 
 MAX_ERROR_LENGTH = 4000
 
@@ -88,9 +89,28 @@ def outcome_parameters(outcomes: list[EventOutcome]) -> dict[str, list[Any]]:
     }
 
 
+class BatchStrategy(Protocol):
+    """How a batch's events run and how it commits: the batch's one owner, chosen at its first
+    dispatch (``core.isolation.choose_strategy``), keeping its working state to itself."""
+
+    # whether the batch was decided whole at its first dispatch (``core.set_based``)
+    decided_whole: bool
+
+    def dispatch_next(self, batch: Batch) -> EventOutcome | None:
+        """Run the batch's next event (there is one), recording its outcome in ``batch``."""
+
+    def commit(self, batch: Batch) -> None:
+        """Write what the batch has not written yet and COMMIT (the caller closes the session)."""
+
+
+# Batch fields that became its strategy's working state; reading one warns (CHANGELOG.md).
+_STRATEGY_STATE = ("checkpoint", "checkpoint_position", "checkpoint_outbound", "planned", "set_write",
+                   "recorded", "per_event")
+
+
 @dataclass
 class Batch:
-    """An open poll: a transaction holding the claimed rows' locks."""
+    """An open poll: a transaction holding the claimed rows' locks, and what its events became."""
 
     session: Session
     events: list[ClaimedEvent]
@@ -101,36 +121,37 @@ class Batch:
     # Rows the claim ended ``expired`` (claimed after their expires_at, EXP-2): written by the
     # claim's own statement, they take no batch slot and commit (or roll back) with the batch.
     expired: list[EventOutcome] = field(default_factory=list)
-    position: int = 0
+    position: int = 0  # the next event to dispatch
     outcomes: list[EventOutcome] = field(default_factory=list)
-    outbound: list[OutboundMessage] = field(default_factory=list)
+    outbound: list[OutboundMessage] = field(default_factory=list)  # leaves after the commit
     closed: bool = False
-    # The optimistic run: the savepoint the events since ``checkpoint_position`` ran under
-    # without savepoints of their own, and how much outbound they had produced.
-    checkpoint: SessionTransaction | None = None
-    checkpoint_position: int = 0
-    checkpoint_outbound: int = 0
     replayed: int = 0  # dispatcher calls repeated after a failure rolled back to the checkpoint
-    # The set-based run (``core.set_based``): what the first dispatch decided for every
-    # event, handed out one per dispatch; ``None`` before it was tried, empty when the batch
-    # runs per event. ``set_write``: the statement (name, parameters) that writes it all,
-    # outcomes included, sent with the COMMIT; ``recorded``: how many outcomes it writes.
-    # ``per_event``: the dispatcher, clock and replica name the fallback runs with.
-    planned: list[tuple[EventOutcome, list[OutboundMessage]]] | None = None
-    set_write: tuple[str, dict[str, Any]] | None = None
-    recorded: int = 0
-    per_event: tuple[Dispatcher, Clock, str] | None = None
-    # The poll's stop (``Scheduler.poll_once``): the set-based run asks it between events'
-    # rules, so a stop mid-batch leaves the events not reached untouched (DEC-7).
+    # The poll's stop (``Scheduler.poll_once``): asked between events on every path (DEC-7.1).
     should_stop: Callable[[], bool] | None = None
     # The stop was honoured: the events from ``position`` on were never reached (or were
     # rolled back unrecorded) and the commit releases them pending; nothing more runs.
     stopped: bool = False
+    # Who runs the events and commits (``None`` until the first dispatch: the commit of a
+    # batch never dispatched writes its outcomes, if any, and commits).
+    strategy: BatchStrategy | None = None
 
     @property
     def remaining(self) -> int:
         """Events still to dispatch: none once the batch stopped."""
         return 0 if self.stopped else len(self.events) - self.position
+
+    @property
+    def decided_whole(self) -> bool:
+        """Whether the batch was decided whole at its first dispatch and still is (set-based,
+        not fallen back to the per-event path)."""
+        return self.strategy is not None and self.strategy.decided_whole
+
+    def __getattr__(self, name: str) -> Any:
+        if name in _STRATEGY_STATE:
+            warnings.warn(f"Batch.{name} is deprecated: a batch's working state is its strategy's "
+                          f"(Batch.strategy, Batch.decided_whole)", DeprecationWarning, stacklevel=2)
+            return getattr(self.strategy, name, None)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,125 @@
+"""REQ-0067, DEC-1.6 — one strategy owns a batch, from its first dispatch to its commit.
+
+In our words: how a batch's events run and how it commits is decided once per batch, by
+what its dispatcher declares: decided whole when it can decide a batch at once, the
+optimistic checkpoint with its replay when it is safe to call again, a savepoint per event
+otherwise. That owner keeps its working state to itself (the batch carries only the claim
+and what its events became), and a set-based batch whose write fails hands the batch to its
+per-event strategy, which then owns it to the commit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from datetime import datetime, timedelta
+
+import pytest
+from sqlalchemy import Engine, text
+from sqlalchemy.orm import Session
+from starlette.testclient import TestClient
+
+from scheduler.core.batch import Batch
+from scheduler.core.per_event import OptimisticBatch, SavepointPerEvent
+from scheduler.core.set_based import SetBasedBatch
+from scheduler.types import DigitalTwinEvent, DispatchOutcome, DispatchResult
+from scheduler.web.app import SchedulerService
+from tests.conftest import T0
+from tests.helpers import post_event, rows
+
+
+class FakeRecordingDispatcher:
+    """A fake dispatcher that writes nothing and records the events it was called for; it
+    declares ``safe_to_repeat`` only when asked to."""
+
+    def __init__(self, *, safe_to_repeat: bool) -> None:
+        self.safe_to_repeat = safe_to_repeat
+        self.calls: list[str] = []
+
+    def __call__(self, session: Session, event: DigitalTwinEvent, now: datetime) -> DispatchResult:
+        self.calls.append(str(event.scheduled_event_id))
+        return DispatchResult(outcome=DispatchOutcome.DELIVERED)
+
+
+def _owners(service: SchedulerService) -> tuple[Batch, list[object]]:
+    """Claim a batch and dispatch it whole, noting its owner after each dispatch."""
+    batch = service.scheduler.claim()
+    owners: list[object] = []
+    try:
+        while service.scheduler.dispatch_next(batch) is not None:
+            owners.append(batch.strategy)
+        service.scheduler.finish(batch)
+    finally:
+        service.scheduler.abort(batch)
+    return batch, owners
+
+
+@pytest.mark.clause("DEC-1.6")
+@pytest.mark.parametrize(("kind", "expected"), [
+    ("platform", SetBasedBatch), ("safe to repeat", OptimisticBatch), ("host", SavepointPerEvent),
+])
+def test_each_kind_of_dispatcher_gets_one_owner_for_the_whole_batch(
+    client: TestClient, service: SchedulerService, kind: str, expected: type
+) -> None:
+    """DEC-1.6: the built-in platform's batch is decided whole, a dispatcher that declares itself
+    safe to repeat runs under the optimistic checkpoint, a host's runs a savepoint per event;
+    the same owner runs every event of the batch and commits it."""
+    for i in range(3):
+        post_event(client, user_id=f"user-{i}", trigger_at=T0 - timedelta(minutes=3 - i))
+    if kind != "platform":
+        service.scheduler.dispatcher = FakeRecordingDispatcher(safe_to_repeat=kind == "safe to repeat")
+    batch, owners = _owners(service)
+    assert len(owners) == 3 and all(owner is owners[0] for owner in owners)
+    assert type(owners[0]) is expected and batch.strategy is owners[0]
+    assert batch.decided_whole is (expected is SetBasedBatch)
+    assert [o.status for o in batch.outcomes] == ["dispatched"] * 3
+
+
+@pytest.mark.clause("DEC-1.6")
+@pytest.mark.clause("DEC-1.2")
+def test_a_set_based_batch_whose_write_fails_is_handed_to_its_per_event_strategy(
+    client: TestClient, service: SchedulerService, engine: Engine
+) -> None:
+    """DEC-1.6, DEC-1.2: a write that fails (a row it would insert is already there) rolls the
+    batch back to its checkpoint, and the batch's owner becomes the set-based batch's own
+    fallback, the optimistic strategy (the platform is safe to repeat), which runs every event
+    again and commits them."""
+    posted = [post_event(client, user_id=f"user-{i}", trigger_at=T0 - timedelta(minutes=3 - i)) for i in range(2)]
+    batch = service.scheduler.claim()
+    try:
+        assert service.scheduler.dispatch_next(batch) is not None
+        whole = batch.strategy
+        assert isinstance(whole, SetBasedBatch) and batch.decided_whole
+        # a database error inside the write (a time PostgreSQL cannot read), the COMMIT after it
+        name, params = whole.write
+        decided = json.loads(params["batch"])
+        for outcome in decided["outcomes"]:
+            outcome["at"] = "not a time"
+        whole.write = (name, {**params, "batch": json.dumps(decided)})
+        service.scheduler.finish(batch)
+    finally:
+        service.scheduler.abort(batch)
+    assert batch.strategy is whole.fallback and isinstance(batch.strategy, OptimisticBatch)
+    assert not batch.decided_whole
+    stored = rows(engine, "SELECT id, status FROM scheduled_events ORDER BY id")
+    assert stored == sorted(({"id": p["id"], "status": "dispatched"} for p in posted), key=lambda r: r["id"])
+
+
+@pytest.mark.clause("DEC-1.6")
+def test_a_batch_carries_the_claim_and_its_record_and_no_strategys_working_state(service: SchedulerService) -> None:
+    """DEC-1.6: the batch's fields are the claim's and what its events became; a field that was a
+    strategy's working state (the checkpoint, the set-based plan) is read through a deprecation
+    warning from the strategy that owns it."""
+    fields = {f.name for f in dataclasses.fields(Batch)}
+    assert fields == {"session", "events", "claimed_at", "skipped", "expired", "position", "outcomes", "outbound",
+                      "closed", "replayed", "should_stop", "stopped", "strategy"}
+    batch = service.scheduler.claim()
+    try:
+        with pytest.warns(DeprecationWarning, match="Batch.checkpoint is deprecated"):
+            assert batch.checkpoint is None
+        with pytest.raises(AttributeError):
+            batch.no_such_field  # noqa: B018
+    finally:
+        service.scheduler.abort(batch)
+    with service.engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM scheduler.scheduled_events")).scalar() == 0
