@@ -27,7 +27,7 @@ from starlette.testclient import TestClient
 
 from scheduler.core.clock import ManualClock
 from scheduler.core.loop import DUE_CHANNEL
-from scheduler.core.participant_locks import participant_lock_key
+from scheduler.database.participant_locks import participant_lock_key
 from scheduler.web.app import SchedulerService
 from tests.conftest import T0
 from tests.helpers import post_event, reminder_facts, rows

@@ -23,8 +23,8 @@ from sqlalchemy.orm import Session
 from starlette.testclient import TestClient
 
 from scheduler.core.loop import Scheduler
-from scheduler.core.participant_locks import participant_lock_key
 from scheduler.database.engine import make_sessionmaker
+from scheduler.database.participant_locks import participant_lock_key
 from scheduler.nudging.publishers import RecordingPublisher
 from scheduler.types import DigitalTwinEvent, DispatchOutcome, DispatchResult
 from scheduler.web.app import SchedulerService

@@ -71,3 +71,18 @@ def test_every_import_between_packages_points_down_the_layers_or_is_allowed_with
     unexplained = sorted(f"{f}: {a} -> {b}" for a, b, f in upward if (a, b) not in ALLOWED)
     assert unexplained == []
     assert {(a, b) for a, b, _ in upward} == set(ALLOWED)
+
+
+# Packages of one level: what both need lives below them (the participant lock key in
+# ``database``), so that either can change without the other.
+PEERS = [("core", "nudging")]
+
+
+@pytest.mark.clause("ARCH-5")
+def test_the_dispatch_core_and_the_decision_are_peers_that_import_nothing_of_each_other() -> None:
+    """ARCH-5: ``core`` (the claim, the batch and its isolation) and ``nudging`` (the rules and the
+    one decision) meet only through the ``Dispatcher`` protocol in ``types``: no import either way."""
+    arrows = _arrows()
+    crossing = sorted(f"{f}: {a} -> {b}" for a, b, f in arrows
+                      for pair in PEERS if {a, b} == set(pair))
+    assert crossing == []

@@ -19,9 +19,9 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from scheduler.core.batch import ClaimedEvent, EventOutcome, expired
-from scheduler.core.participant_locks import participant_lock_key, remember_participant_locks
 from scheduler.core.trigger_range import BEFORE_EVERY_TRIGGER
 from scheduler.database import pipeline
+from scheduler.database.participant_locks import participant_lock_key, remember_participant_locks
 
 # The start of the claim's keyset: before every row, whatever its trigger_at (the storable
 # range starts long after it, and no row Python can read sorts before it), so every due row

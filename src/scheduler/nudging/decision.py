@@ -25,8 +25,8 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from scheduler.core.participant_locks import locks_to_take
 from scheduler.database import pipeline
+from scheduler.database.participant_locks import locks_to_take
 from scheduler.nudging.orchestrator import (
     DEFAULT_PREFERENCES,
     Orchestrator,

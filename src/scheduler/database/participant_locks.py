@@ -5,7 +5,8 @@ under that participant's lock, so the cap is exact across replicas. A claim only
 the locks of the participants it claims, in its own statement, and leaves a busy
 participant's rows alone (DEC-2); the one decision (``nudging.decision``) takes, waiting,
 those its transaction does not hold yet (a live event's), so an event of a claimed batch
-asks for none. Both use the keys defined here (the claim's SQL computes the same key).
+asks for none. Both use the keys defined here (the claim's SQL computes the same key), which
+live beside the statements rather than in either of the two peers that share them (ARCH-5).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ def participant_lock_key(user_id: str) -> int:
 
 # Where a session remembers the participant locks its current transaction holds at its
 # top level (outside any savepoint), so that an event does not ask for them again.
-_HELD_LOCKS = "scheduler.core.participant_locks"
+_HELD_LOCKS = "scheduler.database.participant_locks"
 
 
 def remember_participant_locks(session: Session, keys: Iterable[int]) -> None:
