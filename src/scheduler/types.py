@@ -44,7 +44,7 @@ class NotificationStatus(StrEnum):
 class DispatchOutcome(StrEnum):
     """What the shared dispatch path decided for one event, in the domain's words.
 
-    Only ``app.py`` turns it into an HTTP status (the live answers of REQ-0016); a
+    Only the live ingest route turns it into an HTTP status (``LIVE_STATUS``, the live answers); a
     scheduled event records a refusal as ``failed`` with the reason in ``last_error``.
     """
 

@@ -7,7 +7,7 @@ replicas. The pieces live apart, one concept each:
 
 - ``claim``: which rows a poll takes, never waiting on a busy participant (DEC-2);
 - ``isolation``: one transaction per batch, each event isolated as if in its own
-  savepoint (the checkpoint and its replay), outcomes recorded in one statement;
+  savepoint, run by one strategy per batch (``set_based``, ``per_event``: DEC-1.6);
 - ``publish``: what a committed batch delivered leaves the process;
 - ``health``: the counters ``GET /health/scheduler`` reports;
 - ``pacing``: how long to wait after a poll (literal and prompt mode, wake-ups);
@@ -151,7 +151,7 @@ class Scheduler:
 
     def dispatch_next(self, batch: Batch) -> EventOutcome | None:
         """Dispatch the next claimed event, isolated from the others; ``None`` when none is
-        left (the checkpoint and its replay: ``core.isolation``)."""
+        left (the batch's strategy: ``core.isolation``)."""
         return dispatch_in_batch(batch, self.dispatcher, self.clock, self.name)
 
     def finish(self, batch: Batch) -> PollReport:

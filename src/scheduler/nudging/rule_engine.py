@@ -2,7 +2,7 @@
 
 The engine decides nothing about delivery (that is the orchestrator's job) and writes
 nothing. A refusal here is the sender's fault, said as a ``DispatchOutcome``: a live
-request gets the answer app.py maps it to, and a scheduled event records it as ``failed``
+request gets the answer the live ingest route maps it to (``LIVE_STATUS``), and a scheduled event records it as ``failed``
 with the reason in ``last_error``.
 """
 
