@@ -4,17 +4,10 @@
 ``send`` runs several statements on the session's psycopg connection, inside the session's
 transaction (its ``BEGIN`` ahead of them when none is open), as ONE message of PostgreSQL's
 simple query protocol: the statements joined, their parameters bound on the client
-(psycopg's ``ClientCursor.mogrify``, the same adaptation as psycopg's server-side binding).
-One message, not several, because of what a frozen client leaves behind (DEC-11, REL-13):
-PostgreSQL arms ``idle_in_transaction_session_timeout`` only when it answers a whole round
-trip, and runs each message the moment it has it whole. Several messages (psycopg's
-pipeline mode: Parse/Bind/Execute per statement, then Sync) leave the client's socket in
-pieces as libpq's buffer passes 8 KB, so a replica frozen between two pieces would leave its
-backend holding the batch's locks, waiting for the rest with no timeout at all. A message
-that arrived in part runs nothing, and the timeout armed by the previous answer still ends
-the session. As for psycopg's pipeline, the first error ends the message: nothing after it
-runs (a ``COMMIT`` after a failed write does not run, and the transaction can roll back to a
-savepoint sent before it).
+(psycopg's ``ClientCursor.mogrify``). Why one message and not psycopg's pipeline mode (what
+a replica frozen mid-send leaves behind): DEC-1, "Round trips", and DEC-11. The first error
+ends the message: nothing after it runs (a ``COMMIT`` after a failed write does not run, and
+the transaction can roll back to a savepoint sent before it).
 
 SQLAlchemy's ``before_cursor_execute`` / ``after_cursor_execute`` listeners hear of each
 statement as if SQLAlchemy had sent it (the statement tests, the benchmarks' profile and
