@@ -21,8 +21,8 @@ from scheduler.moved import MOVED
 SRC = Path(__file__).resolve().parents[2] / "src" / "scheduler"
 LAYERS = ["types", "digits", "config", "moved", "database", "core", "nudging", "application",
           "observability", "operations", "web", "extensions", "cli", "__main__",
-          # the deprecated old paths (ARCH-3): each re-exports a module of any layer
-          *(old.removeprefix("scheduler.") for old in MOVED),
+          # the deprecated old top-level paths (ARCH-3): each re-exports a module of any layer
+          *(old.removeprefix("scheduler.") for old in MOVED if old.count(".") == 1),
           "scheduler"]
 # (importing package, imported package): why the arrow points up
 ALLOWED = {
