@@ -6,7 +6,7 @@ read through the one bounded reader with a bound of its own
 POST judges its body (REQ-0063: the same schema, the same facts contract, the same 422
 bodies; an item larger than ``SCHEDULER_MAX_BODY_BYTES`` is a 422 of its own), and refuses
 an external key already given by an earlier item, naming that item. The valid items are
-stored together by ``core.store_batch`` (one transaction, two statements); the answer is a
+stored together by ``application.ingest.store_scheduled_events`` (one transaction, two statements); the answer is a
 200 listing one result per item, in order (DEC-BATCH). ``scheduler events import`` runs the
 same ``check_items`` and the same store.
 """
@@ -26,8 +26,13 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from scheduler.core.expiry import ExpiryRefused, stored_expires_at
-from scheduler.core.store_batch import NewEvent, Stored, store_events
+from scheduler.application.ingest import (
+    ExpiryRefused,
+    NewEvent,
+    Stored,
+    store_scheduled_events,
+    stored_expires_at,
+)
 from scheduler.nudging.facts import ContractViolation, FactsMissing, check_facts_contract
 from scheduler.observability.observer import Observer
 from scheduler.types import Clock
@@ -113,9 +118,10 @@ def check_items(payloads: Sequence[Any], *, max_item_bytes: int, default_expiry:
 
 def store_checked(sessions: sessionmaker[Session], checked: Sequence[NewEvent | Refusal], **store: Any
                   ) -> list[Stored | Refusal]:
-    """Store the valid items of ``checked`` together (``store_events``); each item's result, in order."""
+    """Store the valid items of ``checked`` together (``store_scheduled_events``); each item's
+    result, in order."""
     valid = [item for item in checked if isinstance(item, NewEvent)]
-    stored = iter(store_events(sessions, valid, **store))
+    stored = iter(store_scheduled_events(sessions, valid, **store))
     return [item if isinstance(item, Refusal) else next(stored) for item in checked]
 
 

@@ -19,9 +19,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from scheduler.core import store
-from scheduler.core.dispatch_contract import NotADispatchResult, checked_result
-from scheduler.core.expiry import ExpiryRefused
+from scheduler.application import ingest
 from scheduler.nudging.facts import ContractViolation, FactsMissing, check_facts_contract
 from scheduler.observability.observer import Observer
 from scheduler.types import (
@@ -111,11 +109,11 @@ class IngestRoutes:
 
     @staticmethod
     def _store(sessions: sessionmaker[Session], **fields: Any) -> dict[str, Any]:
-        """``store.store_event``; an expiry it refuses (the default window past the range) is a
-        422 naming the field, as the schema's own checks are."""
+        """``ingest.store_scheduled_event``; an expiry it refuses (the default window past the
+        range) is a 422 naming the field, as the schema's own checks are."""
         try:
-            return store.store_event(sessions, **fields)
-        except ExpiryRefused as exc:
+            return ingest.store_scheduled_event(sessions, **fields)
+        except ingest.ExpiryRefused as exc:
             raise Unprocessable.field(exc.field, exc.problem) from None
 
     @require("ingest")
@@ -151,20 +149,12 @@ class IngestRoutes:
         return body
 
     def _dispatch_live(self, event: DigitalTwinEvent, now: datetime) -> DispatchResult:
-        # observability: the live dispatch's span (its statements inside)
-        with self.observer.live_dispatch(event.event_type) as dispatched, self.sessions() as session:
-            try:
-                result = checked_result(self.dispatcher(session, event, now))
-            except NotADispatchResult as exc:
-                # a broken host dispatcher, not the sender's fault: a 500, and the log says why
-                logger.error("live dispatch of a %r event failed: %s", event.event_type, exc)
-                session.rollback()
-                raise
-            dispatched(result)
-            if result.refusal is not None:
-                session.rollback()
-                return result
-            session.commit()
+        # observability: the live dispatch's span (its statements inside); a broken host
+        # dispatcher's NotADispatchResult is a 500
+        with self.observer.live_dispatch(event.event_type) as dispatched:
+            result = ingest.dispatch_live(self.sessions, self.dispatcher, event, now, dispatched=dispatched)
+        if result.refusal is not None:
+            return result
         for message in result.outbound:
             try:
                 self.publisher.publish(message)

@@ -11,7 +11,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from scheduler.core import store
+from scheduler.application import participants
 from scheduler.types import Clock, NotificationStatus
 from scheduler.web.http.auth import require
 from scheduler.web.http.params import Param, declares, query
@@ -39,7 +39,7 @@ class ParticipantRoutes:
     async def list_notifications(self, request: Request) -> Response:
         q = query(request)
         rows = await run_in_threadpool(
-            store.list_notifications,
+            participants.list_notifications,
             self.sessions,
             user_id=q["user_id"],
             status=q["status"],
@@ -53,7 +53,7 @@ class ParticipantRoutes:
         user_id = path_param(request, "user_id")
         body = parse_body(PreferencesIn, await read_json(request, self.max_body_bytes))
         row = await run_in_threadpool(
-            store.set_preferences,
+            participants.set_preferences,
             self.sessions,
             user_id,
             enabled_kinds=body.enabled_kinds,

@@ -38,8 +38,8 @@ import anyio
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
-from scheduler.core.store import _jsonable
 from scheduler.database.queries import statement
+from scheduler.database.rows import row_as_json
 from scheduler.types import OutboundMessage, Publisher
 from scheduler.web.http.sse import RETRY_MS
 
@@ -269,7 +269,7 @@ class Inbox:
 
 
 def _event(row: dict[str, Any]) -> str:
-    data = json.dumps(_jsonable(row), separators=(",", ":"))
+    data = json.dumps(row_as_json(row), separators=(",", ":"))
     return f"id: {row['stream_seq']}\nevent: notification\ndata: {data}\n\n"
 
 

@@ -23,8 +23,8 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from scheduler.core.store import _jsonable
 from scheduler.database.queries import statement
+from scheduler.database.rows import row_as_json
 from scheduler.web.http.auth import CHALLENGE, PARTICIPANT, TokenVerifier, require, subject_of
 from scheduler.web.http.params import Param, declares, query, stream_id
 from scheduler.web.http.plumbing import respond
@@ -94,7 +94,7 @@ def inbox_routes(*, sessions: sessionmaker[Session], inbox: Inbox, store: Sessio
 
         def read() -> list[dict[str, Any]]:
             with sessions.begin() as session:
-                return [_jsonable(r) for r in session.execute(
+                return [row_as_json(r) for r in session.execute(
                     statement("participant_notifications"),
                     {"user_id": user_id, "before_at": before_at, "before_id": before_id, "limit": limit},
                 ).mappings()]
