@@ -28,7 +28,7 @@ from scheduler.core.clock import ManualClock
 from scheduler.database.queries import statement
 from scheduler.types import EventStatus
 from scheduler.web.app import SchedulerService
-from scheduler.web.console_auth import COOKIE
+from scheduler.web.console.auth import COOKIE
 
 SECRET = "bench-console-secret-0123456789abcdefghijklmnop"
 PAGES = {
@@ -97,7 +97,7 @@ def run(server: Server, *, rows: int, samples: int) -> dict[str, Any]:
                                        run_scheduler=False)
             with TestClient(service.app) as client:
                 # a signed-in console session, as the sign-in page opens one
-                signed_in = service.operations.session_store.create("bench", "admin", token_seconds_left=3600)
+                signed_in = service.web_sessions.create("bench", "admin", token_seconds_left=3600)
                 client.cookies.set(COOKIE, signed_in.secret, path="/console")
                 for path in PAGES.values():  # warm the plans and the buffers
                     for _ in range(3):

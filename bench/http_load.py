@@ -30,7 +30,7 @@ from typing import Any
 from bench.claim import percentile
 from bench.drain import CTX
 from bench.env import Server, libpq_uri, progress
-from scheduler.web.auth import mint_token
+from scheduler.web.http.auth import mint_token
 
 SECRET = "bench-" + secrets.token_urlsafe(32)
 TRIGGER_AT = "2027-11-30T09:00:00+00:00"

@@ -33,8 +33,8 @@ from scheduler.database.engine import make_sessionmaker
 from scheduler.nudging.dispatch import NudgingPlatform
 from scheduler.nudging.rules import load_catalogue
 from scheduler.web.app import SchedulerService
-from scheduler.web.auth import mint_token
-from scheduler.web.inbox import StreamPublisher
+from scheduler.web.http.auth import mint_token
+from scheduler.web.inbox.hub import StreamPublisher
 
 SECRET = "benchmark-secret-0123456789-abcdefghijklmnopqrstuvwxyz"
 

@@ -29,7 +29,7 @@ from scheduler.database.engine import make_sessionmaker
 from scheduler.nudging.dispatch import NudgingPlatform
 from scheduler.nudging.rules import load_catalogue
 from scheduler.types import Dispatcher
-from scheduler.web.inbox import StreamPublisher
+from scheduler.web.inbox.hub import StreamPublisher
 
 TRIGGER = "tr_scheduled_events_history"
 

@@ -51,7 +51,7 @@ from scheduler.database.queries import sql, statement
 from scheduler.operations.retention import Retention
 from scheduler.types import EventStatus
 from scheduler.web.app import SchedulerService
-from scheduler.web.console_auth import COOKIE
+from scheduler.web.console.auth import COOKIE
 
 CHUNK = 1_000_000
 RECENT_DISPATCHES = 5_000
@@ -232,10 +232,10 @@ def _clients(engines: dict[int, Engine]) -> Iterator[dict[int, TestClient]]:
         for size, engine in engines.items():
             service = SchedulerService(Settings(jwt_secret=SECRET), engine=engine, clock=ManualClock(NOW),
                                        run_scheduler=False)
-            service.operations.metrics.cache_for = timedelta(0)  # every scrape runs its queries
+            service.metrics.cache_for = timedelta(0)  # every scrape runs its queries
             client = stack.enter_context(TestClient(service.app))
             # a signed-in console session, as the sign-in page opens one
-            signed_in = service.operations.session_store.create("bench", "admin", token_seconds_left=3600)
+            signed_in = service.web_sessions.create("bench", "admin", token_seconds_left=3600)
             client.cookies.set(COOKIE, signed_in.secret, path="/console")
             clients[size] = client
         yield clients

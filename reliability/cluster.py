@@ -35,7 +35,7 @@ from scheduler.database.engine import (
     socket_dir_of,
     sqlalchemy_url,
 )
-from scheduler.web.auth import mint_token
+from scheduler.web.http.auth import mint_token
 
 ROOT = Path(__file__).resolve().parent.parent
 T = TypeVar("T")

@@ -1,7 +1,7 @@
 """Whole numbers from text a stranger wrote: ASCII digits only, of bounded length.
 
 The one primitive under every number the service reads from a URL, a header, a form or a
-command line (``scheduler.web.params`` builds the query parameters on it; the application
+command line (``scheduler.web.http.params`` builds the query parameters on it; the application
 layer's query model and the CLI use it directly). ``str.isdigit()`` is not enough: it
 accepts ``²`` and ``٣``, which ``int()`` then refuses (a 500 once), and ``int()`` alone
 accepts signs, spaces and ``_``. The length is checked before ``int()``, so a megabyte of

@@ -18,9 +18,9 @@ from starlette.testclient import TestClient
 
 from scheduler.cli import build_parser
 from scheduler.types import DispatchOutcome, EventStatus, NotificationStatus
+from scheduler.web.api.ingest import LIVE_STATUS
+from scheduler.web.api.openapi import openapi_document
 from scheduler.web.app import SchedulerService
-from scheduler.web.ingest import LIVE_STATUS
-from scheduler.web.openapi import openapi_document
 from tests.conftest import ADMIN, INGEST
 from tests.contract.api_doc import declared
 from tests.helpers import event_body, reminder_facts

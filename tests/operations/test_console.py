@@ -281,7 +281,7 @@ def test_the_overview_shows_counts_backlog_lateness_replicas_and_failures_and_st
     assert "missing_or_invalid_time_scope" in page and "state-ok" in page
     # The test client reads a response to its end: a stream that ignored ?once=1 would end only
     # after stream_seconds; cut that to seconds, so such a bug fails here quickly (two events).
-    service.operations.console.stream_seconds = 3.0
+    service.console.stream_seconds = 3.0
     with client.stream("GET", "/console/stream?once=1") as stream:
         assert stream.headers["content-type"].startswith("text/event-stream")
         body = "".join(stream.iter_text())
@@ -622,7 +622,7 @@ def test_the_overviews_windows_follow_the_clock_and_failures_group_by_kind(
         figures: dict[str, Any] = json.loads(body.split("data: ", 1)[1].split("\n", 1)[0])
         return figures
 
-    service.operations.console.stream_seconds = 3.0  # a stream that ignores once=1 fails in seconds
+    service.console.stream_seconds = 3.0  # a stream that ignores once=1 fails in seconds
     _failed(client, service, ["old-1", "old-2"])  # missing_or_invalid_time_scope, at T0
     dispatch("early", timedelta(minutes=2))  # at T0, 2 min late
     clock.advance(timedelta(hours=1, minutes=1))

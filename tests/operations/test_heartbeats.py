@@ -138,7 +138,7 @@ def test_of_two_replicas_the_one_that_stops_leaves_the_list_and_the_other_stays(
 
     apps = [create_app(settings.with_(poll_seconds=3600.0), engine=engine, clock=clock) for _ in range(2)]
     first, second = (app.state.service for app in apps)
-    ids = [first.operations.heartbeat.replica_id, second.operations.heartbeat.replica_id]
+    ids = [first.heartbeat.replica_id, second.heartbeat.replica_id]
     assert ids[0] != ids[1]
     with running(apps[1]) as client:
         with running(apps[0]):

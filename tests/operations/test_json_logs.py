@@ -98,7 +98,7 @@ def test_a_json_line_carries_the_event_id_and_the_replica_of_a_dispatch_that_log
     failure = next(line for line in lines
                    if line["logger"].startswith("scheduler.core.") and line["level"] == "ERROR")
     assert failure["event_id"] == event_id
-    assert failure["replica"] == service.operations.heartbeat.replica_id
+    assert failure["replica"] == service.heartbeat.replica_id
     assert "RuntimeError" in failure["exception"] and "\n" in failure["exception"]
     assert PASSWORD not in json.dumps(lines)  # the error's DSN is redacted in message and traceback
     assert "trace_id" not in failure  # tracing is off

@@ -102,11 +102,11 @@ def test_the_loop_running_gauge_follows_the_loop_task(
     """OBS-4: scheduler_loop_running is 0 before the lifespan starts the loop, 1 while it runs, 0 after."""
     service = SchedulerService(settings.with_(poll_seconds=3600.0), engine=engine, clock=clock,
                                publisher=publisher, run_scheduler=True)
-    assert service.operations.metrics.loop_alive() is False
+    assert service.metrics.loop_alive() is False
     with running(service.app) as client:
         assert scrape(client)["scheduler_loop_running"] == 1
     assert service.loop_alive is False
-    assert service.operations.metrics.loop_alive() is False
+    assert service.metrics.loop_alive() is False
     idle = SchedulerService(settings, engine=engine, clock=clock, publisher=publisher, run_scheduler=False)
     with running(idle.app) as client:
         assert scrape(client)["scheduler_loop_running"] == 0  # SCHEDULER_ENABLED=false: API only

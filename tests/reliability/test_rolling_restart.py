@@ -28,9 +28,9 @@ import pytest
 from reliability.cluster import Replica, free_port
 from starlette.types import Message
 
-from scheduler.web import inbox as inbox_module
-from scheduler.web.inbox import Inbox, Subscriber, sse_stream
-from scheduler.web.sse import CLOSING, Streams
+from scheduler.web.http.sse import CLOSING, Streams
+from scheduler.web.inbox import hub as inbox_module
+from scheduler.web.inbox.hub import Inbox, Subscriber, sse_stream
 from tests.conftest import ADMIN, INGEST, PARTICIPANT, TEST_SECRET, token
 
 EXIT_DEADLINE = 5.0  # measured: 0.2-0.4 s on a busy two-core machine; the old behaviour: 10.6 s

@@ -22,7 +22,7 @@ from sqlalchemy.exc import DBAPIError
 from starlette.testclient import TestClient
 
 from scheduler.web.app import SchedulerService
-from scheduler.web.errors import wait_out_reason
+from scheduler.web.http.errors import wait_out_reason
 from tests.conftest import ADMIN, INGEST, T0
 from tests.helpers import post_event, reminder_facts
 from tests.security.hostile import call, targets

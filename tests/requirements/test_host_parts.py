@@ -30,7 +30,7 @@ from scheduler.config import Settings
 from scheduler.core.clock import ManualClock
 from scheduler.nudging.publishers import RecordingPublisher
 from scheduler.web.app import PARTS, SchedulerService, part_of
-from scheduler.web.auth import authenticated
+from scheduler.web.http.auth import authenticated
 from tests.conftest import ADMIN, INGEST, TEST_SECRET
 from tests.helpers import event_body
 from tests.operations.support import loop_step

@@ -29,7 +29,7 @@ from scheduler.database.engine import make_engine, make_sessionmaker
 from scheduler.database.queries import statement
 from scheduler.nudging.publishers import RecordingPublisher
 from scheduler.web.app import SchedulerService
-from scheduler.web.inbox import STREAM_LOCK_KEY, Inbox, StreamPublisher, sse_stream
+from scheduler.web.inbox.hub import STREAM_LOCK_KEY, Inbox, StreamPublisher, sse_stream
 from tests.conftest import ADMIN, INGEST, PARTICIPANT, bearer
 from tests.helpers import event_body, post_event, reminder_facts, rows, wait_until_blocked_on_a_lock
 from tests.servers import READ_DEADLINE, EventStream, serve, wait_for
@@ -407,7 +407,7 @@ def test_a_replay_longer_than_one_read_of_the_table_misses_nothing(
 ) -> None:
     """INBOX-3: the replay reads the table a page at a time; with pages of two, five missed
     notifications still come back, each once and in order, and the stream then goes live."""
-    import scheduler.web.inbox as inbox_module
+    import scheduler.web.inbox.hub as inbox_module
 
     monkeypatch.setattr(inbox_module, "REPLAY_LIMIT", 2)
     deliver(client, service, n=5)

@@ -56,5 +56,5 @@ def test_the_wheel_is_nudging_scheduler_with_the_service_and_the_harness_and_not
                     "scheduler/database/migrations/script.py.mako", "scheduler/nudging/rules_catalogue/reminders.json",
                     "scheduler/py.typed", "harness/py.typed"):
         assert shipped in names, shipped
-    for folder in ("scheduler/web/static/", "scheduler/web/templates/console/", "scheduler/web/pages/"):
+    for folder in ("scheduler/web/console/static/", "scheduler/web/console/templates/", "scheduler/web/inbox/pages/"):
         assert any(n.startswith(folder) for n in names), folder

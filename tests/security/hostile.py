@@ -20,7 +20,7 @@ from urllib.parse import unquote
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message
 
-from scheduler.web.params import Param, declared
+from scheduler.web.http.params import Param, declared
 from tests.conftest import ADMIN, INGEST, PARTICIPANT
 
 DEADLINE = 10.0

@@ -44,7 +44,7 @@ def spec_table() -> list[RouteEntry]:
 
 def app_table(routes: list[Any]) -> list[RouteEntry]:
     """What the running app serves: each method of each route, with the permission its
-    endpoint carries (``scheduler.web.auth.require`` sets ``.permission``), else ``open``."""
+    endpoint carries (``scheduler.web.http.auth.require`` sets ``.permission``), else ``open``."""
     entries = []
     for route in routes:
         assert isinstance(route, Route), f"unexpected route type {type(route).__name__}: {route!r}"

@@ -18,10 +18,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from scheduler.web.api.openapi import openapi_document
 from scheduler.web.app import SchedulerService
-from scheduler.web.openapi import openapi_document
-from scheduler.web.params import Param, digits_value, parse_query, whole_number
-from scheduler.web.params import Unprocessable as Refused
+from scheduler.web.http.params import Param, digits_value, parse_query, whole_number
+from scheduler.web.http.params import Unprocessable as Refused
 from tests.helpers import event_body
 from tests.security.hostile import Answer, Target, batch_bodies, call, targets
 

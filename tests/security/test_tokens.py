@@ -168,7 +168,7 @@ def test_token_times_are_judged_by_the_verifiers_clock_and_malformed_times_are_r
 
     import jwt as pyjwt
 
-    from scheduler.web.auth import TokenVerifier, mint_token
+    from scheduler.web.http.auth import TokenVerifier, mint_token
 
     far = ManualClock(datetime(2031, 5, 1, 12, 0, tzinfo=UTC))  # years from the host's now
     # no leeway, so that the times are exact here (SEC-5.1 proves the leeway)
@@ -245,7 +245,7 @@ def test_token_times_are_judged_with_the_configured_leeway() -> None:
 
     import jwt as pyjwt
 
-    from scheduler.web.auth import TokenVerifier
+    from scheduler.web.http.auth import TokenVerifier
 
     start = datetime(2031, 5, 1, 12, 0, tzinfo=UTC)
     at = int(start.timestamp())
@@ -338,7 +338,7 @@ def test_the_cli_mints_tokens_with_the_database_clock_whatever_the_host_clock_sa
 
     from scheduler.cli import main
     from scheduler.database.engine import database_time
-    from scheduler.web.auth import TokenVerifier
+    from scheduler.web.http.auth import TokenVerifier
 
     before = database_time(engine)
     monkeypatch.setenv("DATABASE_URL", database_url)

@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-CONSOLE = ("scheduler.web.console", "scheduler.web.console_bulk")
+CONSOLE = ("scheduler.web.console.pages", "scheduler.web.console.bulk")
 PROBE = f"""
 import json, sys
 from scheduler import SchedulerService, Settings

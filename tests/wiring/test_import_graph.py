@@ -133,7 +133,7 @@ def test_the_cycle_check_finds_a_cycle_under_type_checking_and_names_it() -> Non
     tree = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from scheduler.web import app\n")
     assert any(isinstance(n, ast.ImportFrom) for n in ast.walk(tree))
     graph = import_graph()
-    assert "scheduler.application.commands" in graph["scheduler.web.scheduled_events"]
+    assert "scheduler.application.commands" in graph["scheduler.web.api.scheduled_events"]
     assert "scheduler.database.queries" in graph["scheduler.application.commands"]
     # a TYPE_CHECKING import and a function-level one are edges too
     assert "scheduler.web.app" in graph["scheduler"]

@@ -21,8 +21,8 @@ from scheduler.moved import MOVED
 SRC = Path(__file__).resolve().parents[2] / "src" / "scheduler"
 LAYERS = ["types", "digits", "config", "moved", "database", "core", "nudging", "application",
           "observability", "operations", "web", "extensions", "cli", "__main__",
-          # the deprecated old paths (ARCH-3): each re-exports a module of any layer
-          *(old.removeprefix("scheduler.") for old in MOVED),
+          # the deprecated old top-level paths (ARCH-3): each re-exports a module of any layer
+          *(old.removeprefix("scheduler.") for old in MOVED if old.count(".") == 1),
           "scheduler"]
 # (importing package, imported package): why the arrow points up
 ALLOWED = {
@@ -31,9 +31,41 @@ ALLOWED = {
 }
 
 
+# (module of web, module of core it imports): why the web edge reaches past the application
+# layer there. Every other route reaches the core through scheduler.application.
+WEB_REACHES_CORE = {
+    ("web/app.py", "scheduler.core.loop"): "the composition root builds the loop (Scheduler) and "
+                                           "subscribes its wake-ups (DUE_CHANNEL)",
+    ("web/app.py", "scheduler.core.clock"): "the composition root builds production's clock, the "
+                                            "database's (DatabaseClock, DEC-10)",
+    ("web/app.py", "scheduler.core.dispatch_contract"): "the composition root refuses an async "
+                                                        "dispatcher before it builds anything",
+    ("web/api/health.py", "scheduler.core.loop"): "the health routes read the loop's own health (Scheduler)",
+    ("web/api/health.py", "scheduler.core.clock"): "the health routes show the clock's state (DEC-10)",
+    ("web/http/auth.py", "scheduler.core.clock"): "tokens are judged by a clock: the system's when "
+                                                  "the service gives none",
+    ("web/http/schemas.py", "scheduler.core.trigger_range"): "a body's trigger_at is refused by the one "
+                                                             "storable range the store keeps to (DEC-TRIGGER)",
+}
+
+
 def _package(module: str) -> str:
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else "scheduler"
+
+
+def _imported(path: Path) -> set[str]:
+    """Every module of ``scheduler`` that ``path`` imports, wherever the import stands."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module == "scheduler":
+                found |= {f"scheduler.{a.name}" for a in node.names}
+            elif node.module.startswith("scheduler."):
+                found.add(node.module)
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("scheduler.")}
+    return found
 
 
 def _arrows() -> set[tuple[str, str, str]]:
@@ -43,18 +75,10 @@ def _arrows() -> set[tuple[str, str, str]]:
         relative = path.relative_to(SRC)
         source = relative.parts[0].removesuffix(".py") if len(relative.parts) > 1 else relative.stem
         source = "scheduler" if source == "__init__" else source
-        for node in ast.walk(ast.parse(path.read_text())):
-            targets: list[str] = []
-            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 \
-                    and (node.module == "scheduler" or node.module.startswith("scheduler.")):
-                targets = ([f"scheduler.{a.name}" for a in node.names] if node.module == "scheduler"
-                           else [node.module])
-            elif isinstance(node, ast.Import):
-                targets = [a.name for a in node.names if a.name.startswith("scheduler.")]
-            for target in targets:
-                package = _package(target)
-                if package in LAYERS and package != source:
-                    found.add((source, package, str(relative)))
+        for target in _imported(path):
+            package = _package(target)
+            if package in LAYERS and package != source:
+                found.add((source, package, str(relative)))
     return found
 
 
@@ -86,3 +110,18 @@ def test_the_dispatch_core_and_the_decision_are_peers_that_import_nothing_of_eac
     crossing = sorted(f"{f}: {a} -> {b}" for a, b, f in arrows
                       for pair in PEERS if {a, b} == set(pair))
     assert crossing == []
+
+
+@pytest.mark.clause("ARCH-5")
+def test_the_web_edge_reaches_the_core_only_through_the_application_layer_or_where_the_table_says_why() -> None:
+    """ARCH-5: no module of ``scheduler.web`` imports a module of ``scheduler.core`` (so none of
+    its private names) except the imports ``WEB_REACHES_CORE`` names with their reason (the
+    composition root, the health routes, the clocks, the storable range); and every import
+    the table names still exists (a reason for an import that went is stale)."""
+    reaches = {(str(path.relative_to(SRC)), module)
+               for path in sorted((SRC / "web").rglob("*.py"))
+               for module in _imported(path)
+               if module == "scheduler.core" or module.startswith("scheduler.core.")}
+    unexplained = sorted(f"{path} imports {module}" for path, module in reaches - set(WEB_REACHES_CORE))
+    assert unexplained == []
+    assert reaches == set(WEB_REACHES_CORE)

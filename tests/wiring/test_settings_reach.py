@@ -371,7 +371,7 @@ def check_metrics_require_admin(env: Env) -> None:
 def check_console_refresh_seconds(env: Env) -> None:
     with service_from_env(env.base(SCHEDULER_CONSOLE_REFRESH_SECONDS="0.5")) as service, \
             TestClient(service.app) as client:
-        assert service.operations.console.refresh_seconds == 0.5
+        assert service.console.refresh_seconds == 0.5
         sign_in(client)
         assert 'data-refresh-ms="500"' in client.get("/console").text
 

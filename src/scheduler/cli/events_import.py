@@ -1,7 +1,7 @@
 """``scheduler events import FILE``: scheduled events from JSON Lines, straight to the database.
 
 Each non-blank line is one event, judged exactly as an item of ``POST
-/admin/scheduled-events/batch`` is (``scheduler.web.batch.check_items``: the single POST's
+/admin/scheduled-events/batch`` is (``scheduler.web.api.batch.check_items``: the single POST's
 schema and facts contract, its bound per event, a key given twice refused naming the line
 that gave it first, across the whole file) and stored by the same set-based store
 (``core.store_batch``), ``SCHEDULER_BATCH_MAX_EVENTS`` lines per transaction, with the
@@ -92,7 +92,7 @@ def import_lines(lines: Sequence[tuple[int, str]], settings: Settings, *, sessio
     """Judge and store ``lines`` in chunks of ``settings.batch_max_events`` (one transaction each)."""
     from sqlalchemy.exc import DBAPIError
 
-    from scheduler.web.batch import Refusal, check_items, store_checked
+    from scheduler.web.api.batch import Refusal, check_items, store_checked
 
     summary = Summary()
     first_of_key: dict[str, int] = {}

@@ -166,7 +166,7 @@ def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_token(args: argparse.Namespace, settings: Settings) -> int:
-    from scheduler.web.auth import mint_token
+    from scheduler.web.http.auth import mint_token
 
     secret = settings.effective_jwt_secret()
     if secret is None:

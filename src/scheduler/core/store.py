@@ -1,6 +1,9 @@
-"""Storing scheduled events and preferences, and reading notifications (the HTTP side).
+"""The core's writes and reads of a sender's and a participant's rows: a scheduled event
+stored (inserted, or its key's row rewritten, REQ-0064), a participant's preferences,
+their notifications; and the change context the history trigger reads.
 
-What operators do to stored rows (list, reset, cancel) is ``scheduler.application``'s.
+The adapters reach these through ``scheduler.application`` (``ingest``, ``participants``);
+what operators do to stored rows (list, reset, cancel) is ``scheduler.application``'s too.
 
 Each function runs in its own short transaction and binds ``now`` from the caller's clock.
 """
@@ -19,6 +22,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from scheduler.core.expiry import stored_expires_at
 from scheduler.core.trigger_range import check_trigger_at
 from scheduler.database.queries import statement
+from scheduler.database.rows import row_as_json
 
 EVENT_COLUMNS = (
     "id", "event_type", "user_id", "community_id", "external_key", "trigger_at", "expires_at", "facts",
@@ -26,13 +30,9 @@ EVENT_COLUMNS = (
 )
 
 
-def _jsonable(row: Mapping[str, Any] | RowMapping) -> dict[str, Any]:
-    return {k: (v.isoformat() if isinstance(v, datetime) else v) for k, v in row.items()}
-
-
 def event_to_json(row: Mapping[str, Any] | RowMapping) -> dict[str, Any]:
     """A stored row as the API shows it: every column, times in ISO 8601."""
-    return _jsonable({k: row[k] for k in EVENT_COLUMNS})
+    return row_as_json({k: row[k] for k in EVENT_COLUMNS})
 
 
 def store_event(
@@ -99,7 +99,7 @@ def list_notifications(
         rows = session.execute(
             statement("list_notifications"), {"user_id": user_id, "status": status, "limit": limit}
         ).mappings().all()
-        return [_jsonable(r) for r in rows]
+        return [row_as_json(r) for r in rows]
 
 
 def set_preferences(
@@ -120,4 +120,4 @@ def set_preferences(
                 "now": now,
             },
         ).mappings().one()
-        return _jsonable(row)
+        return row_as_json(row)

@@ -3,7 +3,7 @@
 ``NudgingPlatform`` is the production ``Dispatcher``: the engine decides what the rules
 want, the one decision (``nudging.decision``) what is delivered, and the result carries the
 outcome in the domain's words (``DispatchOutcome``), the same for a live and a scheduled
-event; only ``web.ingest`` maps it to the HTTP answer a live sender gets. A live event (and
+event; only ``web.api.ingest`` maps it to the HTTP answer a live sender gets. A live event (and
 an event of the scheduler's per-event path) is a batch of one; a claimed batch is decided
 whole (``decide_batch``), its write left to the scheduler, who sends it with the COMMIT.
 """

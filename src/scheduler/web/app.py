@@ -1,10 +1,11 @@
 """The composition root: ``SchedulerService`` builds the service's parts and wires them.
 
 It creates the engines, the clock, the catalogue and dispatch path, the loop and its
-LISTEN connection, the inbox hub, retention, the web sessions' store and the operations
-(heartbeat, metrics, console), then hands each route module only what it uses: the
-sessionmaker, the clock, the dispatch path, the token verifier, the sessions' store, the loop. No route module knows this class, so
-nothing imports back into it. ``create_app`` is the standalone service; another Starlette
+LISTEN connection, the inbox hub, retention, the heartbeat and the metrics, the web sessions'
+store, then hands each product's route modules (the JSON API, the inbox, the console, built
+when first asked for) only what they use: the sessionmaker, the clock, the dispatch path, the
+token verifier, the sessions' store, the loop. No route module knows this class, so nothing
+imports back into it. ``create_app`` is the standalone service; another Starlette
 app embeds the same thing by mounting ``service.app`` and entering ``service.lifespan``
 (see README).
 """
@@ -18,7 +19,7 @@ import logging
 from collections.abc import AsyncIterator
 from datetime import datetime
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio.to_thread
 from anyio import CapacityLimiter
@@ -31,7 +32,7 @@ from starlette.authentication import AuthenticationBackend
 from starlette.concurrency import run_in_threadpool
 from starlette.middleware import Middleware
 from starlette.middleware.authentication import AuthenticationMiddleware
-from starlette.routing import BaseRoute
+from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp
 
 from scheduler.config import ConfigError, Settings
@@ -54,20 +55,25 @@ from scheduler.nudging.publishers import LoggingPublisher
 from scheduler.nudging.rules import Catalogue, load_catalogue
 from scheduler.observability.observer import Observer
 from scheduler.observability.tracing import observe, observer_from_env
+from scheduler.operations.heartbeat import Heartbeat
+from scheduler.operations.metrics import Metrics
 from scheduler.operations.retention import Retention
 from scheduler.types import Clock, Dispatcher, Publisher, SchedulerMode
-from scheduler.web.admin import Operations
-from scheduler.web.auth import JWTBackend, TokenVerifier, on_auth_error
-from scheduler.web.batch import BatchRoutes
-from scheduler.web.errors import EXCEPTION_HANDLERS
-from scheduler.web.health import HealthRoutes
-from scheduler.web.inbox import Inbox, StreamPublisher
-from scheduler.web.inbox_routes import inbox_routes
-from scheduler.web.ingest import IngestRoutes
-from scheduler.web.participants import ParticipantRoutes
-from scheduler.web.scheduled_events import EventRoutes
-from scheduler.web.sessions import SessionStore
-from scheduler.web.sse import Streams
+from scheduler.web.api.batch import BatchRoutes
+from scheduler.web.api.health import HealthRoutes
+from scheduler.web.api.ingest import IngestRoutes
+from scheduler.web.api.operator import OperatorRoutes
+from scheduler.web.api.participants import ParticipantRoutes
+from scheduler.web.api.scheduled_events import EventRoutes
+from scheduler.web.http.auth import JWTBackend, TokenVerifier, on_auth_error
+from scheduler.web.http.errors import EXCEPTION_HANDLERS
+from scheduler.web.http.sessions import SessionStore
+from scheduler.web.http.sse import Streams
+from scheduler.web.inbox.hub import Inbox, StreamPublisher
+from scheduler.web.inbox.routes import inbox_routes
+
+if TYPE_CHECKING:
+    from scheduler.web.console.pages import Console
 
 logger = logging.getLogger(__name__)
 
@@ -101,8 +107,52 @@ class SchedulerService:
         self.settings = settings or Settings.from_env()
         # Every statement names the scheduler's own schema (DEC-SCHEMA): one per process.
         use_schema(self.settings.database_schema)
-        # Engines this service creates are its own to dispose when it stops; an engine the
-        # caller passes stays the caller's.
+        self.engine, self.loop_engine = self._engines(engine, loop_engine)
+        self.sessions = make_sessionmaker(self.engine)
+        # One clock in production: the database server's, measured (DEC-10). An injected
+        # clock (tests, the simulation) is used as it is.
+        self.clock: Clock = clock or DatabaseClock(partial(database_time, self.loop_engine),
+                                                   warn_seconds=self.settings.clock_skew_warn_seconds)
+        self._clock_task: asyncio.Task[None] | None = None
+        self.catalogue = catalogue or load_catalogue(self.settings.rules_dir)
+        self.dispatcher: Dispatcher = dispatcher or NudgingPlatform(self.catalogue)
+        # After commit: number web notifications for the inbox stream and NOTIFY the
+        # replicas, then the configured publisher (see scheduler.web.inbox.hub). The live
+        # path numbers on the requests' pool, the loop on its own.
+        inner_publisher = publisher or LoggingPublisher()
+        # Tokens are judged by production's one clock too (DEC-10); an injected clock is the
+        # scheduler's own time (tests step it by days), so tokens keep the wall clock then.
+        self.verifier = TokenVerifier(self.settings, clock=self.clock if clock is None else None)
+        self.run_scheduler = self.settings.scheduler_enabled if run_scheduler is None else run_scheduler
+        self.scheduler = self._loop(inner_publisher)
+        self._task: asyncio.Task[None] | None = None
+        self._stop: asyncio.Event | None = None
+        listener = self._listener()
+        # The participants' live inbox: fan-out by the process's LISTEN connection.
+        self.inbox = Inbox(self.sessions, listener=listener if self.settings.listen else None)
+        # Every open stream (the inbox's, the console's): ended at once when the server stops.
+        self.streams = Streams()
+        # Signed-in browsers (the console's, the inbox page's), in the database: any replica serves them.
+        self.web_sessions = SessionStore(self.sessions, self.clock, max_seconds=self.settings.session_max_seconds,
+                                         idle_seconds=self.settings.session_idle_seconds)
+        # The host's own authentication when it passes one (DEC-AUTH-1), else bearer JWTs.
+        self.authentication: AuthenticationBackend = authentication or JWTBackend(self.verifier)
+        self._attach_poll_hooks(metrics_registry)
+        # Observability: spans for requests, statements, polls and dispatches when
+        # OTEL_TRACES_EXPORTER asks (or ``observer`` traces); log context either way.
+        self.observer = observer if observer is not None else observer_from_env()
+        self._route_modules(listener, inner_publisher)
+        self._check_security()
+        # observability: the loop's observer and the SQLAlchemy instrumentation (each app
+        # ``app_for`` builds is instrumented as it is built)
+        observe(self.observer, app=None, engines=[self.engine, self.loop_engine], loop=self.scheduler,
+                replica_id=self.heartbeat.replica_id)
+
+    # -- the pieces, in the order ``__init__`` builds them ------------------------------
+
+    def _engines(self, engine: Engine | None, loop_engine: Engine | None) -> tuple[Engine, Engine]:
+        """The requests' engine and the loop's. Engines this service creates are its own to
+        dispose when it stops; an engine the caller passes stays the caller's."""
         self._owned_engines: list[Engine] = []
         if engine is None:
             url = resolve_database_url(self.settings)
@@ -123,26 +173,13 @@ class SchedulerService:
                 if loop_engine is not None:
                     self._owned_engines.append(loop_engine)
             engine = for_scheduler(engine, self.settings)
-        self.engine = engine
-        self.loop_engine = loop_engine or engine
-        self.sessions = make_sessionmaker(engine)
-        # One clock in production: the database server's, measured (DEC-10). An injected
-        # clock (tests, the simulation) is used as it is.
-        self.clock: Clock = clock or DatabaseClock(partial(database_time, self.loop_engine),
-                                                   warn_seconds=self.settings.clock_skew_warn_seconds)
-        self._clock_task: asyncio.Task[None] | None = None
-        self.catalogue = catalogue or load_catalogue(self.settings.rules_dir)
-        self.dispatcher: Dispatcher = dispatcher or NudgingPlatform(self.catalogue)
-        # After commit: number web notifications for the inbox stream and NOTIFY the
-        # replicas, then the configured publisher (see scheduler.web.inbox). The live path
-        # numbers on the requests' pool, the loop on its own (below).
-        inner_publisher = publisher or LoggingPublisher()
-        # Tokens are judged by production's one clock too (DEC-10); an injected clock is the
-        # scheduler's own time (tests step it by days), so tokens keep the wall clock then.
-        self.verifier = TokenVerifier(self.settings, clock=self.clock if clock is None else None)
-        self.run_scheduler = self.settings.scheduler_enabled if run_scheduler is None else run_scheduler
-        loop_sessions = make_sessionmaker(self.loop_engine) if self.loop_engine is not engine else self.sessions
-        self.scheduler = Scheduler(
+        return engine, loop_engine or engine
+
+    def _loop(self, inner_publisher: Publisher) -> Scheduler:
+        """The polling loop, on the loop's own pool, numbering web notifications there."""
+        loop_sessions = (make_sessionmaker(self.loop_engine) if self.loop_engine is not self.engine
+                         else self.sessions)
+        return Scheduler(
             loop_sessions,
             self.dispatcher,
             self.clock,
@@ -151,53 +188,57 @@ class SchedulerService:
             poll_seconds=self.settings.poll_seconds,
             mode=self.settings.mode,
         )
-        # One LISTEN connection for the process, started with the loop when anything
-        # subscribed: prompt mode's wake-ups (below) and whatever else fans out by NOTIFY.
-        listener = Listener(conninfo_of(engine), name="scheduler", probe_engine=engine,
+
+    def _listener(self) -> Listener:
+        """One LISTEN connection for the process, started with the loop when anything
+        subscribed: prompt mode's wake-ups and whatever else fans out by NOTIFY (the inbox)."""
+        listener = Listener(conninfo_of(self.engine), name="scheduler", probe_engine=self.engine,
                             connect_args=tcp_parameters(self.settings))
         if self.settings.mode is SchedulerMode.PROMPT and self.settings.listen and self.run_scheduler:
             listener.subscribe(DUE_CHANNEL, self._on_due)
-        # The participants' live inbox: fan-out by the process's LISTEN connection.
-        self.inbox = Inbox(self.sessions, listener=listener if self.settings.listen else None)
-        # Deletes old dispatched and cancelled rows after a poll (one replica, hourly).
+        return listener
+
+    def _attach_poll_hooks(self, metrics_registry: CollectorRegistry | None) -> None:
+        """What runs after each poll: retention (deletes old dispatched and cancelled rows,
+        one replica, hourly), this replica's heartbeat and the metrics."""
         self.retention = Retention(self.loop_engine, self.clock, days=self.settings.retention_days)
-        self.scheduler.poll_hooks.append(self.retention)
-        self._task: asyncio.Task[None] | None = None
-        self._stop: asyncio.Event | None = None
-        # Every open stream (the inbox's, the console's): ended at once when the server stops.
-        self.streams = Streams()
-        # Heartbeats, metrics, the operator API and the console.
-        # Signed-in browsers (the console's, the inbox page's), in the database: any replica serves them.
-        self.web_sessions = SessionStore(self.sessions, self.clock, max_seconds=self.settings.session_max_seconds,
-                                         idle_seconds=self.settings.session_idle_seconds)
-        # The host's own authentication when it passes one (DEC-AUTH-1), else bearer JWTs.
-        self.authentication: AuthenticationBackend = authentication or JWTBackend(self.verifier)
-        self.operations = Operations(self.settings, self.sessions, self.clock, self.scheduler, self.verifier,
-                                     self.web_sessions, lambda: self.loop_alive, self.streams,
-                                     registry=metrics_registry, event_types=self.catalogue.scenarios())
-        # The route modules, each with what it uses and nothing else.
+        # On the loop's own pool: requests that hold every API connection never delay it.
+        self.heartbeat = Heartbeat(self.scheduler.sessions, self.clock)
+        # the event types known in advance start at zero on /metrics
+        self.metrics = Metrics(self.sessions, self.clock, lambda: self.loop_alive, registry=metrics_registry,
+                               event_types=self.catalogue.scenarios())
+        self.scheduler.poll_hooks.extend([self.retention, self.heartbeat, self.metrics])
+
+    def _route_modules(self, listener: Listener, inner_publisher: Publisher) -> None:
+        """The route modules, each with what it uses and nothing else (ARCH-2)."""
+        settings = self.settings
         self.health = HealthRoutes(scheduler=self.scheduler, clock=self.clock, listener=listener,
-                                   settings=self.settings, loop_alive=lambda: self.loop_alive,
+                                   settings=settings, loop_alive=lambda: self.loop_alive,
                                    mounted=lambda: self.app.routes, run_scheduler=lambda: self.run_scheduler)
-        # Observability: spans for requests, statements, polls and dispatches when
-        # OTEL_TRACES_EXPORTER asks (or ``observer`` traces); log context either way.
-        self.observer = observer if observer is not None else observer_from_env()
         self.ingest = IngestRoutes(sessions=self.sessions, clock=self.clock, dispatcher=self.dispatcher,
                                    publisher=StreamPublisher(self.sessions, inner_publisher),
-                                   max_body_bytes=self.settings.max_body_bytes, observer=self.observer,
-                                   default_expiry=self.settings.default_expiry)
-        self.batch = BatchRoutes(sessions=self.sessions, clock=self.clock, default_expiry=self.settings.default_expiry,
-                                 max_events=self.settings.batch_max_events,
-                                 max_body_bytes=self.settings.batch_max_body_bytes,
-                                 max_item_bytes=self.settings.max_body_bytes, observer=self.observer)
+                                   max_body_bytes=settings.max_body_bytes, observer=self.observer,
+                                   default_expiry=settings.default_expiry)
+        self.batch = BatchRoutes(sessions=self.sessions, clock=self.clock, default_expiry=settings.default_expiry,
+                                 max_events=settings.batch_max_events,
+                                 max_body_bytes=settings.batch_max_body_bytes,
+                                 max_item_bytes=settings.max_body_bytes, observer=self.observer)
         self.events = EventRoutes(sessions=self.sessions, clock=self.clock)
         self.participants = ParticipantRoutes(sessions=self.sessions, clock=self.clock,
-                                              max_body_bytes=self.settings.max_body_bytes)
-        self._check_security()
-        # observability: the loop's observer and the SQLAlchemy instrumentation (each app
-        # ``app_for`` builds is instrumented as it is built)
-        observe(self.observer, app=None, engines=[self.engine, self.loop_engine], loop=self.scheduler,
-                replica_id=self.operations.heartbeat.replica_id)
+                                              max_body_bytes=settings.max_body_bytes)
+        self.operator = OperatorRoutes(sessions=self.sessions, clock=self.clock, metrics=self.metrics,
+                                       session_store=self.web_sessions,
+                                       metrics_require_admin=settings.metrics_require_admin)
+
+    @functools.cached_property
+    def console(self) -> Console:
+        """The operator console, built (and its templates loaded) when first asked for: a host
+        that does not mount it never imports its pieces (EMB-10)."""
+        from scheduler.web.console.pages import Console
+
+        return Console(self.sessions, self.clock, self.verifier, self.web_sessions,
+                       refresh_seconds=self.settings.console_refresh_seconds, streams=self.streams,
+                       max_body_bytes=self.settings.max_body_bytes)
 
     # The live path's publisher and the process's LISTEN connection can be replaced after
     # wiring (a test's witness, a listener with another probe): the root re-wires its parts.
@@ -256,7 +297,8 @@ class SchedulerService:
             *self.participants.routes(),
             *inbox_routes(sessions=self.sessions, inbox=self.inbox, store=self.web_sessions, verifier=self.verifier,
                           max_body_bytes=self.settings.max_body_bytes, streams=self.streams),
-            *self.operations.routes(console=console),
+            *self.operator.routes(),
+            *([_hidden(route) for route in self.console.routes] if console else []),
         ]
 
     def routes_for(self, *parts: str) -> list[BaseRoute]:
@@ -360,7 +402,7 @@ class SchedulerService:
             # A replica that stops cleanly leaves the replica list now, not stale;
             # with the database unreachable, shutdown does not wait more than two seconds for it.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(run_in_threadpool(self.operations.heartbeat.forget), timeout=2.0)
+                await asyncio.wait_for(run_in_threadpool(self.heartbeat.forget), timeout=2.0)
             self._task = None
         await run_in_threadpool(self.listener.stop)
         for engine in self._owned_engines:
@@ -392,6 +434,12 @@ def _checked_parts(parts: tuple[str, ...]) -> frozenset[str]:
     if unknown:
         raise ValueError(f"unknown part(s) {unknown}: the parts are {', '.join(PARTS)}")
     return frozenset(parts or PARTS)
+
+
+def _hidden(route: Route) -> Route:
+    """Console pages are HTML for people, not API operations: left out of /openapi.json."""
+    route.include_in_schema = False
+    return route
 
 
 def _weak_secret(secret: str) -> bool:

@@ -1,74 +1,12 @@
-"""The console's bulk actions (reset and cancel by filter): one form handler for both.
-
-The filter's page showed a dry-run count at ``as_of``; the POST acts on at most that many
-rows, in chunks, with a required reason, through the application layer's command
-(``commands.bulk_reset`` or ``commands.bulk_cancel``), which records it in the audit trail.
-"""
+"""Deprecated path of ``scheduler.web.console.bulk``: importing it warns and gives that module (see ``scheduler.moved``)."""
 
 from __future__ import annotations
 
-from datetime import datetime
-from typing import Any, Protocol
-from urllib.parse import urlencode
+from typing import TYPE_CHECKING
 
-from sqlalchemy.orm import Session, sessionmaker
-from starlette.concurrency import run_in_threadpool
-from starlette.datastructures import FormData
-from starlette.requests import Request
-from starlette.responses import HTMLResponse, Response
+from scheduler.moved import alias
 
-from scheduler.application import commands, events
-from scheduler.types import Clock
-from scheduler.web.console_auth import CSRF_FIELD, console_session, csrf_ok
-from scheduler.web.params import Unprocessable, whole_number
+if TYPE_CHECKING:
+    from scheduler.web.console.bulk import *  # noqa: F403 - what the old path offered, for type checkers
 
-
-class ConsolePages(Protocol):
-    """What the bulk and cancel routes use of the console (``scheduler.web.console.Console``),
-    which mounts them: so these modules do not import it back."""
-
-    sessions: sessionmaker[Session]
-    clock: Clock
-
-    def page(self, request: Request, template: str, context: dict[str, Any], status: int = 200) -> HTMLResponse: ...
-
-    def csrf_refused(self, request: Request) -> Response: ...
-
-    async def form(self, request: Request) -> FormData: ...
-
-
-class BulkCommand(Protocol):
-    """``commands.bulk_reset`` and ``commands.bulk_cancel``."""
-
-    def __call__(self, sessions: sessionmaker[Session], query: events.EventQuery, *, now: datetime,
-                 as_of: datetime, expected: int, actor: commands.Actor, reason: str) -> commands.BulkResult: ...
-
-
-async def bulk_action(console: ConsolePages, request: Request, *, noun: str, form_template: str,
-                      done_template: str, command: BulkCommand) -> Response:
-    """Handle a bulk form's POST: CSRF, the filter, the dry run's ``as_of`` and count, a reason."""
-    form = await console.form(request)
-    session = console_session(request)
-    submitted = form.get(CSRF_FIELD)
-    if not csrf_ok(session, submitted if isinstance(submitted, str) else None):
-        return console.csrf_refused(request)
-    fields = {k: str(v) for k, v in form.items() if k in events.FILTER_FIELDS or k in ("as_of", "expected", "reason")}
-    try:
-        where = events.EventQuery.from_mapping(fields)
-        as_of = events.parse_time("as_of", fields.get("as_of"))
-        expected = whole_number("expected", fields.get("expected", ""), low=0, high=2**63 - 1)
-    except (events.QueryError, Unprocessable) as exc:
-        return console.page(request, "error.html", {"message": f"bad bulk {noun} form: {exc}"}, 422)
-    reason = fields.get("reason", "").strip()[:commands.MAX_REASON]
-    if as_of is None or not reason:
-        return console.page(request, form_template, {
-            "f": where.as_json(), "count": expected, "cap": commands.BULK_CAP,
-            "as_of": fields.get("as_of", ""), "filter_query": urlencode(where.as_json()),
-            "error": f"a bulk {noun} needs a reason", "reason": reason,
-        }, 422)
-    actor = commands.Actor(session.subject, "console")
-    result = await run_in_threadpool(lambda: command(
-        console.sessions, where, now=console.clock.now(), as_of=as_of, expected=expected,
-        actor=actor, reason=reason))
-    return console.page(request, done_template, {
-        "result": result, "expected": expected, "filter_query": urlencode(where.as_json())})
+alias(__name__)

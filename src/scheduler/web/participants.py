@@ -1,63 +1,12 @@
-"""The operators' routes about participants: their notifications and their preferences.
-
-``ParticipantRoutes`` receives the database, the clock and the body limit.
-"""
+"""Deprecated path of ``scheduler.web.api.participants``: importing it warns and gives that module (see ``scheduler.moved``)."""
 
 from __future__ import annotations
 
-from sqlalchemy.orm import Session, sessionmaker
-from starlette.concurrency import run_in_threadpool
-from starlette.requests import Request
-from starlette.responses import Response
-from starlette.routing import BaseRoute, Route
+from typing import TYPE_CHECKING
 
-from scheduler.core import store
-from scheduler.types import Clock, NotificationStatus
-from scheduler.web.auth import require
-from scheduler.web.http import parse_body, path_param, read_json, respond
-from scheduler.web.params import Param, declares, query
-from scheduler.web.schemas import NotificationOut, PreferencesIn, PreferencesOut
+from scheduler.moved import alias
 
+if TYPE_CHECKING:
+    from scheduler.web.api.participants import *  # noqa: F403 - what the old path offered, for type checkers
 
-class ParticipantRoutes:
-    """``GET /admin/notifications`` and ``PUT /admin/participants/{user_id}/preferences``."""
-
-    def __init__(self, *, sessions: sessionmaker[Session], clock: Clock, max_body_bytes: int) -> None:
-        self.sessions = sessions
-        self.clock = clock
-        self.max_body_bytes = max_body_bytes
-
-    def routes(self) -> list[BaseRoute]:
-        return [
-            Route("/admin/notifications", self.list_notifications, methods=["GET"]),
-            Route("/admin/participants/{user_id}/preferences", self.set_preferences, methods=["PUT"]),
-        ]
-
-    @require("admin")
-    @declares(user_id=Param.string(), status=Param.enum(NotificationStatus),
-              limit=Param.integer(1, 1000, default=100, description="at most this many rows"))
-    async def list_notifications(self, request: Request) -> Response:
-        q = query(request)
-        rows = await run_in_threadpool(
-            store.list_notifications,
-            self.sessions,
-            user_id=q["user_id"],
-            status=q["status"],
-            limit=q["limit"],
-        )
-        return respond([NotificationOut.model_validate(r) for r in rows])
-
-    @require("admin")
-    @declares()
-    async def set_preferences(self, request: Request) -> Response:
-        user_id = path_param(request, "user_id")
-        body = parse_body(PreferencesIn, await read_json(request, self.max_body_bytes))
-        row = await run_in_threadpool(
-            store.set_preferences,
-            self.sessions,
-            user_id,
-            enabled_kinds=body.enabled_kinds,
-            max_per_day=body.max_per_day,
-            now=self.clock.now(),
-        )
-        return respond(PreferencesOut.model_validate(row))
+alias(__name__)

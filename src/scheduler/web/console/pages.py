@@ -2,8 +2,8 @@
 
 Overview (live over server-sent events), events with filters and keyset pagination, an
 event's detail with its notifications and action history, reset and bulk reset (dry-run
-count first, a required reason), cancel and bulk cancel (``console_cancel``), the audit trail
-and the open sessions. Sign-in, sessions and CSRF: ``console_auth`` and ``sessions``.
+count first, a required reason), cancel and bulk cancel (``cancel``), the audit trail
+and the open sessions. Sign-in, sessions and CSRF: ``auth`` and ``scheduler.web.http.sessions``.
 Pages are sent with a Content-Security-Policy that allows only the package's own script
 and style, so even a bug in escaping could not run injected script.
 """
@@ -34,11 +34,9 @@ from starlette.routing import Route
 from scheduler.application import audit, commands, events
 from scheduler.operations.overview import duration, overview
 from scheduler.types import Clock, EventStatus
-from scheduler.web.auth import TokenVerifier, token_problem
-from scheduler.web.console_auth import (
+from scheduler.web.console.auth import (
     CSRF_FIELD,
     NotAdmin,
-    base_path,
     clear_session_cookie,
     console_admin,
     console_session,
@@ -48,15 +46,16 @@ from scheduler.web.console_auth import (
     signin_nonce_ok,
     verify_admin,
 )
-from scheduler.web.console_bulk import bulk_action
-from scheduler.web.console_cancel import cancel_routes
-from scheduler.web.http import path_param, read_form
-from scheduler.web.params import Endpoint, Param, Unprocessable, declares, query
-from scheduler.web.scheduled_events import CURSOR, EVENT_FILTER, event_query
-from scheduler.web.sessions import SessionStore
-from scheduler.web.sse import Streams, wait_or_close
+from scheduler.web.console.bulk import bulk_action
+from scheduler.web.console.cancel import cancel_routes
+from scheduler.web.http.auth import TokenVerifier, token_problem
+from scheduler.web.http.event_filter import CURSOR, EVENT_FILTER, event_query
+from scheduler.web.http.params import Endpoint, Param, Unprocessable, declares, query
+from scheduler.web.http.plumbing import base_path, path_param, read_form
+from scheduler.web.http.sessions import SessionStore
+from scheduler.web.http.sse import Streams, wait_or_close
 
-PACKAGE = Path(str(files("scheduler.web")))
+PACKAGE = Path(str(files("scheduler.web.console")))
 STATIC = PACKAGE / "static"
 STATIC_TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8"}
 PAGE_SIZE = 50
@@ -84,7 +83,7 @@ class Console:
         self.store = store
         self.refresh_seconds = refresh_seconds
         self.stream_seconds = stream_seconds
-        self.env = Environment(loader=FileSystemLoader(PACKAGE / "templates" / "console"),
+        self.env = Environment(loader=FileSystemLoader(PACKAGE / "templates"),
                                autoescape=select_autoescape(default=True), auto_reload=False)
         self.env.filters["duration"] = duration
         self.env.filters["when"] = _when

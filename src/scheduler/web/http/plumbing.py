@@ -23,10 +23,10 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from scheduler.digits import digits_value
-from scheduler.web.params import (
+from scheduler.web.http.params import (
     Unprocessable as Unprocessable,  # re-exported: the 422 every module raises
 )
-from scheduler.web.params import text_param
+from scheduler.web.http.params import text_param
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
@@ -137,6 +137,12 @@ def parse_body(model: type[ModelT], payload: Any) -> ModelT:
         errors = validation_errors(exc)
         summary = "; ".join(f"{e['field']}: {e['message']}" for e in errors)
         raise Unprocessable(errors, f"invalid body: {summary}") from exc
+
+
+def base_path(request: Request) -> str:
+    """Where the app is mounted (``""`` standalone, ``/nudging`` when embedded): the prefix of
+    the links and cookie paths the console and the inbox page give a browser."""
+    return str(request.scope.get("root_path", "")).rstrip("/")
 
 
 def path_param(request: Request, name: str) -> str:

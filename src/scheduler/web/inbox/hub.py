@@ -11,7 +11,7 @@ The path of a notification to a browser:
 3. Every replica's ``Inbox`` hears the NOTIFY on the process's one LISTEN connection
    (``scheduler.database.listener``), reads what is new from the table (the payload is only the
    number), and offers each row to the queues of that participant's open streams.
-4. Each ``GET /me/notifications/stream`` (``scheduler.web.inbox_routes``) drains its own queue
+4. Each ``GET /me/notifications/stream`` (``scheduler.web.inbox.routes``) drains its own queue
    as server-sent events (``sse_stream``).
 
 Nothing in that path can hold up the loop or another client: the publisher only runs one
@@ -38,10 +38,10 @@ import anyio
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
-from scheduler.core.store import _jsonable
 from scheduler.database.queries import statement
+from scheduler.database.rows import row_as_json
 from scheduler.types import OutboundMessage, Publisher
-from scheduler.web.sse import RETRY_MS
+from scheduler.web.http.sse import RETRY_MS
 
 logger = logging.getLogger(__name__)
 
@@ -269,14 +269,14 @@ class Inbox:
 
 
 def _event(row: dict[str, Any]) -> str:
-    data = json.dumps(_jsonable(row), separators=(",", ":"))
+    data = json.dumps(row_as_json(row), separators=(",", ":"))
     return f"id: {row['stream_seq']}\nevent: notification\ndata: {data}\n\n"
 
 
 async def sse_stream(inbox: Inbox, user_id: str, after: int, closing: anyio.Event | None = None,
                      still_open: Callable[[], Awaitable[bool]] | None = None) -> AsyncIterator[str]:
     """The stream of one client: what it missed after ``after``, then live rows, heartbeats;
-    it returns as soon as ``closing`` is set (the server stops: see scheduler.web.sse).
+    it returns as soon as ``closing`` is set (the server stops: see scheduler.web.http.sse).
     ``still_open`` (a stream opened by a session cookie) is asked before each live row and
     heartbeat: the stream of a session that has ended (signed out, ended, expired) stops."""
     closing = closing or anyio.Event()

@@ -1,0 +1,2 @@
+"""The JSON API: ingest, batch, scheduled events, participants, health, the operator routes
+and the OpenAPI document."""

@@ -1,0 +1,163 @@
+"""The senders' routes: store an event for later, and send a live one now.
+
+``IngestRoutes`` receives the database, the clock, the dispatch path (dispatcher and
+publisher) and the body limit; a scheduled event is validated when stored (REQ-0063), a
+live one goes through the same engine and orchestrator a scheduled event does (REQ-0066).
+With an observer, a stored row keeps the POST's W3C ``traceparent`` and a live
+dispatch gets a span of its own.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta
+from typing import Any, TypeVar
+
+from sqlalchemy.orm import Session, sessionmaker
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Route
+
+from scheduler.application import ingest
+from scheduler.nudging.facts import ContractViolation, FactsMissing, check_facts_contract
+from scheduler.observability.observer import Observer
+from scheduler.types import (
+    Clock,
+    DigitalTwinEvent,
+    Dispatcher,
+    DispatchOutcome,
+    DispatchResult,
+    Publisher,
+)
+from scheduler.web.http.auth import actor_of, require
+from scheduler.web.http.params import declares
+from scheduler.web.http.plumbing import HTTPRefusal, Unprocessable, parse_body, read_json, respond
+from scheduler.web.http.schemas import (
+    DuplicateOut,
+    IngestOut,
+    LiveEventIn,
+    NotificationOut,
+    RuleRefusalOut,
+    ScheduledEventIn,
+    ScheduledEventOut,
+)
+
+logger = logging.getLogger(__name__)
+
+EventBodyT = TypeVar("EventBodyT", ScheduledEventIn, LiveEventIn)
+
+MISSING_FACTS_SCHEDULED = "Missing facts in scheduled event"
+MISSING_FACTS_LIVE = "Missing facts in event"
+
+# The live answers of REQ-0016, the only place a dispatch outcome becomes an HTTP status.
+LIVE_STATUS: dict[DispatchOutcome, int] = {
+    DispatchOutcome.DELIVERED: 200,
+    DispatchOutcome.SUPPRESSED: 202,
+    DispatchOutcome.NO_RULE_TRIGGERED: 204,
+    DispatchOutcome.DUPLICATE: 409,
+    DispatchOutcome.NO_RULE_FOR_SCENARIO: 400,
+    DispatchOutcome.INVALID_EVENT: 422,
+}
+
+
+class IngestRoutes:
+    """``POST /admin/scheduled-events`` and ``POST /admin/ingest-event``."""
+
+    def __init__(self, *, sessions: sessionmaker[Session], clock: Clock, dispatcher: Dispatcher,
+                 publisher: Publisher, max_body_bytes: int, observer: Observer | None = None,
+                 default_expiry: timedelta | None = None) -> None:
+        self.sessions = sessions
+        self.clock = clock
+        self.dispatcher = dispatcher
+        self.publisher = publisher
+        self.max_body_bytes = max_body_bytes
+        # SCHEDULER_DEFAULT_EXPIRY_SECONDS: a row stored without expires_at gets trigger_at plus it
+        self.default_expiry = default_expiry
+        # observability: the live dispatch's span, the traceparent a stored row keeps
+        self.observer = observer or Observer()
+
+    def routes(self) -> list[BaseRoute]:
+        return [
+            Route("/admin/scheduled-events", self.create_scheduled_event, methods=["POST"]),
+            Route("/admin/ingest-event", self.ingest_event, methods=["POST"]),
+        ]
+
+    @require("ingest")
+    @declares()
+    async def create_scheduled_event(self, request: Request) -> Response:
+        """Store an event for later (REQ-0063, REQ-0064). Validated now, not when it fires."""
+        body = await self._event_body(request, ScheduledEventIn, MISSING_FACTS_SCHEDULED)
+        assert body.facts is not None
+        row = await run_in_threadpool(
+            self._store,
+            self.sessions,
+            event_type=body.event_type,
+            user_id=body.user_id,
+            community_id=body.community_id,
+            external_key=body.external_key,
+            trigger_at=body.trigger_at,
+            expires_at=body.expires_at,
+            default_expiry=self.default_expiry,
+            facts=body.facts,
+            now=self.clock.now(),
+            actor=actor_of(request),
+            # observability: the storing request's trace context, for the dispatch's link
+            traceparent=self.observer.storing_traceparent(request.headers.get("traceparent")),
+        )
+        return respond(ScheduledEventOut.model_validate(row), 201)
+
+    @staticmethod
+    def _store(sessions: sessionmaker[Session], **fields: Any) -> dict[str, Any]:
+        """``ingest.store_scheduled_event``; an expiry it refuses (the default window past the
+        range) is a 422 naming the field, as the schema's own checks are."""
+        try:
+            return ingest.store_scheduled_event(sessions, **fields)
+        except ingest.ExpiryRefused as exc:
+            raise Unprocessable.field(exc.field, exc.problem) from None
+
+    @require("ingest")
+    @declares()
+    async def ingest_event(self, request: Request) -> Response:
+        """The live path: the same engine and orchestrator a scheduled event goes through."""
+        body = await self._event_body(request, LiveEventIn, MISSING_FACTS_LIVE)
+        assert body.facts is not None
+        event = DigitalTwinEvent(body.event_type, body.user_id, body.community_id, body.facts)
+        now = self.clock.now()
+        result = await run_in_threadpool(self._dispatch_live, event, now)
+        status = LIVE_STATUS[result.outcome]
+        if result.outcome.refused:
+            return respond(RuleRefusalOut.model_validate({"detail": result.detail}), status)
+        if result.outcome is DispatchOutcome.NO_RULE_TRIGGERED:
+            return Response(status_code=status)
+        notifications = [NotificationOut.model_validate(n) for n in result.notifications]
+        if result.outcome is DispatchOutcome.DUPLICATE:
+            detail = "duplicate: every rule that would fire already notified for this period"
+            return respond(DuplicateOut(detail=detail, outcome=result.outcome, notifications=notifications), status)
+        return respond(IngestOut(outcome=result.outcome, notifications=notifications), status)
+
+    async def _event_body(self, request: Request, model: type[EventBodyT], missing_message: str) -> EventBodyT:
+        """A validated event body whose facts honour the contract (REQ-0012), or the
+        documented 422: ``missing_message`` for absent facts, ``invalid_facts_contract``."""
+        body = parse_body(model, await read_json(request, self.max_body_bytes))
+        try:
+            check_facts_contract(body.facts)
+        except FactsMissing:
+            raise HTTPRefusal(422, missing_message) from None
+        except ContractViolation as exc:
+            raise HTTPRefusal(422, {"error": "invalid_facts_contract", "errors": list(exc.errors)}) from None
+        return body
+
+    def _dispatch_live(self, event: DigitalTwinEvent, now: datetime) -> DispatchResult:
+        # observability: the live dispatch's span (its statements inside); a broken host
+        # dispatcher's NotADispatchResult is a 500
+        with self.observer.live_dispatch(event.event_type) as dispatched:
+            result = ingest.dispatch_live(self.sessions, self.dispatcher, event, now, dispatched=dispatched)
+        if result.refusal is not None:
+            return result
+        for message in result.outbound:
+            try:
+                self.publisher.publish(message)
+            except Exception:
+                logger.exception("publishing notification %s failed", message.notification_id)
+        return result

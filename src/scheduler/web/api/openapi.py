@@ -1,0 +1,322 @@
+"""The OpenAPI document, derived from the pydantic models and the mounted routes."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic import BaseModel
+from pydantic.json_schema import models_json_schema
+from starlette.routing import BaseRoute, Route
+
+from scheduler.web.http.params import STREAM_ID_DIGITS, declared
+from scheduler.web.http.schemas import (
+    BatchItemOut,
+    CancelConflictOut,
+    DuplicateOut,
+    ErrorOut,
+    FactsContractErrorOut,
+    HealthOut,
+    HistoryEntryOut,
+    InboxNotificationOut,
+    InboxPageOut,
+    InboxSessionOut,
+    InboxSignInIn,
+    IngestOut,
+    LiveEventIn,
+    NotificationOut,
+    OperatorActionOut,
+    PreferencesIn,
+    PreferencesOut,
+    ReplicaOut,
+    RuleRefusalOut,
+    ScheduledEventIn,
+    ScheduledEventOut,
+    SchedulerHealthDetailOut,
+    SchedulerHealthOut,
+    ValidationErrorOut,
+    WebSessionOut,
+)
+
+MODELS: tuple[type[BaseModel], ...] = (
+    ScheduledEventIn, LiveEventIn, PreferencesIn, ScheduledEventOut, NotificationOut,
+    IngestOut, DuplicateOut, PreferencesOut, SchedulerHealthOut, HealthOut, ErrorOut,
+    ValidationErrorOut, FactsContractErrorOut, RuleRefusalOut, ReplicaOut, OperatorActionOut,
+    HistoryEntryOut, CancelConflictOut, InboxNotificationOut, InboxPageOut, SchedulerHealthDetailOut,
+    WebSessionOut, InboxSignInIn, InboxSessionOut, BatchItemOut,
+)
+
+
+def _ref(model: type[BaseModel]) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{model.__name__}"}
+
+
+def _json(model: type[BaseModel] | None, description: str, many: bool = False) -> dict[str, Any]:
+    if model is None:
+        return {"description": description}
+    schema: dict[str, Any] = {"type": "array", "items": _ref(model)} if many else _ref(model)
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+def _one_of(models: tuple[type[BaseModel], ...], description: str) -> dict[str, Any]:
+    schema = {"anyOf": [_ref(m) for m in models]}
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+# A list paged by keyset: the body stays a plain list; the next page is named in headers.
+PAGE_HEADERS = {
+    "X-Next-Cursor": {"description": "the cursor of the next page; absent on the last page",
+                      "schema": {"type": "string"}},
+    "Link": {"description": 'the next page\'s URL, rel="next" (RFC 8288); absent on the last page',
+             "schema": {"type": "string"}},
+}
+
+ERRORS = {
+    "401": _json(ErrorOut, "missing, expired, malformed or invalid bearer token"),
+    "403": _json(ErrorOut, "the token lacks the permission this route needs"),
+    "422": _json(ValidationErrorOut, "malformed parameters or body; errors names each field"),
+    "503": _json(ErrorOut, "the database is unavailable"),
+}
+# An open route needs no token, but one that is sent must be well formed and valid.
+BAD_TOKEN = {"401": _json(ErrorOut, "an Authorization header was sent and it is malformed or its token invalid")}
+TOO_LARGE = {"413": _json(ErrorOut, "body larger than SCHEDULER_MAX_BODY_BYTES")}
+MISSING_FACTS = "REQ-0063: facts absent, null or empty ({detail: 'Missing facts in ...'}), or without facts_version and scenario as non-empty strings ({detail: {error: invalid_facts_contract, errors}}); any other malformed body names its fields"
+
+# (path, method) -> operation; the request and response schemas come from the models.
+OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
+    ("/health", "get"): {"summary": "Liveness", "responses": {"200": _json(HealthOut, "alive"), **BAD_TOKEN}},
+    ("/health/scheduler", "get"): {
+        "summary": "Is the polling loop healthy, and why (no error text: that is /admin/health/scheduler)",
+        "responses": {
+            "200": _json(SchedulerHealthOut, "state running: the loop runs and polled recently"),
+            "503": _json(SchedulerHealthOut, "state stopped (the loop task exited or never started), failing (its last poll failed: a database outage) or stale (no poll completed in three intervals); reason says which in words"),
+            **BAD_TOKEN,
+        },
+    },
+    ("/admin/health/scheduler", "get"): {
+        "summary": "The loop's health with the last poll's error (permission: admin)",
+        "responses": {
+            **ERRORS,
+            "200": _json(SchedulerHealthDetailOut, "state running"),
+            "503": _json(SchedulerHealthDetailOut, "state stopped, failing or stale; last_error is the last failed poll's error"),
+        },
+    },
+    ("/admin/scheduled-events", "post"): {
+        "summary": "Store an event to dispatch later (permission: ingest)",
+        "request": ScheduledEventIn,
+        "responses": {"201": _json(ScheduledEventOut, "stored (or, for a known external_key, rewritten and reset)"),
+                      **TOO_LARGE, **ERRORS,
+                      "422": _one_of((ValidationErrorOut, ErrorOut, FactsContractErrorOut), MISSING_FACTS)},
+    },
+    ("/admin/scheduled-events/batch", "post"): {
+        "summary": "Store many events to dispatch later, each judged as a single POST; the valid ones in one "
+                   "transaction (permission: ingest)",
+        "request": ScheduledEventIn,
+        "request_many": True,
+        "responses": {"200": _json(BatchItemOut, "one result per item, in the order sent: 201 with the row "
+                                                 "(rewritten: an existing key's row, reset), or 422 with the body "
+                                                 "a single POST of it would get (also: larger than "
+                                                 "SCHEDULER_MAX_BODY_BYTES; an external_key an earlier item gave)",
+                                   many=True),
+                      "413": _json(ErrorOut, "body larger than SCHEDULER_BATCH_MAX_BODY_BYTES, or more items than "
+                                             "SCHEDULER_BATCH_MAX_EVENTS"),
+                      **ERRORS,
+                      "422": _json(ValidationErrorOut, "the body is not JSON, or not a JSON array")},
+    },
+    ("/admin/scheduled-events", "get"): {
+        "summary": "List scheduled events by the one query model, newest change first, a page at a time (permission: admin)",
+        "responses": {"200": {**_json(ScheduledEventOut, "rows, newest change first (then by id)", many=True),
+                              "headers": PAGE_HEADERS}, **ERRORS},
+    },
+    ("/admin/scheduled-events/{event_id}", "get"): {
+        "summary": "One scheduled event (permission: admin)",
+        "responses": {"200": _json(ScheduledEventOut, "the row"), "404": _json(ErrorOut, "no such row"), **ERRORS},
+    },
+    ("/admin/scheduled-events/{event_id}/reset", "post"): {
+        "summary": "Reset a row by hand to pending (permission: admin)",
+        "responses": {"200": _json(ScheduledEventOut, "the reset row"), "404": _json(ErrorOut, "no such row"), **ERRORS},
+    },
+    ("/admin/ingest-event", "post"): {
+        "summary": "Send a live event through the engine and orchestrator (permission: ingest)",
+        "request": LiveEventIn,
+        "responses": {
+            "200": _json(IngestOut, "delivered on at least one channel"),
+            "202": _json(IngestOut, "created, but every delivery suppressed"),
+            "204": {"description": "no rule triggered"},
+            "400": _json(RuleRefusalOut, "no enabled rule claims the scenario at that frequency"),
+            "409": _json(DuplicateOut, "every rule that would have fired was a duplicate"),
+            **TOO_LARGE,
+            **ERRORS,
+            "422": _one_of(
+                (ValidationErrorOut, ErrorOut, FactsContractErrorOut, RuleRefusalOut),
+                MISSING_FACTS + "; or the rule engine refuses the event ({detail: {error, detail}}: "
+                "an unusable time scope, facts a rule requires, a template variable the facts lack)",
+            ),
+        },
+    },
+    ("/admin/notifications", "get"): {
+        "summary": "Participants' notifications with status and reason (permission: admin)",
+        "responses": {"200": _json(NotificationOut, "notifications, newest first", many=True), **ERRORS},
+    },
+    ("/admin/participants/{user_id}/preferences", "put"): {
+        "summary": "Set a participant's enabled kinds and daily cap (permission: admin)",
+        "request": PreferencesIn,
+        "responses": {"200": _json(PreferencesOut, "the stored preferences"), **TOO_LARGE, **ERRORS},
+    },
+    # Metrics and the operator API (the console's HTML pages are not API operations).
+    ("/metrics", "get"): {
+        "summary": "Prometheus metrics (open unless SCHEDULER_METRICS_REQUIRE_ADMIN)",
+        "responses": {"200": {"description": "the Prometheus text format",
+                              "content": {"text/plain": {"schema": {"type": "string"}}}}, **BAD_TOKEN},
+    },
+    ("/admin/replicas", "get"): {
+        "summary": "Every replica's heartbeat, stale or not (permission: admin)",
+        "responses": {"200": _json(ReplicaOut, "replicas, by name", many=True), **ERRORS},
+    },
+    ("/admin/audit", "get"): {
+        "summary": "The operators' audit trail, newest first (permission: admin)",
+        "responses": {"200": _json(OperatorActionOut, "operator actions", many=True), **ERRORS},
+    },
+}
+
+_CANCEL = {
+    "200": _json(ScheduledEventOut, "the row, cancelled (or already cancelled: the same row)"),
+    "404": _json(ErrorOut, "no such row"),
+    "409": _json(CancelConflictOut, "the row was already dispatched; it stays dispatched"),
+    **ERRORS,
+}
+# Cancel, history, the participant's inbox.
+OPERATIONS.update({
+    ("/admin/scheduled-events/{event_id}", "delete"): {
+        "summary": "Cancel a pending or failed row (permission: ingest)", "responses": _CANCEL,
+    },
+    ("/admin/scheduled-events/by-key/{external_key}", "delete"): {
+        "summary": "Cancel the row of an external key (permission: ingest)", "responses": _CANCEL,
+    },
+    ("/admin/scheduled-events/{event_id}/history", "get"): {
+        "summary": "Every change of a row, oldest first (permission: admin)",
+        "responses": {"200": _json(HistoryEntryOut, "the changes", many=True),
+                      "404": _json(ErrorOut, "no such row"), **ERRORS},
+    },
+    ("/me/notifications", "get"): {
+        "summary": "The caller's own delivered notifications, newest first (any valid token; admin may pass user_id)",
+        "responses": {"200": _json(InboxPageOut, "one page, newest first"), **ERRORS},
+    },
+    ("/me/notifications/stream", "get"): {
+        "summary": "Server-sent events: the caller's notifications as they are delivered by any replica",
+        "headers": {"Last-Event-ID": {"type": "integer", "minimum": 0, "maximum": 10**STREAM_ID_DIGITS - 1}},
+        "responses": {
+            "200": {"description": "text/event-stream: `id:` the stream number, `event: notification`, "
+                                   "`data:` an InboxNotificationOut; comment heartbeats. Send Last-Event-ID "
+                                   "(or ?after=) to replay what was missed.",
+                    "content": {"text/event-stream": {"schema": {"type": "string"}}}},
+            **ERRORS,
+        },
+    },
+    ("/inbox", "get"): {
+        "summary": "The participant's inbox page (signs in with a participant token, shows the stream)",
+        "responses": {"200": {"description": "an HTML page", "content": {"text/html": {"schema": {"type": "string"}}}}},
+    },
+})
+
+# Sessions of the console and the inbox page.
+OPERATIONS.update({
+    ("/admin/sessions", "get"): {
+        "summary": "The open browser sessions (console and inbox), most recently seen first (permission: admin)",
+        "responses": {"200": _json(WebSessionOut, "open sessions", many=True), **ERRORS},
+    },
+    ("/admin/sessions/{session_id}", "delete"): {
+        "summary": "End a session now: every replica refuses its cookie from the next request (permission: admin)",
+        "responses": {"200": _json(WebSessionOut, "the session, ended"),
+                      "404": _json(ErrorOut, "no session with that id (never, or already ended)"), **ERRORS},
+    },
+    ("/inbox/session", "post"): {
+        "summary": "The inbox page signs in: a valid token opens a participant session; the answer sets its "
+                   "HttpOnly cookie (scheduler_inbox), which the routes under /me accept",
+        "request": InboxSignInIn,
+        "responses": {
+            "201": _json(InboxSessionOut, "signed in: the cookie holds the session's id, never the token"),
+            "401": _json(ErrorOut, "the token is malformed, expired or not valid here"),
+            "413": TOO_LARGE["413"],
+            "415": _json(ErrorOut, "the body is not sent as application/json"),
+            "422": _json(ValidationErrorOut, "malformed body; errors names each field"),
+            "503": ERRORS["503"],
+        },
+    },
+    ("/inbox/session", "get"): {
+        "summary": "The inbox page's open session (by its cookie), with its CSRF token",
+        "responses": {"200": _json(InboxSessionOut, "the open session"),
+                      "401": _json(ErrorOut, "no open session: no cookie, or signed out, ended or expired"),
+                      "503": ERRORS["503"]},
+    },
+    ("/inbox/session", "delete"): {
+        "summary": "Sign out of the inbox page (header X-CSRF-Token): every replica refuses the cookie from now on",
+        "responses": {"204": {"description": "signed out; the cookie is cleared"},
+                      "401": _json(ErrorOut, "no open session"),
+                      "403": _json(ErrorOut, "missing or wrong X-CSRF-Token"),
+                      "503": ERRORS["503"]},
+    },
+})
+
+
+def openapi_document(routes: Sequence[BaseRoute], root_path: str = "") -> dict[str, Any]:
+    """OpenAPI 3.1 for the routes actually mounted (an undocumented route is an error).
+
+    ``root_path`` is where the app is mounted (the ASGI ``root_path``): it becomes the
+    ``servers`` entry, so the paths stay relative to the app and clients call the right URLs.
+    """
+    _, definitions = models_json_schema(
+        [(m, "validation" if m.__name__.endswith("In") else "serialization") for m in MODELS],
+        ref_template="#/components/schemas/{model}",
+    )
+    paths: dict[str, dict[str, Any]] = {}
+    for route in routes:
+        if not isinstance(route, Route) or not route.include_in_schema:
+            continue
+        for method in sorted((route.methods or set()) - {"HEAD"}):
+            key = (route.path_format, method.lower())
+            if key not in OPERATIONS:
+                raise KeyError(f"route {method} {route.path_format} has no OpenAPI description")
+            spec = dict(OPERATIONS[key])
+            operation: dict[str, Any] = {"summary": spec["summary"], "responses": spec["responses"]}
+            params = [
+                {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+                for name in route.param_convertors
+            ]
+            # Query parameters from the endpoint's own declaration (scheduler.web.http.params):
+            # what is validated is what is documented. Any other parameter is a 422.
+            params += [
+                {"name": name, "in": "query", "required": False, "schema": param.schema,
+                 **({"description": param.description} if param.description else {})}
+                for name, param in (declared(route.endpoint) or {}).items()
+            ]
+            params += [
+                {"name": name, "in": "header", "required": False, "schema": schema}
+                for name, schema in spec.get("headers", {}).items()
+            ]
+            if params:
+                operation["parameters"] = params
+            if "request" in spec:
+                body_schema: dict[str, Any] = _ref(spec["request"])
+                if spec.get("request_many"):
+                    body_schema = {"type": "array", "items": body_schema}
+                operation["requestBody"] = {
+                    "required": True,
+                    "content": {"application/json": {"schema": body_schema}},
+                }
+            if route.path_format.startswith(("/admin", "/me")):
+                operation["security"] = [{"bearer": []}]
+            paths.setdefault(route.path_format, {})[method.lower()] = operation
+    document: dict[str, Any] = {
+        "openapi": "3.1.0",
+        "info": {"title": "scheduler", "version": "0.1.0",
+                 "description": "Scheduled events for the nudging platform (REQ-0063 to REQ-0067)."},
+        "paths": paths,
+        "components": {
+            "schemas": definitions.get("$defs", {}),
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer", "bearerFormat": "JWT"}},
+        },
+    }
+    if root_path.rstrip("/"):
+        document["servers"] = [{"url": root_path.rstrip("/")}]
+    return document
