@@ -17,6 +17,7 @@ import pytest
 from scheduler import moved
 from scheduler.nudging import evaluators
 from scheduler.nudging.rules import DEFAULT_CATALOGUE, load_catalogue
+from scheduler.web.app import SchedulerService
 
 # What moved (git log --diff-filter=R) that a host imports or a rule file names.
 MOVED = {
@@ -113,3 +114,21 @@ def test_the_moved_table_of_the_tests_is_the_one_of_scheduler_moved() -> None:
     """ARCH-3: every move this file checks is in ``scheduler.moved.MOVED`` and every entry
     there is checked here, as a module (an alias) or as a package's names (``forward``)."""
     assert {**MOVED, **{old: new for old, (new, _) in BECAME_PACKAGES.items()}} == moved.MOVED
+
+
+@pytest.mark.clause("ARCH-3")
+def test_the_services_old_operations_attribute_gives_the_parts_it_held_with_a_warning(
+    service: SchedulerService,
+) -> None:
+    """ARCH-3: ``service.operations`` (the parts the composition root now builds itself) still
+    gives the very heartbeat, metrics and browser-session store the service uses, and the
+    operator routes with or without the console's, warning with the new names."""
+    with pytest.warns(DeprecationWarning, match="use service.heartbeat, service.metrics"):
+        operations = service.operations
+    assert operations.heartbeat is service.heartbeat and operations.metrics is service.metrics
+    assert operations.session_store is service.web_sessions
+    without = [getattr(r, "path", None) for r in operations.routes(console=False)]
+    assert without == [getattr(r, "path", None) for r in service.operator.routes()]
+    with_console = [getattr(r, "path", None) for r in operations.routes()]
+    assert with_console[:len(without)] == without and len(with_console) > len(without)
+    assert all(str(path).startswith("/console") for path in with_console[len(without):])
