@@ -422,7 +422,6 @@ class SchedulerService:
         return self._task is not None and not self._task.done()
 
 
-# The parts a host can mount on their own (``SchedulerService.app_for``), by path.
 class DeprecatedOperations:
     """What ``SchedulerService.operations`` offered, read from the service (deprecated)."""
 
@@ -451,6 +450,7 @@ class DeprecatedOperations:
                 *([_hidden(route) for route in self._service.console.routes] if console else [])]
 
 
+# The parts a host can mount on their own (``SchedulerService.app_for``), by path.
 PARTS = ("api", "health", "metrics", "console", "inbox")
 _PREFIXES = (("/console", "console"), ("/metrics", "metrics"), ("/health", "health"),
              ("/admin/health", "health"), ("/inbox", "inbox"), ("/me", "inbox"))
