@@ -12,9 +12,8 @@ contract; the caller publishes what it sends after the commit.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
-from datetime import datetime, timedelta
-from typing import Any
+from collections.abc import Callable
+from datetime import datetime
 
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -27,34 +26,14 @@ from scheduler.types import DigitalTwinEvent, Dispatcher, DispatchResult
 logger = logging.getLogger(__name__)
 
 
-def store_scheduled_event(
-    sessions: sessionmaker[Session],
-    *,
-    event_type: str,
-    user_id: str,
-    community_id: str | None,
-    external_key: str | None,
-    trigger_at: datetime,
-    facts: Mapping[str, Any],
-    now: datetime,
-    actor: str | None = None,
-    traceparent: str | None = None,
-    expires_at: datetime | None = None,
-    default_expiry: timedelta | None = None,
-) -> dict[str, Any]:
-    """Store one scheduled event (a new row, or its key's row rewritten and reset), in its own
-    transaction; the row as the API shows it. ``ExpiryRefused`` if its expiry cannot be stored."""
-    return store.store_event(
-        sessions, event_type=event_type, user_id=user_id, community_id=community_id,
-        external_key=external_key, trigger_at=trigger_at, facts=facts, now=now, actor=actor,
-        traceparent=traceparent, expires_at=expires_at, default_expiry=default_expiry)
-
-
-def store_scheduled_events(sessions: sessionmaker[Session], events: Sequence[NewEvent], *, now: datetime,
-                           actor: str | None = None, traceparent: str | None = None) -> list[Stored]:
-    """Store ``events`` together, in one transaction (all or none) of a fixed number of
-    statements (DEC-BATCH); one ``Stored`` per event, in order."""
-    return store_batch.store_events(sessions, events, now=now, actor=actor, traceparent=traceparent)
+# Storing is the core's (``core.store``, ``core.store_batch``); the adapters reach it here, so
+# that the edge depends on this layer only (ARCH-5), under the names of what a sender does.
+# One event: a new row, or its key's row rewritten and reset, in its own transaction; the row
+# as the API shows it (``ExpiryRefused`` if its expiry cannot be stored).
+store_scheduled_event = store.store_event
+# Many together, in one transaction (all or none) of a fixed number of statements
+# (DEC-BATCH); one ``Stored`` per event, in order.
+store_scheduled_events = store_batch.store_events
 
 
 def dispatch_live(sessions: sessionmaker[Session], dispatcher: Dispatcher, event: DigitalTwinEvent,
