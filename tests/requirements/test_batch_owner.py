@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 
 import pytest
@@ -22,6 +23,8 @@ from starlette.testclient import TestClient
 from scheduler.core.batch import Batch
 from scheduler.core.per_event import OptimisticBatch, SavepointPerEvent
 from scheduler.core.set_based import SetBasedBatch
+from scheduler.nudging.decision import BatchDecisions, Check
+from scheduler.nudging.dispatch import NudgingPlatform
 from scheduler.types import DigitalTwinEvent, DispatchOutcome, DispatchResult
 from scheduler.web.app import SchedulerService
 from tests.conftest import T0
@@ -106,20 +109,80 @@ def test_a_set_based_batch_whose_write_fails_is_handed_to_its_per_event_strategy
 
 
 @pytest.mark.clause("DEC-1.6")
-def test_a_batch_carries_the_claim_and_its_record_and_no_strategys_working_state(service: SchedulerService) -> None:
+def test_a_batch_carries_the_claim_and_its_record_and_no_strategys_working_state(
+    client: TestClient, service: SchedulerService
+) -> None:
     """DEC-1.6: the batch's fields are the claim's and what its events became; a field that was a
-    strategy's working state (the checkpoint, the set-based plan) is read through a deprecation
-    warning from the strategy that owns it."""
+    strategy's working state (the checkpoint, the set-based plan) still reads, mid-batch, what it
+    held, from the strategy that owns it, with a deprecation warning, and can no longer be set."""
     fields = {f.name for f in dataclasses.fields(Batch)}
     assert fields == {"session", "events", "claimed_at", "skipped", "expired", "position", "outcomes", "outbound",
                       "closed", "replayed", "should_stop", "stopped", "strategy"}
-    batch = service.scheduler.claim()
-    try:
-        with pytest.warns(DeprecationWarning, match="Batch.checkpoint is deprecated"):
-            assert batch.checkpoint is None
-        with pytest.raises(AttributeError):
-            batch.no_such_field  # noqa: B018
-    finally:
-        service.scheduler.abort(batch)
+    for i in range(2):
+        post_event(client, user_id=f"user-{i}", trigger_at=T0 - timedelta(minutes=2 - i))
+    for kind in ("platform", "safe to repeat"):
+        if kind != "platform":
+            service.scheduler.dispatcher = FakeRecordingDispatcher(safe_to_repeat=True)
+        batch = service.scheduler.claim()
+        try:
+            with pytest.warns(DeprecationWarning, match="Batch.planned is deprecated"):
+                assert batch.planned is None  # before the first dispatch, as it always read
+            assert service.scheduler.dispatch_next(batch) is not None
+            with pytest.warns(DeprecationWarning, match=r"Batch\.\w+ is deprecated"):
+                if kind == "platform":
+                    assert batch.checkpoint is None and batch.checkpoint_position == 0
+                    assert batch.planned is not None and len(batch.planned) == 2 and batch.recorded == 2
+                    assert batch.set_write is not None and batch.per_event is not None
+                    assert batch.per_event[2] == service.scheduler.name
+                else:
+                    assert batch.checkpoint is batch.session.get_transaction()
+                    assert (batch.checkpoint_position, batch.checkpoint_outbound) == (0, 0)
+                    assert batch.planned == [] and batch.set_write is None and batch.recorded == 0
+            with pytest.raises(AttributeError):
+                batch.planned = []  # type: ignore[misc]
+            with pytest.raises(AttributeError):
+                batch.no_such_field  # type: ignore[attr-defined]  # noqa: B018
+        finally:
+            service.scheduler.abort(batch)
     with service.engine.connect() as conn:
-        assert conn.execute(text("SELECT count(*) FROM scheduler.scheduled_events")).scalar() == 0
+        pending = conn.execute(text("SELECT count(*) FROM scheduler.scheduled_events WHERE status = 'pending'"))
+        assert pending.scalar() == 2
+
+
+class FakePartDecider(NudgingPlatform):
+    """The built-in platform, faked to decide only the first event of any batch it is handed (a
+    dispatcher that breaks the whole-batch contract without a stop)."""
+
+    def decide_batch(self, session: Session, events: Sequence[DigitalTwinEvent], now: datetime,
+                     stop: Callable[[], bool] | None = None, check: Check | None = None) -> BatchDecisions:
+        return super().decide_batch(session, events[:1], now, stop, check)
+
+
+@pytest.mark.clause("DEC-1.6")
+def test_a_batch_decided_in_part_ends_after_its_decided_events_and_leaves_the_rest_pending(
+    client: TestClient, service: SchedulerService, engine: Engine
+) -> None:
+    """DEC-1.6: a batch whose dispatcher decided only its first event, with no stop asked, ends
+    after that event: the poll returns (it asks its stop a bounded number of times, never
+    spinning), the decided event is dispatched with its notification and the other two stay
+    pending, untouched, for the next poll."""
+    platform = service.scheduler.dispatcher
+    assert isinstance(platform, NudgingPlatform)
+    service.scheduler.dispatcher = FakePartDecider(platform.catalogue, platform.orchestrator)
+    posted = [post_event(client, user_id=f"user-{i}", trigger_at=T0 - timedelta(minutes=3 - i)) for i in range(3)]
+    asked = 0
+
+    def guard() -> bool:
+        nonlocal asked
+        asked += 1
+        return asked > 50  # a poll that spins would ask far more: stop it, and fail below
+
+    report = service.scheduler.poll_once(guard)
+    assert asked <= 50, "the poll spun on a batch decided in part"
+    assert [(o.id, o.status) for o in report.outcomes] == [(posted[0]["id"], "dispatched")]
+    stored = {r["id"]: (r["status"], r["last_error"])
+              for r in rows(engine, "SELECT id, status, last_error FROM scheduled_events")}
+    assert stored == {posted[0]["id"]: ("dispatched", None), posted[1]["id"]: ("pending", None),
+                      posted[2]["id"]: ("pending", None)}
+    assert [r["scheduled_event_id"] for r in rows(engine, "SELECT scheduled_event_id FROM notifications")] == \
+        [posted[0]["id"]]

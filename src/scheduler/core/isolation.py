@@ -40,7 +40,11 @@ def choose_strategy(batch: Batch, dispatcher: Dispatcher, clock: Clock, name: st
 
 def dispatch_next(batch: Batch, dispatcher: Dispatcher, clock: Clock, name: str) -> EventOutcome | None:
     """Dispatch the batch's next event, isolated from the others; ``None`` when none is left
-    (a stop may end the batch early: the events not reached stay pending, DEC-7)."""
+    (a stop may end the batch early: the events not reached stay pending, DEC-7).
+
+    The strategy, with ``dispatcher``, ``clock`` and ``name``, is chosen at the batch's first
+    dispatch and runs the batch to its end: a dispatcher set on the scheduler mid-batch takes
+    effect from the next batch."""
     if batch.closed:
         raise RuntimeError("batch already finished")
     if batch.remaining == 0:

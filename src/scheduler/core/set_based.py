@@ -94,11 +94,20 @@ class SetBasedBatch:
         self.write = write  # the statement (name, parameters) that writes it all, outcomes too
         self.fallback = fallback
         self.name = name
+        self.sent = False  # the write went out (with the COMMIT, or failed)
+
+    def former_fields(self) -> dict[str, Any]:
+        per_event = getattr(self.fallback, "dispatcher", None), getattr(self.fallback, "clock", None), self.name
+        return {"checkpoint": None, "checkpoint_position": 0, "checkpoint_outbound": 0, "planned": self.planned,
+                "set_write": None if self.sent else self.write, "recorded": len(self.planned), "per_event": per_event}
 
     def dispatch_next(self, batch: Batch) -> EventOutcome | None:
         """The next event's decided outcome (its pushes join the batch's); ``None`` past the
         events decided (a stop cut the batch short: it ends there)."""
         if batch.position >= len(self.planned):
+            # fewer decisions than events: a stop arrived while they were taken (DEC-7), or the
+            # dispatcher decided a part only; the rest are not reached and stay pending
+            batch.stopped = True
             return None
         outcome, outbound = self.planned[batch.position]
         batch.position += 1
@@ -112,10 +121,11 @@ class SetBasedBatch:
         the decided events again through the fallback, honouring a stop between every two
         (DEC-7.1): the events not reached were rolled back too, and stay pending."""
         # outcomes decided but not handed out (a stop arrived mid-batch) are part of the write
-        while self.dispatch_next(batch) is not None:
-            pass
+        while batch.position < len(self.planned):
+            self.dispatch_next(batch)
         name, params = self.write
         session = batch.session
+        self.sent = True
         try:
             pipeline.send(session, [pipeline.named(name, params, fetch=False), pipeline.command("COMMIT")])
         except Exception as exc:
@@ -131,6 +141,7 @@ class SetBasedBatch:
         batch.outcomes.clear()
         batch.outbound.clear()
         batch.strategy = self.fallback
+        batch.stopped = False  # a plan cut short ended the batch; the decided events run again
         while batch.position < len(self.planned) and not batch.stopped:
             if stopping(batch):
                 batch.stopped = True
