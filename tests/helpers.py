@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any, TypeVar
 
 from sqlalchemy import Engine, text
@@ -16,6 +18,7 @@ from starlette.types import ASGIApp
 
 from scheduler.core.loop import Batch, EventOutcome, PollReport, Scheduler
 from scheduler.nudging.orchestrator import Delivery, DeliveryRow
+from scheduler.nudging.rules import Catalogue, load_catalogue
 from scheduler.types import DigitalTwinEvent, DispatchResult, NotificationStatus, OutboundMessage
 from scheduler.web.app import SchedulerService
 from tests.conftest import INGEST, T0
@@ -218,3 +221,20 @@ class FakeWebPush:
                                   self.name, notification["kind"], notification["title"], notification["body"],
                                   notification["rule_id"])
         return Delivery(rows=(DeliveryRow(self.name, NotificationStatus.SENT),), outbound=(message,))
+
+
+SHIPPED_RULES = Path(__file__).parents[1] / "src" / "scheduler" / "nudging" / "rules_catalogue" / "reminders.json"
+
+
+def catalogue_with_a_second_rule(folder: Path, evaluator: str) -> Catalogue:
+    """The shipped rules plus a second rule on commitment reminders (another kind, the test's
+    ``evaluator``, e.g. one that raises when the facts ask for it), written to and loaded from
+    ``folder``."""
+    rules = json.loads(SHIPPED_RULES.read_text())
+    rules.append({
+        "id": "commitment-nudge", "description": "A second rule on the same scenario.", "enabled": True,
+        "scenarios": ["commitment_reminder"], "frequency": "daily", "kind": "nudge", "required_facts": [],
+        "title": "Nudge {{ scope }}", "body": "{{ commitment }}", "evaluator": evaluator,
+    })
+    (folder / "rules.json").write_text(json.dumps(rules))
+    return load_catalogue(folder)

@@ -32,13 +32,11 @@ from scheduler.core.store import set_preferences, store_event
 from scheduler.nudging.decision import BatchDecisions, Check
 from scheduler.nudging.dispatch import NudgingPlatform
 from scheduler.nudging.orchestrator import Orchestrator, WebChannel
-from scheduler.nudging.rules import load_catalogue
 from scheduler.types import DigitalTwinEvent
 from scheduler.web.app import SchedulerService
 from tests.conftest import T0
-from tests.helpers import FakeWebPush, reminder_facts, rows
+from tests.helpers import FakeWebPush, catalogue_with_a_second_rule, reminder_facts, rows
 
-SHIPPED_RULES = Path(__file__).parents[2] / "src" / "scheduler" / "nudging" / "rules_catalogue" / "reminders.json"
 USERS = ("p0", "p1", "p2")
 DAYS = ("2026-11-28", "2026-11-29", "2026-11-30")
 KINDS = ("reminder", "nudge")
@@ -234,15 +232,8 @@ def platform(tmp_path: Path) -> Iterator[NudgingPlatform]:
     """The shipped rules plus a second rule on commitment reminders (another kind, an evaluator
     that may raise), delivered in-app and through the fake web push (which p2 has no
     subscription for: a failed delivery row)."""
-    rules = json.loads(SHIPPED_RULES.read_text())
-    rules.append({
-        "id": "commitment-nudge", "description": "A second rule on the same scenario.", "enabled": True,
-        "scenarios": ["commitment_reminder"], "frequency": "daily", "kind": "nudge", "required_facts": [],
-        "title": "Nudge {{ scope }}", "body": "{{ commitment }}",
-        "evaluator": f"{__name__}:explode_on_request",
-    })
-    (tmp_path / "rules.json").write_text(json.dumps(rules))
-    yield NudgingPlatform(load_catalogue(tmp_path), Orchestrator([WebChannel(), FakeWebPush(frozenset({"p2"}))]))
+    catalogue = catalogue_with_a_second_rule(tmp_path, f"{__name__}:explode_on_request")
+    yield NudgingPlatform(catalogue, Orchestrator([WebChannel(), FakeWebPush(frozenset({"p2"}))]))
 
 
 @pytest.mark.clause("REQ-0066.8")

@@ -29,13 +29,10 @@ from scheduler.nudging import decision
 from scheduler.nudging.decision import BatchDecisions
 from scheduler.nudging.dispatch import NudgingPlatform
 from scheduler.nudging.publishers import RecordingPublisher
-from scheduler.nudging.rules import load_catalogue
 from scheduler.types import DigitalTwinEvent, DispatchResult
 from scheduler.web.app import SchedulerService
 from tests.conftest import T0
-from tests.helpers import reminder_facts, rows
-
-SHIPPED_RULES = Path(__file__).parents[2] / "src" / "scheduler" / "nudging" / "rules_catalogue" / "reminders.json"
+from tests.helpers import catalogue_with_a_second_rule, reminder_facts, rows
 
 
 class RuleBlewUp(Exception):
@@ -52,15 +49,7 @@ def explode_on_request(event: DigitalTwinEvent) -> bool:
 @pytest.fixture
 def platform(tmp_path: Path) -> NudgingPlatform:
     """The shipped rules plus a second rule on commitment reminders (another kind, an evaluator)."""
-    rules = json.loads(SHIPPED_RULES.read_text())
-    rules.append({
-        "id": "commitment-nudge", "description": "A second rule on the same scenario.", "enabled": True,
-        "scenarios": ["commitment_reminder"], "frequency": "daily", "kind": "nudge", "required_facts": [],
-        "title": "Nudge {{ scope }}", "body": "{{ commitment }}",
-        "evaluator": f"{__name__}:explode_on_request",
-    })
-    (tmp_path / "rules.json").write_text(json.dumps(rules))
-    return NudgingPlatform(load_catalogue(tmp_path))
+    return NudgingPlatform(catalogue_with_a_second_rule(tmp_path, f"{__name__}:explode_on_request"))
 
 
 class PerEvent:

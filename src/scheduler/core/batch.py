@@ -108,8 +108,8 @@ class BatchStrategy(Protocol):
 
 
 # The batch's fields of strategy state before a strategy owned them (deprecated), as they read
-# before its first dispatch.
-_FORMER_FIELDS: dict[str, Any] = {"checkpoint": None, "checkpoint_position": 0, "checkpoint_outbound": 0,
+# before its first dispatch; each strategy's ``former_fields`` overrides those it holds.
+FORMER_FIELDS: dict[str, Any] = {"checkpoint": None, "checkpoint_position": 0, "checkpoint_outbound": 0,
                                   "planned": None, "set_write": None, "recorded": 0, "per_event": None}
 
 
@@ -156,7 +156,7 @@ class Batch:
     def _former(self, name: str) -> Any:
         warnings.warn(f"Batch.{name} is deprecated: a batch's working state is its strategy's "
                       f"(Batch.strategy, Batch.decided_whole)", DeprecationWarning, stacklevel=3)
-        fields = _FORMER_FIELDS if self.strategy is None else self.strategy.former_fields()
+        fields = FORMER_FIELDS if self.strategy is None else self.strategy.former_fields()
         return fields[name]
 
     @property

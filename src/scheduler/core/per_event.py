@@ -18,7 +18,15 @@ from typing import Any
 
 from sqlalchemy.orm import Session, SessionTransaction
 
-from scheduler.core.batch import Batch, ClaimedEvent, EventOutcome, dispatched, error_text, failed
+from scheduler.core.batch import (
+    FORMER_FIELDS,
+    Batch,
+    ClaimedEvent,
+    EventOutcome,
+    dispatched,
+    error_text,
+    failed,
+)
 from scheduler.core.batch_transaction import (
     EVENT_SAVEPOINT,
     commit_with_outcomes,
@@ -29,9 +37,20 @@ from scheduler.core.batch_transaction import (
 )
 from scheduler.core.dispatch_contract import checked_result
 from scheduler.database import pipeline
-from scheduler.types import Clock, Dispatcher
+from scheduler.types import Clock, Dispatcher, DispatchResult
 
 logger = logging.getLogger(__name__)
+
+
+def _call(dispatcher: Dispatcher, session: Session, event: ClaimedEvent, now: datetime,
+          transaction: SessionTransaction | None) -> DispatchResult:
+    """Call the dispatcher for one event. Whatever it hands back is checked inside the isolation:
+    a value that is not a DispatchResult, or a transaction it ended, fails this event alone,
+    with the reason (REQ-0067)."""
+    result = checked_result(dispatcher(session, event.as_event(), now))
+    if transaction is None or not transaction.is_active:
+        raise RuntimeError("the dispatcher ended the transaction it was handed")
+    return result
 
 
 def dispatch_once(batch: Batch, dispatcher: Dispatcher, event: ClaimedEvent, now: datetime,
@@ -45,11 +64,7 @@ def dispatch_once(batch: Batch, dispatcher: Dispatcher, event: ClaimedEvent, now
     pipeline.defer(session, savepoint)
     transaction = session.get_transaction()
     try:
-        # whatever the dispatcher hands back is checked inside the isolation: a value that is
-        # not a DispatchResult fails this event alone, with the reason (REQ-0067)
-        result = checked_result(dispatcher(session, event.as_event(), now))
-        if transaction is None or not transaction.is_active:
-            raise RuntimeError("the dispatcher ended the transaction it was handed")
+        result = _call(dispatcher, session, event, now, transaction)
     except Exception as exc:
         if connection_lost(exc):
             raise
@@ -97,8 +112,7 @@ class SavepointPerEvent:
         commit_with_outcomes(batch.session, batch.outcomes)
 
     def former_fields(self) -> dict[str, Any]:
-        return {"checkpoint": None, "checkpoint_position": 0, "checkpoint_outbound": 0, "planned": [],
-                "set_write": None, "recorded": 0, "per_event": None}
+        return {**FORMER_FIELDS, "planned": []}
 
 
 class OptimisticBatch(SavepointPerEvent):
@@ -126,9 +140,7 @@ class OptimisticBatch(SavepointPerEvent):
             self._first, self._outbound = batch.position - 1, len(batch.outbound)
         transaction = self._transaction
         try:
-            result = checked_result(self.dispatcher(batch.session, event.as_event(), now))
-            if transaction is None or not transaction.is_active:
-                raise RuntimeError("the dispatcher ended the transaction it was handed")
+            result = _call(self.dispatcher, batch.session, event, now, transaction)
         except Exception as exc:
             if connection_lost(exc):
                 raise

@@ -19,6 +19,7 @@ import logging
 from typing import Any
 
 from scheduler.core.batch import (
+    FORMER_FIELDS,
     Batch,
     BatchStrategy,
     EventOutcome,
@@ -98,8 +99,8 @@ class SetBasedBatch:
 
     def former_fields(self) -> dict[str, Any]:
         per_event = getattr(self.fallback, "dispatcher", None), getattr(self.fallback, "clock", None), self.name
-        return {"checkpoint": None, "checkpoint_position": 0, "checkpoint_outbound": 0, "planned": self.planned,
-                "set_write": None if self.sent else self.write, "recorded": len(self.planned), "per_event": per_event}
+        return {**FORMER_FIELDS, "planned": self.planned, "set_write": None if self.sent else self.write,
+                "recorded": len(self.planned), "per_event": per_event}
 
     def dispatch_next(self, batch: Batch) -> EventOutcome | None:
         """The next event's decided outcome (its pushes join the batch's); ``None`` past the
