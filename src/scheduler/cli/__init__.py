@@ -84,9 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
     mig = sub.add_parser(
         "migrate", help="bring the scheduler's schema up to date (Alembic), saying what it did",
         description="Run the Alembic migrations up to head in the scheduler's own PostgreSQL schema "
-        "(SCHEDULER_DATABASE_SCHEMA, default scheduler), beside a host's tables and Alembic history; a "
-        "deployment from before the schema (everything in public) is moved into it in place. Prints what it "
-        "did; a database it cannot migrate (an unknown revision, permission denied, unreachable) is exit 2.")
+        "(SCHEDULER_DATABASE_SCHEMA, default scheduler), beside a host's tables and Alembic history. "
+        "Prints what it did; a database it cannot migrate (an unknown revision, permission denied, unreachable) is exit 2.")
     mig.set_defaults(func=cmd_migrate)
 
     token = sub.add_parser("token", help="mint a local HS256 token (prints only the token)",
