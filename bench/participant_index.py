@@ -1,4 +1,4 @@
-"""What ``ix_scheduled_events_user_id`` (migration 0007) costs a write: ``python -m bench.participant_index``.
+"""What ``ix_scheduled_events_user_id`` (PERF-5) costs a write: ``python -m bench.participant_index``.
 
 Loads a table as ``bench scale`` does (``--rows``, default 1,000,000), then times
 production's upsert of a new event and ``record_outcomes`` for a batch of 20 pending rows,

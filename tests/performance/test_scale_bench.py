@@ -79,7 +79,7 @@ def test_the_scale_command_takes_its_sizes_and_stays_out_of_all() -> None:
 
 @pytest.mark.clause("PERF-3")
 def test_the_participant_index_write_cost_measure_runs(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
-    """PERF-3: ``python -m bench.participant_index`` (the write cost of migration 0007's index) times a
+    """PERF-3: ``python -m bench.participant_index`` (the write cost of the participant index) times a
     store and a batch's outcomes with and without the index, and leaves the index in place."""
     monkeypatch.setattr(participant_index, "ROUNDS", 1)
     scale._load(engine, 2_000)

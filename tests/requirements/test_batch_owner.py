@@ -108,13 +108,19 @@ def test_a_set_based_batch_whose_write_fails_is_handed_to_its_per_event_strategy
     assert stored == sorted(({"id": p["id"], "status": "dispatched"} for p in posted), key=lambda r: r["id"])
 
 
+# What a strategy keeps to itself (the checkpoint and where it began, the set-based plan, its
+# write and its fallback): names the batch once carried, which it no longer has.
+STRATEGY_STATE = ("checkpoint", "checkpoint_position", "checkpoint_outbound", "planned", "set_write", "recorded",
+                  "per_event")
+
+
 @pytest.mark.clause("DEC-1.6")
 def test_a_batch_carries_the_claim_and_its_record_and_no_strategys_working_state(
     client: TestClient, service: SchedulerService
 ) -> None:
-    """DEC-1.6: the batch's fields are the claim's and what its events became; a field that was a
-    strategy's working state (the checkpoint, the set-based plan) still reads, mid-batch, what it
-    held, from the strategy that owns it, with a deprecation warning, and can no longer be set."""
+    """DEC-1.6: the batch's fields are the claim's and what its events became; a strategy's
+    working state (the checkpoint, the set-based plan) is the strategy's, never the batch's,
+    before the first dispatch and mid-batch."""
     fields = {f.name for f in dataclasses.fields(Batch)}
     assert fields == {"session", "events", "claimed_at", "skipped", "expired", "position", "outcomes", "outbound",
                       "closed", "replayed", "should_stop", "stopped", "strategy"}
@@ -125,21 +131,13 @@ def test_a_batch_carries_the_claim_and_its_record_and_no_strategys_working_state
             service.scheduler.dispatcher = FakeRecordingDispatcher(safe_to_repeat=True)
         batch = service.scheduler.claim()
         try:
-            with pytest.warns(DeprecationWarning, match="Batch.planned is deprecated"):
-                assert batch.planned is None  # before the first dispatch, as it always read
+            assert [name for name in STRATEGY_STATE if hasattr(batch, name)] == []
             assert service.scheduler.dispatch_next(batch) is not None
-            with pytest.warns(DeprecationWarning, match=r"Batch\.\w+ is deprecated"):
-                if kind == "platform":
-                    assert batch.checkpoint is None and batch.checkpoint_position == 0
-                    assert batch.planned is not None and len(batch.planned) == 2 and batch.recorded == 2
-                    assert batch.set_write is not None and batch.per_event is not None
-                    assert batch.per_event[2] == service.scheduler.name
-                else:
-                    assert batch.checkpoint is batch.session.get_transaction()
-                    assert (batch.checkpoint_position, batch.checkpoint_outbound) == (0, 0)
-                    assert batch.planned == [] and batch.set_write is None and batch.recorded == 0
-            with pytest.raises(AttributeError):
-                batch.planned = []  # type: ignore[misc]
+            assert [name for name in STRATEGY_STATE if hasattr(batch, name)] == []
+            if kind == "platform":
+                assert isinstance(batch.strategy, SetBasedBatch) and len(batch.strategy.planned) == 2
+            else:
+                assert type(batch.strategy) is OptimisticBatch
             with pytest.raises(AttributeError):
                 batch.no_such_field  # type: ignore[attr-defined]  # noqa: B018
         finally:

@@ -13,12 +13,14 @@ the control and bidi characters of stored text as visible escapes, non-ASCII tex
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import socket
 import subprocess
 import sys
 import threading
+import tomllib
 import unicodedata
 from datetime import timedelta
 from pathlib import Path
@@ -55,6 +57,25 @@ def test_every_command_explains_itself_with_help(capsys: pytest.CaptureFixture[s
     out = subprocess.run([sys.executable, "-m", "scheduler", "--help"], capture_output=True, text=True, check=True,
                          timeout=120).stdout
     assert "serve" in out and "token" in out
+
+
+@pytest.mark.clause("OPS-28")
+def test_version_prints_the_installed_distributions_version_and_exits_0(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """OPS-28: ``scheduler --version`` prints ``scheduler`` and the version of the installed
+    distribution (``nudging-scheduler``, the version ``pyproject.toml`` declares) and exits 0,
+    even with a malformed setting; ``python -m scheduler --version`` is the same."""
+    declared = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())["project"]
+    assert importlib.metadata.version(declared["name"]) == declared["version"]
+    monkeypatch.setenv("SCHEDULER_BATCH_SIZE", "twenty")
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0
+    assert capsys.readouterr().out == f"scheduler {declared['version']}\n"
+    run = subprocess.run([sys.executable, "-m", "scheduler", "--version"], capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "SCHEDULER_BATCH_SIZE": "twenty"})
+    assert (run.returncode, run.stdout, run.stderr) == (0, f"scheduler {declared['version']}\n", "")
 
 
 @pytest.mark.clause("OPS-2")

@@ -3,7 +3,7 @@
 ``operator_actions`` holds one row per command an operator (or sender) ran, written by
 ``scheduler.application.commands`` in the same transaction as the change; the rows it
 touched are in ``operator_action_events``. A row's history (``scheduled_event_history``)
-is appended by a database trigger on every change (migration 0003); the commands only name
+is appended by a database trigger on every change (``tr_scheduled_events_history``); the commands only name
 the change and the actor.
 """
 

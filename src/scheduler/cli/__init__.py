@@ -34,6 +34,18 @@ from scheduler.observability.logs import configure_logging
 
 Command = Callable[[argparse.Namespace, Settings], int]
 
+DISTRIBUTION = "nudging-scheduler"  # the import name and the command are ``scheduler``
+
+
+def version_line() -> str:
+    """What ``scheduler --version`` prints: the installed distribution's version."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return f"scheduler {version(DISTRIBUTION)}"
+    except PackageNotFoundError:  # the source tree on sys.path without an install
+        return f"scheduler (version unknown: the distribution {DISTRIBUTION} is not installed)"
+
 
 def _positive_int(raw: str) -> int:
     """An argparse type: a whole number of at least 1, in ASCII digits (as the API reads them)."""
@@ -70,6 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
         "Without DATABASE_URL every command uses an embedded PostgreSQL in SCHEDULER_DATA_DIR "
         "(default ./.scheduler).",
     )
+    parser.add_argument("--version", action="version", version=version_line(),
+                        help=f"print the version of {DISTRIBUTION} and exit")
     parser.add_argument("-v", "--verbose", action="store_true",
                         help="log at DEBUG level (otherwise commands print only their answer; serve logs at INFO)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -84,9 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
     mig = sub.add_parser(
         "migrate", help="bring the scheduler's schema up to date (Alembic), saying what it did",
         description="Run the Alembic migrations up to head in the scheduler's own PostgreSQL schema "
-        "(SCHEDULER_DATABASE_SCHEMA, default scheduler), beside a host's tables and Alembic history; a "
-        "deployment from before the schema (everything in public) is moved into it in place. Prints what it "
-        "did; a database it cannot migrate (an unknown revision, permission denied, unreachable) is exit 2.")
+        "(SCHEDULER_DATABASE_SCHEMA, default scheduler), beside a host's tables and Alembic history. "
+        "Prints what it did; a database it cannot migrate (an unknown revision, permission denied, unreachable) is exit 2.")
     mig.set_defaults(func=cmd_migrate)
 
     token = sub.add_parser("token", help="mint a local HS256 token (prints only the token)",

@@ -159,8 +159,7 @@ def _graceful_signals() -> Iterator[list[int]]:
 
 def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
     """Migrate, then say what was done: "created schema scheduler at revision R", "schema
-    scheduler: upgraded from R1 to R2", "schema scheduler already at revision R", or how a
-    deployment older than the schema of its own was moved out of public."""
+    scheduler: upgraded from R1 to R2" or "schema scheduler already at revision R"."""
     migrated_engine(settings, report=print).dispose()
     return 0
 

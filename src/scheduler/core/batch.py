@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -102,16 +101,6 @@ class BatchStrategy(Protocol):
     def commit(self, batch: Batch) -> None:
         """Write what the batch has not written yet and COMMIT (the caller closes the session)."""
 
-    def former_fields(self) -> dict[str, Any]:
-        """What the batch's deprecated fields of strategy state read now (``Batch.checkpoint``...):
-        the values the shared batch held when this strategy's state lived there."""
-
-
-# The batch's fields of strategy state before a strategy owned them (deprecated), as they read
-# before its first dispatch; each strategy's ``former_fields`` overrides those it holds.
-FORMER_FIELDS: dict[str, Any] = {"checkpoint": None, "checkpoint_position": 0, "checkpoint_outbound": 0,
-                                  "planned": None, "set_write": None, "recorded": 0, "per_event": None}
-
 
 @dataclass
 class Batch:
@@ -150,52 +139,6 @@ class Batch:
         """Whether the batch was decided whole at its first dispatch and still is (set-based,
         not fallen back to the per-event path)."""
         return self.strategy is not None and self.strategy.decided_whole
-
-    # -- deprecated: the strategy's working state, read through the batch (CHANGELOG.md) ------
-
-    def _former(self, name: str) -> Any:
-        warnings.warn(f"Batch.{name} is deprecated: a batch's working state is its strategy's "
-                      f"(Batch.strategy, Batch.decided_whole)", DeprecationWarning, stacklevel=3)
-        fields = FORMER_FIELDS if self.strategy is None else self.strategy.former_fields()
-        return fields[name]
-
-    @property
-    def checkpoint(self) -> Any:
-        """Deprecated: the transaction the optimistic checkpoint was taken in, if one is open."""
-        return self._former("checkpoint")
-
-    @property
-    def checkpoint_position(self) -> int:
-        """Deprecated: the first event the optimistic checkpoint covers."""
-        return int(self._former("checkpoint_position"))
-
-    @property
-    def checkpoint_outbound(self) -> int:
-        """Deprecated: how much outbound the batch had when the checkpoint was taken."""
-        return int(self._former("checkpoint_outbound"))
-
-    @property
-    def planned(self) -> list[tuple[EventOutcome, list[OutboundMessage]]] | None:
-        """Deprecated: the set-based decisions (empty once the batch runs per event)."""
-        value: list[tuple[EventOutcome, list[OutboundMessage]]] | None = self._former("planned")
-        return value
-
-    @property
-    def set_write(self) -> tuple[str, dict[str, Any]] | None:
-        """Deprecated: the set-based write, until it was sent."""
-        value: tuple[str, dict[str, Any]] | None = self._former("set_write")
-        return value
-
-    @property
-    def recorded(self) -> int:
-        """Deprecated: how many outcomes the set-based write records."""
-        return int(self._former("recorded"))
-
-    @property
-    def per_event(self) -> tuple[Any, Any, str] | None:
-        """Deprecated: the dispatcher, clock and replica name of the set-based batch's fallback."""
-        value: tuple[Any, Any, str] | None = self._former("per_event")
-        return value
 
 
 @dataclass(frozen=True)

@@ -67,7 +67,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 # The NOTIFY channel on which the database announces a row that became pending, with its
-# trigger_at (migration 0005's trigger; prompt-mode replicas listen).
+# trigger_at (the trigger ``tr_scheduled_events_announce_due``; prompt-mode replicas listen).
 DUE_CHANNEL = "scheduler_due"
 
 

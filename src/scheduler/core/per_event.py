@@ -14,12 +14,10 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime
-from typing import Any
 
 from sqlalchemy.orm import Session, SessionTransaction
 
 from scheduler.core.batch import (
-    FORMER_FIELDS,
     Batch,
     ClaimedEvent,
     EventOutcome,
@@ -111,9 +109,6 @@ class SavepointPerEvent:
     def commit(self, batch: Batch) -> None:
         commit_with_outcomes(batch.session, batch.outcomes)
 
-    def former_fields(self) -> dict[str, Any]:
-        return {**FORMER_FIELDS, "planned": []}
-
 
 class OptimisticBatch(SavepointPerEvent):
     """The events under one checkpoint, replayed one savepoint each after a failure (DEC-1).
@@ -156,10 +151,6 @@ class OptimisticBatch(SavepointPerEvent):
         if replayed is not None:
             batch.outcomes.append(replayed)
         return replayed
-
-    def former_fields(self) -> dict[str, Any]:
-        return {**super().former_fields(), "checkpoint": self._transaction, "checkpoint_position": self._first,
-                "checkpoint_outbound": self._outbound}
 
     def _replay(self, batch: Batch, event: ClaimedEvent, now: datetime, first_error: str) -> EventOutcome | None:
         """``event`` failed under the checkpoint: roll back to it, run the events since it again

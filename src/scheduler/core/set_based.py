@@ -19,7 +19,6 @@ import logging
 from typing import Any
 
 from scheduler.core.batch import (
-    FORMER_FIELDS,
     Batch,
     BatchStrategy,
     EventOutcome,
@@ -96,11 +95,6 @@ class SetBasedBatch:
         self.fallback = fallback
         self.name = name
         self.sent = False  # the write went out (with the COMMIT, or failed)
-
-    def former_fields(self) -> dict[str, Any]:
-        per_event = getattr(self.fallback, "dispatcher", None), getattr(self.fallback, "clock", None), self.name
-        return {**FORMER_FIELDS, "planned": self.planned, "set_write": None if self.sent else self.write,
-                "recorded": len(self.planned), "per_event": per_event}
 
     def dispatch_next(self, batch: Batch) -> EventOutcome | None:
         """The next event's decided outcome (its pushes join the batch's); ``None`` past the

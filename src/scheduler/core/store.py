@@ -82,7 +82,7 @@ def store_event(
             # the history trigger reads these; "rewritten" names the upsert's UPDATE path
             set_change_context(session, "rewritten", actor)
         # a row that becomes pending is announced to prompt-mode replicas by the database
-        # (migration 0005's trigger), whatever path wrote it
+        # (the trigger ``tr_scheduled_events_announce_due``), whatever path wrote it
         row = session.execute(statement(name), params).mappings().one()
         return event_to_json(row)
 

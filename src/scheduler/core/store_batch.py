@@ -6,7 +6,7 @@ jsonb_to_recordset ... ON CONFLICT (external_key) DO UPDATE``), so a thousand ev
 the same two statements as one (the change context for the history trigger, then the
 store). Each row ends exactly as the single store leaves it (REQ-0064: a known key's row is
 rewritten and reset to pending; the history trigger records ``stored`` or ``rewritten``;
-migration 0005's trigger announces every pending row to prompt-mode replicas).
+the trigger ``tr_scheduled_events_announce_due`` announces every pending row to prompt-mode replicas).
 
 Keyed rows are taken in the order of their keys (BATCH-4), so two batches sharing keys wait
 for each other in one order and never deadlock. The keys of one call must be distinct: the

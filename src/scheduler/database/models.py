@@ -52,7 +52,7 @@ class ScheduledEvent(Base):
     __tablename__ = "scheduled_events"
     __table_args__ = (
         CheckConstraint("status IN ('pending', 'dispatched', 'failed', 'cancelled', 'expired')", name="status"),
-        # an expiry is an instant after the trigger (EXP-1; migration 0009)
+        # an expiry is an instant after the trigger (EXP-1)
         CheckConstraint("expires_at IS NULL OR expires_at > trigger_at", name="expiry_after_trigger"),
         # The claim reads only pending rows in (trigger_at, id) order; a partial index keeps
         # its cost independent of how many dispatched and failed rows pile up.
@@ -88,7 +88,7 @@ class ScheduledEvent(Base):
         # for its lateness percentiles (a dispatched row's updated_at is its dispatched_at).
         Index("ix_scheduled_events_updated_at", "updated_at", "id"),
         # One participant's rows, newest change first: the console's and the API's user_id
-        # filter reads one page of them at any table size (migration 0007).
+        # filter reads one page of them at any table size (PERF-5).
         Index("ix_scheduled_events_user_id", "user_id", "updated_at", "id"),
     )
 
@@ -105,9 +105,9 @@ class ScheduledEvent(Base):
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     dispatched_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     # Claimed after this instant, the row ends ``expired`` instead of dispatched (EXP-2,
-    # migration 0009); NULL: it never expires (REQ-0065's literal behaviour).
+    # DEC-EXPIRY); NULL: it never expires (REQ-0065's literal behaviour).
     expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
-    # The W3C traceparent of the request that stored the row (migration 0006): the dispatch
+    # The W3C traceparent of the request that stored the row (TRACE-1): the dispatch
     # span links to it. Never shown by the API; NULL when the request carried none.
     traceparent: Mapped[str | None] = mapped_column(String(TRACEPARENT_LENGTH))
 

@@ -9,14 +9,7 @@ and its tables of the same names (``public.notifications``) are never read, neve
 
 1. It reads the scheduler's version table. A revision this code does not know (a newer
    release migrated the database) is a ``MigrationError``: nothing is changed.
-2. A deployment from before the schema of its own (everything in ``public`` at some revision
-   of ours, recorded in ``public.alembic_version``) is moved in place: its tables (with their
-   rows, indexes, constraints, triggers and owned sequences), its sequence and its trigger
-   functions go into the schema with ``SET SCHEMA``, and its row of ``public.alembic_version``
-   moves too. A row is ours when its revision is one of this project's revision ids and
-   ``public.scheduled_events`` exists; a host's rows stay, and ``public.alembic_version`` is
-   dropped only when nothing of the host's is left in it.
-3. Alembic upgrades the schema to ``revision`` with ``search_path`` set to the schema for this
+2. Alembic upgrades the schema to ``revision`` with ``search_path`` set to the schema for this
    transaction only, so the migrations' unqualified names land there.
 
 It returns what it did (``MigrationResult.sentence``: "created schema scheduler at revision
@@ -35,24 +28,12 @@ from sqlalchemy import Connection, Engine, TextClause
 from sqlalchemy.exc import DBAPIError
 
 from scheduler.config import DatabaseUnusable
-from scheduler.database.queries import (
-    FUNCTIONS,
-    SEQUENCES,
-    TABLES,
-    current_schema,
-    load_queries,
-    sql,
-    statement,
-)
+from scheduler.database.queries import current_schema, load_queries, sql, statement
 
 if TYPE_CHECKING:
     from alembic.config import Config
 
 MIGRATIONS = Path(__file__).parent / "migrations"
-
-# The tables every revision of ours has: a public.alembic_version row with one of our revision
-# ids is ours only if public holds these too (a host may have a revision called "0001").
-FIRST_TABLES = ("scheduled_events", "dedup_keys")
 
 # SQLSTATE class 42501: insufficient_privilege; class 08: the connection failed.
 _PERMISSION_DENIED = "42501"
@@ -64,19 +45,14 @@ class MigrationError(DatabaseUnusable):
 
 @dataclass(frozen=True)
 class MigrationResult:
-    """What ``migrate`` did: the schema, its revision before (``None``: there was none) and
-    after, and whether the tables came from ``public`` (a deployment older than the schema)."""
+    """What ``migrate`` did: the schema, its revision before (``None``: there was none) and after."""
 
     schema: str
     before: str | None
     after: str
-    moved_from_public: bool = False
 
     def sentence(self) -> str:
         """What ``scheduler migrate`` prints."""
-        if self.moved_from_public:
-            moved = f"moved the scheduler's tables from public into schema {self.schema} at revision {self.before}"
-            return moved if self.before == self.after else f"{moved}, then upgraded from {self.before} to {self.after}"
         if self.before is None:
             return f"created schema {self.schema} at revision {self.after}"
         if self.before == self.after:
@@ -121,10 +97,6 @@ def migrate(engine: Engine, revision: str = "head", schema: str | None = None) -
         with engine.begin() as conn:
             conn.execute(statement("migration_lock"))
             before = _revision_in(conn, schema, ours)
-            moved = False
-            if before is None:
-                before = _move_from_public(conn, schema, ours)
-                moved = before is not None
             _ddl(conn, "create_schema_ddl", schema=schema)
             config.attributes["connection"] = conn
             command.upgrade(config, revision)
@@ -134,7 +106,7 @@ def migrate(engine: Engine, revision: str = "head", schema: str | None = None) -
     except psycopg.Error as exc:  # a DDL template, run on the driver's connection
         raise MigrationError(_explain(exc, engine, schema)) from exc
     assert after is not None
-    return MigrationResult(schema, before, after, moved)
+    return MigrationResult(schema, before, after)
 
 
 def _revision_in(conn: Connection, schema: str, ours: frozenset[str]) -> str | None:
@@ -153,49 +125,6 @@ def _revision_in(conn: Connection, schema: str, ours: frozenset[str]) -> str | N
         raise MigrationError(f"{schema}.alembic_version holds {len(revisions)} revisions ({', '.join(revisions)}) "
                              "where the scheduler keeps one; nothing was changed")
     return revisions[0] if revisions else None
-
-
-def _move_from_public(conn: Connection, schema: str, ours: frozenset[str]) -> str | None:
-    """Move a deployment of ours from ``public`` into ``schema`` (see the module); return its
-    revision, or ``None`` when ``public`` holds none of ours."""
-    if not conn.execute(statement("relation_exists"), {"name": "public.alembic_version"}).scalar_one():
-        return None
-    rows = list(conn.execute(statement("public_revisions")).scalars())
-    mine = [r for r in rows if r in ours]
-    if not mine:
-        return None  # a host's history only: ours starts afresh in its own schema
-    missing = [t for t in FIRST_TABLES
-               if not conn.execute(statement("relation_exists"), {"name": f"public.{t}"}).scalar_one()]
-    if missing:
-        raise MigrationError(
-            f"public.alembic_version holds revision {mine[0]!r}, one of the scheduler's revision ids, but public "
-            f"has no {missing[0]} table: it is not a deployment of the scheduler to move (is the revision a "
-            f"host's of the same name?); nothing was changed")
-    if len(mine) > 1:
-        raise MigrationError(f"public.alembic_version holds {len(mine)} of the scheduler's revisions "
-                             f"({', '.join(mine)}) where it keeps one; nothing was changed")
-    _ddl(conn, "create_schema_ddl", schema=schema)
-    for table in TABLES:
-        if _exists(conn, f"public.{table}"):
-            _ddl(conn, "move_table_ddl", schema=schema, name=table)
-    for sequence in SEQUENCES:
-        if _exists(conn, f"public.{sequence}"):
-            _ddl(conn, "move_sequence_ddl", schema=schema, name=sequence)
-    for function in FUNCTIONS:
-        if _exists(conn, f"public.{function}", function=True):
-            _ddl(conn, "move_function_ddl", schema=schema, name=function)
-    _ddl(conn, "version_table_like_public_ddl", schema=schema)
-    conn.execute(_statement_in("copy_revisions_into_schema", schema), {"revisions": mine})
-    conn.execute(statement("delete_public_revisions"), {"revisions": mine})
-    if len(mine) == len(rows):
-        _ddl(conn, "drop_public_version_table_ddl")
-    return str(mine[0])
-
-
-def _exists(conn: Connection, name: str, *, function: bool = False) -> bool:
-    if function:  # our trigger functions take no argument
-        return bool(conn.execute(statement("function_exists"), {"signature": f"{name}()"}).scalar_one())
-    return bool(conn.execute(statement("relation_exists"), {"name": name}).scalar_one())
 
 
 def _statement_in(name: str, schema: str) -> TextClause:

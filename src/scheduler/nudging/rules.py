@@ -17,7 +17,6 @@ from typing import Any, cast
 from jinja2 import StrictUndefined, Template
 from jinja2.sandbox import SandboxedEnvironment
 
-from scheduler import moved
 from scheduler.nudging.facts import Frequency
 from scheduler.types import DigitalTwinEvent
 
@@ -85,7 +84,7 @@ def _compiled(source: str) -> Template:
 
 
 def _import_evaluator(path: str) -> Evaluator:
-    module_name, _, attr = moved.resolve(path).partition(":")
+    module_name, _, attr = path.partition(":")
     if not module_name or not attr:
         raise CatalogueError(f"evaluator {path!r} must look like 'package.module:function'")
     try:

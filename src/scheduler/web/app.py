@@ -16,7 +16,6 @@ import asyncio
 import contextlib
 import functools
 import logging
-import warnings
 from collections.abc import AsyncIterator
 from datetime import datetime
 from functools import partial
@@ -302,14 +301,6 @@ class SchedulerService:
             *([_hidden(route) for route in self.console.routes] if console else []),
         ]
 
-    @property
-    def operations(self) -> DeprecatedOperations:
-        """Deprecated: what ``service.operations`` held (the heartbeat, the metrics, the console,
-        the operator routes) is the service's own now (CHANGELOG.md)."""
-        warnings.warn("SchedulerService.operations is deprecated: use service.heartbeat, service.metrics, "
-                      "service.console and service.operator", DeprecationWarning, stacklevel=2)
-        return DeprecatedOperations(self)
-
     def routes_for(self, *parts: str) -> list[BaseRoute]:
         """The routes of ``parts`` (``PARTS``; all of them when none is named), for a host that
         adds them to its own app's routes. Without the console, its pieces are never built."""
@@ -420,34 +411,6 @@ class SchedulerService:
     @property
     def loop_alive(self) -> bool:
         return self._task is not None and not self._task.done()
-
-
-class DeprecatedOperations:
-    """What ``SchedulerService.operations`` offered, read from the service (deprecated)."""
-
-    def __init__(self, service: SchedulerService) -> None:
-        self._service = service
-
-    @property
-    def heartbeat(self) -> Heartbeat:
-        return self._service.heartbeat
-
-    @property
-    def metrics(self) -> Metrics:
-        return self._service.metrics
-
-    @property
-    def session_store(self) -> SessionStore:
-        return self._service.web_sessions
-
-    @property
-    def console(self) -> Console:
-        return self._service.console
-
-    def routes(self, console: bool = True) -> list[BaseRoute]:
-        """The operator routes, then the console's (hidden from the API document) unless ``console`` is false."""
-        return [*self._service.operator.routes(),
-                *([_hidden(route) for route in self._service.console.routes] if console else [])]
 
 
 # The parts a host can mount on their own (``SchedulerService.app_for``), by path.

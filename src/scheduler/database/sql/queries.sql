@@ -766,24 +766,12 @@ WHERE expires_at <= :now
 SELECT pg_advisory_xact_lock(hashtext('nudging-scheduler:migrate'));
 
 -- name: relation_exists
--- Whether the relation :name (schema-qualified, e.g. public.alembic_version) exists.
+-- Whether the relation :name (schema-qualified, e.g. scheduler.alembic_version) exists.
 SELECT to_regclass(:name) IS NOT NULL;
 
 -- name: schema_revisions
 -- The revisions in the scheduler's own Alembic version table (in its schema).
 SELECT version_num FROM scheduler.alembic_version ORDER BY version_num;
-
--- name: public_revisions
--- The revisions in public.alembic_version: a host's, or this scheduler's from before it had a schema of its own.
-SELECT version_num FROM public.alembic_version ORDER BY version_num;
-
--- name: delete_public_revisions
--- Take the scheduler's own revisions out of public.alembic_version (a host's rows stay).
-DELETE FROM public.alembic_version WHERE version_num = ANY(CAST(:revisions AS text[]));
-
--- name: copy_revisions_into_schema
--- Write the scheduler's revisions into its own version table (just created like public's).
-INSERT INTO scheduler.alembic_version (version_num) SELECT unnest(CAST(:revisions AS text[]));
 
 -- name: create_schema_ddl
 -- A template (psycopg's sql.SQL, the schema as an identifier): the scheduler's schema, once.
@@ -792,27 +780,3 @@ CREATE SCHEMA IF NOT EXISTS {schema}
 -- name: search_path_ddl
 -- A template: this transaction's unqualified names (the migrations') resolve in the scheduler's schema only.
 SELECT set_config('search_path', {schema_literal}, true)
-
--- name: move_table_ddl
--- A template: move one of the scheduler's tables (its indexes, constraints, triggers and owned sequences with it) out of public.
-ALTER TABLE public.{name} SET SCHEMA {schema}
-
--- name: move_sequence_ddl
--- A template: move the scheduler's free-standing sequence out of public.
-ALTER SEQUENCE public.{name} SET SCHEMA {schema}
-
--- name: move_function_ddl
--- A template: move one of the scheduler's trigger functions (no arguments) out of public; its triggers follow it by oid.
-ALTER FUNCTION public.{name}() SET SCHEMA {schema}
-
--- name: version_table_like_public_ddl
--- A template: the scheduler's own version table, shaped like public.alembic_version (a host's rows stay there).
-CREATE TABLE {schema}.alembic_version (LIKE public.alembic_version INCLUDING ALL)
-
--- name: drop_public_version_table_ddl
--- A template (no placeholder): public.alembic_version, once it holds nothing (it held only the scheduler's row).
-DROP TABLE public.alembic_version
-
--- name: function_exists
--- Whether the function :signature (schema-qualified with its arguments, e.g. public.f()) exists.
-SELECT to_regprocedure(:signature) IS NOT NULL;
