@@ -61,13 +61,14 @@ class Backlog:
         return sorted(e.id for e in self.events)
 
 
-def plan_backlog(seed: int, events: int, users: int | None = None) -> Backlog:
-    """Draw ``events`` due events over ``users`` participants (default: one per eight events)."""
+def plan_backlog(seed: int, events: int, users: int | None = None, prefix: str | None = None) -> Backlog:
+    """Draw ``events`` due events over ``users`` participants (default: one per eight events),
+    named ``{prefix}-{n}`` (default prefix: ``user-{seed}``)."""
     rng = random.Random(seed)
     users = users or max(1, events // 8)
     caps: dict[str, int] = {}
     disabled: dict[str, set[str]] = {}
-    user_ids = [f"user-{seed}-{i:05d}" for i in range(users)]
+    user_ids = [f"{prefix or f'user-{seed}'}-{i:05d}" for i in range(users)]
     for user in user_ids:
         roll = rng.random()
         if roll < 0.15:
@@ -100,6 +101,13 @@ def plan_backlog(seed: int, events: int, users: int | None = None) -> Backlog:
             key = f"commitment-reminder:{user}:community-1:{day}"
             planned.append(Planned(event_id, user, facts, "dispatched", key=key, kind="reminder"))
     return Backlog(seed, planned, caps, disabled)
+
+
+def joined(first: Backlog, second: Backlog) -> Backlog:
+    """One backlog of two plans' events (of different participants), audited as one."""
+    assert not {e.user_id for e in first.events} & {e.user_id for e in second.events}, "the plans share participants"
+    return Backlog(first.seed, [*first.events, *second.events], {**first.caps, **second.caps},
+                   {**first.disabled, **second.disabled})
 
 
 def with_windows(backlog: Backlog, seed: int, *, share: float, passed: timedelta, open_for: timedelta) -> Backlog:

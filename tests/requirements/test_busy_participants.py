@@ -25,11 +25,14 @@ import pytest
 from sqlalchemy import Engine, text
 from starlette.testclient import TestClient
 
+from scheduler.config import Settings
+from scheduler.core.batch import Batch, PollReport
 from scheduler.core.clock import ManualClock
 from scheduler.core.loop import DUE_CHANNEL
+from scheduler.database.engine import make_engine
 from scheduler.database.participant_locks import participant_lock_key
 from scheduler.web.app import SchedulerService
-from tests.conftest import T0
+from tests.conftest import T0, TEST_SECRET
 from tests.helpers import post_event, reminder_facts, rows
 
 DEADLINE = 20.0
@@ -153,6 +156,55 @@ def test_however_many_participants_are_busy_at_the_head_of_the_queue_the_rest_st
     for n in range(5):
         assert {r["status"] for r in snapshot(engine, f"busy-{n}")} == {"pending"}
     assert [r["status"] for r in snapshot(engine, "free")] == ["dispatched"]
+
+
+def replica(database_url: str, clock: ManualClock) -> SchedulerService:
+    """A replica like a served one whose engine bounds lock waits (SCHEDULER_LOCK_TIMEOUT_MS):
+    a claim that waited on a participant's lock would fail within a second, not hang."""
+    settings = Settings(jwt_secret=TEST_SECRET, lock_timeout_ms=1000, statement_timeout_ms=60_000)
+    return SchedulerService(settings, engine=make_engine(database_url, settings), clock=clock, run_scheduler=False)
+
+
+def run_claimed(service: SchedulerService, batch: Batch) -> PollReport:
+    """Dispatch a claimed batch's events and commit it, as the rest of its poll would."""
+    scheduler = service.scheduler
+    try:
+        while batch.remaining:
+            scheduler.dispatch_next(batch)
+        return scheduler.finish(batch)
+    finally:
+        scheduler.abort(batch)
+
+
+@pytest.mark.clause("BUSY-1")
+def test_two_replicas_claiming_at_once_both_go_past_a_busy_participant_whose_rows_fill_both_batches(
+    client: TestClient, engine: Engine, clock: ManualClock, database_url: str
+) -> None:
+    """BUSY-1: busy's 45 rows are the oldest due, more than two batches of 20, and its lock is
+    held elsewhere. Replica A claims, then replica B while A's batch is still open (two replicas
+    polling at once): each claim's first round finds only busy's rows (B's, those A has not
+    locked), leaves them untouched and goes on, so A takes the other participants' 20 oldest
+    rows and B the 10 left. Neither waits: a claim that waited on busy's lock would fail here
+    within its lock timeout, and a claim that stopped at busy would take nothing."""
+    busy = [post_event(client, user_id="busy", trigger_at=T0 - timedelta(minutes=100 - i))["id"] for i in range(45)]
+    free = [post_event(client, user_id=f"free-{i:02d}", trigger_at=T0 - timedelta(minutes=30, seconds=-i))["id"]
+            for i in range(30)]
+    before = exact_rows(engine, "busy")
+    a, b = replica(database_url, clock), replica(database_url, clock)
+    try:
+        with held(engine, "busy"):
+            batch_a = a.scheduler.claim()
+            batch_b = b.scheduler.claim()
+            assert ([e.id for e in batch_a.events], batch_a.skipped) == (free[:20], busy[:20])
+            assert ([e.id for e in batch_b.events], batch_b.skipped) == (free[20:], busy[20:40])
+            report_a, report_b = run_claimed(a, batch_a), run_claimed(b, batch_b)
+            assert (report_a.dispatched, report_b.dispatched) == (20, 10)
+            assert exact_rows(engine, "busy") == before  # every column and row version as stored
+        assert a.scheduler.health.consecutive_failures == b.scheduler.health.consecutive_failures == 0
+        assert a.scheduler.poll_once().dispatched == 20  # the lock is free: busy's rows go, oldest first
+    finally:
+        a.engine.dispose()
+        b.engine.dispose()
 
 
 @pytest.mark.clause("BUSY-2")
