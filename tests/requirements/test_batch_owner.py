@@ -20,9 +20,8 @@ from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 from starlette.testclient import TestClient
 
-from scheduler.core.batch import Batch
-from scheduler.core.per_event import OptimisticBatch, SavepointPerEvent
-from scheduler.core.set_based import SetBasedBatch
+from scheduler.core.poll import Batch
+from scheduler.core.strategies import OptimisticBatch, SavepointPerEvent, SetBasedBatch
 from scheduler.nudging.decision import BatchDecisions, Check
 from scheduler.nudging.dispatch import NudgingPlatform
 from scheduler.types import DigitalTwinEvent, DispatchOutcome, DispatchResult
@@ -112,11 +111,11 @@ def test_a_set_based_batch_whose_write_fails_is_handed_to_its_per_event_strategy
 def test_a_batch_carries_the_claim_and_its_record_and_no_strategys_working_state(
     client: TestClient, service: SchedulerService
 ) -> None:
-    """DEC-1.6: the batch's fields are the claim's and what its events became; a field that was a
-    strategy's working state (the checkpoint, the set-based plan) still reads, mid-batch, what it
-    held, from the strategy that owns it, with a deprecation warning, and can no longer be set."""
+    """DEC-1.6: the batch's fields are the claim's and what its events became, each event's
+    outcome with its outbound (its record); a strategy's working state (the checkpoint, the
+    set-based plan) is the strategy's own, and the batch has no field for it."""
     fields = {f.name for f in dataclasses.fields(Batch)}
-    assert fields == {"session", "events", "claimed_at", "skipped", "expired", "position", "outcomes", "outbound",
+    assert fields == {"session", "events", "claimed_at", "skipped", "expired", "position", "record",
                       "closed", "replayed", "should_stop", "stopped", "strategy"}
     for i in range(2):
         post_event(client, user_id=f"user-{i}", trigger_at=T0 - timedelta(minutes=2 - i))
@@ -125,23 +124,10 @@ def test_a_batch_carries_the_claim_and_its_record_and_no_strategys_working_state
             service.scheduler.dispatcher = FakeRecordingDispatcher(safe_to_repeat=True)
         batch = service.scheduler.claim()
         try:
-            with pytest.warns(DeprecationWarning, match="Batch.planned is deprecated"):
-                assert batch.planned is None  # before the first dispatch, as it always read
             assert service.scheduler.dispatch_next(batch) is not None
-            with pytest.warns(DeprecationWarning, match=r"Batch\.\w+ is deprecated"):
-                if kind == "platform":
-                    assert batch.checkpoint is None and batch.checkpoint_position == 0
-                    assert batch.planned is not None and len(batch.planned) == 2 and batch.recorded == 2
-                    assert batch.set_write is not None and batch.per_event is not None
-                    assert batch.per_event[2] == service.scheduler.name
-                else:
-                    assert batch.checkpoint is batch.session.get_transaction()
-                    assert (batch.checkpoint_position, batch.checkpoint_outbound) == (0, 0)
-                    assert batch.planned == [] and batch.set_write is None and batch.recorded == 0
-            with pytest.raises(AttributeError):
-                batch.planned = []  # type: ignore[misc]
-            with pytest.raises(AttributeError):
-                batch.no_such_field  # type: ignore[attr-defined]  # noqa: B018
+            assert [o.id for o in batch.outcomes] == [batch.events[0].id] and batch.position == 1
+            for former in ("checkpoint", "checkpoint_position", "planned", "set_write", "recorded", "per_event"):
+                assert not hasattr(batch, former), former
         finally:
             service.scheduler.abort(batch)
     with service.engine.connect() as conn:

@@ -18,10 +18,9 @@ from typing import Any, Protocol
 import anyio
 import anyio.to_thread
 
-from scheduler.core.batch import PollReport
-from scheduler.core.health import SchedulerHealth
 from scheduler.core.pacing import Pacing, interval_after, polls_again_at_once
-from scheduler.types import Clock, SchedulerMode
+from scheduler.core.poll import SchedulerHealth
+from scheduler.types import Clock, PollReport, SchedulerMode
 
 # ThreadWaits in prompt mode checks its stop event at least this often (see ThreadWaits).
 STOP_SLICE_SECONDS = 0.02
