@@ -30,14 +30,20 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from scheduler.core.claim import claim_params
 from scheduler.core.clock import ensure_ready
-from scheduler.core.pacing import BUSY_RETRY_SECONDS, Pacing, is_full
+from scheduler.core.pacing import (
+    BUSY_RETRY_SECONDS,
+    Pacing,
+    interval_after,
+    is_full,
+    polls_again_at_once,
+)
 from scheduler.core.poll import Batch, SchedulerHealth, open_batch, publish_committed
 from scheduler.core.runner import (
     STOP_SLICE_SECONDS,
     AsyncioWaits,
     LoopState,
     ThreadWaits,
-    run_loop,
+    Waits,
     run_to_completion,
 )
 from scheduler.database.queries import statement
@@ -273,12 +279,43 @@ class Scheduler:
         (REQ-0065); prompt mode polls again at once after a full batch and otherwise waits
         for the earliest of the interval, the next pending trigger and a wake-up. Every wait
         is on ``stop`` itself, so shutdown is immediate however long the wait."""
-        await run_loop(self, AsyncioWaits(stop))
+        await self.run_loop(AsyncioWaits(stop))
 
     def run_blocking(self, stop: threading.Event) -> None:
         """The same loop for a thread of its own (benchmarks, worker processes, the
         simulation), returning once ``stop`` is set (``ThreadWaits``)."""
-        run_to_completion(run_loop(self, ThreadWaits(stop, lambda: self.mode)))
+        run_to_completion(self.run_loop(ThreadWaits(stop, lambda: self.mode)))
+
+    async def run_loop(self, waits: Waits) -> None:
+        """Poll until stopped, over one runner's ``waits`` (``core.runner``). Literal mode waits
+        ``poll_seconds`` after every poll (REQ-0065); prompt mode polls again at once after a
+        full batch and otherwise waits for the earliest of the interval, the next pending
+        trigger and a wake-up."""
+        self.health.started(self.clock.now())
+        self.pacing.attach(waits.interrupt)
+        try:
+            while not waits.stopped():
+                report = await waits.poll(self.poll_guarded)
+                if waits.stopped():
+                    break
+                if polls_again_at_once(self.mode, self.batch_size, report):
+                    await waits.breathe()
+                    continue
+                real_deadline = time.monotonic() + interval_after(self.mode, self.poll_seconds, report)
+                while not waits.stopped():
+                    waits.clear()
+                    seconds = self.pacing.wait_seconds(self.mode, self.clock, real_deadline)
+                    if seconds <= 0:
+                        break
+                    self.state.changed(waiting=True)
+                    if not await waits.wait(seconds) and self.mode is SchedulerMode.LITERAL:
+                        break  # the interval is over (a literal wait is bounded by nothing else)
+                self.state.changed(waiting=False)
+        finally:
+            self.pacing.attach(None)
+            self.pacing.waiting_until = None
+            self.health.running = False
+            self.state.changed(waiting=False)
 
     def is_stale(self, now: datetime) -> bool:
         """True when no poll completed within three poll intervals."""
