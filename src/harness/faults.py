@@ -17,12 +17,11 @@ from sqlalchemy import Engine, event, text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
-from scheduler.core.dispatch_contract import repeatable
 from scheduler.database import pipeline
 from scheduler.database.queries import current_schema
 from scheduler.nudging.decision import BatchDecisions
 from scheduler.nudging.dispatch import NudgingPlatform
-from scheduler.types import DigitalTwinEvent, Dispatcher, DispatchResult
+from scheduler.types import DigitalTwinEvent, Dispatcher, DispatchResult, repeatable
 
 # A statement that always fails inside the database, aborting the transaction it runs in.
 FAILING_STATEMENT = text("SELECT 1 / 0 AS deliberate_division_by_zero")

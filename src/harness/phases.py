@@ -39,7 +39,7 @@ class Phases:
     def __init__(self, sim: RunContext) -> None:
         self.sim = sim
         # by replica: the reference time of its batch's first dispatch, when a batch decided
-        # whole takes every decision and records every outcome's time (``core.set_based``)
+        # whole takes every decision and records every outcome's time (``core.strategies.SetBasedBatch``)
         self.decided_at: dict[int, datetime] = {}
 
     # -- claim ----------------------------------------------------------------------------
@@ -175,7 +175,7 @@ class Phases:
 
     def _check_settled(self, r: Replica, batch: Batch, report: Any) -> None:
         """A batch decided whole at its first dispatch commits every event it decided, those
-        not yet handed out by a dispatch step too (``core.set_based``): each is checked as
+        not yet handed out by a dispatch step too (``core.strategies.SetBasedBatch``): each is checked as
         its dispatch would have been, in order."""
         sim = self.sim
         for outcome in report.outcomes[sim.model.batches[r.index].position:]:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from scheduler.config import Settings
     from scheduler.core.clock import ManualClock, SystemClock
-    from scheduler.core.loop import Batch, EventOutcome, PollReport, Scheduler
+    from scheduler.core.loop import EventOutcome, PollReport, Scheduler
     from scheduler.web.app import SchedulerService, create_app
 
 _WHERE = {
@@ -21,7 +21,6 @@ _WHERE = {
     "ManualClock": "scheduler.core.clock",
     "SystemClock": "scheduler.core.clock",
     "Settings": "scheduler.config",
-    "Batch": "scheduler.core.loop",
     "EventOutcome": "scheduler.core.loop",
     "PollReport": "scheduler.core.loop",
     "Scheduler": "scheduler.core.loop",
@@ -36,7 +35,6 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-    "Batch",
     "EventOutcome",
     "ManualClock",
     "PollReport",

@@ -1,15 +1,18 @@
 """Aliases and protocols shared across the package (one place, as Starlette does).
 
 Everything that crosses a seam lives here: the clock the loop reads, the
-publisher that pushes a delivered notification out of the process, and the
-dispatcher that runs one stored event through the platform.
+publisher that pushes a delivered notification out of the process, the
+dispatcher that runs one stored event through the platform (with the checks of
+what it must be and return), and what a poll hands back (``ClaimedEvent``,
+``EventOutcome``, ``PollReport``).
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any, Protocol, runtime_checkable
 
@@ -187,3 +190,147 @@ class BatchDispatcher(Protocol):
 
     def decide_batch(self, session: Session, events: Sequence[DigitalTwinEvent], now: datetime,
                      stop: Callable[[], bool] | None = None) -> BatchDecisions | None: ...
+
+
+# -- what a poll hands back ----------------------------------------------------------------
+
+MAX_ERROR_LENGTH = 4000
+
+
+def error_text(exc: BaseException) -> str:
+    """``last_error`` for an exception: its type and message, storable in a text column."""
+    message = f"{type(exc).__name__}: {exc}".replace("\x00", "\\0")
+    return message[:MAX_ERROR_LENGTH]
+
+
+@dataclass(frozen=True)
+class ClaimedEvent:
+    """A row taken by a claim, locked until its batch ends."""
+
+    id: str
+    event_type: str
+    user_id: str
+    community_id: str | None
+    trigger_at: datetime
+    facts: dict[str, Any]
+    traceparent: str | None = None  # the storing request's trace context (observability)
+
+    def as_event(self) -> DigitalTwinEvent:
+        """The stored facts become a DigitalTwinEvent, exactly as a live event would (REQ-0066)."""
+        return DigitalTwinEvent(
+            event_type=self.event_type,
+            user_id=self.user_id,
+            community_id=self.community_id,
+            facts=self.facts,
+            scheduled_event_id=self.id,
+        )
+
+
+@dataclass(frozen=True)
+class EventOutcome:
+    """What one claimed event became, with what metrics need (its type and lateness)."""
+
+    id: str
+    status: EventStatus  # dispatched or failed; expired for a row the claim ended (EXP-2)
+    error: str | None = None
+    event_type: str = ""
+    trigger_at: datetime | None = None
+    finished_at: datetime | None = None  # the injected clock's time of the outcome
+
+    @property
+    def lateness(self) -> timedelta | None:
+        """``dispatched_at - trigger_at`` for a dispatched event (the user's measure)."""
+        if self.status != EventStatus.DISPATCHED or self.trigger_at is None or self.finished_at is None:
+            return None
+        return self.finished_at - self.trigger_at
+
+    @classmethod
+    def dispatched(cls, event: ClaimedEvent, now: datetime) -> EventOutcome:
+        """The outcome of an event its dispatcher ran through."""
+        return cls(event.id, EventStatus.DISPATCHED, None, event.event_type, event.trigger_at, now)
+
+    @classmethod
+    def failed(cls, event: ClaimedEvent, error: str, now: datetime) -> EventOutcome:
+        """A failed outcome; its row is written with the others when the batch finishes."""
+        return cls(event.id, EventStatus.FAILED, error, event.event_type, event.trigger_at, now)
+
+    @classmethod
+    def expired(cls, row_id: str, event_type: str, trigger_at: datetime, error: str, now: datetime) -> EventOutcome:
+        """A row the claim found past its ``expires_at`` and ended ``expired`` in its own statement
+        (never dispatched, nothing to record at the batch's end)."""
+        return cls(row_id, EventStatus.EXPIRED, error, event_type, trigger_at, now)
+
+
+@dataclass(frozen=True)
+class PollReport:
+    """What one poll's committed batch became."""
+
+    claimed: int
+    outcomes: tuple[EventOutcome, ...]
+    skipped: int = 0  # rows of busy participants, left pending
+    # rows the claim ended expired (no batch slot, never dispatched: EXP-2, DEC-EXPIRY)
+    expired: tuple[EventOutcome, ...] = ()
+
+    @property
+    def dispatched(self) -> int:
+        return sum(o.status == EventStatus.DISPATCHED for o in self.outcomes)
+
+    @property
+    def failed(self) -> int:
+        return sum(o.status == EventStatus.FAILED for o in self.outcomes)
+
+
+# -- what a dispatcher must be and return, checked where it is handed in and called ---------
+#
+# A dispatcher is called synchronously, in the loop's worker thread (or a request's), on a
+# sync Session: an ``async def`` one would hand back a coroutine nobody awaits, so it is
+# refused when the service or scheduler is built (``refuse_async_dispatcher``). Whatever it
+# returns goes through ``checked_result`` before anything reads it: a value that is not a
+# DispatchResult raises ``NotADispatchResult`` inside the per-event isolation, so that one
+# event fails with the reason in ``last_error`` (REQ-0067); on the live path it is a 500
+# whose log line says why.
+
+
+class NotADispatchResult(TypeError):
+    """A dispatcher returned something other than a ``DispatchResult``."""
+
+
+class AsyncDispatcherRefused(TypeError):
+    """A dispatcher that is a coroutine function (``async def``) was handed to the service."""
+
+
+def checked_result(value: object) -> DispatchResult:
+    """``value`` if it is a ``DispatchResult``; else ``NotADispatchResult`` naming what it
+    is. A coroutine is closed first, so no "never awaited" warning follows it."""
+    if isinstance(value, DispatchResult):
+        return value
+    if value is None:
+        description = "None"
+    elif inspect.iscoroutine(value):
+        description = "a coroutine (is it an async def? dispatchers are called synchronously)"
+        value.close()
+    else:
+        description = f"a {type(value).__name__}"
+    raise NotADispatchResult(f"dispatcher returned {description}; expected a DispatchResult")
+
+
+def refuse_async_dispatcher(dispatcher: object) -> None:
+    """Raise ``AsyncDispatcherRefused`` when calling ``dispatcher`` (or its ``decide_batch``)
+    would return a coroutine: an ``async def`` function, or an object whose ``__call__`` is one."""
+    # an object's own __call__, looked up on its type as the call itself does
+    call = None if inspect.isroutine(dispatcher) else next(
+        (vars(base)["__call__"] for base in type(dispatcher).__mro__ if "__call__" in vars(base)), None)
+    decide = getattr(dispatcher, "decide_batch", None)
+    if (inspect.iscoroutinefunction(dispatcher) or inspect.iscoroutinefunction(call)
+            or inspect.iscoroutinefunction(decide)):
+        raise AsyncDispatcherRefused(
+            f"the dispatcher {dispatcher!r} is asynchronous (async def); a dispatcher is called "
+            "synchronously, in the loop's worker thread on a sync Session, and must return a "
+            "DispatchResult: make it a plain def (run async work after the commit, in a Publisher)")
+
+
+def repeatable(dispatcher: object) -> bool:
+    """Whether ``dispatcher`` declares that calling it again for an event whose first call was
+    rolled back is safe (a ``safe_to_repeat`` attribute that is ``True``): only such a
+    dispatcher runs a batch optimistically with a replay after a failure (DEC-1.4)."""
+    return getattr(dispatcher, "safe_to_repeat", False) is True

@@ -13,6 +13,7 @@ would. The server must still end the session within the timeout and release the 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
 from collections.abc import Iterator
@@ -22,10 +23,10 @@ from sqlalchemy import Engine, text
 from sqlalchemy.exc import DBAPIError
 
 from scheduler.config import Settings
-from scheduler.core.batch import Batch, dispatched
 from scheduler.core.claim import claim_rounds
-from scheduler.core.isolation import commit_batch
+from scheduler.core.strategies import commit_outcomes
 from scheduler.database.engine import make_engine, make_sessionmaker
+from scheduler.types import EventOutcome
 from tests.conftest import T0
 from tests.proxy import UnixSocketProxy, running, through, unix_socket_of
 from tests.reliability.support import store_due, wait_until
@@ -92,17 +93,19 @@ def test_a_replica_frozen_mid_send_of_its_commit_round_trip_is_ended_by_the_data
         events, _, _ = claim_rounds(session, T0, 20)
         assert [e.id for e in events] == ids and _locked(engine, ids) == 3
         pid = session.connection().connection.dbapi_connection.info.backend_pid  # type: ignore[union-attr]
-        batch = Batch(session=session, events=events, claimed_at=T0, position=len(events),
-                      outcomes=[dispatched(e, T0) for e in events])
+        outcomes = [EventOutcome.dispatched(e, T0) for e in events]
         # an outcome's error text makes the round trip 40 KB: several libpq chunks
-        batch.outcomes[0] = dataclasses.replace(batch.outcomes[0], error="x" * 40_000)
+        outcomes[0] = dataclasses.replace(outcomes[0], error="x" * 40_000)
         proxy.cut()
 
         def finish() -> None:
             try:
-                commit_batch(batch)
+                commit_outcomes(session, outcomes)
             except BaseException as exc:  # noqa: BLE001 - reported to the test below
                 errors.append(exc)
+            finally:
+                with contextlib.suppress(Exception):
+                    session.close()
 
         sender = threading.Thread(target=finish, daemon=True)
         sender.start()

@@ -20,9 +20,8 @@ from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 from starlette.testclient import TestClient
 
-from scheduler.core.batch import Batch
-from scheduler.core.per_event import OptimisticBatch, SavepointPerEvent
-from scheduler.core.set_based import SetBasedBatch
+from scheduler.core.poll import Batch
+from scheduler.core.strategies import OptimisticBatch, SavepointPerEvent, SetBasedBatch
 from scheduler.nudging.decision import BatchDecisions, Check
 from scheduler.nudging.dispatch import NudgingPlatform
 from scheduler.types import DigitalTwinEvent, DispatchOutcome, DispatchResult
@@ -118,11 +117,11 @@ STRATEGY_STATE = ("checkpoint", "checkpoint_position", "checkpoint_outbound", "p
 def test_a_batch_carries_the_claim_and_its_record_and_no_strategys_working_state(
     client: TestClient, service: SchedulerService
 ) -> None:
-    """DEC-1.6: the batch's fields are the claim's and what its events became; a strategy's
-    working state (the checkpoint, the set-based plan) is the strategy's, never the batch's,
-    before the first dispatch and mid-batch."""
+    """DEC-1.6: the batch's fields are the claim's and what its events became, each event's
+    outcome with its outbound (its record); a strategy's working state (the checkpoint, the
+    set-based plan) is the strategy's own, and the batch has no field for it."""
     fields = {f.name for f in dataclasses.fields(Batch)}
-    assert fields == {"session", "events", "claimed_at", "skipped", "expired", "position", "outcomes", "outbound",
+    assert fields == {"session", "events", "claimed_at", "skipped", "expired", "position", "record",
                       "closed", "replayed", "should_stop", "stopped", "strategy"}
     for i in range(2):
         post_event(client, user_id=f"user-{i}", trigger_at=T0 - timedelta(minutes=2 - i))
@@ -131,15 +130,10 @@ def test_a_batch_carries_the_claim_and_its_record_and_no_strategys_working_state
             service.scheduler.dispatcher = FakeRecordingDispatcher(safe_to_repeat=True)
         batch = service.scheduler.claim()
         try:
-            assert [name for name in STRATEGY_STATE if hasattr(batch, name)] == []
             assert service.scheduler.dispatch_next(batch) is not None
-            assert [name for name in STRATEGY_STATE if hasattr(batch, name)] == []
-            if kind == "platform":
-                assert isinstance(batch.strategy, SetBasedBatch) and len(batch.strategy.planned) == 2
-            else:
-                assert type(batch.strategy) is OptimisticBatch
-            with pytest.raises(AttributeError):
-                batch.no_such_field  # type: ignore[attr-defined]  # noqa: B018
+            assert [o.id for o in batch.outcomes] == [batch.events[0].id] and batch.position == 1
+            for former in ("checkpoint", "checkpoint_position", "planned", "set_write", "recorded", "per_event"):
+                assert not hasattr(batch, former), former
         finally:
             service.scheduler.abort(batch)
     with service.engine.connect() as conn:

@@ -26,11 +26,12 @@ from sqlalchemy import Engine, text
 from starlette.testclient import TestClient
 
 from scheduler.config import Settings
-from scheduler.core.batch import Batch, PollReport
 from scheduler.core.clock import ManualClock
 from scheduler.core.loop import DUE_CHANNEL
+from scheduler.core.poll import Batch
 from scheduler.database.engine import make_engine
 from scheduler.database.participant_locks import participant_lock_key
+from scheduler.types import PollReport
 from scheduler.web.app import SchedulerService
 from tests.conftest import T0, TEST_SECRET
 from tests.helpers import post_event, reminder_facts, rows

@@ -23,10 +23,9 @@ from starlette.testclient import TestClient
 
 from scheduler.cli import main
 from scheduler.config import Settings
-from scheduler.core.batch import PollReport, expired
 from scheduler.core.clock import ManualClock
 from scheduler.core.pacing import polls_again_at_once
-from scheduler.types import SchedulerMode
+from scheduler.types import EventOutcome, PollReport, SchedulerMode
 from scheduler.web.app import SchedulerService
 from tests.conftest import ADMIN, INGEST, T0, TEST_SECRET
 from tests.helpers import event_body, event_row, later, post_event, rows, statuses
@@ -318,7 +317,7 @@ def test_expired_rows_beyond_one_claims_bound_are_never_dispatched_and_the_next_
 def test_a_prompt_mode_claim_that_ended_a_full_batch_of_expired_rows_polls_again_at_once() -> None:
     """EXP-6, DEC-EXPIRY: a backlog of expired rows drains without an interval between claims in
     prompt mode; literal mode keeps REQ-0065's interval."""
-    ended = tuple(expired(f"e{i}", "reminder", T0, "expired: claimed 1s after its expires_at", T0) for i in range(3))
+    ended = tuple(EventOutcome.expired(f"e{i}", "reminder", T0, "expired: claimed 1s after its expires_at", T0) for i in range(3))
     report = PollReport(claimed=0, outcomes=(), expired=ended)
     assert polls_again_at_once(SchedulerMode.PROMPT, 3, report)
     assert not polls_again_at_once(SchedulerMode.PROMPT, 4, report)

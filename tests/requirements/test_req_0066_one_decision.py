@@ -27,12 +27,11 @@ from hypothesis import strategies as st
 from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 
-from scheduler.core.batch import error_text
 from scheduler.core.store import set_preferences, store_event
 from scheduler.nudging.decision import BatchDecisions, Check
 from scheduler.nudging.dispatch import NudgingPlatform
 from scheduler.nudging.orchestrator import Orchestrator, WebChannel
-from scheduler.types import DigitalTwinEvent
+from scheduler.types import DigitalTwinEvent, error_text
 from scheduler.web.app import SchedulerService
 from tests.conftest import T0
 from tests.helpers import FakeWebPush, catalogue_with_a_second_rule, reminder_facts, rows

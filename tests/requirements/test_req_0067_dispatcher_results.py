@@ -23,11 +23,15 @@ from starlette.testclient import TestClient
 
 from scheduler.config import Settings
 from scheduler.core.clock import ManualClock
-from scheduler.core.dispatch_contract import AsyncDispatcherRefused
 from scheduler.core.loop import Scheduler
 from scheduler.database.engine import make_sessionmaker
 from scheduler.nudging.publishers import RecordingPublisher
-from scheduler.types import DigitalTwinEvent, DispatchOutcome, DispatchResult
+from scheduler.types import (
+    AsyncDispatcherRefused,
+    DigitalTwinEvent,
+    DispatchOutcome,
+    DispatchResult,
+)
 from scheduler.web.app import SchedulerService
 from tests.conftest import INGEST, T0
 from tests.helpers import event_body, event_row, post_event

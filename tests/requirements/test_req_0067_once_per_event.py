@@ -19,9 +19,8 @@ from sqlalchemy import Engine, event, text
 from sqlalchemy.orm import Session
 from starlette.testclient import TestClient
 
-from scheduler.core.dispatch_contract import repeatable
 from scheduler.nudging.dispatch import NudgingPlatform
-from scheduler.types import DigitalTwinEvent, DispatchOutcome, DispatchResult
+from scheduler.types import DigitalTwinEvent, DispatchOutcome, DispatchResult, repeatable
 from scheduler.web.app import SchedulerService
 from tests.conftest import T0
 from tests.helpers import post_event, rows

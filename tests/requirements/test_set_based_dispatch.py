@@ -2,7 +2,7 @@
 
 The production dispatcher decides a claimed batch at once: one statement reads the keys,
 preferences and today's counts, one writes every notification, delivery, key and outcome
-(``core.set_based``, ``nudging.decision``). These tests run one scenario twice on the
+(``core.strategies``, ``nudging.decision``). These tests run one scenario twice on the
 same database state, once per event (the dispatcher wrapped so that it cannot decide a
 batch) and once set-based, and compare every row and every ``DispatchResult``: within-batch
 and earlier duplicates, the cap counted across the batch, a disabled kind, a refusal, a rule

@@ -23,8 +23,7 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 from starlette.testclient import TestClient
 
-from scheduler.core.batch import PollReport
-from scheduler.types import DigitalTwinEvent, DispatchOutcome, DispatchResult
+from scheduler.types import DigitalTwinEvent, DispatchOutcome, DispatchResult, PollReport
 from scheduler.web.app import SchedulerService
 from tests.conftest import T0
 from tests.helpers import DEADLINE_SECONDS, event_row, post_event

@@ -32,8 +32,6 @@ WEB_REACHES_CORE = {
                                            "subscribes its wake-ups (DUE_CHANNEL)",
     ("web/app.py", "scheduler.core.clock"): "the composition root builds production's clock, the "
                                             "database's (DatabaseClock, DEC-10)",
-    ("web/app.py", "scheduler.core.dispatch_contract"): "the composition root refuses an async "
-                                                        "dispatcher before it builds anything",
     ("web/api/health.py", "scheduler.core.loop"): "the health routes read the loop's own health (Scheduler)",
     ("web/api/health.py", "scheduler.core.clock"): "the health routes show the clock's state (DEC-10)",
     ("web/http/auth.py", "scheduler.core.clock"): "tokens are judged by a clock: the system's when "

@@ -18,10 +18,15 @@ from datetime import datetime
 from sqlalchemy.orm import Session, sessionmaker
 
 from scheduler.core import store, store_batch
-from scheduler.core.dispatch_contract import NotADispatchResult, checked_result
 from scheduler.core.expiry import ExpiryRefused, stored_expires_at
 from scheduler.core.store_batch import NewEvent, Stored
-from scheduler.types import DigitalTwinEvent, Dispatcher, DispatchResult
+from scheduler.types import (
+    DigitalTwinEvent,
+    Dispatcher,
+    DispatchResult,
+    NotADispatchResult,
+    checked_result,
+)
 
 logger = logging.getLogger(__name__)
 

@@ -18,10 +18,10 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from scheduler.core.batch import ClaimedEvent, EventOutcome, expired
 from scheduler.core.trigger_range import BEFORE_EVERY_TRIGGER
 from scheduler.database import pipeline
 from scheduler.database.participant_locks import participant_lock_key, remember_participant_locks
+from scheduler.types import ClaimedEvent, EventOutcome
 
 # The start of the claim's keyset: before every row, whatever its trigger_at (the storable
 # range starts long after it, and no row Python can read sorts before it), so every due row
@@ -56,7 +56,7 @@ def claim_rounds(session: Session, now: datetime,
         params = {**claim_params(now, wanted), "after_trigger": after[0], "after_id": after[1],
                   "busy": sorted(busy)}
         [returned] = pipeline.send(session, [pipeline.named("claim_due_events", params)])
-        ended.extend(expired(r["id"], r["event_type"], r["trigger_at"], r["last_error"], now)
+        ended.extend(EventOutcome.expired(r["id"], r["event_type"], r["trigger_at"], r["last_error"], now)
                      for r in returned or [] if r["expired"])
         rows = [r for r in returned or [] if not r["expired"]]
         if not rows:

@@ -3,15 +3,15 @@ by one loop for asyncio and for a thread.
 
 A poll is ``claim`` → ``dispatch_next`` (once per claimed event) → ``finish``.
 Production runs them back to back (``poll_once``); the simulation interleaves them across
-replicas. The pieces live apart, one concept each:
+replicas. Three modules make a poll, read top to bottom:
 
-- ``claim``: which rows a poll takes, never waiting on a busy participant (DEC-2);
-- ``isolation``: one transaction per batch, each event isolated as if in its own
-  savepoint, run by one strategy per batch (``set_based``, ``per_event``: DEC-1.6);
-- ``publish``: what a committed batch delivered leaves the process;
-- ``health``: the counters ``GET /health/scheduler`` reports;
-- ``pacing``: how long to wait after a poll (literal and prompt mode, wake-ups);
-- ``runner``: the one run loop, over an asyncio or a thread wait strategy.
+- ``core.poll``: the claim's batch (``core.claim`` takes its rows, DEC-2), its record of
+  what the events became, its commit and what leaves the process after it;
+- ``core.strategies``: how the batch's events run, each isolated as if in its own savepoint
+  (set-based, optimistic, a savepoint per event: DEC-1, DEC-1.4, DEC-1.6), returning what
+  they became;
+- ``core.runner`` and ``core.pacing``: the one run loop, over an asyncio or a thread wait
+  strategy, and how long it waits after a poll (literal and prompt mode, wake-ups).
 
 ``Scheduler`` composes them; its phase methods are the seams subclasses (the
 simulation's broken variants, the benchmarks) override.
@@ -28,40 +28,43 @@ from datetime import datetime
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from scheduler.core.batch import (
-    MAX_ERROR_LENGTH,
-    Batch,
-    ClaimedEvent,
-    EventOutcome,
-    PollReport,
-    error_text,
-    outcome_parameters,
-)
-from scheduler.core.claim import claim_params, claim_rounds
+from scheduler.core.claim import claim_params
 from scheduler.core.clock import ensure_ready
-from scheduler.core.dispatch_contract import refuse_async_dispatcher
-from scheduler.core.health import SchedulerHealth
-from scheduler.core.isolation import abort_batch, commit_batch
-from scheduler.core.isolation import dispatch_next as dispatch_in_batch
-from scheduler.core.pacing import BUSY_RETRY_SECONDS, Pacing, is_full
-from scheduler.core.publish import publish_committed
+from scheduler.core.pacing import (
+    BUSY_RETRY_SECONDS,
+    Pacing,
+    interval_after,
+    is_full,
+    polls_again_at_once,
+)
+from scheduler.core.poll import Batch, SchedulerHealth, open_batch, publish_committed
 from scheduler.core.runner import (
     STOP_SLICE_SECONDS,
     AsyncioWaits,
     LoopState,
     ThreadWaits,
-    run_loop,
+    Waits,
     run_to_completion,
 )
-from scheduler.database.engine import polling
 from scheduler.database.queries import statement
 from scheduler.observability.observer import Observer
-from scheduler.types import Clock, Dispatcher, Publisher, SchedulerMode
+from scheduler.types import (
+    MAX_ERROR_LENGTH,
+    ClaimedEvent,
+    Clock,
+    Dispatcher,
+    EventOutcome,
+    PollReport,
+    Publisher,
+    SchedulerMode,
+    error_text,
+    refuse_async_dispatcher,
+)
 
 __all__ = [
     "BUSY_RETRY_SECONDS", "DUE_CHANNEL", "MAX_ERROR_LENGTH", "STOP_SLICE_SECONDS",
     "Batch", "ClaimedEvent", "EventOutcome", "PollReport", "Scheduler", "SchedulerHealth",
-    "claim_params", "error_text", "outcome_parameters",
+    "claim_params", "error_text",
 ]
 
 logger = logging.getLogger(__name__)
@@ -133,26 +136,17 @@ class Scheduler:
     def claim(self) -> Batch:
         """Open a transaction and lock up to ``batch_size`` due pending rows, oldest first,
         whose participants' locks are free; never wait for a lock (DEC-2, ``core.claim``).
-        "Due" is judged by the database's clock in production: before production's clock
-        has read it once, the claim refuses (the poll fails and is retried, DEC-10)."""
+        "Due" is judged by the database's clock in production: before production's clock has
+        read it once, the claim refuses (the poll fails and is retried, DEC-10)."""
         ensure_ready(self.clock)
         now = self.clock.now()
         self.last_claimed_at = now
-        session = self.sessions()
-        try:
-            with polling():  # its connection, used a moment ago, is not pinged first
-                session.connection()
-            events, skipped, ended = claim_rounds(session, now, self.batch_size)
-        except BaseException:
-            session.rollback()
-            session.close()
-            raise
-        return Batch(session=session, events=events, claimed_at=now, skipped=skipped, expired=ended)
+        return open_batch(self.sessions, now, self.batch_size)
 
     def dispatch_next(self, batch: Batch) -> EventOutcome | None:
         """Dispatch the next claimed event, isolated from the others; ``None`` when none is
-        left (the batch's strategy: ``core.isolation``)."""
-        return dispatch_in_batch(batch, self.dispatcher, self.clock, self.name)
+        left (the batch's strategy: ``core.strategies``)."""
+        return batch.dispatch_next(self.dispatcher, self.clock, self.name)
 
     def finish(self, batch: Batch) -> PollReport:
         """Record the batch's outcomes in one statement, commit (releasing its locks), then
@@ -161,8 +155,7 @@ class Scheduler:
         Events not yet dispatched (a stop arrived mid-batch) were never touched, so
         committing releases them still ``pending`` for the next poll.
         """
-        commit_batch(batch)
-        report = PollReport(len(batch.events), tuple(batch.outcomes), len(batch.skipped), tuple(batch.expired))
+        report = batch.commit()
         self.health.committed(report, self.clock.now())
         self.last_report = report
         publish_committed(self.publisher, batch.outbound, self.name)
@@ -170,14 +163,15 @@ class Scheduler:
 
     def abort(self, batch: Batch) -> None:
         """Roll the batch back: every claimed row is pending again and its effects vanish."""
-        abort_batch(batch)
+        batch.abort()
 
     def poll_once(self, should_stop: Callable[[], bool] | None = None) -> PollReport:
-        """One full poll. Stops between events when ``should_stop`` says so."""
+        """One full poll. Stops between events when ``should_stop`` says so (the batch asks it:
+        ``Batch.stop_requested``)."""
         batch = self.claim()
         batch.should_stop = should_stop
         try:
-            while batch.remaining and not (should_stop and should_stop()):
+            while batch.remaining and not batch.stop_requested():
                 # observability: one span per event, linked to the request that stored it
                 with self.observer.dispatch(batch.events[batch.position]) as dispatched:
                     dispatched(self.dispatch_next(batch))
@@ -285,12 +279,43 @@ class Scheduler:
         (REQ-0065); prompt mode polls again at once after a full batch and otherwise waits
         for the earliest of the interval, the next pending trigger and a wake-up. Every wait
         is on ``stop`` itself, so shutdown is immediate however long the wait."""
-        await run_loop(self, AsyncioWaits(stop))
+        await self.run_loop(AsyncioWaits(stop))
 
     def run_blocking(self, stop: threading.Event) -> None:
         """The same loop for a thread of its own (benchmarks, worker processes, the
         simulation), returning once ``stop`` is set (``ThreadWaits``)."""
-        run_to_completion(run_loop(self, ThreadWaits(stop, lambda: self.mode)))
+        run_to_completion(self.run_loop(ThreadWaits(stop, lambda: self.mode)))
+
+    async def run_loop(self, waits: Waits) -> None:
+        """Poll until stopped, over one runner's ``waits`` (``core.runner``). Literal mode waits
+        ``poll_seconds`` after every poll (REQ-0065); prompt mode polls again at once after a
+        full batch and otherwise waits for the earliest of the interval, the next pending
+        trigger and a wake-up."""
+        self.health.started(self.clock.now())
+        self.pacing.attach(waits.interrupt)
+        try:
+            while not waits.stopped():
+                report = await waits.poll(self.poll_guarded)
+                if waits.stopped():
+                    break
+                if polls_again_at_once(self.mode, self.batch_size, report):
+                    await waits.breathe()
+                    continue
+                real_deadline = time.monotonic() + interval_after(self.mode, self.poll_seconds, report)
+                while not waits.stopped():
+                    waits.clear()
+                    seconds = self.pacing.wait_seconds(self.mode, self.clock, real_deadline)
+                    if seconds <= 0:
+                        break
+                    self.state.changed(waiting=True)
+                    if not await waits.wait(seconds) and self.mode is SchedulerMode.LITERAL:
+                        break  # the interval is over (a literal wait is bounded by nothing else)
+                self.state.changed(waiting=False)
+        finally:
+            self.pacing.attach(None)
+            self.pacing.waiting_until = None
+            self.health.running = False
+            self.state.changed(waiting=False)
 
     def is_stale(self, now: datetime) -> bool:
         """True when no poll completed within three poll intervals."""

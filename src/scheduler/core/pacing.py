@@ -14,9 +14,8 @@ import time
 from collections.abc import Callable
 from datetime import datetime
 
-from scheduler.core.batch import PollReport
 from scheduler.core.trigger_range import BEFORE_EVERY_TRIGGER
-from scheduler.types import Clock, SchedulerMode
+from scheduler.types import Clock, PollReport, SchedulerMode
 
 # Prompt mode: how soon to look again after a poll left rows of busy participants behind.
 BUSY_RETRY_SECONDS = 0.5

@@ -1,5 +1,5 @@
-"""One run loop for both runners: an asyncio task (``Scheduler.run``) and a thread of its
-own (``Scheduler.run_blocking``).
+"""The two runners of the one run loop (``Scheduler.run_loop``): an asyncio task
+(``Scheduler.run``) and a thread of its own (``Scheduler.run_blocking``).
 
 The loop body is written once, as a coroutine over a ``Waits`` strategy: the strategy runs
 a poll and waits for the earliest of stop, a wake-up and a deadline; nothing else differs.
@@ -11,17 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from collections.abc import Callable, Coroutine
 from typing import Any, Protocol
 
 import anyio
 import anyio.to_thread
 
-from scheduler.core.batch import PollReport
-from scheduler.core.health import SchedulerHealth
-from scheduler.core.pacing import Pacing, interval_after, polls_again_at_once
-from scheduler.types import Clock, SchedulerMode
+from scheduler.types import PollReport, SchedulerMode
 
 # ThreadWaits in prompt mode checks its stop event at least this often (see ThreadWaits).
 STOP_SLICE_SECONDS = 0.02
@@ -48,20 +44,6 @@ class LoopState:
             return self._condition.wait_for(predicate, timeout)
 
 
-class Paced(Protocol):
-    """What the run loop drives: a poll that never raises, and what paces it."""
-
-    mode: SchedulerMode
-    poll_seconds: float
-    batch_size: int
-    clock: Clock
-    health: SchedulerHealth
-    pacing: Pacing
-    state: LoopState
-
-    def poll_guarded(self, should_stop: Callable[[], bool]) -> PollReport | None: ...
-
-
 class Waits(Protocol):
     """How one runner polls and waits: the only part of the loop that differs."""
 
@@ -80,37 +62,6 @@ class Waits(Protocol):
 
     async def wait(self, seconds: float) -> bool:
         """Wait until stop, an interrupt, or ``seconds``; False when the time ran out."""
-
-
-async def run_loop(loop: Paced, waits: Waits) -> None:
-    """Poll until stopped. Literal mode waits ``poll_seconds`` after every poll (REQ-0065);
-    prompt mode polls again at once after a full batch and otherwise waits for the earliest
-    of the interval, the next pending trigger and a wake-up."""
-    loop.health.started(loop.clock.now())
-    loop.pacing.attach(waits.interrupt)
-    try:
-        while not waits.stopped():
-            report = await waits.poll(loop.poll_guarded)
-            if waits.stopped():
-                break
-            if polls_again_at_once(loop.mode, loop.batch_size, report):
-                await waits.breathe()
-                continue
-            real_deadline = time.monotonic() + interval_after(loop.mode, loop.poll_seconds, report)
-            while not waits.stopped():
-                waits.clear()
-                seconds = loop.pacing.wait_seconds(loop.mode, loop.clock, real_deadline)
-                if seconds <= 0:
-                    break
-                loop.state.changed(waiting=True)
-                if not await waits.wait(seconds) and loop.mode is SchedulerMode.LITERAL:
-                    break  # the interval is over (a literal wait is bounded by nothing else)
-            loop.state.changed(waiting=False)
-    finally:
-        loop.pacing.attach(None)
-        loop.pacing.waiting_until = None
-        loop.health.running = False
-        loop.state.changed(waiting=False)
 
 
 class AsyncioWaits:

@@ -20,8 +20,7 @@ if TYPE_CHECKING:
     from sqlalchemy import Engine
     from starlette.applications import Starlette
 
-    from scheduler.core.batch import ClaimedEvent, EventOutcome, PollReport
-    from scheduler.types import DispatchResult
+    from scheduler.types import ClaimedEvent, DispatchResult, EventOutcome, PollReport
 
 DispatchDone = Callable[["EventOutcome | None"], None]
 LiveDone = Callable[["DispatchResult"], None]

@@ -47,8 +47,7 @@ from scheduler.observability.log_context import event_scope
 from scheduler.observability.observer import BatchDone, DispatchDone, LiveDone, Observer, PollRecord
 
 if TYPE_CHECKING:
-    from scheduler.core.batch import ClaimedEvent, EventOutcome, PollReport
-    from scheduler.types import DispatchResult
+    from scheduler.types import ClaimedEvent, DispatchResult, EventOutcome, PollReport
 
 TRACER_NAME = "scheduler"
 DEFAULT_SERVICE_NAME = "scheduler"

@@ -37,7 +37,6 @@ from starlette.types import ASGIApp
 
 from scheduler.config import ConfigError, Settings
 from scheduler.core.clock import DatabaseClock
-from scheduler.core.dispatch_contract import refuse_async_dispatcher
 from scheduler.core.loop import DUE_CHANNEL, Scheduler
 from scheduler.database.engine import (
     database_time,
@@ -58,7 +57,7 @@ from scheduler.observability.tracing import observe, observer_from_env
 from scheduler.operations.heartbeat import Heartbeat
 from scheduler.operations.metrics import Metrics
 from scheduler.operations.retention import Retention
-from scheduler.types import Clock, Dispatcher, Publisher, SchedulerMode
+from scheduler.types import Clock, Dispatcher, Publisher, SchedulerMode, refuse_async_dispatcher
 from scheduler.web.api.batch import BatchRoutes
 from scheduler.web.api.health import HealthRoutes
 from scheduler.web.api.ingest import IngestRoutes

@@ -1,0 +1,247 @@
+"""One poll (REQ-0065 to REQ-0067): claim, dispatch each event through the batch's strategy,
+commit, publish what was delivered.
+
+- ``open_batch``: the claim's transaction, holding the due rows it locked (``core.claim``);
+- ``Batch``: the poll's private object, the claim and the record of what its events became;
+  its strategy (``core.strategies``) returns what each step did and the batch keeps it, and
+  the batch alone asks the poll's stop (``stop_requested``, DEC-7.1);
+- ``Batch.commit`` and ``Batch.abort``: the batch's end, releasing its locks;
+- ``publish_committed``: what a committed batch delivered leaves the process;
+- ``SchedulerHealth``: the counters ``GET /health/scheduler`` reports.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from scheduler.core.claim import claim_rounds
+from scheduler.core.strategies import Done, Ran, Strategy, choose_strategy, commit_outcomes
+from scheduler.database.engine import polling
+from scheduler.types import (
+    ClaimedEvent,
+    Clock,
+    Dispatcher,
+    EventOutcome,
+    OutboundMessage,
+    PollReport,
+    Publisher,
+)
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class Batch:
+    """An open poll: a transaction holding the claimed rows' locks, and what its events became.
+    The poll's own object (``Scheduler``'s phases hand it around): nothing outside the poll
+    writes into it."""
+
+    session: Session
+    events: list[ClaimedEvent]
+    claimed_at: datetime
+    # Rows the claim locked but left alone because their participant was busy elsewhere:
+    # untouched (still pending, no error); the commit releases them for a later poll.
+    skipped: list[str] = field(default_factory=list)
+    # Rows the claim ended ``expired`` (claimed after their expires_at, EXP-2): written by the
+    # claim's own statement, they take no batch slot and commit (or roll back) with the batch.
+    expired: list[EventOutcome] = field(default_factory=list)
+    # The poll's stop (``Scheduler.poll_once``), asked by ``stop_requested`` only.
+    should_stop: Callable[[], bool] | None = None
+    position: int = 0  # the next event to dispatch
+    replayed: int = 0  # dispatcher calls repeated after a failure rolled back to the checkpoint
+    # The stop was honoured: the events from ``position`` on were never reached (or were
+    # rolled back unrecorded) and the commit releases them pending; nothing more runs.
+    stopped: bool = False
+    closed: bool = False
+    # Who runs the events and commits (``None`` until the first dispatch: the commit of a
+    # batch never dispatched commits, with the outcomes of its record if any).
+    strategy: Strategy | None = None
+    record: list[Done] = field(default_factory=list)  # each event's outcome and outbound, in order
+
+    @property
+    def outcomes(self) -> list[EventOutcome]:
+        return [outcome for outcome, _ in self.record]
+
+    @property
+    def outbound(self) -> list[OutboundMessage]:
+        """What the batch delivered: it leaves after the commit."""
+        return [message for _, messages in self.record for message in messages]
+
+    @property
+    def remaining(self) -> int:
+        """Events still to dispatch: none once the batch stopped."""
+        return 0 if self.stopped else len(self.events) - self.position
+
+    @property
+    def decided_whole(self) -> bool:
+        """Whether the batch was decided whole at its first dispatch and still is (set-based,
+        not fallen back to the per-event path)."""
+        return self.strategy is not None and self.strategy.decided_whole
+
+    def stop_requested(self) -> bool:
+        """Whether the poll's stop has arrived: the one place it is asked, between every two
+        events of the first pass (``Scheduler.poll_once``), of a replay and of a fallback, and
+        between the events' rules of a batch decided whole (DEC-7, DEC-7.1)."""
+        return self.should_stop is not None and self.should_stop()
+
+    def dispatch_next(self, dispatcher: Dispatcher, clock: Clock, name: str) -> EventOutcome | None:
+        """Dispatch the next claimed event, isolated from the others; ``None`` when none is left
+        (a stop may end the batch early: the events not reached stay pending, DEC-7).
+
+        The strategy, with ``dispatcher``, ``clock`` and ``name``, is chosen at the batch's first
+        dispatch and runs the batch to its end: a dispatcher set on the scheduler mid-batch takes
+        effect from the next batch."""
+        if self.closed:
+            raise RuntimeError("batch already finished")
+        if self.remaining == 0:
+            return None
+        if self.strategy is None:
+            self.strategy = choose_strategy(self.session, self.events, dispatcher, clock, name, self.stop_requested)
+        ran = self.strategy.run(self.session, self.events, self.position, self.stop_requested)
+        self._keep(ran)
+        return None if ran.stopped or not ran.done else ran.done[-1][0]
+
+    def _keep(self, ran: Ran) -> None:
+        del self.record[ran.start:]
+        self.record.extend(ran.done)
+        self.position = ran.start + len(ran.done)
+        self.stopped = ran.stopped
+        self.replayed += ran.replayed
+        if ran.owner is not None:
+            self.strategy = ran.owner
+
+    def commit(self) -> PollReport:
+        """Record the batch's outcomes and commit, releasing its locks.
+
+        Events not yet dispatched (a stop arrived mid-batch) were never touched, so committing
+        releases them still ``pending`` for the next poll."""
+        if self.closed:
+            raise RuntimeError("batch already finished")
+        self.closed = True
+        try:
+            if self.strategy is None:
+                commit_outcomes(self.session, self.outcomes)
+            else:
+                self._keep(self.strategy.commit(self.session, self.events, self.record, self.stop_requested))
+        except BaseException:
+            self.session.rollback()
+            raise
+        finally:
+            self.session.close()
+        return PollReport(len(self.events), tuple(self.outcomes), len(self.skipped), tuple(self.expired))
+
+    def abort(self) -> None:
+        """Roll the batch back: every claimed row is pending again and its effects vanish."""
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            self.session.rollback()
+        finally:
+            self.session.close()
+
+
+def open_batch(sessions: sessionmaker[Session], now: datetime, batch_size: int) -> Batch:
+    """Open a transaction and lock up to ``batch_size`` rows due at ``now``, oldest first, whose
+    participants' locks are free; never wait for a lock (DEC-2, ``core.claim``)."""
+    session = sessions()
+    try:
+        with polling():  # its connection, used a moment ago, is not pinged first
+            session.connection()
+        events, skipped, ended = claim_rounds(session, now, batch_size)
+    except BaseException:
+        session.rollback()
+        session.close()
+        raise
+    return Batch(session=session, events=events, claimed_at=now, skipped=skipped, expired=ended)
+
+
+def publish_committed(publisher: Publisher | None, messages: list[OutboundMessage], name: str) -> None:
+    """Push ``messages`` (their batch has committed); a failure is logged, never retried."""
+    if publisher is None or not messages:
+        return
+    publish_many = getattr(publisher, "publish_many", None)
+    if publish_many is not None:
+        # One call for the batch (the inbox numbers a whole batch in one transaction);
+        # it isolates its own per-message failures.
+        try:
+            publish_many(messages)
+        except Exception:
+            logger.exception("%s: publishing %d notifications failed", name, len(messages))
+        return
+    for message in messages:
+        try:
+            publisher.publish(message)
+        except Exception:
+            # Already committed and recorded: a push that fails is logged, not retried.
+            logger.exception("%s: publishing notification %s failed", name, message.notification_id)
+
+
+@dataclass
+class SchedulerHealth:
+    """Counters and times of one replica's loop, updated by the loop's own thread; what
+    ``GET /health/scheduler`` reports (the rows stay the real record)."""
+
+    running: bool = False
+    started_at: datetime | None = None
+    last_poll_at: datetime | None = None
+    last_error: str | None = None
+    last_error_at: datetime | None = None
+    polls: int = 0
+    dispatched: int = 0
+    failed: int = 0
+    expired: int = 0  # rows this replica's claims ended expired (EXP-2)
+    consecutive_failures: int = 0  # polls that failed since the last one that completed
+    skipped: int = 0  # rows left pending because their participant was busy
+
+    def started(self, now: datetime) -> None:
+        self.running = True
+        self.started_at = now
+
+    def committed(self, report: PollReport, now: datetime) -> None:
+        """A poll's batch committed at ``now``."""
+        self.polls += 1
+        self.skipped += report.skipped
+        self.last_poll_at = now
+        self.dispatched += report.dispatched
+        self.failed += report.failed
+        self.expired += len(report.expired)
+
+    def poll_failed(self, error: str, now: datetime) -> None:
+        self.last_error = error
+        self.last_error_at = now
+        self.consecutive_failures += 1
+
+    def poll_completed(self) -> None:
+        self.consecutive_failures = 0
+
+    def is_stale(self, now: datetime, poll_seconds: float) -> bool:
+        """True when no poll completed within three poll intervals."""
+        reference = self.last_poll_at or self.started_at
+        if reference is None:
+            return False
+        return now - reference > timedelta(seconds=3 * max(poll_seconds, 1.0))
+
+    def snapshot(self) -> dict[str, Any]:
+        def iso(value: datetime | None) -> str | None:
+            return value.isoformat() if value else None
+
+        return {
+            "running": self.running,
+            "started_at": iso(self.started_at),
+            "last_poll_at": iso(self.last_poll_at),
+            "last_error": self.last_error,
+            "last_error_at": iso(self.last_error_at),
+            "polls": self.polls,
+            "dispatched": self.dispatched,
+            "failed": self.failed,
+            "expired": self.expired,
+            "consecutive_failures": self.consecutive_failures,
+            "skipped_busy": self.skipped,
+        }
