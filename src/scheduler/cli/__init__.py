@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from scheduler import extensions
+from scheduler.cli.arguments import actor_argument, reason_argument
 from scheduler.cli.events import (
     add_filter_options,
     cmd_events_cancel,
@@ -50,12 +51,18 @@ def _positive_int(raw: str) -> int:
 def _add_by_filter_options(parser: argparse.ArgumentParser, verb: str, sources: frozenset[Any]) -> None:
     """The filter, --dry-run, --reason, --actor and --cap of a command that acts on one row or
     on every row a filter matches (``events reset``, ``events cancel``)."""
+    from scheduler.application.commands import MAX_REASON
+    from scheduler.database.models import NAME_LENGTH
     from scheduler.types import EventStatus
 
     add_filter_options(parser, statuses=[str(s) for s in EventStatus if s in sources])
     parser.add_argument("--dry-run", action="store_true", help=f"only count (or name) what would be {verb}")
-    parser.add_argument("--reason", help=f"why: recorded in the audit trail (required for a {verb} by filter)")
-    parser.add_argument("--actor", help="who, for the row's history and the audit trail (default cli:$USER)")
+    parser.add_argument("--reason", type=reason_argument,
+                        help=f"why: recorded in the audit trail (required for a {verb} by filter; at most "
+                        f"{MAX_REASON} characters)")
+    parser.add_argument("--actor", type=actor_argument,
+                        help="who, for the row's history and the audit trail (default cli:$USER; at most "
+                        f"{NAME_LENGTH} characters)")
     parser.add_argument("--cap", type=_positive_int, default=10_000,
                         help=f"{verb} at most this many rows (default 10000)")
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 import re
+from collections.abc import Callable
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
@@ -27,19 +29,34 @@ MAX_STRING = 200
 Name = Field(min_length=1, max_length=MAX_STRING)
 
 
-def _check_json(value: Any, depth: int = 0) -> None:
-    """PostgreSQL's jsonb refuses NUL characters, and deep nesting is an attack, not data."""
+def _check_json(value: Any, depth: int = 0, at: str = "facts") -> None:
+    """What PostgreSQL's jsonb refuses, refused here naming where (``at``): a NUL character or
+    an unpaired surrogate in a string or a key, a number that is not finite (``1e400`` reads as
+    infinity; jsonb has no infinity, and NaN and Infinity are not JSON). Deep nesting is an
+    attack, not data."""
     if depth > MAX_DEPTH:
         raise ValueError(f"nested deeper than {MAX_DEPTH} levels")
     if isinstance(value, str):
-        check_text(value)
+        _located(check_text, value, at)
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"{at} is a number too large to store (a JSON number beyond \u00b11.8e308, such as "
+                             "1e400, which reads as infinity)")
     elif isinstance(value, dict):
         for key, item in value.items():
-            _check_json(key, depth + 1)
-            _check_json(item, depth + 1)
+            _located(check_text, key, f"a key of {at}")
+            _check_json(item, depth + 1, f"{at}.{key}")
     elif isinstance(value, list):
-        for item in value:
-            _check_json(item, depth + 1)
+        for index, item in enumerate(value):
+            _check_json(item, depth + 1, f"{at}[{index}]")
+
+
+def _located(check: Callable[[str], None], value: str, at: str) -> None:
+    """``check(value)``, its refusal saying where the value is."""
+    try:
+        check(value)
+    except ValueError as exc:
+        raise ValueError(f"{at} {exc}") from None
 
 
 def check_text(value: str) -> None:
