@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +28,11 @@ from scheduler.cli import main
 from scheduler.cli.events_import import import_lines
 from scheduler.config import Settings
 from scheduler.core.clock import ManualClock
+from scheduler.core.store import store_event
+from scheduler.core.store_batch import NewEvent, store_events
+from scheduler.core.trigger_range import TriggerOutOfRange
 from scheduler.database.engine import make_sessionmaker
-from tests.conftest import INGEST
+from tests.conftest import INGEST, T0
 from tests.helpers import event_body, reminder_facts, rows
 
 BATCH = "/admin/scheduled-events/batch"
@@ -103,6 +107,32 @@ def test_a_value_the_database_refuses_is_that_items_422_naming_the_field_and_the
         assert single.status_code == 422 and single.json() == result["error"], label
     stored = {r["user_id"] for r in rows(engine, "SELECT user_id FROM scheduled_events")}
     assert stored == {"first", "edge-east", "edge-west", "edge-numbers"}
+
+
+@pytest.mark.clause("DEC-TRIGGER")
+def test_an_offset_of_sixteen_hours_is_refused_by_the_api_naming_the_field_and_by_the_core_stores(
+    client: TestClient, engine: Engine
+) -> None:
+    """DEC-TRIGGER: ``+16:00`` and ``-16:00`` (which PostgreSQL's text input refuses) are a 422
+    naming ``trigger_at`` for a single POST, which stored them before, and a
+    ``TriggerOutOfRange`` for ``store_event`` and ``store_events``; ``±15:59`` is stored."""
+    east = datetime(2026, 12, 1, tzinfo=timezone(timedelta(hours=16)))
+    for spelled in ("2026-12-01T00:00:00+16:00", "2026-12-01T00:00:00-1600"):
+        answer = send(client, SINGLE, dumps({**event_body(), "trigger_at": spelled}))
+        assert answer.status_code == 422 and fields_named(answer.json()) == {"trigger_at"}, answer.text
+        assert "\u00b115:59" in answer.json()["errors"][0]["message"]
+    sessions = make_sessionmaker(engine)
+    with pytest.raises(TriggerOutOfRange, match="offset"):
+        store_event(sessions, event_type="t", user_id="u", community_id=None, external_key=None, trigger_at=east,
+                    facts=reminder_facts(), now=T0)
+    with pytest.raises(TriggerOutOfRange, match="offset"):
+        store_events(sessions, [NewEvent(event_type="t", user_id="u", community_id=None, external_key=None,
+                                         trigger_at=east, facts=reminder_facts())], now=T0)
+    assert rows(engine, "SELECT id FROM scheduled_events") == []
+    edge = datetime(2026, 12, 1, tzinfo=timezone(timedelta(hours=15, minutes=59)))
+    [stored] = store_events(sessions, [NewEvent(event_type="t", user_id="u", community_id=None, external_key=None,
+                                                trigger_at=edge, facts=reminder_facts())], now=T0)
+    assert datetime.fromisoformat(stored.row["trigger_at"]) == edge
 
 
 @pytest.mark.clause("BATCH-8")

@@ -18,7 +18,12 @@ from pydantic import (
     field_validator,
 )
 
-from scheduler.core.trigger_range import RANGE_TEXT, TriggerOutOfRange, check_trigger_at
+from scheduler.core.trigger_range import (
+    OFFSET_TEXT,
+    RANGE_TEXT,
+    TriggerOutOfRange,
+    check_trigger_at,
+)
 from scheduler.types import DispatchOutcome, EventStatus, NotificationStatus, SchedulerMode
 
 # An ISO 8601 (RFC 3339) date and time with its offset, in ASCII digits.
@@ -87,7 +92,9 @@ def _facts_required(schema: dict[str, Any]) -> None:
         "minProperties": 1,
         "required": ["facts_version", "scenario"],
         "properties": {"facts_version": contract, "scenario": contract},
-        "description": "Must carry facts_version and scenario as non-blank strings.",
+        "description": "Must carry facts_version and scenario as non-blank strings; what jsonb cannot hold "
+                       "is refused naming facts (a number that is not finite such as 1e400, NUL or an unpaired "
+                       "surrogate in a string or key, nesting deeper than 32 levels).",
     }
 
 
@@ -122,8 +129,8 @@ class ScheduledEventIn(_Body):
         description="Opt-in idempotence: posting the same key again rewrites and resets that row.",
     )
     trigger_at: AwareDatetime = Field(
-        description=f"An ISO 8601 instant with its offset (a string), from {RANGE_TEXT}; a naive time, "
-                    "a number (Unix time) or a time outside that range is refused.")
+        description=f"An ISO 8601 instant with its offset (a string), from {RANGE_TEXT}, the offset "
+                    f"{OFFSET_TEXT}; a naive time, a number (Unix time) or a time outside that range is refused.")
     expires_at: AwareDatetime | None = Field(
         default=None,
         description="Optional: an ISO 8601 instant with its offset, after trigger_at and in the same range. "
