@@ -211,7 +211,7 @@ def test_no_item_can_make_the_batchs_statement_fail_every_item_gets_its_own_answ
     """BATCH-8: a batch of hostile items between two valid ones answers 200 with one result
     per item; each hostile item gets what a single POST of it gets (201, or the same 422,
     never the safety net's "a value cannot be stored"); every 201 is a stored row; and the
-    same items imported as lines are refused by line exactly where the batch refused them."""
+    same items imported as lines are refused by line exactly where, and as, the batch refused them."""
     items = [event_body(user_id="before"), *hostile, event_body(user_id="after")]
     answer = send(client, BATCH, "[" + ",".join(dumps(item) for item in items) + "]")
     assert answer.status_code == 200, answer.text
@@ -232,5 +232,13 @@ def test_no_item_can_make_the_batchs_statement_fail_every_item_gets_its_own_answ
     lines = [(number, dumps(item).encode("utf-8")) for number, item in enumerate(items, start=1)]
     summary = import_lines(lines, settings, sessions=make_sessionmaker(engine), clock=clock, actor="property")
     assert summary.stopped_at is None, summary.error
-    assert [number for number, _ in summary.refused] == [
-        number for number, result in enumerate(results, start=1) if result["status"] == 422]
+    refused = [(number, result) for number, result in enumerate(results, start=1) if result["status"] == 422]
+    assert [number for number, _ in summary.refused] == [number for number, _ in refused]
+    for (_, why), (_, result) in zip(summary.refused, refused, strict=True):
+        if "repeats the external_key" not in why:  # which names a line, where the batch names an item
+            assert why == said(result["error"]["detail"])
+
+
+def said(detail: Any) -> str:
+    """A refusal's ``detail`` as the import's summary prints it."""
+    return detail if isinstance(detail, str) else json.dumps(detail, ensure_ascii=False)

@@ -121,7 +121,7 @@ class Import:
         out = self.process.stdout.read()
         self.drain.join(timeout)  # stderr read to its end
         while not self.err_lines.empty():
-            self.err.append(self.err_lines.get())
+            self.err.append(self.err_lines.get_nowait())
         return self.process.returncode, out, "".join(self.err)
 
 
