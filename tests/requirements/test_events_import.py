@@ -196,13 +196,17 @@ NOT_UTF8 = b"caf\xe9".decode("utf-8", "surrogateescape")  # how Python hands a L
     (["events", "reset", "--status", "failed", "--reason", "r" * 2001],
      "argument --reason: is 2001 characters long; at most 2000"),
     (["events", "cancel", "ID", "--actor", NOT_UTF8], "argument --actor: is not valid UTF-8"),
+    (["events", "show", NOT_UTF8], "argument id: is not valid UTF-8"),
+    (["events", "history", NOT_UTF8], "argument id: is not valid UTF-8"),
+    (["events", "reset", NOT_UTF8], "argument id: is not valid UTF-8"),
+    (["events", "cancel", "--key", NOT_UTF8], "argument id: is not valid UTF-8"),
 ])
-def test_an_actor_or_reason_the_database_cannot_store_is_refused_with_one_sentence_and_exit_2(
+def test_an_actor_reason_or_id_the_database_cannot_take_is_refused_with_one_sentence_and_exit_2(
     argv: list[str], refusal: str, engine: Engine, database_url: str, tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """OPS-28: an ``--actor`` longer than the history's column or not UTF-8, and a ``--reason``
-    not UTF-8 or longer than the audit trail keeps, are
+    """OPS-28: an ``--actor`` longer than the history's column or not UTF-8, a ``--reason``
+    not UTF-8 or longer than the audit trail keeps, and an event's ID that is not UTF-8 are
     refused by the parser in one sentence naming the option, exit 2, nothing stored; the
     value itself is not echoed."""
     monkeypatch.setenv("DATABASE_URL", database_url)

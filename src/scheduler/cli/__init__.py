@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from scheduler import extensions
-from scheduler.cli.arguments import actor_argument, reason_argument
+from scheduler.cli.arguments import actor_argument, reason_argument, text_argument
 from scheduler.cli.events import (
     add_filter_options,
     cmd_events_cancel,
@@ -117,7 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev_list.set_defaults(func=cmd_events_list)
     ev_show = events_sub.add_parser("show", help="one row: every column, its facts, notifications and actions",
                                     description="Show one scheduled event with its notifications and operator actions.")
-    ev_show.add_argument("id", help="the scheduled event's id")
+    ev_show.add_argument("id", type=text_argument, help="the scheduled event's id")
     ev_show.add_argument("--json", action="store_true", help="print JSON")
     ev_show.set_defaults(func=cmd_events_show)
     ev_reset = events_sub.add_parser(
@@ -127,7 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
         "leaves the others alone). "
         "Every reset is recorded in the audit trail (GET /admin/audit, the console's audit page).",
         epilog="example: scheduler events reset --status failed --error-contains time_scope --dry-run")
-    ev_reset.add_argument("id", nargs="?", help="the scheduled event's id (omit to reset by filter)")
+    ev_reset.add_argument("id", nargs="?", type=text_argument, help="the scheduled event's id (omit to reset by filter)")
     _add_by_filter_options(ev_reset, "reset", RESETTABLE)
     ev_reset.set_defaults(func=cmd_events_reset)
     ev_cancel = events_sub.add_parser(
@@ -138,7 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
         "a cancel by filter needs --reason). Every cancel is recorded in the row's history, a cancel by "
         "filter in the audit trail too, as the console's.",
         epilog="example: scheduler events cancel --status pending --event-type demo --dry-run")
-    ev_cancel.add_argument("id", nargs="?", help="the scheduled event's id, or its external key with --key "
+    ev_cancel.add_argument("id", nargs="?", type=text_argument, help="the scheduled event's id, or its external key with --key "
                            "(omit to cancel by filter)")
     ev_cancel.add_argument("--key", action="store_true", help="ID is an external_key")
     _add_by_filter_options(ev_cancel, "cancel", CANCELLABLE)
@@ -148,7 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
         "history", help="every change of a row, oldest first",
         description="Stored, rewritten (with what changed), dispatched, failed, reset, cancelled; "
         "with the token's subject where a token did it.")
-    ev_history.add_argument("id", help="the scheduled event's id")
+    ev_history.add_argument("id", type=text_argument, help="the scheduled event's id")
     ev_history.add_argument("--json", action="store_true", help="print JSON")
     ev_history.set_defaults(func=cmd_events_history)
 

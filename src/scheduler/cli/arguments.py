@@ -1,5 +1,5 @@
-"""The CLI's free-text arguments, parsed strictly in one place: ``--actor`` and ``--reason``
-(OPS-28).
+"""The CLI's free-text arguments, parsed strictly in one place: ``--actor``, ``--reason`` and
+the ID of ``events show``, ``history``, ``reset`` and ``cancel`` (OPS-28).
 
 Both are stored: the actor in every changed row's history and in the audit trail (columns
 of ``NAME_LENGTH`` characters), the reason in the audit trail (the commands keep
@@ -19,6 +19,12 @@ def _utf8(raw: str) -> None:
         raw.encode("utf-8")
     except UnicodeEncodeError:
         raise argparse.ArgumentTypeError("is not valid UTF-8 (check the terminal's encoding)") from None
+
+
+def text_argument(raw: str) -> str:
+    """An argparse type: text the database can be asked about (an event's id or key): valid UTF-8."""
+    _utf8(raw)
+    return raw
 
 
 def actor_argument(raw: str) -> str:
