@@ -1,4 +1,4 @@
-"""BATCH-7 and OPS-28: what ``scheduler events import`` reads, and how it stops.
+"""BATCH-7 and OPS-29: what ``scheduler events import`` reads, and how it stops.
 
 The bytes of a file and of stdin are judged alike, line by line, as the batch route judges
 items: a byte order mark before line 1 is skipped, a line that is not UTF-8 is refused on its
@@ -135,11 +135,11 @@ def _held_import(client: TestClient, engine: Engine, tmp_path: Path) -> Path:
     return path
 
 
-@pytest.mark.clause("OPS-28")
+@pytest.mark.clause("OPS-29")
 def test_an_interrupted_import_finishes_the_chunk_being_stored_says_up_to_which_line_it_stored_and_exits_130(
     client: TestClient, engine: Engine, database_url: str, tmp_path: Path
 ) -> None:
-    """OPS-28: SIGINT while line 3's chunk waits on a lock: the import says it is stopping,
+    """OPS-29: SIGINT while line 3's chunk waits on a lock: the import says it is stopping,
     stores that chunk once the lock is free, starts no other, prints the summary of what it
     stored, names line 3 as the last done and line 4 as the first not stored, and exits 130."""
     path = _held_import(client, engine, tmp_path)
@@ -159,11 +159,11 @@ def test_an_interrupted_import_finishes_the_chunk_being_stored_says_up_to_which_
     assert _users(engine) == ["early-1", "early-2", "late"]
 
 
-@pytest.mark.clause("OPS-28")
+@pytest.mark.clause("OPS-29")
 def test_a_second_interrupt_stops_the_import_at_once_naming_the_lines_then_being_stored(
     client: TestClient, engine: Engine, database_url: str, tmp_path: Path
 ) -> None:
-    """OPS-28: a second SIGINT does not wait for the lock: the chunk being stored is given up
+    """OPS-29: a second SIGINT does not wait for the lock: the chunk being stored is given up
     (here PostgreSQL cancels its statement, so none of it is stored), stderr names its lines,
     and the command exits 130 without a traceback."""
     path = _held_import(client, engine, tmp_path)
@@ -188,7 +188,7 @@ def test_a_second_interrupt_stops_the_import_at_once_naming_the_lines_then_being
 NOT_UTF8 = b"caf\xe9".decode("utf-8", "surrogateescape")  # how Python hands a Latin-1 argument over
 
 
-@pytest.mark.clause("OPS-28")
+@pytest.mark.clause("OPS-29")
 @pytest.mark.parametrize(("argv", "refusal"), [
     (["events", "import", "FILE", "--actor", "a" * 300], "argument --actor: is 300 characters long; at most 200"),
     (["events", "import", "FILE", "--actor", NOT_UTF8], "argument --actor: is not valid UTF-8"),
@@ -205,7 +205,7 @@ def test_an_actor_reason_or_id_the_database_cannot_take_is_refused_with_one_sent
     argv: list[str], refusal: str, engine: Engine, database_url: str, tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """OPS-28: an ``--actor`` longer than the history's column or not UTF-8, a ``--reason``
+    """OPS-29: an ``--actor`` longer than the history's column or not UTF-8, a ``--reason``
     not UTF-8 or longer than the audit trail keeps, and an event's ID that is not UTF-8 are
     refused by the parser in one sentence naming the option, exit 2, nothing stored; the
     value itself is not echoed."""

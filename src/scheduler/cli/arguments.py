@@ -1,5 +1,5 @@
 """The CLI's free-text arguments, parsed strictly in one place: ``--actor``, ``--reason`` and
-the ID of ``events show``, ``history``, ``reset`` and ``cancel`` (OPS-28).
+the ID of ``events show``, ``history``, ``reset`` and ``cancel`` (OPS-29).
 
 Both are stored: the actor in every changed row's history and in the audit trail (columns
 of ``NAME_LENGTH`` characters), the reason in the audit trail (the commands keep

@@ -12,7 +12,7 @@ The bytes are read as they are, a file's and stdin's alike, and judged line by l
 batch route judges its items: a UTF-8 byte order mark before line 1 is skipped, a line that
 is not UTF-8 is refused on its own (naming the byte), the others are stored (BATCH-7). Ctrl-C
 (SIGINT) lets the chunk being stored finish, then stops and says what was stored and from
-which line nothing is: exit 130 (OPS-28).
+which line nothing is: exit 130 (OPS-29).
 """
 
 from __future__ import annotations
