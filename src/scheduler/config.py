@@ -120,12 +120,13 @@ class Settings(BaseSettings):
         "PostgreSQL (DATABASE_URL is required)")
     rules_dir: Path | None = _setting(
         None, "SCHEDULER_RULES_DIR", "a directory of rule files (`*.json`)", shown="the shipped examples")
-    default_expiry_seconds: float | None = _setting(
+    default_expiry_seconds: int | None = _setting(
         None, "SCHEDULER_DEFAULT_EXPIRY_SECONDS",
-        "a default window for scheduled events stored without `expires_at`: stored as the row's `expires_at`, "
-        "`trigger_at` plus this, so a row claimed later ends `expired` instead of dispatched (changing it "
-        "rewrites no stored row); unset: no expiry unless the sender sends one (DEC-EXPIRY)",
-        shown="unset (never expires)", gt=0.0, le=100.0 * 365 * 86400)
+        "a default window for scheduled events stored without `expires_at`, in whole seconds (at least 1): "
+        "stored as the row's `expires_at`, `trigger_at` plus this, so a row claimed later ends `expired` "
+        "instead of dispatched (changing it rewrites no stored row); unset: no expiry unless the sender "
+        "sends one (DEC-EXPIRY)",
+        shown="unset (never expires)", ge=1, le=100 * 365 * 86400)
     max_body_bytes: int = _setting(
         64 * 1024, "SCHEDULER_MAX_BODY_BYTES", "larger bodies are a 413", ge=1024)
     batch_max_events: int = _setting(
@@ -302,6 +303,8 @@ def _explain_one(error: ErrorDetails) -> str:
         return f"{name} must be true or false, got {raw!r}"
     if kind == "greater_than_equal":
         return f"{name} must be at least {ctx['ge']}, got {raw}"
+    if kind == "less_than_equal":
+        return f"{name} must be at most {ctx['le']}, got {raw}"
     if kind == "string_pattern_mismatch":
         return (f"{name} must be a lower-case PostgreSQL name (letters, digits, underscores; at most 63), "
                 f"got {raw!r}")

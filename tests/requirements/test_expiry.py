@@ -22,7 +22,7 @@ from sqlalchemy import Engine
 from starlette.testclient import TestClient
 
 from scheduler.cli import main
-from scheduler.config import Settings
+from scheduler.config import ConfigError, Settings
 from scheduler.core.clock import ManualClock
 from scheduler.core.pacing import polls_again_at_once
 from scheduler.types import EventOutcome, PollReport, SchedulerMode
@@ -205,6 +205,32 @@ def test_a_default_window_past_the_range_is_a_422_naming_trigger_at(windowed: Sc
     assert response.status_code == 422, response.text
     assert [e["field"] for e in response.json()["errors"]] == ["trigger_at"]
     assert statuses(engine) == {}
+
+
+@pytest.mark.clause("EXP-5")
+@pytest.mark.parametrize(("raw", "refusal"), [
+    ("1e-7", "must be a whole number, got '1e-7'"),
+    ("0.5", "must be a whole number, got '0.5'"),
+    ("0", "must be at least 1, got 0"),
+    ("3153600001", "must be at most 3153600000, got 3153600001"),
+])
+def test_a_default_window_below_a_second_or_not_whole_is_refused_when_the_settings_are_read(
+        raw: str, refusal: str) -> None:
+    """EXP-5: the window is whole seconds, at least 1 (and at most a century): a window that
+    rounds to nothing would store ``expires_at`` equal to ``trigger_at``, which the table's
+    check refuses, making every store without ``expires_at`` a 500."""
+    with pytest.raises(ConfigError) as refused:
+        Settings.from_env({"SCHEDULER_DEFAULT_EXPIRY_SECONDS": raw})
+    assert str(refused.value) == f"SCHEDULER_DEFAULT_EXPIRY_SECONDS {refusal}"
+
+
+@pytest.mark.clause("EXP-5")
+def test_the_smallest_default_window_one_second_is_stored(engine: Engine, clock: ManualClock) -> None:
+    """EXP-5: ``SCHEDULER_DEFAULT_EXPIRY_SECONDS=1`` stores ``trigger_at`` plus one second."""
+    settings = Settings.from_env({"SCHEDULER_JWT_SECRET": TEST_SECRET, "SCHEDULER_DEFAULT_EXPIRY_SECONDS": "1"})
+    with TestClient(SchedulerService(settings, engine=engine, clock=clock, run_scheduler=False).app) as client:
+        row = stored(client)
+    assert event_row(engine, row["id"])["expires_at"] == T0 + timedelta(seconds=1)
 
 
 @pytest.mark.clause("EXP-5")

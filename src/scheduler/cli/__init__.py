@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from scheduler import extensions
+from scheduler.cli.arguments import actor_argument, reason_argument, text_argument
 from scheduler.cli.events import (
     add_filter_options,
     cmd_events_cancel,
@@ -62,12 +63,18 @@ def _positive_int(raw: str) -> int:
 def _add_by_filter_options(parser: argparse.ArgumentParser, verb: str, sources: frozenset[Any]) -> None:
     """The filter, --dry-run, --reason, --actor and --cap of a command that acts on one row or
     on every row a filter matches (``events reset``, ``events cancel``)."""
+    from scheduler.application.commands import MAX_REASON
+    from scheduler.database.models import NAME_LENGTH
     from scheduler.types import EventStatus
 
     add_filter_options(parser, statuses=[str(s) for s in EventStatus if s in sources])
     parser.add_argument("--dry-run", action="store_true", help=f"only count (or name) what would be {verb}")
-    parser.add_argument("--reason", help=f"why: recorded in the audit trail (required for a {verb} by filter)")
-    parser.add_argument("--actor", help="who, for the row's history and the audit trail (default cli:$USER)")
+    parser.add_argument("--reason", type=reason_argument,
+                        help=f"why: recorded in the audit trail (required for a {verb} by filter; at most "
+                        f"{MAX_REASON} characters)")
+    parser.add_argument("--actor", type=actor_argument,
+                        help="who, for the row's history and the audit trail (default cli:$USER; at most "
+                        f"{NAME_LENGTH} characters)")
     parser.add_argument("--cap", type=_positive_int, default=10_000,
                         help=f"{verb} at most this many rows (default 10000)")
 
@@ -123,7 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev_list.set_defaults(func=cmd_events_list)
     ev_show = events_sub.add_parser("show", help="one row: every column, its facts, notifications and actions",
                                     description="Show one scheduled event with its notifications and operator actions.")
-    ev_show.add_argument("id", help="the scheduled event's id")
+    ev_show.add_argument("id", type=text_argument, help="the scheduled event's id")
     ev_show.add_argument("--json", action="store_true", help="print JSON")
     ev_show.set_defaults(func=cmd_events_show)
     ev_reset = events_sub.add_parser(
@@ -133,7 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
         "leaves the others alone). "
         "Every reset is recorded in the audit trail (GET /admin/audit, the console's audit page).",
         epilog="example: scheduler events reset --status failed --error-contains time_scope --dry-run")
-    ev_reset.add_argument("id", nargs="?", help="the scheduled event's id (omit to reset by filter)")
+    ev_reset.add_argument("id", nargs="?", type=text_argument, help="the scheduled event's id (omit to reset by filter)")
     _add_by_filter_options(ev_reset, "reset", RESETTABLE)
     ev_reset.set_defaults(func=cmd_events_reset)
     ev_cancel = events_sub.add_parser(
@@ -144,7 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
         "a cancel by filter needs --reason). Every cancel is recorded in the row's history, a cancel by "
         "filter in the audit trail too, as the console's.",
         epilog="example: scheduler events cancel --status pending --event-type demo --dry-run")
-    ev_cancel.add_argument("id", nargs="?", help="the scheduled event's id, or its external key with --key "
+    ev_cancel.add_argument("id", nargs="?", type=text_argument, help="the scheduled event's id, or its external key with --key "
                            "(omit to cancel by filter)")
     ev_cancel.add_argument("--key", action="store_true", help="ID is an external_key")
     _add_by_filter_options(ev_cancel, "cancel", CANCELLABLE)
@@ -154,7 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
         "history", help="every change of a row, oldest first",
         description="Stored, rewritten (with what changed), dispatched, failed, reset, cancelled; "
         "with the token's subject where a token did it.")
-    ev_history.add_argument("id", help="the scheduled event's id")
+    ev_history.add_argument("id", type=text_argument, help="the scheduled event's id")
     ev_history.add_argument("--json", action="store_true", help="print JSON")
     ev_history.set_defaults(func=cmd_events_history)
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 import re
+from collections.abc import Callable
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
@@ -16,7 +18,12 @@ from pydantic import (
     field_validator,
 )
 
-from scheduler.core.trigger_range import RANGE_TEXT, TriggerOutOfRange, check_trigger_at
+from scheduler.core.trigger_range import (
+    OFFSET_TEXT,
+    RANGE_TEXT,
+    TriggerOutOfRange,
+    check_trigger_at,
+)
 from scheduler.types import DispatchOutcome, EventStatus, NotificationStatus, SchedulerMode
 
 # An ISO 8601 (RFC 3339) date and time with its offset, in ASCII digits.
@@ -27,19 +34,34 @@ MAX_STRING = 200
 Name = Field(min_length=1, max_length=MAX_STRING)
 
 
-def _check_json(value: Any, depth: int = 0) -> None:
-    """PostgreSQL's jsonb refuses NUL characters, and deep nesting is an attack, not data."""
+def _check_json(value: Any, depth: int = 0, at: str = "facts") -> None:
+    """What PostgreSQL's jsonb refuses, refused here naming where (``at``): a NUL character or
+    an unpaired surrogate in a string or a key, a number that is not finite (``1e400`` reads as
+    infinity; jsonb has no infinity, and NaN and Infinity are not JSON). Deep nesting is an
+    attack, not data."""
     if depth > MAX_DEPTH:
         raise ValueError(f"nested deeper than {MAX_DEPTH} levels")
     if isinstance(value, str):
-        check_text(value)
+        _located(check_text, value, at)
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"{at} is a number too large to store (a JSON number beyond \u00b11.8e308, such as "
+                             "1e400, which reads as infinity)")
     elif isinstance(value, dict):
         for key, item in value.items():
-            _check_json(key, depth + 1)
-            _check_json(item, depth + 1)
+            _located(check_text, key, f"a key of {at}")
+            _check_json(item, depth + 1, f"{at}.{key}")
     elif isinstance(value, list):
-        for item in value:
-            _check_json(item, depth + 1)
+        for index, item in enumerate(value):
+            _check_json(item, depth + 1, f"{at}[{index}]")
+
+
+def _located(check: Callable[[str], None], value: str, at: str) -> None:
+    """``check(value)``, its refusal saying where the value is."""
+    try:
+        check(value)
+    except ValueError as exc:
+        raise ValueError(f"{at} {exc}") from None
 
 
 def check_text(value: str) -> None:
@@ -70,7 +92,9 @@ def _facts_required(schema: dict[str, Any]) -> None:
         "minProperties": 1,
         "required": ["facts_version", "scenario"],
         "properties": {"facts_version": contract, "scenario": contract},
-        "description": "Must carry facts_version and scenario as non-blank strings.",
+        "description": "Must carry facts_version and scenario as non-blank strings; what jsonb cannot hold "
+                       "is refused naming facts (a number that is not finite such as 1e400, NUL or an unpaired "
+                       "surrogate in a string or key, nesting deeper than 32 levels).",
     }
 
 
@@ -105,8 +129,8 @@ class ScheduledEventIn(_Body):
         description="Opt-in idempotence: posting the same key again rewrites and resets that row.",
     )
     trigger_at: AwareDatetime = Field(
-        description=f"An ISO 8601 instant with its offset (a string), from {RANGE_TEXT}; a naive time, "
-                    "a number (Unix time) or a time outside that range is refused.")
+        description=f"An ISO 8601 instant with its offset (a string), from {RANGE_TEXT}, the offset "
+                    f"{OFFSET_TEXT}; a naive time, a number (Unix time) or a time outside that range is refused.")
     expires_at: AwareDatetime | None = Field(
         default=None,
         description="Optional: an ISO 8601 instant with its offset, after trigger_at and in the same range. "
