@@ -95,24 +95,25 @@ def database_url_problem(url: str) -> str | None:
 
 def _host_problem(host_port: str) -> str | None:
     """``host[:port]`` of a URL's authority: an IPv6 host in brackets, a port 1 to 65535."""
+    port: str | None
     if "," in host_port:
         return "names several hosts: write them as ?host=h1:5432&host=h2:5432 after the database"
     if host_port.startswith("["):
-        host, closed, port = host_port[1:].partition("]")
+        host, closed, after = host_port[1:].partition("]")
         if not closed:
             return "has an IPv6 host whose '[' is never closed: write it as [::1] (postgresql://user@[::1]:5432/db)"
         if not host:
             return "has an empty IPv6 host '[]': write the address inside the brackets, as [::1]"
-        if port and not port.startswith(":"):
+        if after and not after.startswith(":"):
             return "has text after the IPv6 host's ']': only :port may follow it (postgresql://user@[::1]:5432/db)"
-        port = port[1:] if port else None
+        port = after[1:] if after else None
     else:
         if "]" in host_port:
             return "has an IPv6 host whose ']' is never opened: write it as [::1] (postgresql://user@[::1]:5432/db)"
         if host_port.count(":") > 1:
             return "has an IPv6 host without brackets: write it as [::1] (postgresql://user@[::1]:5432/db)"
-        _, colon, port = host_port.partition(":")
-        port = port if colon else None
+        _, colon, after = host_port.partition(":")
+        port = after if colon else None
     if port is None:
         return None
     if not _PORT.match(port):
@@ -213,6 +214,14 @@ class Settings(BaseSettings):
         8 * 1024 * 1024, "SCHEDULER_BATCH_MAX_BODY_BYTES",
         "larger batch bodies are a 413 (each item is still bounded by SCHEDULER_MAX_BODY_BYTES: a 422 for that item)",
         shown="8 MiB", ge=1024)
+    request_header_timeout_seconds: float = _setting(
+        10.0, "SCHEDULER_REQUEST_HEADER_TIMEOUT_SECONDS",
+        "`scheduler serve` waits this long for a request's line and headers, from the connection's opening or the "
+        "request's first byte: then a 408 and the connection is closed (SEC-20.1)", gt=0.0, le=3600.0)
+    request_body_timeout_seconds: float = _setting(
+        30.0, "SCHEDULER_REQUEST_BODY_TIMEOUT_SECONDS",
+        "`scheduler serve` waits this long for a request's whole body after its headers: then a 408 (after an "
+        "early answer: the connection is closed) (SEC-20.2)", gt=0.0, le=3600.0)
     statement_timeout_ms: int = _setting(
         30_000, "SCHEDULER_STATEMENT_TIMEOUT_MS", "PostgreSQL `statement_timeout` for every connection", ge=0)
     lock_timeout_ms: int = _setting(
@@ -389,6 +398,10 @@ def _explain_one(error: ErrorDetails) -> str:
         return f"{name} must be true or false, got {raw!r}"
     if kind == "greater_than_equal":
         return f"{name} must be at least {ctx['ge']}, got {raw}"
+    if kind == "greater_than":
+        return f"{name} must be more than {ctx['gt']}, got {raw}"
+    if kind == "less_than_equal":
+        return f"{name} must be at most {ctx['le']}, got {raw}"
     if kind == "string_pattern_mismatch":
         return (f"{name} must be a lower-case PostgreSQL name (letters, digits, underscores; at most 63), "
                 f"got {raw!r}")
