@@ -190,6 +190,24 @@ def test_a_body_still_trickling_after_an_early_answer_is_closed_at_the_body_boun
 
 
 @pytest.mark.clause("SEC-20.1")
+def test_a_connection_left_idle_after_an_early_answer_and_its_body_is_closed(served: Served) -> None:
+    """SEC-20.1: a request answered before its body was read (401), whose body then arrives in
+    full, leaves its connection waiting for a next request that never comes: uvicorn's
+    keep-alive timer is not armed there, and the header bound closes it (with no answer)."""
+    headers = {"Content-Type": "application/json", "Content-Length": "10"}
+    with served.connect() as sock:
+        sock.sendall(_request("POST", "/admin/scheduled-events", headers, b"{"))
+        answer = b""
+        while b"missing bearer token" not in answer:
+            answer += sock.recv(65536)
+        assert answer.startswith(b"HTTP/1.1 401"), answer
+        sock.sendall(b'"a": 123}')  # the body's 9 other bytes: the request is whole
+        rest, elapsed = _answer(sock)
+    assert rest == b""
+    assert HEADER_BOUND * 0.9 <= elapsed < HEADER_BOUND + GRACE, elapsed
+
+
+@pytest.mark.clause("SEC-20.1")
 @pytest.mark.clause("SEC-20.2")
 def test_a_prompt_request_and_an_open_stream_are_never_cut_by_the_bounds(served: Served) -> None:
     """SEC-20.1, SEC-20.2: the control: a complete POST is stored (201), and a participant's

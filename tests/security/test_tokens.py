@@ -298,6 +298,23 @@ def test_a_token_with_an_unstorable_subject_is_401_on_every_bearer_route(
 
 
 @pytest.mark.clause("SEC-7.1")
+@pytest.mark.parametrize("subject", ["s" * 201, "", "op\x00erator"], ids=["201-characters", "empty", "nul"])
+def test_scheduler_token_refuses_to_mint_a_subject_the_service_would_refuse(
+    subject: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """SEC-7.1: ``scheduler token --sub`` with a subject that cannot be stored mints nothing:
+    one sentence naming --sub and the claim on stderr, exit 2."""
+    from scheduler.cli import main
+
+    monkeypatch.setenv("SCHEDULER_JWT_SECRET", TEST_SECRET)
+    monkeypatch.delenv("DATABASE_URL", raising=False)
+    assert main(["token", "--sub", subject]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith("scheduler token: --sub: the subject claim (sub) "), captured.err
+
+
+@pytest.mark.clause("SEC-7.1")
 def test_a_subject_of_200_characters_of_real_unicode_is_accepted_and_recorded_as_sent(
     client: TestClient, engine: Engine
 ) -> None:

@@ -75,8 +75,12 @@ class BoundedH11Protocol(H11Protocol):
             return
         state = self.conn.their_state
         if state is h11.IDLE:
-            # between requests the keep-alive timeout applies, until bytes of the next one arrive
-            if self._phase != "headers" and self.conn.trailing_data[0]:
+            # Between requests uvicorn's keep-alive timeout applies, until bytes of the next one
+            # arrive. Where it is not armed (a body that ended after an early answer), the
+            # header deadline bounds the wait for the next request instead.
+            if not self.conn.trailing_data[0] and self.timeout_keep_alive_task is not None:
+                self._disarm()
+            elif self._phase != "headers":
                 self._arm("headers")
         elif state is h11.SEND_BODY:
             if self._phase != "body":

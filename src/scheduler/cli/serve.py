@@ -169,8 +169,15 @@ def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_token(args: argparse.Namespace, settings: Settings) -> int:
-    from scheduler.web.http.auth import mint_token
+    import jwt
 
+    from scheduler.web.http.auth import check_subject, mint_token
+
+    try:
+        check_subject(args.sub)  # the service would refuse the token (SEC-7.1): mint none
+    except jwt.InvalidTokenError as exc:
+        print(f"scheduler token: --sub: {exc}", file=sys.stderr)
+        return 2
     secret = settings.effective_jwt_secret()
     if secret is None:
         print("no JWT secret configured: set SCHEDULER_JWT_SECRET, or run `scheduler serve` once "
