@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
@@ -48,6 +49,81 @@ class DatabaseUnusable(Exception):
     message says why in one sentence. The CLI prints it and exits 2."""
 
 
+# DATABASE_URL (OPS-6.1): the drivers the scheduler connects with (psycopg 3, synchronous).
+_POSTGRESQL = {"postgresql", "postgres"}
+_ASYNC_DRIVERS = {"asyncpg", "psycopg_async"}
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9.-]*)(?:\+([A-Za-z0-9_.-]+))?://")
+_PORT = re.compile(r"^[0-9]{1,5}$")
+_EXAMPLE_URL = "postgresql://user:password@host:5432/db"
+
+
+def database_url_problem(url: str) -> str | None:
+    """What is wrong with ``url`` as the scheduler's ``DATABASE_URL``, as the rest of a sentence
+    that starts with the variable's name; ``None`` when it is a URL the scheduler connects with:
+    ``postgresql://`` (or ``postgres://``, ``postgresql+psycopg://``), an optional user and
+    password, a host (a name, an IPv4 address or an IPv6 address in brackets; none for a Unix
+    socket given as ``?host=/dir``), a port from 1 to 65535, a database and libpq's query
+    options. Nothing of the URL itself is quoted: it may hold a password."""
+    scheme = _SCHEME.match(url)
+    if scheme is None:
+        return f"must be a PostgreSQL URL such as {_EXAMPLE_URL}: this value has no scheme:// part"
+    dialect, driver = scheme[1].lower(), (scheme[2] or "").lower()
+    if dialect not in _POSTGRESQL:
+        return (f"names the database {dialect!r} ({scheme[0]}): the scheduler runs on PostgreSQL only; "
+                f"write a PostgreSQL URL such as {_EXAMPLE_URL}")
+    if driver in _ASYNC_DRIVERS:
+        return (f"names the asynchronous driver {driver!r} ({scheme[0]}): the scheduler connects with psycopg 3's "
+                "synchronous driver; write postgresql:// or postgresql+psycopg://")
+    if driver not in {"", "psycopg"}:
+        return (f"names the driver {driver!r} ({scheme[0]}): the scheduler connects with psycopg 3; write "
+                "postgresql:// or postgresql+psycopg://")
+    authority = re.split(r"[/?#]", url[scheme.end():], maxsplit=1)[0]
+    if authority.count("@") > 1:
+        return "holds more than one '@' before the host: write an '@' in the user or password as %40"
+    problem = _host_problem(authority.rpartition("@")[2])
+    if problem:
+        return problem
+    from sqlalchemy import make_url  # the parser the engine uses: what passes here, it reads
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        make_url(url)
+    except (ArgumentError, ValueError):
+        return f"is not a URL SQLAlchemy can read: write it as {_EXAMPLE_URL}"
+    return None
+
+
+def _host_problem(host_port: str) -> str | None:
+    """``host[:port]`` of a URL's authority: an IPv6 host in brackets, a port 1 to 65535."""
+    port: str | None
+    if "," in host_port:
+        return "names several hosts: write them as ?host=h1:5432&host=h2:5432 after the database"
+    if host_port.startswith("["):
+        host, closed, after = host_port[1:].partition("]")
+        if not closed:
+            return "has an IPv6 host whose '[' is never closed: write it as [::1] (postgresql://user@[::1]:5432/db)"
+        if not host:
+            return "has an empty IPv6 host '[]': write the address inside the brackets, as [::1]"
+        if after and not after.startswith(":"):
+            return "has text after the IPv6 host's ']': only :port may follow it (postgresql://user@[::1]:5432/db)"
+        port = after[1:] if after else None
+    else:
+        if "]" in host_port:
+            return "has an IPv6 host whose ']' is never opened: write it as [::1] (postgresql://user@[::1]:5432/db)"
+        if host_port.count(":") > 1:
+            return "has an IPv6 host without brackets: write it as [::1] (postgresql://user@[::1]:5432/db)"
+        _, colon, after = host_port.partition(":")
+        port = after if colon else None
+    if port is None:
+        return None
+    if not _PORT.match(port):
+        return ("has a port that is not a number (ASCII digits after the host's ':'; a '/', '?', '#' or '@' "
+                "in the password is written percent-encoded: %2F, %3F, %23, %40)")
+    if not 1 <= int(port) <= 65535:
+        return "has a port outside 1 to 65535"
+    return None
+
+
 def _setting(default: Any, env: str, meaning: str, *, shown: str | None = None, **bounds: Any) -> Any:
     """A field of ``Settings``: ``env`` is the variable it is read from, ``meaning`` the README's
     "meaning" column, ``shown`` the README's default where the value itself says too little."""
@@ -67,8 +143,10 @@ class Settings(BaseSettings):
     )
 
     database_url: str | None = _setting(
-        None, "DATABASE_URL", "any PostgreSQL URL (`postgresql://user:pw@host/db`)", shown="embedded PostgreSQL",
-        repr=False)  # a URL may hold a password: never in a log line
+        None, "DATABASE_URL",
+        "a PostgreSQL URL for psycopg 3: `postgresql://user:pw@host:5432/db` (or `postgresql+psycopg://`; an IPv6 "
+        "host in brackets, `[::1]`; a Unix socket as `?host=/dir`); anything else is refused at startup",
+        shown="embedded PostgreSQL", repr=False)  # a URL may hold a password: never in a log line
     database_schema: str = _setting(
         "scheduler", "SCHEDULER_DATABASE_SCHEMA",
         "the PostgreSQL schema that holds every table, sequence, function and trigger of the scheduler and "
@@ -137,6 +215,14 @@ class Settings(BaseSettings):
         8 * 1024 * 1024, "SCHEDULER_BATCH_MAX_BODY_BYTES",
         "larger batch bodies are a 413 (each item is still bounded by SCHEDULER_MAX_BODY_BYTES: a 422 for that item)",
         shown="8 MiB", ge=1024)
+    request_header_timeout_seconds: float = _setting(
+        10.0, "SCHEDULER_REQUEST_HEADER_TIMEOUT_SECONDS",
+        "`scheduler serve` waits this long for a request's line and headers, from the connection's opening or the "
+        "request's first byte: then a 408 and the connection is closed (SEC-20.1)", gt=0.0, le=3600.0)
+    request_body_timeout_seconds: float = _setting(
+        30.0, "SCHEDULER_REQUEST_BODY_TIMEOUT_SECONDS",
+        "`scheduler serve` waits this long for a request's whole body after its headers: then a 408 (after an "
+        "early answer: the connection is closed) (SEC-20.2)", gt=0.0, le=3600.0)
     statement_timeout_ms: int = _setting(
         30_000, "SCHEDULER_STATEMENT_TIMEOUT_MS", "PostgreSQL `statement_timeout` for every connection", ge=0)
     lock_timeout_ms: int = _setting(
@@ -221,6 +307,14 @@ class Settings(BaseSettings):
             raise ValueError("must be a schema of the scheduler's own, not public or a pg_ schema")
         return value
 
+    @field_validator("database_url", mode="after")
+    @classmethod
+    def _database_url(cls, value: str | None) -> str | None:
+        problem = database_url_problem(value) if value is not None else None
+        if problem:
+            raise ValueError(problem)
+        return value
+
     @field_validator("jwt_public_key", mode="after")
     @classmethod
     def _key_from_file(cls, value: str | None) -> str | None:
@@ -294,6 +388,8 @@ def _explain_one(error: ErrorDetails) -> str:
     if field is None:
         return f"unknown setting {key!r}"
     name, raw, kind, ctx = env_name(field), error.get("input"), error["type"], error.get("ctx", {})
+    if not Settings.model_fields[field].repr:  # a URL with a password, a secret: never in a message
+        return f"{name} {str(error['msg']).removeprefix('Value error, ')}"
     if kind in {"int_parsing", "int_from_float", "int_type"}:
         return f"{name} must be a whole number, got {raw!r}"
     if kind in {"float_parsing", "float_type"}:
@@ -303,6 +399,8 @@ def _explain_one(error: ErrorDetails) -> str:
         return f"{name} must be true or false, got {raw!r}"
     if kind == "greater_than_equal":
         return f"{name} must be at least {ctx['ge']}, got {raw}"
+    if kind == "greater_than":
+        return f"{name} must be more than {ctx['gt']}, got {raw}"
     if kind == "less_than_equal":
         return f"{name} must be at most {ctx['le']}, got {raw}"
     if kind == "string_pattern_mismatch":

@@ -4,6 +4,7 @@ embedded server is an extra (``nudging-scheduler[embedded]``) whose absence is n
 from __future__ import annotations
 
 import builtins
+import socket
 import sys
 import tomllib
 from pathlib import Path
@@ -47,12 +48,16 @@ def test_production_without_database_url_never_starts_an_embedded_postgresql(
 
 
 @pytest.mark.clause("EMB-6")
-@pytest.mark.parametrize("command", [["migrate"], ["serve", "--port", "0"], ["events", "list"]])
+@pytest.mark.parametrize("command", [["migrate"], ["serve", "--port", "FREE"], ["events", "list"]])
 def test_production_without_database_url_is_exit_2_from_every_command(
     command: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
     no_embedded_start: list[Path],
 ) -> None:
     """EMB-6: the CLI in production without DATABASE_URL: one sentence naming it, exit 2."""
+    if "FREE" in command:  # serve binds its port before it reads the database setting
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            command = [str(probe.getsockname()[1]) if word == "FREE" else word for word in command]
     monkeypatch.delenv("DATABASE_URL", raising=False)
     monkeypatch.setenv("SCHEDULER_ENV", "production")
     monkeypatch.setenv("SCHEDULER_JWT_SECRET", TEST_SECRET)

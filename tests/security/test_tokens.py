@@ -1,4 +1,4 @@
-"""SEC-2, SEC-4 to SEC-8: which tokens the service accepts, against a real database."""
+"""SEC-2, SEC-4 to SEC-8 (SEC-7.1 included): which tokens the service accepts, against a real database."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from scheduler.config import Settings
 from scheduler.core.clock import ManualClock
 from scheduler.web.app import SchedulerService
 from tests.conftest import TEST_SECRET
+from tests.helpers import event_body, post_event, rows
 from tests.security.support import (
     auth,
     claims,
@@ -214,6 +215,121 @@ def test_a_configured_issuer_is_required_and_checked(engine: Engine, clock: Manu
 def test_a_token_without_sub_is_401(client: TestClient) -> None:
     """SEC-7: who is calling must be named."""
     assert "sub" in _refused(client, hs256(claims(sub=None)))
+
+
+# Subjects no column can hold (SEC-7.1): the columns that store a subject are 200 characters of
+# PostgreSQL text (no NUL, valid Unicode); an empty one names no one.
+UNSTORABLE_SUBJECTS = {"lone-surrogate": "\ud800", "low-surrogate": "op-\udfff", "nul": "op\x00erator",
+                       "201-characters": "s" * 201, "empty": ""}
+
+
+def _refused_everywhere_it_is_recorded(client: TestClient, engine: Engine, subject: str) -> dict[str, Any]:
+    """Each route that records (or reads by) the subject, sent an otherwise valid request with a
+    token for ``subject``: its status and detail, by route."""
+    event = post_event(client, external_key="k-subject")
+    admin, participant = hs256(claims(sub=subject)), hs256(claims(sub=subject, scope=None))
+    answers = {
+        "POST /admin/scheduled-events": client.post("/admin/scheduled-events", headers=auth(admin),
+                                                    json=event_body(user_id="another")),
+        "POST /admin/scheduled-events/batch": client.post("/admin/scheduled-events/batch", headers=auth(admin),
+                                                          json=[event_body(user_id="batched")]),
+        "POST /admin/scheduled-events/{id}/reset": client.post(f"/admin/scheduled-events/{event['id']}/reset",
+                                                               headers=auth(admin)),
+        "DELETE /admin/scheduled-events/{id}": client.delete(f"/admin/scheduled-events/{event['id']}",
+                                                             headers=auth(admin)),
+        "DELETE /admin/scheduled-events/by-key/{key}": client.delete("/admin/scheduled-events/by-key/k-subject",
+                                                                     headers=auth(admin)),
+        "GET /me/notifications": client.get("/me/notifications", headers=auth(participant)),
+        "POST /inbox/session": client.post("/inbox/session", json={"token": participant}),
+    }
+    found: dict[str, Any] = {}
+    for route, response in answers.items():
+        assert response.status_code == 401, (route, response.status_code, response.text)
+        detail = response.json()["detail"]
+        assert detail.startswith("invalid token: the subject claim (sub)"), (route, detail)
+        found[route] = detail
+        if route != "POST /inbox/session":
+            assert response.headers["www-authenticate"].startswith("Bearer"), route
+    page = client.get("/console/sign-in")
+    nonce = re.search(r'name="nonce" value="([^"]+)"', page.text)
+    assert nonce, page.text
+    console = client.post("/console/sign-in", data={"nonce": nonce[1], "token": admin, "next": "/console"},
+                          follow_redirects=False)
+    assert console.status_code == 401 and "the subject claim (sub)" in console.text, console.text
+    # nothing was stored or changed under that subject
+    assert [r["status"] for r in rows(engine, "SELECT status FROM scheduled_events")] == ["pending"]
+    assert rows(engine, "SELECT id FROM operator_actions") == []
+    assert rows(engine, "SELECT id FROM web_sessions") == []
+    return found
+
+
+@pytest.mark.clause("SEC-7.1")
+@pytest.mark.parametrize("subject", UNSTORABLE_SUBJECTS.values(), ids=UNSTORABLE_SUBJECTS.keys())
+def test_a_subject_that_cannot_be_stored_makes_the_token_invalid_on_every_route_that_records_it(
+    service: SchedulerService, engine: Engine, subject: str
+) -> None:
+    """SEC-7.1: a signed token whose sub is an unpaired surrogate, holds a NUL, is longer than
+    200 characters or is empty is a 401 naming the claim, in the shape of every other refused
+    token, on each route that records the subject (POST, batch, reset, both cancels,
+    /me/notifications, the inbox's and the console's sign-in): never a 500, never a 422 that
+    blames the body, and nothing is stored under it."""
+    with TestClient(service.app, raise_server_exceptions=False) as client:
+        details = _refused_everywhere_it_is_recorded(client, engine, subject)
+    assert len(set(details.values())) == 1, details  # one verifier, one sentence
+
+
+@pytest.mark.clause("SEC-7.1")
+@pytest.mark.parametrize("subject", UNSTORABLE_SUBJECTS.values(), ids=UNSTORABLE_SUBJECTS.keys())
+def test_a_token_with_an_unstorable_subject_is_401_on_every_bearer_route(
+    service: SchedulerService, subject: str
+) -> None:
+    """SEC-7.1: the subject is checked where the token is verified, so every bearer-protected
+    route of the table refuses such a token alike, before its body is read."""
+    from tests.security.support import spec_table
+
+    protected = [e for e in spec_table() if e.permission in {"ingest", "admin", "participant"}]
+    token = hs256(claims(sub=subject, scope="nudging.admin"))
+    with TestClient(service.app, raise_server_exceptions=False) as client:
+        for entry in protected:
+            kwargs: dict[str, Any] = {"json": {}} if entry.method in {"POST", "PUT"} else {}
+            response = client.request(entry.method, entry.concrete_path(), headers=auth(token), **kwargs)
+            assert response.status_code == 401, (entry, response.text)
+            assert "subject claim (sub)" in response.json()["detail"], entry
+
+
+@pytest.mark.clause("SEC-7.1")
+@pytest.mark.parametrize("subject", ["s" * 201, "", "op\x00erator"], ids=["201-characters", "empty", "nul"])
+def test_scheduler_token_refuses_to_mint_a_subject_the_service_would_refuse(
+    subject: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """SEC-7.1: ``scheduler token --sub`` with a subject that cannot be stored mints nothing:
+    one sentence naming --sub and the claim on stderr, exit 2."""
+    from scheduler.cli import main
+
+    monkeypatch.setenv("SCHEDULER_JWT_SECRET", TEST_SECRET)
+    monkeypatch.delenv("DATABASE_URL", raising=False)
+    assert main(["token", "--sub", subject]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith("scheduler token: --sub: the subject claim (sub) "), captured.err
+
+
+@pytest.mark.clause("SEC-7.1")
+def test_a_subject_of_200_characters_of_real_unicode_is_accepted_and_recorded_as_sent(
+    client: TestClient, engine: Engine
+) -> None:
+    """SEC-7.1: the control: the longest storable subject, in letters beyond ASCII and an emoji
+    (a surrogate pair in JSON), is accepted and recorded exactly as it was sent."""
+    subject = ("opérateur-日本-😀-" * 20)[:200]
+    assert len(subject) == 200
+    event = post_event(client)
+    reset = client.post(f"/admin/scheduled-events/{event['id']}/reset", headers=auth(hs256(claims(sub=subject))))
+    assert reset.status_code in {200, 409}, reset.text
+    cancel = client.delete(f"/admin/scheduled-events/{event['id']}", headers=auth(hs256(claims(sub=subject))))
+    assert cancel.status_code == 200, cancel.text
+    assert [r["actor"] for r in rows(engine, "SELECT actor FROM operator_actions WHERE action = 'cancel'")] == [subject]
+    signed_in = client.post("/inbox/session", json={"token": hs256(claims(sub=subject, scope=None))})
+    assert signed_in.status_code == 201 and signed_in.json()["subject"] == subject
 
 
 @pytest.mark.clause("SEC-8")

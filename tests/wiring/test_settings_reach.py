@@ -241,6 +241,56 @@ def check_max_body_bytes(env: Env) -> None:
         assert post(1000) == 201
 
 
+def _what_serve_answers(settings: Settings, request: bytes) -> bytes:
+    """What uvicorn, given ``scheduler serve``'s options for ``settings``, answers to ``request``
+    sent and then left unfinished: everything until it closes the connection."""
+    import socket
+    import threading
+
+    import uvicorn
+
+    from scheduler.cli.http_timeouts import uvicorn_options
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            while (await receive()).get("more_body"):
+                pass
+            await send({"type": "http.response.start", "status": 204, "headers": []})
+            await send({"type": "http.response.body", "body": b""})
+
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, lifespan="off", log_level="warning",
+                                           **uvicorn_options(settings)))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        from tests.servers import wait_for
+
+        wait_for(lambda: server.started or not thread.is_alive(), what="uvicorn to start")
+        port = server.servers[0].sockets[0].getsockname()[1]
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+            sock.sendall(request)
+            received = b""
+            while chunk := sock.recv(65536):
+                received += chunk
+        return received
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+
+
+def check_request_header_timeout_seconds(env: Env) -> None:
+    settings = Settings.from_env(env.base(SCHEDULER_REQUEST_HEADER_TIMEOUT_SECONDS="0.25"))
+    answer = _what_serve_answers(settings, b"GET / HTTP/1.1\r\nHost: x\r\n")
+    assert answer.startswith(b"HTTP/1.1 408") and answer.endswith(b"headers did not arrive within 0.25 s"), answer
+
+
+def check_request_body_timeout_seconds(env: Env) -> None:
+    settings = Settings.from_env(env.base(SCHEDULER_REQUEST_BODY_TIMEOUT_SECONDS="0.25"))
+    answer = _what_serve_answers(
+        settings, b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n{")
+    assert answer.startswith(b"HTTP/1.1 408") and answer.endswith(b"body did not arrive within 0.25 s"), answer
+
+
 def _batch_body(count: int, padding: int = 0) -> list[dict[str, Any]]:
     return [{"event_type": "reminder", "user_id": f"u{i}", "trigger_at": T0.isoformat(),
              "facts": reminder_facts(padding="x" * padding)} for i in range(count)]
@@ -474,6 +524,8 @@ CHECKS: dict[str, Callable[[Env], None]] = {
     "max_body_bytes": check_max_body_bytes,
     "batch_max_events": check_batch_max_events,
     "batch_max_body_bytes": check_batch_max_body_bytes,
+    "request_header_timeout_seconds": check_request_header_timeout_seconds,
+    "request_body_timeout_seconds": check_request_body_timeout_seconds,
     "statement_timeout_ms": check_statement_timeout_ms,
     "lock_timeout_ms": check_lock_timeout_ms,
     "pool_timeout_seconds": check_pool_timeout_seconds,

@@ -60,6 +60,15 @@ def _positive_int(raw: str) -> int:
     return value
 
 
+def _port(raw: str) -> int:
+    """An argparse type: a TCP port, 1 to 65535, in ASCII digits (0, "any free port", is not
+    offered: ``serve`` announces the port it was given)."""
+    value = digits_value(raw, 5)
+    if value is None or not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port number from 1 to 65535, got {raw!r}")
+    return value
+
+
 def _add_by_filter_options(parser: argparse.ArgumentParser, verb: str, sources: frozenset[Any]) -> None:
     """The filter, --dry-run, --reason, --actor and --cap of a command that acts on one row or
     on every row a filter matches (``events reset``, ``events cancel``)."""
@@ -98,7 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="migrate, then run the API and its polling loop under uvicorn",
                            description="Migrate the database, then serve the API; the lifespan runs the loop.")
     serve.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1)")
-    serve.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    serve.add_argument("--port", type=_port, default=8000, help="port, 1 to 65535 (default 8000)")
     serve.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     serve.set_defaults(func=cmd_serve)
 

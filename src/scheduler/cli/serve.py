@@ -46,6 +46,7 @@ def migrated_engine(settings: Settings, report: Callable[[str], None] | None = N
 def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
     import uvicorn
 
+    from scheduler.cli.http_timeouts import uvicorn_options
     from scheduler.database.engine import stop_embedded_servers
     from scheduler.web.app import create_app
 
@@ -72,7 +73,9 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
         # JSON logs: uvicorn configures no formatter of its own, its lines reach ours
         log_config = uvicorn.config.LOGGING_CONFIG if settings.log_format == "text" else None
         server = _announcing_server(
-            uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=10, log_config=log_config),
+            # the request's headers and body are bounded in time (SEC-20.1, SEC-20.2)
+            uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=10, log_config=log_config,
+                           **uvicorn_options(settings)),
             lambda: _say(settings, announce),
             on_exit=app.state.service.streams.close_all,
         )
@@ -165,8 +168,15 @@ def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_token(args: argparse.Namespace, settings: Settings) -> int:
-    from scheduler.web.http.auth import mint_token
+    import jwt
 
+    from scheduler.web.http.auth import check_subject, mint_token
+
+    try:
+        check_subject(args.sub)  # the service would refuse the token (SEC-7.1): mint none
+    except jwt.InvalidTokenError as exc:
+        print(f"scheduler token: --sub: {exc}", file=sys.stderr)
+        return 2
     secret = settings.effective_jwt_secret()
     if secret is None:
         print("no JWT secret configured: set SCHEDULER_JWT_SECRET, or run `scheduler serve` once "

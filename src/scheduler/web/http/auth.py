@@ -32,7 +32,9 @@ from starlette.responses import JSONResponse, Response
 
 from scheduler.config import Settings
 from scheduler.core.clock import SystemClock
+from scheduler.database.models import NAME_LENGTH
 from scheduler.types import Clock
+from scheduler.web.http.schemas import check_text
 
 PERMISSION_SCOPES = {"ingest": "nudging.ingest", "admin": "nudging.admin"}
 # Any valid token, a participant's (no scope) included: the routes under /me, which serve
@@ -115,7 +117,25 @@ class TokenVerifier:
         else:
             raise jwt.InvalidTokenError("the service has no way to verify tokens configured")
         check_token_times(claims, self.clock.now().timestamp(), self.leeway_seconds)
+        check_subject(claims["sub"])
         return claims
+
+
+def check_subject(subject: object) -> None:
+    """A token's ``sub`` is who acts: audit rows, the event history and browser sessions store
+    it, ``/me`` reads by it. One that names no one or cannot be stored (empty, longer than the
+    columns' 200 characters, a NUL, an unpaired surrogate) makes the token invalid: a
+    ``jwt.InvalidTokenError`` naming the claim (a 401), never a 422 or a 500 later (SEC-7.1)."""
+    if not isinstance(subject, str):
+        raise jwt.InvalidTokenError(f"the subject claim (sub) must be a string (not {type(subject).__name__})")
+    if not subject:
+        raise jwt.InvalidTokenError("the subject claim (sub) is empty: it must name who is calling")
+    if len(subject) > NAME_LENGTH:
+        raise jwt.InvalidTokenError(f"the subject claim (sub) is longer than {NAME_LENGTH} characters")
+    try:
+        check_text(subject)
+    except ValueError as exc:
+        raise jwt.InvalidTokenError(f"the subject claim (sub) {exc}") from None
 
 
 # The NumericDates this verifier reads: the span of years 1 to 9999 (anything else cannot be
