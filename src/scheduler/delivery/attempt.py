@@ -8,7 +8,15 @@ from __future__ import annotations
 import anyio
 
 from scheduler.delivery.outcome import classify_error
-from scheduler.types import Delivered, Gone, OutboundDelivery, Retry, Sender, SendResult, Undeliverable
+from scheduler.types import (
+    Delivered,
+    Gone,
+    OutboundDelivery,
+    Retry,
+    Sender,
+    SendResult,
+    Undeliverable,
+)
 
 
 async def attempt(sender: Sender, delivery: OutboundDelivery, *, timeout: float) -> SendResult:
@@ -18,7 +26,7 @@ async def attempt(sender: Sender, delivery: OutboundDelivery, *, timeout: float)
             result = await sender.send(delivery)
     except TimeoutError:
         return Retry(reason=f"timeout: the {delivery.channel!r} sender took more than {timeout:g} s")
-    except Exception as exc:  # per-delivery isolation: the worker records it and goes on
+    except Exception as exc:  # noqa: BLE001 - per-delivery isolation: the worker records it and goes on
         return classify_error(exc)
     if not isinstance(result, Delivered | Retry | Undeliverable | Gone):
         return Retry(reason=f"error: the {delivery.channel!r} sender answered {type(result).__name__}, "

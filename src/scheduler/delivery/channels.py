@@ -14,8 +14,8 @@ from typing import Protocol
 import httpx
 
 from scheduler.delivery.backoff import RetryPolicy
-from scheduler.delivery.signing import parse_secret
 from scheduler.delivery.hosts import AllowedHosts
+from scheduler.delivery.signing import parse_secret
 from scheduler.delivery.vapid import VapidKey
 from scheduler.delivery.webhook import WebhookSender
 from scheduler.delivery.webpush import WebPushSender

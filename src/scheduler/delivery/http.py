@@ -26,7 +26,7 @@ async def post(client: httpx.AsyncClient, url: str, *, content: bytes, headers: 
             answer = await _exchange(client, url, content, headers, timeout)
     except TimeoutError:
         return Retry(reason=f"timeout: no answer within {timeout:g} s")
-    except Exception as exc:  # a failed send is a result, never an error of the caller's
+    except Exception as exc:  # noqa: BLE001 - a failed send is a result, never an error of the caller's
         return classify(exc, now=clock.now(), retry_after_cap=retry_after_cap, push=push)
     return classify(answer, now=clock.now(), retry_after_cap=retry_after_cap, push=push)
 

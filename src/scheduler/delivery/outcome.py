@@ -87,14 +87,12 @@ def header(headers: Mapping[str, str], name: str) -> str | None:
     return None
 
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]+")
-
-
 def excerpt(body: bytes, limit: int = EXCERPT_CHARS) -> str:
     """The start of an answer as one printable line: decoded as UTF-8 (a bad byte is U+FFFD),
-    control characters and runs of whitespace as one space, at most ``limit`` characters."""
+    every character that is not printable (controls, line breaks, bidi overrides, private use)
+    and every run of whitespace as one space, at most ``limit`` characters."""
     text = body[: limit * 4].decode("utf-8", "replace")
-    text = " ".join(_CONTROL.sub(" ", text).split())
+    text = " ".join("".join(c if c.isprintable() else " " for c in text).split())
     return text if len(text) <= limit else text[: limit - 1] + "\u2026"
 
 

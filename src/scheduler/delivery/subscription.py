@@ -75,7 +75,7 @@ class PushSubscriptionJSON(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
     endpoint: str = Field(max_length=MAX_ENDPOINT_CHARS)
-    expirationTime: int | None = Field(default=None, ge=0)  # noqa: N815 - the W3C's name
+    expirationTime: int | None = Field(default=None, ge=0)
     keys: PushSubscriptionKeys
 
     @field_validator("endpoint")
