@@ -58,17 +58,17 @@ def push_payload(delivery: OutboundDelivery) -> bytes:
     payload = _encode(push_json(delivery))
     if len(payload) <= MAX_PLAINTEXT_BYTES:
         return payload
-    body = delivery.body
-    while body:
-        over = len(payload) - MAX_PLAINTEXT_BYTES
-        body = body[: max(0, len(body) - max(over, 1) - 1)]
-        payload = _encode(push_json(delivery, body + "\u2026"))
-        if len(payload) <= MAX_PLAINTEXT_BYTES:
-            return payload
-    payload = _encode(push_json(delivery, ""))
-    if len(payload) > MAX_PLAINTEXT_BYTES:
+
+    def fits(chars: int) -> bool:
+        return len(_encode(push_json(delivery, delivery.body[:chars] + "\u2026"))) <= MAX_PLAINTEXT_BYTES
+
+    if not fits(0):
         raise ValueError("the notification's title alone is longer than one push can hold")
-    return payload
+    low, high = 0, len(delivery.body)  # the longest prefix of the body that fits, by bisection
+    while low < high:
+        middle = (low + high + 1) // 2
+        low, high = (middle, high) if fits(middle) else (low, middle - 1)
+    return _encode(push_json(delivery, delivery.body[:low] + "\u2026"))
 
 
 class WebPushSender:
