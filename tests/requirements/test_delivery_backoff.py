@@ -246,3 +246,41 @@ def test_a_sender_that_answers_something_else_is_a_retry_saying_so() -> None:
     """DELIV-7: an answer that is not a ``SendResult`` is a ``Retry``, not a crash of the worker."""
     result = asyncio.run(attempt(Confused(), delivery(), timeout=5.0))
     assert isinstance(result, Retry) and "answered str, not a SendResult" in result.reason
+
+
+class Overlapping:
+    """Counts how many sends run at once (a fake channel)."""
+
+    def __init__(self) -> None:
+        self.running = 0
+        self.most = 0
+        self.order: list[str] = []
+
+    async def send(self, delivery: OutboundDelivery) -> SendResult:
+        self.running += 1
+        self.most = max(self.most, self.running)
+        for _ in range(3):
+            await asyncio.sleep(0)  # let every other task that may run, run
+        self.running -= 1
+        self.order.append(delivery.delivery_id)
+        return Delivered(status=None, answer=delivery.delivery_id)
+
+
+@pytest.mark.clause("DELIV-7")
+def test_a_batch_runs_at_most_the_concurrency_at_once_and_answers_in_the_deliveries_order() -> None:
+    """DELIV-7: ``attempt_all`` (the worker's call for a claimed batch) keeps to its
+    concurrency, answers one result per delivery in order, and a channel nobody sends on is
+    ``Undeliverable`` without stopping the others."""
+    from dataclasses import replace
+
+    from scheduler.delivery.attempt import attempt_all
+
+    channel = Overlapping()
+    batch = [replace(delivery(), delivery_id=f"d-{n}") for n in range(6)]
+    batch.insert(2, replace(delivery("pigeon"), delivery_id="d-pigeon"))
+    results = asyncio.run(asyncio.wait_for(attempt_all(batch, {"host-sms": channel}, concurrency=2, timeout=5.0), 10))
+    assert channel.most == 2
+    assert [r.answer if isinstance(r, Delivered) else r for r in results] == [
+        "d-0", "d-1", Undeliverable(reason="no sender for the channel 'pigeon'"), "d-2", "d-3", "d-4", "d-5"]
+    with pytest.raises(ValueError):
+        asyncio.run(attempt_all(batch, {}, concurrency=0, timeout=5.0))
