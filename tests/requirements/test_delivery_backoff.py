@@ -60,7 +60,7 @@ def test_a_hosts_own_channel_is_a_sender_by_its_async_send_and_answers_a_send_re
     assert isinstance(gateway, Sender) and getattr(types.Sender, "_is_protocol", False)
     assert asyncio.run(attempt(gateway, delivery(), timeout=5.0)) == Delivered(status=None, answer="queued as 42")
     assert gateway.sent == [delivery()]
-    assert set(types.SendResult.__args__) == {Delivered, Retry, Undeliverable, Gone}  # type: ignore[attr-defined]
+    assert set(types.SendResult.__args__) == {Delivered, Retry, Undeliverable, Gone}
 
 
 @pytest.mark.clause("DELIV-1")

@@ -15,7 +15,12 @@ import pytest
 
 from scheduler.config import ConfigError, Settings
 from scheduler.core.clock import ManualClock
-from scheduler.delivery.channels import allowed_push_hosts, built_in_senders, retry_policy, vapid_key
+from scheduler.delivery.channels import (
+    allowed_push_hosts,
+    built_in_senders,
+    retry_policy,
+    vapid_key,
+)
 from scheduler.delivery.hosts import DEFAULT_ALLOWED_HOSTS
 from scheduler.delivery.signing import format_secret
 from scheduler.delivery.vapid import VapidKey

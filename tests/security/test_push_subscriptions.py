@@ -8,12 +8,15 @@ import base64
 from typing import Any
 
 import pytest
-from cryptography.hazmat.primitives.asymmetric import ec
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from scheduler.delivery.encryption import public_bytes
-from scheduler.delivery.hosts import DEFAULT_ALLOWED, DEFAULT_ALLOWED_HOSTS, AllowedHosts, endpoint_problem
+from scheduler.delivery.hosts import (
+    DEFAULT_ALLOWED,
+    DEFAULT_ALLOWED_HOSTS,
+    AllowedHosts,
+    endpoint_problem,
+)
 from scheduler.delivery.subscription import SubscriptionRefused, check_endpoint, parse_subscription
 
 PROPERTIES = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -23,7 +26,8 @@ def b64url(data: bytes) -> str:
     return base64.urlsafe_b64encode(data).decode().rstrip("=")
 
 
-P256DH = b64url(public_bytes(ec.generate_private_key(ec.SECP256R1()).public_key()))
+# RFC 8291 Appendix A's browser key (published test data): its encoding holds both - and _.
+P256DH = "BCVxsr7N_eNgVRqvHtD0zTZsEc6-VV-JvLexhqUzORcxaOzi6-AYWXvTBHm4bjyPjs7Vd8pZGH6SRpkNtoIAiw4"
 AUTH = b64url(b"0123456789abcdef")
 
 
