@@ -1,6 +1,6 @@
 """A participant's push subscription, parsed strictly (DELIV-13): the W3C
 ``PushSubscription`` JSON (``subscription.toJSON()`` in the page) that ``PUT
-/me/push-subscriptions`` takes: ``endpoint`` an URL the allow-list admits (``hosts``),
+/me/push-subscriptions`` takes: ``endpoint`` a URL the allow-list admits (``hosts``),
 ``expirationTime`` null or milliseconds, ``keys.p256dh`` the base64url of a 65-byte
 uncompressed P-256 point, ``keys.auth`` of 16 bytes, and nothing else. A refusal names each
 field it refuses (``endpoint``, ``keys.p256dh``, ...) for the route's 422.
