@@ -19,7 +19,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
-from pydantic import Field, JsonValue, ValidationError, field_validator
+from pydantic import Field, JsonValue, ValidationError, ValidationInfo, field_validator
 from pydantic.fields import FieldInfo
 from pydantic_core import ErrorDetails
 from pydantic_settings import (
@@ -29,6 +29,7 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
+from scheduler.delivery.hosts import DEFAULT_ALLOWED_HOSTS, AllowedHosts
 from scheduler.types import SchedulerMode
 
 Environment = Literal["development", "production"]
@@ -273,6 +274,46 @@ class Settings(BaseSettings):
         "text", "SCHEDULER_LOG_FORMAT",
         "`json`: one JSON object a line (`time`, `level`, `logger`, `message`, and `event_id`, `replica`, "
         "`trace_id` where they exist); secrets are redacted in both formats")
+    # Outbound delivery (specs/delivery.md): the built-in channels and how they retry.
+    webhook_url: str | None = _setting(
+        None, "SCHEDULER_WEBHOOK_URL",
+        "the webhook channel: one `POST` of JSON per sent notification to this `http(s)` URL (Standard "
+        "Webhooks headers; unset: no webhook)", max_length=2048)
+    webhook_secret: str | None = _setting(
+        None, "SCHEDULER_WEBHOOK_SECRET",
+        "signs each webhook (`webhook-signature`, Standard Webhooks): `whsec_` and the base64 of 24 to 64 "
+        "random bytes; needs SCHEDULER_WEBHOOK_URL; never logged", repr=False)
+    push_allowed_hosts: str = _setting(
+        DEFAULT_ALLOWED_HOSTS, "SCHEDULER_PUSH_ALLOWED_HOSTS",
+        "the push services a participant's subscription may name, space-separated hosts or `*.domain`, "
+        "each with an optional `:port` (else 443); any other endpoint is a 422, never an IP address",
+        shown="the public push services: `fcm.googleapis.com updates.push.services.mozilla.com "
+              "*.push.apple.com *.notify.windows.com`")
+    vapid_private_key: str | None = _setting(
+        None, "SCHEDULER_VAPID_PRIVATE_KEY",
+        "the web-push channel's VAPID key (P-256): PEM, or the base64url of its 32 bytes "
+        "(`scheduler vapid-keys` makes one); unset: no web push; never logged", repr=False)
+    vapid_subject: str | None = _setting(
+        None, "SCHEDULER_VAPID_SUBJECT",
+        "the contact the push services are given (`mailto:ops@example.org` or an `https://` URL); "
+        "required with SCHEDULER_VAPID_PRIVATE_KEY")
+    delivery_timeout_seconds: float = _setting(
+        15.0, "SCHEDULER_DELIVERY_TIMEOUT_SECONDS",
+        "bounds one send on any channel, from connecting to the answer; past it the send is retried",
+        gt=0.0, le=300.0)
+    delivery_backoff_seconds: float = _setting(
+        5.0, "SCHEDULER_DELIVERY_BACKOFF_SECONDS",
+        "the base of a failed send's exponential backoff with full jitter: a wait of up to base * "
+        "2^(attempt - 1), capped, never shorter than the provider's `Retry-After`", ge=0.1, le=3600.0)
+    delivery_backoff_cap_seconds: float = _setting(
+        3600.0, "SCHEDULER_DELIVERY_BACKOFF_CAP_SECONDS",
+        "the longest wait between two attempts, and the most of a `Retry-After` honoured (at least the base)",
+        ge=1.0, le=7.0 * 86400)
+    delivery_max_attempts: int = _setting(
+        12, "SCHEDULER_DELIVERY_MAX_ATTEMPTS",
+        "attempts a delivery gets in all, the first included; after the last it is `undeliverable`", ge=1, le=100)
+    delivery_concurrency: int = _setting(
+        4, "SCHEDULER_DELIVERY_CONCURRENCY", "sends one replica runs at once", ge=1, le=256)
 
     if not TYPE_CHECKING:  # mypy keeps the typed signature pydantic's plugin writes
 
@@ -322,6 +363,60 @@ class Settings(BaseSettings):
             return Path(value).read_text()
         return value
 
+    @field_validator("webhook_url", mode="after")
+    @classmethod
+    def _webhook_url(cls, value: str | None) -> str | None:
+        if value is not None:
+            problem = _http_url_problem(value)
+            if problem:
+                raise ValueError(problem)
+        return value
+
+    @field_validator("webhook_secret", mode="after")
+    @classmethod
+    def _webhook_secret(cls, value: str | None, info: ValidationInfo) -> str | None:
+        from scheduler.delivery.signing import parse_secret
+
+        if value is not None:
+            parse_secret(value)
+            if "webhook_url" in info.data and info.data["webhook_url"] is None:
+                raise ValueError("is set but SCHEDULER_WEBHOOK_URL is not: there is nothing to sign")
+        return value
+
+    @field_validator("push_allowed_hosts", mode="after")
+    @classmethod
+    def _push_hosts(cls, value: str) -> str:
+        AllowedHosts.parse(value)
+        return value
+
+    @field_validator("vapid_private_key", mode="after")
+    @classmethod
+    def _vapid_key(cls, value: str | None) -> str | None:
+        from scheduler.delivery.vapid import VapidKey
+
+        if value is not None:
+            VapidKey.parse(value)
+        return value
+
+    @field_validator("vapid_subject", mode="after")
+    @classmethod
+    def _vapid_subject(cls, value: str | None, info: ValidationInfo) -> str | None:
+        from scheduler.delivery.vapid import check_subject
+
+        if value is not None:
+            return check_subject(value)
+        if info.data.get("vapid_private_key"):
+            raise ValueError("is required with SCHEDULER_VAPID_PRIVATE_KEY: the push services are given a contact")
+        return value
+
+    @field_validator("delivery_backoff_cap_seconds", mode="after")
+    @classmethod
+    def _cap_over_base(cls, value: float, info: ValidationInfo) -> float:
+        base = info.data.get("delivery_backoff_seconds")
+        if base is not None and value < base:
+            raise ValueError(f"must be at least SCHEDULER_DELIVERY_BACKOFF_SECONDS ({base:g})")
+        return value
+
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         """Read settings from ``env`` (default: ``os.environ``); a blank variable is unset."""
@@ -348,6 +443,26 @@ class Settings(BaseSettings):
         if self.secret_file.is_file():
             return self.secret_file.read_text().strip() or None
         return None
+
+
+def _http_url_problem(url: str) -> str | None:
+    """Why ``url`` is not an absolute http(s) URL the service may be configured to POST to."""
+    from urllib.parse import urlsplit
+
+    if not url.isascii() or not url.isprintable() or any(c in url for c in " \\\t"):
+        return "must be a URL of printable ASCII without spaces or backslashes"
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - a malformed port raises here
+    except ValueError:
+        return "must be an absolute http:// or https:// URL"
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return "must be an absolute http:// or https:// URL"
+    if "@" in parts.netloc:
+        return "must not hold a user name or password (sign with SCHEDULER_WEBHOOK_SECRET instead)"
+    if parts.fragment or "#" in url:
+        return "must not have a fragment"
+    return None
 
 
 def log_format_of(env: Mapping[str, str]) -> str:
@@ -381,6 +496,13 @@ def _explain(exc: ValidationError) -> str:
     return "; ".join(_explain_one(error) for error in exc.errors())
 
 
+class _NotShown:
+    def __repr__(self) -> str:
+        return "a value not shown (a secret)"
+
+    __str__ = __repr__
+
+
 def _explain_one(error: ErrorDetails) -> str:
     key = str(error["loc"][0]) if error["loc"] else "settings"
     by_env = {env_name(name): name for name in Settings.model_fields}
@@ -388,8 +510,10 @@ def _explain_one(error: ErrorDetails) -> str:
     if field is None:
         return f"unknown setting {key!r}"
     name, raw, kind, ctx = env_name(field), error.get("input"), error["type"], error.get("ctx", {})
-    if not Settings.model_fields[field].repr:  # a URL with a password, a secret: never in a message
-        return f"{name} {str(error['msg']).removeprefix('Value error, ')}"
+    if Settings.model_fields[field].repr is False:  # a URL with a password, a secret: never in a message
+        if kind == "value_error":
+            return f"{name} {str(error['msg']).removeprefix('Value error, ')}"
+        raw = _NotShown()
     if kind in {"int_parsing", "int_from_float", "int_type"}:
         return f"{name} must be a whole number, got {raw!r}"
     if kind in {"float_parsing", "float_type"}:

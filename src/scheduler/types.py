@@ -334,3 +334,89 @@ def repeatable(dispatcher: object) -> bool:
     rolled back is safe (a ``safe_to_repeat`` attribute that is ``True``): only such a
     dispatcher runs a batch optimistically with a replay after a failure (DEC-1.4)."""
     return getattr(dispatcher, "safe_to_repeat", False) is True
+# -- outbound delivery (specs/delivery.md): what a channel's Sender is handed and answers ---
+
+
+class DeliveryStatus(StrEnum):
+    """A delivery's record: sent, to be tried again at ``next_attempt_at``, or given up on."""
+
+    DELIVERED = "delivered"
+    RETRYING = "retrying"
+    UNDELIVERABLE = "undeliverable"
+
+
+@dataclass(frozen=True)
+class PushTarget:
+    """One push subscription of a participant (the W3C ``PushSubscription``, decoded): where
+    to send and the keys to encrypt for (``scheduler.delivery.subscription`` parses it)."""
+
+    endpoint: str
+    p256dh: bytes = field(repr=False)  # the browser's P-256 public key, 65 bytes uncompressed
+    auth: bytes = field(repr=False)  # its 16-byte authentication secret
+    subscription_id: str | None = None
+
+
+@dataclass(frozen=True)
+class OutboundDelivery:
+    """One delivery of a sent notification on one channel, as a ``Sender`` gets it.
+    ``idempotency_key`` is the same on every attempt; ``attempt`` counts from 1."""
+
+    delivery_id: str
+    idempotency_key: str
+    channel: str
+    notification_id: str
+    user_id: str
+    community_id: str | None
+    kind: str
+    title: str
+    body: str
+    created_at: datetime
+    attempt: int = 1
+    push: PushTarget | None = None  # set for the web-push channel
+
+
+@dataclass(frozen=True)
+class Delivered:
+    """The provider took it: its status (None for a channel that is not HTTP) and a short
+    excerpt of its answer."""
+
+    status: int | None
+    answer: str = ""
+
+
+@dataclass(frozen=True)
+class Retry:
+    """Not this time (5xx, 408, 429, a timeout, a connection error): try again, no sooner than
+    ``retry_after`` seconds when the provider said so."""
+
+    reason: str
+    retry_after: float | None = None
+
+
+@dataclass(frozen=True)
+class Undeliverable:
+    """Never (any other 4xx, a redirect): retrying would not help."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Gone:
+    """A push service answered 404 or 410: the subscription is dead; remove it, and the
+    delivery ends undeliverable."""
+
+    status: int
+    reason: str
+
+
+SendResult = Delivered | Retry | Undeliverable | Gone
+
+
+@runtime_checkable
+class Sender(Protocol):
+    """A channel: sends one delivery and classifies what happened (the built-in webhook and
+    web push, or a host's own, registered by channel name). It must not raise for a failed
+    send: it answers ``Retry`` or ``Undeliverable`` (``scheduler.delivery.outcome`` classifies
+    an HTTP answer or an exception); the worker treats anything it raises as a ``Retry``."""
+
+    async def send(self, delivery: OutboundDelivery) -> SendResult: ...

@@ -34,6 +34,7 @@ from tests.conftest import T0, TEST_SECRET, token
 from tests.helpers import reminder_facts
 from tests.operations.support import sign_in
 from tests.security.support import auth, claims, hs256, other_rsa_private_key, public_pem, rs256
+from tests.wiring.delivery_reach import DELIVERY_CHECKS
 from tests.wiring.support import jwks_endpoint, service_from_env
 
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -542,6 +543,7 @@ CHECKS: dict[str, Callable[[Env], None]] = {
     "session_max_seconds": check_session_max_seconds,
     "session_idle_seconds": check_session_idle_seconds,
     "log_format": check_log_format,
+    **DELIVERY_CHECKS,  # the delivery channels' settings (tests/wiring/delivery_reach.py)
 }
 
 

@@ -29,6 +29,7 @@ from scheduler.cli.events import (
 from scheduler.cli.events_import import add_import_parser
 from scheduler.cli.serve import cmd_migrate, cmd_serve, cmd_token
 from scheduler.cli.terminal import terminal_safe
+from scheduler.cli.vapid import cmd_vapid_keys
 from scheduler.config import ConfigError, DatabaseUnusable, Settings, log_format_of
 from scheduler.digits import digits_value
 from scheduler.observability.logs import configure_logging
@@ -180,6 +181,12 @@ def build_parser() -> argparse.ArgumentParser:
                                       description="List the loaded rules (SCHEDULER_RULES_DIR or the examples).")
     rules_list.add_argument("--json", action="store_true", help="print JSON")
     rules_list.set_defaults(func=cmd_rules_list)
+
+    vapid = sub.add_parser("vapid-keys", help="print a new VAPID key pair for web push (nothing is stored)",
+                           description="A new P-256 key pair: the private key as SCHEDULER_VAPID_PRIVATE_KEY, "
+                           "the public key for the inbox page's applicationServerKey (both base64url).")
+    vapid.add_argument("--json", action="store_true", help="print JSON: private_key, public_key")
+    vapid.set_defaults(func=cmd_vapid_keys)
 
     extensions.register(sub)  # simulate, bench: imported only when they run
     return parser
