@@ -380,6 +380,7 @@ def test_nights_that_touch_across_a_skipped_day_are_one_quiet_period() -> None:
     apia = Z("Pacific/Apia")
     assert quiet_period(utc(2011, 12, 30, 9), apia, NIGHT) == (utc(2011, 12, 30, 8), utc(2011, 12, 30, 17))
     assert quiet_hours_end(utc(2011, 12, 30, 10), apia, NIGHT) == utc(2011, 12, 30, 17)
+    assert quiet_period(utc(2011, 12, 30, 12), apia, NIGHT) == (utc(2011, 12, 30, 8), utc(2011, 12, 30, 17))  # 02:00, 31st
 
 
 @pytest.mark.clause("LOCAL-4")

@@ -27,7 +27,7 @@ from __future__ import annotations
 import functools
 import re
 import zoneinfo
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta, tzinfo
 from typing import Final
@@ -55,9 +55,6 @@ _MICROSECOND: Final = timedelta(microseconds=1)
 # around one can be formed in any zone (every storable instant is inside, DEC-TRIGGER).
 EARLIEST_INSTANT: Final = datetime(1, 1, 15, tzinfo=UTC)
 LATEST_INSTANT: Final = datetime(9999, 12, 15, tzinfo=UTC)
-# How many touching quiet periods are joined into one, at most (two touch only when a
-# transition swallows the time between them; three never did in the tz database).
-_MAX_JOINED: Final = 4
 
 
 @dataclass(frozen=True)
@@ -215,7 +212,10 @@ def first_instant_at(day: date, wall: time, zone: tzinfo) -> datetime:
     occurrence; one a spring-forward gap skips is the first instant after the gap.
     """
     target = datetime.combine(day, wall)
-    candidates = [target.replace(tzinfo=zone, fold=fold).astimezone(UTC) for fold in (0, 1)]
+    earlier, later = target.replace(tzinfo=zone), target.replace(tzinfo=zone, fold=1)
+    if earlier.utcoffset() == later.utcoffset():  # neither repeated nor skipped (PEP 495)
+        return earlier.astimezone(UTC)
+    candidates = [earlier.astimezone(UTC), later.astimezone(UTC)]
     exact = [c for c in candidates if _wall(c, zone) == target]
     if exact:
         return min(exact)
@@ -268,43 +268,41 @@ def local_day_bounds(instant: datetime, zone: tzinfo) -> tuple[datetime, datetim
 # -- quiet hours at an instant -------------------------------------------------------------
 
 
-def _periods_near(utc: datetime, zone: tzinfo, quiet: QuietHours) -> Iterator[tuple[datetime, datetime]]:
-    """The quiet periods of the local days around ``utc``, in order; a period whose bounds
-    both resolve to one instant (both inside one gap) is not one."""
+def _periods_near(utc: datetime, zone: tzinfo, quiet: QuietHours) -> list[tuple[datetime, datetime]]:
+    """The quiet periods of the local days around ``utc``, in order (each starts at or after
+    the previous one's end, as ``first_instant_at`` keeps the clock's order). A period whose
+    bounds resolve to one instant (both inside one gap) does not happen. The days reach far
+    enough for any period holding ``utc`` and the periods that may touch it."""
     today = _wall(utc, zone).date()
-    for offset in range(-2, 3):
+    periods = []
+    for offset in range(-3, 3):
         day = today + timedelta(days=offset)
         start = first_instant_at(day, quiet.start, zone)
         end = first_instant_at(day + timedelta(days=1) if quiet.wraps else day, quiet.end, zone)
         if start < end:
-            yield start, end
-
-
-def _period_holding(utc: datetime, zone: tzinfo, quiet: QuietHours) -> tuple[datetime, datetime] | None:
-    return next(((s, e) for s, e in _periods_near(utc, zone, quiet) if s <= utc < e), None)
+            periods.append((start, end))
+    return periods
 
 
 def quiet_period(instant: datetime, zone: tzinfo, quiet: QuietHours | None) -> tuple[datetime, datetime] | None:
     """The quiet period holding ``instant`` as ``[start, end)`` in UTC, touching periods
     joined into one (LOCAL-4); ``None`` when ``instant`` is outside quiet hours."""
-    if quiet is None:
-        _utc(instant)
-        return None
     utc = _utc(instant)
-    period = _period_holding(utc, zone, quiet)
-    if period is None:
+    if quiet is None:
         return None
-    start, end = period
-    for _ in range(_MAX_JOINED):
-        following = _period_holding(end, zone, quiet)
-        if following is None:
+    periods = _periods_near(utc, zone, quiet)
+    holding = next((i for i, (s, e) in enumerate(periods) if s <= utc < e), None)
+    if holding is None:
+        return None
+    start, end = periods[holding]
+    for later_start, later_end in periods[holding + 1:]:
+        if later_start != end:
             break
-        end = following[1]
-    for _ in range(_MAX_JOINED):
-        preceding = _period_holding(start - _MICROSECOND, zone, quiet)
-        if preceding is None:
+        end = later_end
+    for earlier_start, earlier_end in reversed(periods[:holding]):
+        if earlier_end != start:
             break
-        start = preceding[0]
+        start = earlier_start
     return start, end
 
 
