@@ -223,8 +223,6 @@ def first_instant_at(day: date, wall: time, zone: tzinfo) -> datetime:
     # earlier before it (the clock reads less than the target there) and the later after
     # it (more). The transition is the first instant the clock reads the target or later.
     low, high = min(candidates), max(candidates)
-    if not _wall(low, zone) < target <= _wall(high, zone):  # not a gap PEP 495 describes
-        low, high = low - timedelta(days=2), high + timedelta(days=2)
     while high - low > _MICROSECOND:
         middle = low + (high - low) // 2
         if _wall(middle, zone) >= target:
@@ -243,7 +241,8 @@ def _day_start(day: date, zone: tzinfo) -> datetime:
 
 def local_date(instant: datetime, zone: tzinfo) -> date:
     """The participant's calendar date at ``instant``: the date whose day (``local_day_bounds``)
-    holds it. The date on their clock, save where a fall-back repeats their midnight's neighbourhood."""
+    holds it. That is the date on their clock, save in a fall-back across midnight, whose
+    repeated minutes belong to the day that had already begun (LOCAL-5)."""
     utc = _utc(instant)
     day = _wall(utc, zone).date()
     while utc >= _day_start(day + timedelta(days=1), zone):
