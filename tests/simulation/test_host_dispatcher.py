@@ -199,6 +199,7 @@ def test_the_refusing_host_is_clean_from_the_command_at_seed_1(cli_env: Path, ca
     code = main(["simulate", "--dispatcher", "host_app.simulation:REFUSING", "--seed", "1", "--steps", "300",
                  "--json", "--no-progress", "--no-shrink"])
     out, err = capsys.readouterr()
+    assert err.splitlines()[0] == "simulation seed: 1"
     summary = json.loads(out)
     assert code == 0 and summary["result"] == "clean", summary
     assert summary["events_failed"] > 0 and summary["events_dispatched"] > 0
