@@ -242,7 +242,7 @@ def test_the_replicas_route_and_the_metrics_report_the_same_figures(
     assert {state: m[f"scheduler_replicas{{state={state}}}"] for state in states} == states
 
     def total(name: str) -> float:
-        return sum(v for k, v in m.items() if k.startswith(f"{name}{{"))
+        return float(sum(v for k, v in m.items() if k.startswith(f"{name}{{")))
 
     this = listed["scheduler"]
     assert (this["dispatched"], this["failed"], this["expired"]) == (1, 1, 1)
