@@ -83,7 +83,7 @@ def hot_statements() -> dict[str, tuple[str, dict[str, Any]]]:
         "next due (prompt mode)": ("next_pending_trigger", {"now": NOW}),
         "metrics: backlog": ("backlog_gauges", {"now": NOW}),
         "metrics, overview: failed count": ("count_failed", {"cap": COUNT_CAP}),
-        "metrics: replicas": ("count_replicas_by_state", {"now": NOW}),
+        "metrics, overview: replicas": ("list_replicas", {"now": NOW}),
         "overview: pending count": ("count_pending", {"cap": COUNT_CAP}),
         "overview: status estimate": ("estimate_events_by_status", {}),
         "overview: lateness, last hour": ("lateness_percentiles", {"since": NOW - timedelta(hours=1), "now": NOW}),

@@ -8,6 +8,10 @@ deliberate bug each, which the invariants must catch. See docs/simulation.md.
 One concept per module:
 
 - ``simulation``: a run, its step API (what the drivers call) and its bookkeeping;
+- ``assembly``: what a run is made of (its replicas, clients and the database before the
+  first step);
+- ``choices``: which replicas and clients are free for which step (what both drivers ask);
+- ``expectations``: a host's expectation of its events, and the check of each outcome against it;
 - ``types``: ``RunContext``, what the steps see of a run (``Simulation`` is one), and ``Violation``;
 - ``posts``: the API side (posts in one or two steps, resets by hand, cancels);
 - ``phases``: a replica's claim, dispatch, finish and stop, one phase per step;
@@ -23,6 +27,8 @@ One concept per module:
 - ``shrink``: the fewest steps of a failing program that still break the same invariant;
 - ``report``: ``--json``'s one document, ``--junit-xml`` and the exit codes;
 - ``pytest_plugin``: the fixtures a host's test suite gets from the wheel (``pytest11``);
+  ``sim_runner``, what those fixtures do (a server, a migrated template database and a clone
+  of it per test, seeded runs that shrink and write a regression test on a violation);
 - ``model``, ``observer``, ``actors``, ``faults``, ``broken``, ``driver``, ``cli``: the model
   of REQ-0063 to REQ-0067, the observer's connection, the actor threads, event faults, the
   broken variants (their SQL rewrites, built when a run asks for the variant, and the guard

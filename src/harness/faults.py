@@ -48,9 +48,11 @@ class FaultyDispatcher:
 
     The fault is applied *after* the real dispatcher decided, so a failing event always has
     effects to undo; the harness checks they vanish (and a host's own check, SIM-12, that its
-    rows do). ``slow`` delays the return and changes nothing else. A claimed batch is decided
-    whole, as production decides it (``decide_batch``): each event's call is recorded once
-    its rules ran, and its fault fails it alone after its decision, as the batch's ``check``.
+    rows do). An event the dispatcher refused (raising, or returning its refusal) gets no
+    fault: the dispatcher's own failure comes first (SIM-HOST-5). ``slow`` delays the return
+    and changes nothing else. A claimed batch is decided whole, as production decides it
+    (``decide_batch``): each event's call is recorded once its rules ran, and its fault fails
+    it alone after its decision, as the batch's ``check``.
     """
 
     def __init__(self, inner: Dispatcher, replica: int) -> None:
@@ -136,13 +138,20 @@ class FaultyDispatcher:
 
     def _decided(self, event: DigitalTwinEvent, result: DispatchResult, record: dict[str, Any]) -> str | None:
         """Record what the dispatcher decided; return the event's fault (``python``, ``database``,
-        ``slow``)."""
+        ``slow``), or None for an event the dispatcher refused.
+
+        A refusal the dispatcher returns (``DispatchResult(refusal=...)``) is its own failure
+        as much as one it raises: it comes first, and no fault applies to it (SIM-HOST-5), so
+        the row fails with the dispatcher's reason, as the model expects."""
         record["outcome"] = result.outcome
         record["notification_ids"] = tuple(str(n["id"]) for n in result.notifications)
+        if result.refusal is not None:
+            record["result"] = "refused"
+            return None
         fault = event.facts.get("sim_fault")
         if fault in ("python", "database"):
             return str(fault)
-        record["result"] = "refused" if result.refusal is not None else "ok"
+        record["result"] = "ok"
         return "slow" if fault == "slow" else None  # slow: it dispatches, a while later
 
     def take_calls(self, through: str | None = None) -> list[dict[str, Any]]:

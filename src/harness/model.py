@@ -41,8 +41,9 @@ class Content:
 
     @property
     def expected_status(self) -> str:
-        """The host's own failure first (its dispatcher raises before a fault applies), then
-        the fault's effect, then the host's expectation; the built-in platform has none."""
+        """The host's own failure first (its dispatcher raises, or returns its refusal, before
+        a fault applies: SIM-HOST-5), then the fault's effect, then the host's expectation;
+        the built-in platform has none."""
         if self.expected is not None and self.expected.status == "failed":
             return "failed"
         if self.fault is not None:

@@ -5,6 +5,11 @@ so interleavings are produced, not hoped for. After each step the simulation wai
 every actor has either finished or is seen waiting on a lock in ``pg_locks``, then compares
 the database with the model (``model.py``) through a separate observer connection. A
 mismatch raises ``Violation`` naming the invariant (``SIM-n`` in specs/simulation.md).
+
+This module is a run, its step API and its bookkeeping. What a run is made of is
+``assembly.py``; which actors are free for which step, ``choices.py`` (mixed in); a host's
+expectation of its events, ``expectations.py``; the steps themselves, ``posts.py``,
+``phases.py``, ``run_steps.py``, ``replica_faults.py`` and ``clocks.py``.
 """
 
 from __future__ import annotations
@@ -14,12 +19,12 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection
-
 from harness.actors import Actor, Client, Replica, Stats
+from harness.assembly import new_client, new_replica, set_preferences, set_up_host
 from harness.broken import variant
+from harness.choices import StepChoices
 from harness.clocks import ClockFaults, scheduler_clock
-from harness.faults import FaultyDispatcher, install_rewrites
+from harness.expectations import HostExpectations
 from harness.host import BUILTIN_FAULTS, HOST_FAULTS, Expected, HostDispatcher, host_of
 from harness.model import Call, Model
 from harness.observer import Observer
@@ -31,11 +36,8 @@ from harness.run_steps import LiteralRun, PromptRun
 from harness.settle import Settler
 from harness.teardown import close_run
 from harness.types import Violation
-from scheduler.config import Settings
-from scheduler.core import store
 from scheduler.core.clock import ManualClock
 from scheduler.core.loop import Scheduler
-from scheduler.database.engine import make_engine, make_sessionmaker
 from scheduler.nudging.dispatch import NudgingPlatform
 from scheduler.nudging.publishers import RecordingPublisher
 from scheduler.nudging.rules import load_catalogue
@@ -47,15 +49,11 @@ T0 = datetime(2026, 11, 30, 9, 0, tzinfo=UTC)
 MODES = ("literal", "prompt", "mixed")
 
 
-# Replicas and clients wait as long as it takes: the harness, not a timeout, ends a wait.
-NO_TIMEOUTS = Settings(statement_timeout_ms=0, lock_timeout_ms=0, idle_in_transaction_timeout_ms=0)
-
-
 def _minutes(n: int) -> timedelta:
     return timedelta(minutes=n)
 
 
-class Simulation:
+class Simulation(StepChoices):
     """One run. Use as a context manager; ``close()`` ends every connection and thread.
 
     The replicas dispatch through the built-in platform (``NudgingPlatform``) unless given a
@@ -114,51 +112,25 @@ class Simulation:
         self.caps = {f"p{i}": 1 + i % 3 for i in range(participants)}
         self.participants = participants
         self.model = Model(self.caps)
+        self.expectations = HostExpectations(self.host, self.model, self.fail, self._check)
         self.clock = ManualClock(start)
         self.clock_faults = ClockFaults(self, self.clock)
         self.catalogue = load_catalogue()
         self.replicas: list[Replica] = []
         self.clients: list[Client] = []
-        try:
+        try:  # the run's pieces (assembly.py)
             if self.host is None:
-                self._set_preferences()
+                set_preferences(database_url, self.caps, start)
             elif self.host.setup is not None:
-                self._set_up_host(self.host.setup)
+                set_up_host(database_url, self.host.setup)
             for i in range(replicas):
-                self.replicas.append(self._make_replica(i))
+                inner: Dispatcher = NudgingPlatform(self.catalogue) if self.host is None else self.host.factory()
+                self.replicas.append(new_replica(database_url, i, self.rewrites, inner, self._make_scheduler))
             for i in range(clients):
-                engine = make_engine(database_url, NO_TIMEOUTS, pool_size=1, max_overflow=0)
-                self.clients.append(Client(f"client-{i}", i, engine))
+                self.clients.append(new_client(database_url, i))
         except BaseException:
             self.close()
             raise
-
-    # -- setup ------------------------------------------------------------------------------
-
-    def _set_preferences(self) -> None:
-        engine = make_engine(self.url, NO_TIMEOUTS, pool_size=1, max_overflow=0)
-        try:
-            sessions = make_sessionmaker(engine)
-            for user, cap in self.caps.items():
-                store.set_preferences(sessions, user, enabled_kinds=None, max_per_day=cap, now=self.start)
-        finally:
-            engine.dispose()
-
-    def _set_up_host(self, setup: Callable[[Connection], None]) -> None:
-        """The host's own tables, created or emptied before the run (in one transaction)."""
-        engine = make_engine(self.url, NO_TIMEOUTS, pool_size=1, max_overflow=0)
-        try:
-            with engine.begin() as conn:
-                setup(conn)
-        finally:
-            engine.dispose()
-
-    def _make_replica(self, index: int) -> Replica:
-        engine = make_engine(self.url, NO_TIMEOUTS, pool_size=1, max_overflow=0)
-        install_rewrites(engine, self.rewrites)
-        inner: Dispatcher = NudgingPlatform(self.catalogue) if self.host is None else self.host.factory()
-        dispatcher = FaultyDispatcher(inner, index)
-        return Replica(f"replica-{index}", index, engine, dispatcher, self._make_scheduler)
 
     def _make_scheduler(self, replica: Replica) -> Scheduler:
         """A replica's production scheduler (again after each crash), of the run's variant."""
@@ -186,74 +158,20 @@ class Simulation:
     def actors(self) -> list[Actor]:
         return [*self.replicas, *self.clients]
 
-    # -- what steps are possible now (both drivers ask) -------------------------------------
-
-    def idle_replicas(self) -> list[int]:
-        return [r.index for r in self.replicas if r.op is None and r.batch is None]
-
-    def holding_replicas(self) -> list[int]:
-        """Replicas whose thread is free and that hold a batch (live or killed)."""
-        return [r.index for r in self.replicas if r.op is None and r.batch is not None]
-
-    def live_holding_replicas(self) -> list[int]:
-        return [i for i in self.holding_replicas() if not self.replicas[i].zombie]
-
-    def busy_replicas(self) -> list[int]:
-        return [r.index for r in self.replicas if r.op is not None]
-
-    def free_clients(self) -> list[int]:
-        return [c.index for c in self.clients if c.op is None and c.request is None]
-
-    def requesting_clients(self) -> list[int]:
-        """Clients with a request that has arrived and not been answered, free to answer it."""
-        return [
-            c.index for c in self.clients
-            if c.op is None and c.request is not None and not self._row_has_waiting_writer(c.request.key, None)
-        ]
-
-    def _row_has_waiting_writer(self, key: str | None, event_id: str | None) -> bool:
-        """Two writers waiting on one row would be woken in no fixed order, so a run could not
-        be replayed; the drivers therefore never start a second one."""
-        row = event_id if event_id is not None else (self.model.by_key.get(key) if key else None)
-        return row is not None and row in {c.target for c in self.clients if c.op is not None}
-
-    def _a_claim_waits(self) -> bool:
-        """Two claims waiting at once may be woken together and race for the same participant
-        locks, so which one wins is PostgreSQL's choice and a seed would not replay; the
-        drivers therefore start a claim only when no other replica is waiting (DEC-SIM-6)."""
-        return any(r.op is not None for r in self.replicas)
+    # -- what steps are possible now: ``StepChoices`` (choices.py) ---------------------------
 
     def now(self) -> datetime:
         return self.clock.now()
 
-    # -- a host's dispatcher (harness.host) --------------------------------------------------
+    # -- a host's dispatcher (harness.host; its expectation: expectations.py) ----------------
 
     def expect(self, event: DigitalTwinEvent) -> Expected | None:
         """What the host expects of ``event`` (None: the built-in platform, or no opinion)."""
-        if self.host is None or self.host.expect is None:
-            return None
-        expected = self.host.expect(event)
-        if expected is not None and not isinstance(expected, Expected):
-            raise TypeError(f"the host's expect hook returned {expected!r}, not a harness.Expected or None")
-        return expected
+        return self.expectations.expect(event)
 
     def _check_expected(self, r: Replica, event_id: str, status: str, error: str | None) -> None:
-        """SIM-4, for a host's dispatcher: the event ended as the host (and its fault) said,
-        and a failure the host predicted names its reason."""
-        if self.host is None:
-            return
-        self._check("SIM-4")
-        row = self.model.rows.get(event_id)
-        if row is None:
-            return
-        content = row.content
-        if status != content.expected_status:
-            raise self.fail("SIM-4", f"{r.name}: {event_id} ended {status}, expected {content.expected_status} "
-                                     f"({error or 'no error'})")
-        reason = content.expected_reason
-        if reason is not None and reason not in (error or ""):
-            raise self.fail("SIM-4", f"{r.name}: {event_id} failed with {error!r}, which does not "
-                                     f"name the host's reason {reason!r}")
+        """SIM-4, for a host's dispatcher: the event ended as the host (and its fault) said."""
+        self.expectations.check(r, event_id, status, error)
 
     # -- bookkeeping ------------------------------------------------------------------------
 

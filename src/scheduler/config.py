@@ -240,6 +240,10 @@ class Settings(BaseSettings):
         "dispatched, cancelled and expired rows older than this are deleted with their history (`0`: keep "
         "everything)",
         ge=0)
+    replica_retention_seconds: int = _setting(
+        86_400, "SCHEDULER_REPLICA_RETENTION_SECONDS",
+        "a replica's heartbeat silent this long (a killed replica's) leaves `/admin/replicas`, the console "
+        "and `scheduler_replicas`: retention's hourly run deletes it (a day; OBS-2)", ge=3600)
     transaction_pooling: bool = _setting(
         False, "SCHEDULER_TRANSACTION_POOLING",
         "`true` behind a transaction-pooling proxy (PgBouncer `pool_mode = transaction`): no prepared "
@@ -426,6 +430,11 @@ class Settings(BaseSettings):
     def default_expiry(self) -> timedelta | None:
         """``default_expiry_seconds`` as the window ``core.store.store_event`` takes."""
         return None if self.default_expiry_seconds is None else timedelta(seconds=self.default_expiry_seconds)
+
+    @property
+    def replica_retention(self) -> timedelta:
+        """``replica_retention_seconds`` as the window ``operations.retention.Retention`` takes."""
+        return timedelta(seconds=self.replica_retention_seconds)
 
     def with_(self, **changes: Any) -> Settings:
         """A copy with some fields changed, validated like any other construction."""

@@ -18,15 +18,15 @@ import pytest
 from sqlalchemy import Engine
 from starlette.testclient import TestClient
 
-from scheduler.config import Settings
+from scheduler.config import ConfigError, Settings
 from scheduler.core.clock import ManualClock
 from scheduler.core.loop import Scheduler
 from scheduler.database.engine import make_sessionmaker
 from scheduler.operations.heartbeat import Heartbeat
 from scheduler.web.app import SchedulerService
 from tests.conftest import ADMIN, INGEST, T0
-from tests.helpers import FakeDispatcher, post_event, rows, running
-from tests.operations.support import loop_step
+from tests.helpers import FakeDispatcher, event_body, post_event, rows, running
+from tests.operations.support import loop_step, scrape
 
 
 def _replicas(engine: Engine) -> list[dict[str, object]]:
@@ -175,3 +175,61 @@ def test_a_recovery_is_written_at_once_too_and_the_next_beats_wait_their_second(
     assert step(True) == {"polls": 2, "failures": 0, "error": None}  # same second: not written
     clock.advance(timedelta(seconds=1))
     assert step(True) == {"polls": 4, "failures": 0, "error": None}
+
+
+@pytest.mark.clause("OBS-2")
+def test_a_killed_replicas_heartbeat_leaves_the_list_and_the_gauge_once_retention_runs_past_the_window(
+    settings: Settings, engine: Engine, clock: ManualClock
+) -> None:
+    """OBS-2: a replica killed (its row never deleted) is stale, then gone from /admin/replicas
+    and from ``scheduler_replicas`` at retention's first hourly run after
+    SCHEDULER_REPLICA_RETENTION_SECONDS (two hours here) of silence; with retention of events
+    off (SCHEDULER_RETENTION_DAYS=0) all the same."""
+    assert Settings.from_env({}).replica_retention == timedelta(days=1)
+    service = SchedulerService(settings.with_(replica_retention_seconds=7200, retention_days=0), engine=engine,
+                               clock=clock, run_scheduler=False)
+    killed = Heartbeat(make_sessionmaker(engine), clock, replica_id="killed")
+    killed(Scheduler(make_sessionmaker(engine), service.dispatcher, clock, name="killed-replica"))
+    with TestClient(service.app) as client:
+        def listed() -> dict[str, str]:
+            return {r["name"]: r["state"] for r in client.get("/admin/replicas", headers=ADMIN).json()}
+
+        clock.advance(timedelta(hours=1, minutes=59))
+        loop_step(service)  # retention's first run: silent 1 h 59 min, kept
+        assert listed() == {"killed-replica": "stale", "scheduler": "ok"}
+        clock.advance(timedelta(minutes=2))
+        loop_step(service)  # past the window, but retention ran less than an hour ago
+        assert listed() == {"killed-replica": "stale", "scheduler": "ok"}
+        clock.advance(timedelta(hours=1))
+        loop_step(service)  # the next hourly run deletes it
+        report = service.retention.last_report
+        assert report is not None and (report.replicas_deleted, report.deleted) == (1, 0)
+        assert listed() == {"scheduler": "ok"}
+        m = scrape(client)
+        assert (m["scheduler_replicas{state=stale}"], m["scheduler_replicas{state=ok}"]) == (0, 1)
+
+
+@pytest.mark.clause("OBS-2")
+def test_the_replica_retention_setting_is_bounded_and_named_when_wrong() -> None:
+    """OBS-2: SCHEDULER_REPLICA_RETENTION_SECONDS is a whole number of seconds, an hour at least."""
+    assert Settings.from_env({"SCHEDULER_REPLICA_RETENTION_SECONDS": "7200"}).replica_retention == timedelta(hours=2)
+    for bad in ("60", "a day", "-1"):
+        with pytest.raises(ConfigError, match="SCHEDULER_REPLICA_RETENTION_SECONDS"):
+            Settings.from_env({"SCHEDULER_REPLICA_RETENTION_SECONDS": bad})
+
+
+@pytest.mark.clause("OBS-1")
+def test_the_heartbeat_counts_the_events_this_replicas_claims_ended_expired(
+    service: SchedulerService, client: TestClient, engine: Engine, clock: ManualClock
+) -> None:
+    """OBS-1: a row claimed after its expires_at ends expired; the replica's row counts it
+    beside its dispatched and failed events, and /admin/replicas shows it."""
+    window = {"expires_at": (T0 + timedelta(minutes=5)).isoformat()}
+    client.post("/admin/scheduled-events", headers=INGEST, json={**event_body(user_id="anna"), **window})
+    post_event(client, user_id="bob", trigger_at=T0 + timedelta(minutes=10))
+    clock.advance(timedelta(minutes=10))
+    loop_step(service)
+    [row] = _replicas(engine)
+    assert (row["polls"], row["dispatched"], row["failed"], row["expired"]) == (1, 1, 0, 1)
+    [listed] = client.get("/admin/replicas", headers=ADMIN).json()
+    assert (listed["dispatched"], listed["expired"]) == (1, 1)

@@ -17,10 +17,13 @@ from starlette.testclient import TestClient
 
 from scheduler.config import Settings
 from scheduler.core.clock import ManualClock
+from scheduler.core.loop import Scheduler
+from scheduler.database.engine import make_sessionmaker
 from scheduler.nudging.publishers import RecordingPublisher
+from scheduler.operations.heartbeat import Heartbeat
 from scheduler.web.app import SchedulerService
 from tests.conftest import ADMIN, INGEST, T0
-from tests.helpers import post_event, running
+from tests.helpers import event_body, post_event, running
 from tests.operations.support import loop_step, scrape
 
 BAD_FACTS = {"facts_version": "1", "scenario": "commitment_reminder", "date": "someday"}
@@ -200,3 +203,50 @@ def test_a_fresh_service_exposes_every_known_event_types_counters_at_zero(
     assert (m["scheduler_polls_total"], m["scheduler_poll_errors_total"]) == (0, 0)
     labels = {key for key in m if key.startswith("scheduler_events_failed_total{")}
     assert labels == {f"scheduler_events_failed_total{{event_type={t}}}" for t in known}
+
+
+@pytest.mark.clause("OBS-7")
+def test_the_replicas_route_and_the_metrics_report_the_same_figures(
+    service: SchedulerService, client: TestClient, engine: Engine, clock: ManualClock
+) -> None:
+    """OBS-7: with a replica ok, one failing and one stale, ``scheduler_replicas{state}`` counts
+    the states /admin/replicas lists; and this replica's row (after a failed poll, a dispatched,
+    a failed and an expired event) holds what its /metrics counters count: dispatched, failed
+    and expired events, and its completed polls (every poll less the failed ones)."""
+    sessions = make_sessionmaker(engine)
+    Heartbeat(sessions, clock)(Scheduler(sessions, service.dispatcher, clock, name="replica-stale"))
+    window = {"expires_at": (T0 + timedelta(minutes=5)).isoformat()}
+    client.post("/admin/scheduled-events", headers=INGEST, json={**event_body(user_id="anna"), **window})
+    post_event(client, user_id="bob", trigger_at=T0 + timedelta(minutes=10))
+    post_event(client, user_id="carl", trigger_at=T0 + timedelta(minutes=10), facts=BAD_FACTS)
+    clock.advance(timedelta(minutes=10))
+    loop_step(service)
+    claim = service.scheduler.claim
+
+    def broken_claim() -> None:
+        raise RuntimeError("database said no")
+
+    service.scheduler.claim = broken_claim  # type: ignore[assignment,method-assign]
+    clock.advance(timedelta(seconds=1))
+    loop_step(service)
+    service.scheduler.claim = claim  # type: ignore[method-assign]
+    clock.advance(timedelta(seconds=1))
+    loop_step(service)  # the heartbeat of a good poll again
+    failing = Scheduler(sessions, service.dispatcher, clock, name="replica-failing")
+    failing.health.consecutive_failures = 2
+    Heartbeat(sessions, clock)(failing)
+    listed = {r["name"]: r for r in client.get("/admin/replicas", headers=ADMIN).json()}
+    m = scrape(client)
+    states = {state: sum(r["state"] == state for r in listed.values()) for state in ("ok", "failing", "stale")}
+    assert states == {"ok": 1, "failing": 1, "stale": 1}
+    assert {state: m[f"scheduler_replicas{{state={state}}}"] for state in states} == states
+
+    def total(name: str) -> float:
+        return float(sum(v for k, v in m.items() if k.startswith(f"{name}{{")))
+
+    this = listed["scheduler"]
+    assert (this["dispatched"], this["failed"], this["expired"]) == (1, 1, 1)
+    assert (this["dispatched"], this["failed"], this["expired"]) == (
+        total("scheduler_events_dispatched_total"), total("scheduler_events_failed_total"),
+        total("scheduler_events_expired_total"))
+    assert this["polls"] == m["scheduler_polls_total"] - m["scheduler_poll_errors_total"] == 2

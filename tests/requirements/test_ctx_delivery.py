@@ -11,10 +11,14 @@ a duplicate), 400 (no enabled rule claims the scenario at that frequency) or 422
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 from sqlalchemy import Engine
 from starlette.testclient import TestClient
 
+from scheduler.config import Settings
+from scheduler.core.clock import ManualClock
 from scheduler.nudging.publishers import RecordingPublisher
 from scheduler.web.app import SchedulerService
 from tests.conftest import ADMIN, INGEST
@@ -79,6 +83,28 @@ def test_a_failing_push_does_not_undo_a_committed_dispatch(client: TestClient, s
     service.scheduler.publisher = ExplodingPublisher()
     assert service.scheduler.poll_once().dispatched == 1
     assert rows(engine, "SELECT status FROM scheduled_events WHERE id = :id", id=stored["id"])[0]["status"] == "dispatched"
+
+
+@pytest.mark.clause("CTX-DELIVERY.3")
+def test_a_failing_push_is_logged_by_the_publish_path_not_the_inbox_on_the_loop_and_the_live_path(
+    settings: Settings, engine: Engine, clock: ManualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """CTX-DELIVERY.3: a service mounted without the inbox, whose publisher always fails: the
+    loop's push and the live route's are each logged once, under ``scheduler.core.poll``
+    with the name of who published, and nothing under the inbox's logger."""
+    service = SchedulerService(settings, engine=engine, clock=clock, publisher=ExplodingPublisher(),
+                               run_scheduler=False)
+    with TestClient(service.app_for("api", "health")) as client:
+        post_event(client, user_id="anna")
+        caplog.clear()
+        with caplog.at_level(logging.ERROR):
+            assert service.scheduler.poll_once().dispatched == 1
+            body = {"event_type": "t", "user_id": "bob", "facts": reminder_facts()}
+            assert client.post("/admin/ingest-event", headers=INGEST, json=body).status_code == 200
+    pushes = [(r.name, r.getMessage().split(":")[0]) for r in caplog.records if "publishing" in r.getMessage()]
+    assert pushes == [("scheduler.core.poll", "scheduler"), ("scheduler.core.poll", "live")]
+    assert all(r.exc_info is not None for r in caplog.records if "publishing" in r.getMessage())
+    assert [r for r in caplog.records if r.name.startswith("scheduler.web.inbox")] == []
 
 
 @pytest.mark.clause("CTX-LIVE.1")

@@ -81,12 +81,14 @@ def test_rows_finished_less_than_the_retention_ago_are_kept(
 def test_retention_days_zero_keeps_everything(
     client: TestClient, engine: Engine, clock: ManualClock, service: SchedulerService
 ) -> None:
-    """RET-3, DEC-LIFE-2: SCHEDULER_RETENTION_DAYS=0 deletes nothing, ever; the default is 30."""
+    """RET-3, DEC-LIFE-2: SCHEDULER_RETENTION_DAYS=0 deletes no event, ever (its run still
+    deletes gone replicas' heartbeats, OBS-2); the default is 30."""
     assert Settings.from_env({}).retention_days == 30
     assert Settings.from_env({"SCHEDULER_RETENTION_DAYS": "0"}).retention_days == 0
     finished_rows(client, service, clock)
     clock.advance(timedelta(days=3650))
-    assert Retention(engine, clock, days=0).run_if_due() is None
+    report = Retention(engine, clock, days=0).run_if_due()
+    assert report is not None and (report.deleted, report.batches, report.done) == (0, 0, True)
     assert len(statuses(engine)) == 4
 
 

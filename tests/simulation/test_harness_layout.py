@@ -1,4 +1,5 @@
-"""SIM-9: the harness's shape: no import cycle, and broken variants built only when a run asks.
+"""SIM-9, SIM-13: the harness's shape: no import cycle, broken variants built only when a run
+asks, and modules of one concept each, none over 450 lines.
 
 Importing ``harness.broken`` or ``harness.cli`` (which the ``scheduler`` command may load)
 reads no SQL; a variant's regexes are checked against queries.sql when that variant is
@@ -63,6 +64,22 @@ def test_no_harness_module_imports_another_that_imports_it_back() -> None:
     steps = ("posts", "phases", "run_steps", "replica_faults", "oracle", "teardown")
     assert all("simulation" not in graph[step] for step in steps)
     assert _cycle({"a": {"b"}, "b": {"a"}}) == ["a", "b", "a"]  # the check itself finds one
+
+
+MAX_MODULE_LINES = 450
+
+
+@pytest.mark.clause("SIM-13")
+def test_every_harness_module_is_at_most_450_lines_and_named_in_the_map() -> None:
+    """SIM-13: every module of the harness package (whatever its name, a new one too) holds at
+    most 450 lines, and the package's docstring names it in its map of concepts."""
+    modules = sorted(HARNESS.glob("*.py"))
+    assert HARNESS / "simulation.py" in modules and len(modules) > 20
+    lines = {p.name: len(p.read_text().splitlines()) for p in modules}
+    assert {name: n for name, n in lines.items() if n > MAX_MODULE_LINES} == {}
+    described = harness.__doc__ or ""
+    named = {p.stem for p in modules if p.stem not in ("__init__", "__main__")}
+    assert sorted(m for m in named if f"``{m}``" not in described) == []
 
 
 @pytest.mark.clause("SIM-9")

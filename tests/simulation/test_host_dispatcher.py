@@ -11,16 +11,17 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-from sqlalchemy import create_engine
+from sqlalchemy import create_engine, text
 
 from harness import Expected, Simulation, Violation, load_host
 from harness.driver import FAULTS, run_random
+from harness.sim_runner import SimulationRunner
 from scheduler.cli import main
 from tests.simulation.host_example import EXAMPLE, import_example
 
 import_example()
 from host_app.dispatcher import DeliveryDispatcher, create_tables  # noqa: E402
-from host_app.simulation import HOST  # noqa: E402
+from host_app.simulation import HOST, REFUSING  # noqa: E402
 
 
 @pytest.mark.clause("SIM-HOST-1")
@@ -84,6 +85,53 @@ def test_the_hosts_expectation_of_an_event_is_checked_status_and_reason(database
         sim.drain()
 
 
+def _last_errors(database_url: str) -> dict[str, tuple[str, str | None]]:
+    """Each row's facts' fault, with its status and ``last_error``."""
+    engine = create_engine(database_url)
+    try:
+        with engine.connect() as conn:
+            found = conn.execute(text("SELECT facts->>'sim_fault' AS fault, status, last_error"
+                                      " FROM scheduler.scheduled_events"))
+            return {str(r.fault): (r.status, r.last_error) for r in found}
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.clause("SIM-HOST-5")
+def test_a_host_that_returns_its_refusal_fails_the_event_with_its_reason_whatever_fault_it_carries(
+    database_url: str,
+) -> None:
+    """SIM-HOST-5: the example host's refusing dispatcher returns ``DispatchResult(refusal="opted
+    out")`` for p3, as docs/embedding.md shows, and its ``expect`` says so: p3's events fail
+    naming the reason under every fault (none applies to a refused event), through the
+    dispatch step and the loop's run step alike, with no violation."""
+    faults = ("python", "database", "slow", None)
+    for step in ("dispatch", "run"):
+        with Simulation(database_url, participants=4, host=REFUSING) as sim:
+            for fault in faults:
+                sim.post(user=3, trigger=-1, fault=fault)
+            if step == "run":
+                sim.run(0)
+            else:
+                sim.claim(0)
+                for _ in faults:
+                    sim.dispatch(0)
+                sim.finish(0)
+            sim.drain()
+            found = _last_errors(sim.url)
+        assert {fault: status for fault, (status, _) in found.items()} == {str(f): "failed" for f in faults}, step
+        assert all(error == "opted out" for _, error in found.values()), (step, found)
+
+
+@pytest.mark.clause("SIM-HOST-5")
+def test_the_pytest_plugins_run_of_the_refusing_host_at_seed_1_is_clean(
+    scheduler_simulation: SimulationRunner,
+) -> None:
+    """SIM-HOST-5: the plugin's seeded run of the refusing host (which raised a SIM-4 violation
+    at step 40 while the model took a refusal for a raise) holds every invariant."""
+    scheduler_simulation.run(REFUSING, seed=1, steps=120)
+
+
 @pytest.fixture
 def cli_env(database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("DATABASE_URL", database_url)
@@ -142,6 +190,19 @@ def test_a_clean_host_run_writes_pure_json_and_a_passing_junit_suite(cli_env: Pa
     assert "80/80 steps" in err
     suite = ET.parse(junit).getroot()
     assert suite.get("failures") == "0" and suite.find("testcase").get("name").startswith("seed 2")  # type: ignore[union-attr]
+
+
+@pytest.mark.clause("SIM-HOST-5")
+def test_the_refusing_host_is_clean_from_the_command_at_seed_1(cli_env: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """SIM-HOST-5: ``scheduler simulate --dispatcher host_app.simulation:REFUSING --seed 1`` (a
+    SIM-4 violation at step 40 while the model took a refusal for a raise) exits 0."""
+    code = main(["simulate", "--dispatcher", "host_app.simulation:REFUSING", "--seed", "1", "--steps", "300",
+                 "--json", "--no-progress", "--no-shrink"])
+    out, err = capsys.readouterr()
+    assert err.splitlines()[0] == "simulation seed: 1"
+    summary = json.loads(out)
+    assert code == 0 and summary["result"] == "clean", summary
+    assert summary["events_failed"] > 0 and summary["events_dispatched"] > 0
 
 
 @pytest.mark.clause("SIM-HOST-4")

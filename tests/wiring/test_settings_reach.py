@@ -411,6 +411,23 @@ def check_retention_days(env: Env) -> None:
                 assert (left.scalar_one() == 1) is kept, days
             with env.engine.begin() as conn:  # the next service may start its own run at once
                 conn.execute(text("DELETE FROM scheduler_maintenance"))
+def check_replica_retention_seconds(env: Env) -> None:
+    for seconds, kept in (("14400", True), ("7200", False)):
+        with env.engine.begin() as conn:  # a killed replica, silent for three hours by the service's clock
+            conn.execute(text(
+                "INSERT INTO scheduler_replicas (replica_id, name, host, pid, mode, poll_seconds, started_at, "
+                "last_poll_at, seen_at, last_error, consecutive_failures, polls, dispatched, failed) "
+                "VALUES ('killed', 'scheduler', 'h', 1, 'literal', 30, :t, NULL, :t, NULL, 0, 0, 0, 0) "
+                "ON CONFLICT DO NOTHING"), {"t": T0 - timedelta(hours=3)})
+            conn.execute(text("DELETE FROM scheduler_maintenance"))  # the service may start its run at once
+        with service_from_env(env.base(SCHEDULER_REPLICA_RETENTION_SECONDS=seconds)) as service:
+            assert service.retention.replicas == timedelta(seconds=int(seconds))
+            service.retention.run_if_due()
+            with env.engine.connect() as conn:
+                left = conn.execute(text("SELECT count(*) FROM scheduler_replicas WHERE replica_id = 'killed'"))
+                assert (left.scalar_one() == 1) is kept, seconds
+
+
 def check_metrics_require_admin(env: Env) -> None:
     for value, status in (("true", 401), ("false", 200)):
         with service_from_env(env.base(SCHEDULER_METRICS_REQUIRE_ADMIN=value)) as service, \
@@ -534,6 +551,7 @@ CHECKS: dict[str, Callable[[Env], None]] = {
     "transaction_pooling": check_transaction_pooling,
     "environment": check_environment,
     "retention_days": check_retention_days,
+    "replica_retention_seconds": check_replica_retention_seconds,
     "metrics_require_admin": check_metrics_require_admin,
     "console_refresh_seconds": check_console_refresh_seconds,
     "idle_in_transaction_timeout_ms": check_idle_in_transaction_timeout_ms,

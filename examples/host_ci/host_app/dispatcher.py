@@ -1,8 +1,10 @@
 """The host's dispatcher: one ``host_deliveries`` row per event, written in the scheduler's
 transaction (the session it is handed), so a rolled-back event or batch leaves no row.
 
-Participants the host knows have opted out (``OPTED_OUT``) are refused: the dispatcher
-raises, and the scheduler records the row as failed with the reason in ``last_error``.
+Participants the host knows have opted out (``OPTED_OUT``) are refused, in either of the two
+ways the dispatcher contract allows (docs/embedding.md): ``DeliveryDispatcher`` raises,
+``RefusingDispatcher`` returns ``DispatchResult(refusal=...)``. Either way the scheduler
+records the row as failed with the reason in ``last_error``.
 """
 
 from __future__ import annotations
@@ -49,8 +51,20 @@ def delivery(event: DigitalTwinEvent, now: datetime) -> dict[str, object]:
 
 
 class DeliveryDispatcher:
-    """Writes the delivery in the session the scheduler hands it, and never commits."""
+    """Writes the delivery in the session the scheduler hands it, and never commits; raises
+    for an opted-out participant."""
 
     def __call__(self, session: Session, event: DigitalTwinEvent, now: datetime) -> DispatchResult:
+        session.execute(INSERT, delivery(event, now))
+        return DispatchResult(outcome=DispatchOutcome.DELIVERED)
+
+
+class RefusingDispatcher:
+    """The same deliveries; an opted-out participant's event is refused by returning the
+    reason, as docs/embedding.md shows, instead of raising."""
+
+    def __call__(self, session: Session, event: DigitalTwinEvent, now: datetime) -> DispatchResult:
+        if event.user_id in OPTED_OUT:
+            return DispatchResult(outcome=DispatchOutcome.INVALID_EVENT, refusal="opted out")
         session.execute(INSERT, delivery(event, now))
         return DispatchResult(outcome=DispatchOutcome.DELIVERED)

@@ -1,7 +1,8 @@
 """What the host hands the scheduler's simulation: its dispatcher and what to check of it.
 
-``scheduler simulate --dispatcher host_app.simulation:HOST`` runs it (``BROKEN``: the broken
-variant); the test suite gets the same through the pytest plugin's ``scheduler_host``.
+``scheduler simulate --dispatcher host_app.simulation:HOST`` runs it (``REFUSING``: the same
+host refusing by a returned ``DispatchResult(refusal=...)`` instead of raising; ``BROKEN``:
+the broken variant); the test suite gets the same through the pytest plugin's ``scheduler_host``.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from sqlalchemy import Connection, text
 
 from harness import Expected, HostDispatcher, Outcome
 from host_app.broken import OutsideTransactionDispatcher
-from host_app.dispatcher import OPTED_OUT, DeliveryDispatcher, create_tables
+from host_app.dispatcher import OPTED_OUT, DeliveryDispatcher, RefusingDispatcher, create_tables
 from scheduler.types import DigitalTwinEvent
 
 DELIVERIES = text("SELECT event_id, count(*) AS n FROM host_deliveries GROUP BY event_id")
@@ -40,5 +41,7 @@ def one_delivery_per_dispatch(connection: Connection, outcomes: Sequence[Outcome
 
 HOST = HostDispatcher(factory=DeliveryDispatcher, setup=create_tables, expect=expect,
                       check_effects=one_delivery_per_dispatch, name="host_app")
+REFUSING = HostDispatcher(factory=RefusingDispatcher, setup=create_tables, expect=expect,
+                          check_effects=one_delivery_per_dispatch, name="host_app-refusing")
 BROKEN = HostDispatcher(factory=OutsideTransactionDispatcher, setup=create_tables, expect=expect,
                         check_effects=one_delivery_per_dispatch, name="host_app-broken")

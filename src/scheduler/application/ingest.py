@@ -17,7 +17,7 @@ from datetime import datetime
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from scheduler.core import store, store_batch
+from scheduler.core import poll, store, store_batch
 from scheduler.core.expiry import ExpiryRefused, stored_expires_at
 from scheduler.core.store_batch import NewEvent, Stored
 from scheduler.types import (
@@ -39,6 +39,10 @@ store_scheduled_event = store.store_event
 # Many together, in one transaction (all or none) of a fixed number of statements
 # (DEC-BATCH); one ``Stored`` per event, in order.
 store_scheduled_events = store_batch.store_events
+# What a committed dispatch sends leaves the process by the core's one publish path, the loop's
+# and the live route's alike: a failed push is logged there (``scheduler.core.poll``), by
+# the code that publishes, whichever parts are mounted (CTX-DELIVERY.3).
+publish_committed = poll.publish_committed
 
 
 def dispatch_live(sessions: sessionmaker[Session], dispatcher: Dispatcher, event: DigitalTwinEvent,

@@ -245,6 +245,8 @@ class SchedulerReplica(Base):
     polls: Mapped[int] = mapped_column(BigInteger)
     dispatched: Mapped[int] = mapped_column(BigInteger)
     failed: Mapped[int] = mapped_column(BigInteger)
+    # events its claims ended expired (EXP-2), as /metrics counts them (OBS-7)
+    expired: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
 
 
 class OperatorAction(Base):

@@ -6,8 +6,14 @@ prompt mode polls can run back to back, so a heartbeat is written at most once p
 ``min_interval`` (one second by default) of that clock, except that a change in the
 failure state (a poll failed, or the first good poll after failures) is written at once.
 A replica is *stale* when its last heartbeat is older than three of its poll intervals;
-rows of replicas silent for ``retention`` (a day) are deleted by the next heartbeat of
-any replica, and a replica that stops cleanly deletes its own row.
+rows of replicas silent for ``SCHEDULER_REPLICA_RETENTION_SECONDS`` (a day: a killed replica's)
+are deleted by retention's hourly run (``scheduler.operations.retention``), and a replica
+that stops cleanly deletes its own row.
+
+The row's counters are this process's ``SchedulerHealth``: completed polls, dispatched,
+failed and expired events, the same counts ``/metrics`` gives (OBS-7). ``list_replicas`` and
+``replica_state`` are the one reading of the table and the one judgement of a row's state,
+for ``/admin/replicas``, the console and the ``scheduler_replicas`` gauge alike.
 """
 
 from __future__ import annotations
@@ -29,7 +35,6 @@ from scheduler.types import Clock
 logger = logging.getLogger(__name__)
 
 MIN_INTERVAL = timedelta(seconds=1)
-RETENTION = timedelta(days=1)
 
 
 def scheduler_mode(scheduler: Scheduler) -> str:
@@ -47,7 +52,6 @@ class Heartbeat:
         *,
         replica_id: str | None = None,
         min_interval: timedelta = MIN_INTERVAL,
-        retention: timedelta = RETENTION,
     ) -> None:
         self.sessions = sessions
         self.clock = clock
@@ -55,7 +59,6 @@ class Heartbeat:
         self.host = socket.gethostname()
         self.pid = os.getpid()
         self.min_interval = min_interval
-        self.retention = retention
         self._written_at: datetime | None = None
         self._written_failures = 0
         self._warned = False
@@ -79,7 +82,7 @@ class Heartbeat:
         self._written_failures = failures
 
     def write(self, scheduler: Scheduler, now: datetime) -> None:
-        """Upsert this replica's row now and delete the rows of replicas gone for a day."""
+        """Upsert this replica's row now."""
         health = scheduler.health
         with self.sessions.begin() as session:
             session.execute(
@@ -99,10 +102,9 @@ class Heartbeat:
                     "polls": health.polls,
                     "dispatched": health.dispatched,
                     "failed": health.failed,
+                    "expired": health.expired,
                 },
             )
-            session.execute(statement("delete_gone_replicas"), {"cutoff": now - self.retention})
-
 
     def forget(self) -> None:
         """Delete this replica's row (a clean stop): it leaves the list instead of going stale."""
@@ -123,13 +125,18 @@ def replica_state(row: dict[str, Any]) -> str:
     return "ok"
 
 
-def list_replicas(sessions: sessionmaker[Session], now: datetime) -> list[dict[str, Any]]:
-    """Every replica's heartbeat, with ``stale`` and ``state`` judged at ``now``."""
-    with sessions.begin() as session:
-        rows = [dict(r) for r in session.execute(statement("list_replicas"), {"now": now}).mappings()]
+def replica_rows(session: Session, now: datetime) -> list[dict[str, Any]]:
+    """Every replica's heartbeat, with ``stale`` and ``state`` judged at ``now``, in ``session``."""
+    rows = [dict(r) for r in session.execute(statement("list_replicas"), {"now": now}).mappings()]
     for row in rows:
         row["state"] = replica_state(row)
     return rows
+
+
+def list_replicas(sessions: sessionmaker[Session], now: datetime) -> list[dict[str, Any]]:
+    """Every replica's heartbeat, with ``stale`` and ``state`` judged at ``now``."""
+    with sessions.begin() as session:
+        return replica_rows(session, now)
 
 
 def replicas_json(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

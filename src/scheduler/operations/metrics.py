@@ -15,6 +15,7 @@ data"; they do not count against the cap.
 from __future__ import annotations
 
 import threading
+from collections import Counter as Tally
 from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime, timedelta
 from typing import Any
@@ -28,6 +29,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from scheduler.application.counts import counted_or_estimated
 from scheduler.core.loop import PollReport, Scheduler
 from scheduler.database.queries import statement
+from scheduler.operations.heartbeat import replica_rows
 from scheduler.types import Clock, EventStatus
 
 MAX_EVENT_TYPES = 100
@@ -40,15 +42,15 @@ REPLICA_STATES = ("ok", "failing", "stale")
 
 def database_gauges(sessions: sessionmaker[Session], now: datetime) -> dict[str, float]:
     """Backlog (due pending rows), the oldest overdue row's age in seconds, failed rows,
-    and replicas by state (from the heartbeats)."""
+    and replicas by state: the heartbeats ``/admin/replicas`` lists, judged by the same
+    ``replica_state`` (OBS-7)."""
     with sessions.begin() as session:
         backlog = session.execute(statement("backlog_gauges"), {"now": now}).mappings().one()
         failed, _ = counted_or_estimated(session, EventStatus.FAILED)
-        replicas = {str(r["state"]): float(r["count"])
-                    for r in session.execute(statement("count_replicas_by_state"), {"now": now}).mappings()}
+        replicas = Tally(str(row["state"]) for row in replica_rows(session, now))
     oldest = backlog["oldest_trigger_at"]
     return {
-        **{f"replicas_{state}": replicas.get(state, 0.0) for state in REPLICA_STATES},
+        **{f"replicas_{state}": float(replicas[state]) for state in REPLICA_STATES},
         "backlog": float(backlog["backlog"]),
         "oldest_overdue_seconds": max((now - oldest).total_seconds(), 0.0) if oldest else 0.0,
         "failed": float(failed),

@@ -17,6 +17,12 @@ holds the time, shared by replicas and restarts). A run deletes in small batches
 (``FOR UPDATE SKIP LOCKED``, so a row a re-post is changing right now is left for the next
 run), at most ``max_batches`` per poll so the loop is never held up for long; a backlog is
 carried on over the next polls of the same replica.
+
+Heartbeats too. A run starts by deleting the heartbeat rows of replicas silent for
+``replicas`` (``SCHEDULER_REPLICA_RETENTION_SECONDS``, a day): a killed replica, which never
+deleted its own row, leaves ``/admin/replicas``, the console and the ``scheduler_replicas``
+gauge within an hour of that (OBS-2). This runs with ``days=0`` as well: keeping every
+finished event says nothing about the rows of processes long gone.
 """
 
 from __future__ import annotations
@@ -36,16 +42,20 @@ logger = logging.getLogger(__name__)
 
 TASK = "retention"
 RETENTION_LOCK_KEY = int.from_bytes(hashlib.blake2b(b"nudging-retention", digest_size=8).digest(), "big", signed=True)
+REPLICA_RETENTION = timedelta(days=1)  # SCHEDULER_REPLICA_RETENTION_SECONDS's default
 
 
 @dataclass(frozen=True)
 class RetentionReport:
-    """One call that ran: rows deleted, batches used, and whether the run is complete."""
+    """One call that ran: rows deleted, batches used, whether the run is complete, the cutoff
+    (rows finished before it go; with ``days=0`` the run's time, and none go), and the
+    heartbeat rows of gone replicas it deleted (at the start of a run, else 0)."""
 
     deleted: int
     batches: int
     done: bool
     cutoff: datetime
+    replicas_deleted: int = 0
 
 
 class Retention:
@@ -61,12 +71,16 @@ class Retention:
         max_batches: int = 20,
         interval: timedelta = timedelta(hours=1),
         name: str = "retention",
+        replicas: timedelta = REPLICA_RETENTION,
     ) -> None:
         if days < 0:
             raise ValueError("days must be 0 (keep everything) or more")
+        if replicas <= timedelta(0):
+            raise ValueError("replicas must be a positive window")
         self.engine = engine
         self.clock = clock
         self.days = days
+        self.replicas = replicas
         self.batch_size = batch_size
         self.max_batches = max_batches
         self.interval = interval
@@ -80,15 +94,15 @@ class Retention:
         self.run_if_due()
 
     def run_if_due(self) -> RetentionReport | None:
-        """Run (or carry on) retention if this replica is elected and a run is due."""
-        if self.days == 0:
-            return None
+        """Run (or carry on) retention if this replica is elected and a run is due: the gone
+        replicas' heartbeats at the start of a run, then the expired events (none with ``days=0``)."""
         now = self.clock.now()
         checked = self._checked_at
         if self._resume is None and checked is not None and checked <= now < checked + self.interval:
             return None  # checked within the hour (a clock that went back checks again)
         with self.engine.connect() as conn:
             cutoff = self._resume
+            replicas_deleted = 0
             if cutoff is None:
                 if not self._elected(conn):
                     # another replica is deleting right now; it carries its run to the end
@@ -99,12 +113,22 @@ class Retention:
                     statement("claim_maintenance_run"),
                     {"task": TASK, "now": now, "interval_seconds": self.interval.total_seconds()},
                 ).first()
+                if started is not None:
+                    replicas_deleted = conn.execute(
+                        statement("delete_gone_replicas"), {"cutoff": now - self.replicas}).rowcount
                 conn.commit()
                 self._checked_at = now
                 if started is None:
                     return None  # a replica started a run within the interval
+                if replicas_deleted:
+                    logger.info("%s: deleted the heartbeats of %d replicas silent since %s", self.name,
+                                replicas_deleted, (now - self.replicas).isoformat())
+                if self.days == 0:  # finished events are kept; only the heartbeats are pruned
+                    report = RetentionReport(0, 0, True, now, replicas_deleted)
+                    self.last_report = report
+                    return report
                 cutoff = now - timedelta(days=self.days)
-            return self._delete(conn, cutoff)
+            return self._delete(conn, cutoff, replicas_deleted)
 
     @staticmethod
     def _elected(conn: Any) -> bool:
@@ -112,7 +136,7 @@ class Retention:
         by the commit or the rollback (or the end of a dead connection's backend)."""
         return bool(conn.execute(statement("try_retention_lock"), {"key": RETENTION_LOCK_KEY}).scalar())
 
-    def _delete(self, conn: Any, cutoff: datetime) -> RetentionReport:
+    def _delete(self, conn: Any, cutoff: datetime, replicas_deleted: int) -> RetentionReport:
         deleted = batches = 0
         done = False
         try:
@@ -131,7 +155,7 @@ class Retention:
         finally:
             conn.rollback()  # nothing is left open (a failed batch leaves its transaction aborted)
             self._resume = None if done else cutoff
-        report = RetentionReport(deleted, batches, done, cutoff)
+        report = RetentionReport(deleted, batches, done, cutoff, replicas_deleted)
         self.last_report = report
         if deleted:
             logger.info("%s: deleted %d rows finished before %s%s", self.name, deleted, cutoff.isoformat(),

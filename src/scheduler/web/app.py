@@ -60,7 +60,7 @@ from scheduler.operations.retention import Retention
 from scheduler.types import Clock, Dispatcher, Publisher, SchedulerMode, refuse_async_dispatcher
 from scheduler.web.api.batch import BatchRoutes
 from scheduler.web.api.health import HealthRoutes
-from scheduler.web.api.ingest import IngestRoutes
+from scheduler.web.api.ingest import LIVE, IngestRoutes
 from scheduler.web.api.operator import OperatorRoutes
 from scheduler.web.api.participants import ParticipantRoutes
 from scheduler.web.api.scheduled_events import EventRoutes
@@ -198,9 +198,10 @@ class SchedulerService:
         return listener
 
     def _attach_poll_hooks(self, metrics_registry: CollectorRegistry | None) -> None:
-        """What runs after each poll: retention (deletes old dispatched and cancelled rows,
-        one replica, hourly), this replica's heartbeat and the metrics."""
-        self.retention = Retention(self.loop_engine, self.clock, days=self.settings.retention_days)
+        """What runs after each poll: retention (deletes old dispatched and cancelled rows and
+        the heartbeats of gone replicas, one replica, hourly), this replica's heartbeat and the metrics."""
+        self.retention = Retention(self.loop_engine, self.clock, days=self.settings.retention_days,
+                                   replicas=self.settings.replica_retention)
         # On the loop's own pool: requests that hold every API connection never delay it.
         self.heartbeat = Heartbeat(self.scheduler.sessions, self.clock)
         # the event types known in advance start at zero on /metrics
@@ -215,7 +216,7 @@ class SchedulerService:
                                    settings=settings, loop_alive=lambda: self.loop_alive,
                                    mounted=lambda: self.app.routes, run_scheduler=lambda: self.run_scheduler)
         self.ingest = IngestRoutes(sessions=self.sessions, clock=self.clock, dispatcher=self.dispatcher,
-                                   publisher=StreamPublisher(self.sessions, inner_publisher),
+                                   publisher=StreamPublisher(self.sessions, inner_publisher, name=LIVE),
                                    max_body_bytes=settings.max_body_bytes, observer=self.observer,
                                    default_expiry=settings.default_expiry)
         self.batch = BatchRoutes(sessions=self.sessions, clock=self.clock, default_expiry=settings.default_expiry,

@@ -368,27 +368,29 @@ LIMIT :limit;
 -- Record this replica's heartbeat after a poll (one row per process, rewritten in place).
 INSERT INTO scheduler.scheduler_replicas (replica_id, name, host, pid, mode, poll_seconds, started_at,
                                 last_poll_at, seen_at, last_error, consecutive_failures,
-                                polls, dispatched, failed)
+                                polls, dispatched, failed, expired)
 VALUES (:replica_id, :name, :host, :pid, :mode, :poll_seconds, :started_at,
-        :last_poll_at, :now, :last_error, :consecutive_failures, :polls, :dispatched, :failed)
+        :last_poll_at, :now, :last_error, :consecutive_failures, :polls, :dispatched, :failed, :expired)
 ON CONFLICT (replica_id) DO UPDATE
 SET mode = EXCLUDED.mode, poll_seconds = EXCLUDED.poll_seconds,
     last_poll_at = EXCLUDED.last_poll_at, seen_at = EXCLUDED.seen_at,
     last_error = EXCLUDED.last_error, consecutive_failures = EXCLUDED.consecutive_failures,
-    polls = EXCLUDED.polls, dispatched = EXCLUDED.dispatched, failed = EXCLUDED.failed;
+    polls = EXCLUDED.polls, dispatched = EXCLUDED.dispatched, failed = EXCLUDED.failed,
+    expired = EXCLUDED.expired;
 
 -- name: delete_replica
 -- Remove this replica's heartbeat when its loop stops cleanly.
 DELETE FROM scheduler.scheduler_replicas WHERE replica_id = :replica_id;
 
 -- name: delete_gone_replicas
--- Forget replicas whose last heartbeat is older than :cutoff (gone for a day).
+-- Forget replicas whose last heartbeat is older than :cutoff (retention's run: silent for the replica retention).
 DELETE FROM scheduler.scheduler_replicas WHERE seen_at < :cutoff;
 
 -- name: list_replicas
--- Every replica's heartbeat with whether it is stale (silent for three of its poll intervals).
+-- Every replica's heartbeat with whether it is stale (silent for three of its poll intervals):
+-- /admin/replicas, the console and the scheduler_replicas gauge (the table is one row per process).
 SELECT replica_id, name, host, pid, mode, poll_seconds, started_at, last_poll_at, seen_at,
-       last_error, consecutive_failures, polls, dispatched, failed,
+       last_error, consecutive_failures, polls, dispatched, failed, expired,
        -- stale by the reader's clock: no heartbeat for three intervals (at least 1 s each)
        seen_at < CAST(:now AS timestamptz)
                  - 3 * greatest(poll_seconds, 1.0) * interval '1 second' AS stale
@@ -587,13 +589,6 @@ WHERE scheduled_event_id = :event_id
 ORDER BY created_at, id
 LIMIT 100;
 
--- name: count_replicas_by_state
--- How many replicas are stale, failing or ok by their heartbeats (the table is one row per process).
-SELECT CASE WHEN seen_at < CAST(:now AS timestamptz) - 3 * greatest(poll_seconds, 1.0) * interval '1 second'
-            THEN 'stale' WHEN consecutive_failures > 0 THEN 'failing' ELSE 'ok' END AS state,
-       count(*) AS count
-FROM scheduler.scheduler_replicas
-GROUP BY 1;
 -- The event lifecycle: cancel, history, retention, the participant's inbox.
 -- ---------------------------------------------------------------------------------------
 

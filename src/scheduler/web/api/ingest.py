@@ -9,7 +9,6 @@ dispatch gets a span of its own.
 
 from __future__ import annotations
 
-import logging
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
@@ -20,6 +19,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from scheduler.application import ingest
+from scheduler.application.ingest import publish_committed
 from scheduler.nudging.facts import ContractViolation, FactsMissing, check_facts_contract
 from scheduler.observability.observer import Observer
 from scheduler.types import (
@@ -43,10 +43,9 @@ from scheduler.web.http.schemas import (
     ScheduledEventOut,
 )
 
-logger = logging.getLogger(__name__)
-
 EventBodyT = TypeVar("EventBodyT", ScheduledEventIn, LiveEventIn)
 
+LIVE = "live"  # who publishes a live event's messages, in a failed push's log line
 MISSING_FACTS_SCHEDULED = "Missing facts in scheduled event"
 MISSING_FACTS_LIVE = "Missing facts in event"
 
@@ -155,9 +154,6 @@ class IngestRoutes:
             result = ingest.dispatch_live(self.sessions, self.dispatcher, event, now, dispatched=dispatched)
         if result.refusal is not None:
             return result
-        for message in result.outbound:
-            try:
-                self.publisher.publish(message)
-            except Exception:
-                logger.exception("publishing notification %s failed", message.notification_id)
+        # after the commit, through the core's publish path (its logger names a failure)
+        publish_committed(self.publisher, list(result.outbound), LIVE)
         return result

@@ -342,9 +342,11 @@ class ReplicaOut(_Out):
     seen_at: Timestamp
     last_error: str | None
     consecutive_failures: int
-    polls: int
+    polls: int = Field(description="polls of this replica that completed (`/metrics` counts every poll "
+                                   "and the failed ones apart)")
     dispatched: int
     failed: int
+    expired: int = Field(description="events its claims ended expired (EXP-2)")
     stale: bool = Field(description="silent for three of its poll intervals")
     state: Literal["ok", "failing", "stale"]
 

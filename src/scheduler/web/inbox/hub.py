@@ -38,6 +38,7 @@ import anyio
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
+from scheduler.application.ingest import publish_committed
 from scheduler.database.queries import statement
 from scheduler.database.rows import row_as_json
 from scheduler.types import OutboundMessage, Publisher
@@ -52,30 +53,28 @@ REPLAY_LIMIT = 500
 
 class StreamPublisher:
     """After commit: number a delivered web notification for the stream and NOTIFY every
-    replica; then hand the message to ``inner`` (the configured publisher)."""
+    replica; then hand the messages to ``inner`` (the configured publisher) through the
+    core's publish path, whose logger names a failed push (CTX-DELIVERY.3): this one logs
+    only the inbox's own failure, the numbering."""
 
-    def __init__(self, sessions: sessionmaker[Session], inner: Publisher | None = None) -> None:
+    def __init__(self, sessions: sessionmaker[Session], inner: Publisher | None = None,
+                 name: str = "scheduler") -> None:
         self.sessions = sessions
         self.inner = inner
+        self.name = name  # who publishes (the loop's name, or the live path), in a failure's log line
 
     def publish(self, message: OutboundMessage) -> None:
         self.publish_many([message])
 
     def publish_many(self, messages: list[OutboundMessage]) -> None:
-        """A whole batch's messages: numbered in one transaction, then each to ``inner``."""
+        """A whole batch's messages: numbered in one transaction, then to ``inner``."""
         try:
             self.number([m.notification_id for m in messages if m.channel == "web"])
         except Exception:
             # Committed and recorded already: the notifications stay readable in
             # GET /me/notifications; only their live push is lost (logged, not retried).
             logger.exception("inbox: numbering %d notifications for the stream failed", len(messages))
-        if self.inner is None:
-            return
-        for message in messages:
-            try:
-                self.inner.publish(message)
-            except Exception:
-                logger.exception("publishing notification %s failed", message.notification_id)
+        publish_committed(self.inner, messages, self.name)
 
     def number(self, notification_ids: list[str]) -> list[int]:
         """Give each notification its stream number (once) and announce the newest."""

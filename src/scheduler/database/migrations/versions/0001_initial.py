@@ -257,6 +257,8 @@ def upgrade() -> None:
         sa.Column("polls", sa.BigInteger(), nullable=False),
         sa.Column("dispatched", sa.BigInteger(), nullable=False),
         sa.Column("failed", sa.BigInteger(), nullable=False),
+        # events its claims ended expired (EXP-2), as /metrics counts them (OBS-7)
+        sa.Column("expired", sa.BigInteger(), nullable=False, server_default="0"),
         sa.PrimaryKeyConstraint("replica_id", name="pk_scheduler_replicas"),
     )
     op.create_table(

@@ -33,7 +33,7 @@
     });
     if (rows.length === 0) {
       const tr = document.createElement("tr");
-      cell(tr, empty).colSpan = 12;
+      cell(tr, empty).colSpan = document.querySelectorAll("#" + tableId + " thead th").length || 1;
       rows.push(tr);
     }
     body.replaceChildren.apply(body, rows);
@@ -49,7 +49,7 @@
     fill("replicas", data.replicas, function (tr, r) {
       tr.className = "state-" + r.state;
       [r.state, r.name, r.host, r.pid, r.mode, r.last_poll_at, r.seen_at, r.polls, r.dispatched, r.failed,
-       r.consecutive_failures].forEach(function (v) { cell(tr, v); });
+       r.expired, r.consecutive_failures].forEach(function (v) { cell(tr, v); });
       cell(tr, r.last_error || "").className = "error-text";
     }, "no replica has recorded a heartbeat");
     fill("failures", data.failures, function (tr, f) {
