@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.spec_report.specs import markers_in_source, parse_specs
+from harness.spec_report.specs import markers_in_source, parse_specs
 
 ROOT = Path(__file__).resolve().parent.parent
 

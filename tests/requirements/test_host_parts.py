@@ -17,6 +17,7 @@ from pathlib import Path
 import jwt
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
+from pydantic import BaseModel
 from sqlalchemy import Engine
 from starlette.authentication import (
     AuthCredentials,
@@ -208,3 +209,58 @@ def test_metrics_go_into_the_registry_the_host_passes(
         scraped = generate_latest(registry).decode()
         assert "scheduler_polls_total 1.0" in scraped
         assert "scheduler_polls_total 1.0" in client.get("/metrics").text
+
+
+class ErrorOut(BaseModel):
+    """A host's model named like one of the scheduler's, and unlike it."""
+
+    code: int
+
+
+@pytest.mark.clause("EMB-11")
+def test_include_in_fastapi_merges_the_parts_document_and_refuses_a_clash_by_name(service: SchedulerService) -> None:
+    """EMB-11: ``include_in_fastapi`` mounts the parts and puts their paths, under the mount, into
+    the host's document (one built before the call is rebuilt), sharing a component schema that
+    is the same; a path or component the host defines otherwise is a ``ValueError`` naming it,
+    and a mount path not of the form ``/name`` is refused at once."""
+    pytest.importorskip("fastapi", reason="FastAPI is a test dependency (the example's framework)")
+    from fastapi import FastAPI
+
+    app = FastAPI()
+
+    @app.get("/host/ping")
+    def ping() -> dict[str, str]:
+        return {"pong": "yes"}
+
+    assert "/host/ping" in app.openapi()["paths"]  # built (and cached) before the mount
+    service.include_in_fastapi(app, "/nudging", "health")
+    with TestClient(app) as client:
+        document = client.get("/openapi.json").json()
+        assert client.get("/nudging/health").status_code == 200
+    assert set(document["paths"]) == {"/host/ping", "/nudging/health", "/nudging/health/scheduler",
+                                      "/nudging/admin/health/scheduler"}
+    assert document["components"]["securitySchemes"] == {"bearer": {"type": "http", "scheme": "bearer",
+                                                                    "bearerFormat": "JWT"}}
+
+    clashing = FastAPI()
+
+    @clashing.get("/nudging/health")
+    def own_health() -> dict[str, str]:
+        return {"ok": "host"}
+
+    service.include_in_fastapi(clashing, "/nudging", "health")
+    with pytest.raises(ValueError, match="already has the path /nudging/health"):
+        clashing.openapi()
+
+    named_alike = FastAPI()
+
+    @named_alike.get("/host/error", response_model=ErrorOut)
+    def error() -> dict[str, int]:
+        return {"code": 1}
+
+    service.include_in_fastapi(named_alike, "/nudging", "api")
+    with pytest.raises(ValueError, match=r"components.schemas.ErrorOut otherwise than the scheduler's"):
+        named_alike.openapi()
+    for path in ("nudging", "/nudging/", ""):
+        with pytest.raises(ValueError, match="mount path"):
+            service.include_in_fastapi(FastAPI(), path, "api")
