@@ -66,7 +66,7 @@ def spec_dir_of(config: pytest.Config) -> Path:
     return config.rootpath / "specs"
 
 
-def test_files(config: pytest.Config) -> list[Path]:
+def source_modules(config: pytest.Config) -> list[Path]:
     """The test modules a clause marker may stand in, read from source for ``--clause``: those
     under ``testpaths`` (else ``tests/``, else the rootdir) named as ``python_files`` says, in
     directories ``norecursedirs`` does not skip."""
@@ -134,7 +134,7 @@ class SpecReport:
         self.wanted_files: set[str] | None = None
         if self.selected:
             wanted = {node for cid in self.selected for node in specs.clauses[cid].tests}
-            marked = markers_in_source(config.rootpath, test_files(config))
+            marked = markers_in_source(config.rootpath, source_modules(config))
             wanted |= {node for node, cids in marked.items() if cids & self.selected}
             self.wanted_files = {node.split("::", 1)[0] for node in wanted}
             self.wanted = wanted
@@ -144,7 +144,8 @@ class SpecReport:
         imported (the marker check below still decides for the modules that are)."""
         if self.wanted_files is None or not collection_path.is_file():
             return None
-        if not (collection_path.name.startswith("test_") and collection_path.suffix == ".py"):
+        patterns = [str(pattern) for pattern in self.config.getini("python_files")]
+        if not any(fnmatch.fnmatch(collection_path.name, pattern) for pattern in patterns):
             return None
         try:
             rel = collection_path.relative_to(self.config.rootpath).as_posix()
