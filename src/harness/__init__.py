@@ -22,9 +22,9 @@ One concept per module:
   expectation of an event and effects check) and how ``package.module:name`` paths load;
 - ``shrink``: the fewest steps of a failing program that still break the same invariant;
 - ``report``: ``--json``'s one document, ``--junit-xml`` and the exit codes;
-- ``pytest_plugin``: the fixtures a host's test suite gets from the wheel (``pytest11``);
 - ``spec_report``: the spec report and the selection by clause, a pytest plugin of its own
   (``pytest11``) for this checkout's specs/ and a host's own;
+- ``pytest_plugin``: the fixtures a host's test suite gets from the wheel (``pytest11``);
 - ``model``, ``observer``, ``actors``, ``faults``, ``broken``, ``driver``, ``cli``: the model
   of REQ-0063 to REQ-0067, the observer's connection, the actor threads, event faults, the
   broken variants (their SQL rewrites, built when a run asks for the variant, and the guard

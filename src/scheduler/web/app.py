@@ -61,7 +61,6 @@ from scheduler.types import Clock, Dispatcher, Publisher, SchedulerMode, refuse_
 from scheduler.web.api.batch import BatchRoutes
 from scheduler.web.api.health import HealthRoutes
 from scheduler.web.api.ingest import IngestRoutes
-from scheduler.web.api.openapi import merged_document, openapi_document
 from scheduler.web.api.operator import OperatorRoutes
 from scheduler.web.api.participants import ParticipantRoutes
 from scheduler.web.api.scheduled_events import EventRoutes
@@ -339,6 +338,8 @@ class SchedulerService:
         (EMB-11). The host's ``app.openapi`` (FastAPI's, or an override set before this call)
         builds its part of the document; a path or component both define differently is a
         ``ValueError`` when the document is first built. FastAPI is not imported here."""
+        from scheduler.web.api.openapi import merged_document, openapi_document  # what only this host needs
+
         if not path.startswith("/") or path.endswith("/"):
             raise ValueError(f"the mount path must start with '/' and not end with one, got {path!r}")
         app.mount(path, self.app_for(*parts))
