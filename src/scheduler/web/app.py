@@ -338,7 +338,8 @@ class SchedulerService:
         (EMB-11). The host's ``app.openapi`` (FastAPI's, or an override set before this call)
         builds its part of the document; a path or component both define differently is a
         ``ValueError`` when the document is first built. FastAPI is not imported here."""
-        from scheduler.web.api.openapi import merged_document, openapi_document  # what only this host needs
+        # the merge only a FastAPI host needs
+        from scheduler.web.api.openapi import merged_document, openapi_document
 
         if not path.startswith("/") or path.endswith("/"):
             raise ValueError(f"the mount path must start with '/' and not end with one, got {path!r}")
