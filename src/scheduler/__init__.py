@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from scheduler.core.clock import ManualClock, SystemClock
     from scheduler.core.loop import EventOutcome, PollReport, Scheduler
     from scheduler.web.app import SchedulerService, create_app
+    from scheduler.web.http.auth import authenticated
 
 _WHERE = {
     "SchedulerService": "scheduler.web.app",
@@ -24,6 +25,7 @@ _WHERE = {
     "EventOutcome": "scheduler.core.loop",
     "PollReport": "scheduler.core.loop",
     "Scheduler": "scheduler.core.loop",
+    "authenticated": "scheduler.web.http.auth",
 }
 
 
@@ -42,5 +44,6 @@ __all__ = [
     "SchedulerService",
     "Settings",
     "SystemClock",
+    "authenticated",
     "create_app",
 ]
