@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from scheduler.core.loop import EventOutcome, PollReport, Scheduler
     from scheduler.web.app import SchedulerService, create_app
     from scheduler.web.host_code import InvalidEvent, cancel, cancel_async, schedule, schedule_async
+    from scheduler.web.http.auth import authenticated
 
 _WHERE = {
     "SchedulerService": "scheduler.web.app",
@@ -30,6 +31,7 @@ _WHERE = {
     "schedule_async": "scheduler.web.host_code",
     "cancel": "scheduler.web.host_code",
     "cancel_async": "scheduler.web.host_code",
+    "authenticated": "scheduler.web.http.auth",
 }
 
 
@@ -49,6 +51,7 @@ __all__ = [
     "SchedulerService",
     "Settings",
     "SystemClock",
+    "authenticated",
     "cancel",
     "cancel_async",
     "create_app",

@@ -202,12 +202,12 @@ def test_every_statement_names_the_schema_so_a_hosts_tables_of_the_same_names_ar
 
 
 @pytest.mark.clause("DEC-HOST-ENGINE")
-@pytest.mark.clause("EMB-11")
+@pytest.mark.clause("EMB-12")
 @pytest.mark.parametrize("facade", [False, True], ids=["async_engine", "its_sync_engine"])
 def test_an_async_engine_is_served_through_its_sync_psycopg_twin_with_its_connect_arguments_and_pool_size(
     database_url: str, facade: bool,
 ) -> None:
-    """EMB-11: ``create_async_engine("postgresql+psycopg_async://...")`` (or its ``sync_engine``)
+    """EMB-12: ``create_async_engine("postgresql+psycopg_async://...")`` (or its ``sync_engine``)
     is accepted: the service's requests and loop run on a sync psycopg twin that connects with
     the host's connect arguments (its ``application_name``), its pool sized as the host's, the
     timeouts per transaction, and a posted event is dispatched; the twins are the service's to
@@ -242,11 +242,11 @@ def test_an_async_engine_is_served_through_its_sync_psycopg_twin_with_its_connec
     assert asyncio.run(still_open()) == 1  # the host's own engine: not the service's to close
 
 
-@pytest.mark.clause("EMB-11")
+@pytest.mark.clause("EMB-12")
 def test_an_async_engine_whose_connect_arguments_cannot_be_copied_is_refused_with_a_sentence(
     database_url: str,
 ) -> None:
-    """EMB-11: an async engine connecting through a function of the host's (``async_creator``)
+    """EMB-12: an async engine connecting through a function of the host's (``async_creator``)
     is a ConfigError in one sentence saying what to pass instead, before anything is built."""
     from sqlalchemy.ext.asyncio import create_async_engine
 

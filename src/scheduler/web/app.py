@@ -73,6 +73,7 @@ from scheduler.web.inbox.hub import Inbox, StreamPublisher
 from scheduler.web.inbox.routes import inbox_routes
 
 if TYPE_CHECKING:
+    from fastapi import FastAPI
     from sqlalchemy.ext.asyncio import AsyncEngine
 
     from scheduler.web.console.pages import Console
@@ -148,7 +149,7 @@ class SchedulerService:
         # OTEL_TRACES_EXPORTER asks (or ``observer`` traces); log context either way.
         self.observer = observer if observer is not None else observer_from_env()
         self._route_modules(listener, inner_publisher)
-        self._check_security()
+        self._check_security(host_authentication=authentication is not None)
         # observability: the loop's observer and the SQLAlchemy instrumentation (each app
         # ``app_for`` builds is instrumented as it is built)
         observe(self.observer, app=None, engines=[self.engine, self.loop_engine], loop=self.scheduler,
@@ -279,14 +280,16 @@ class SchedulerService:
     def listener(self, listener: Listener) -> None:
         self.health.listener = listener
 
-    def _check_security(self) -> None:
+    def _check_security(self, host_authentication: bool) -> None:
         settings = self.settings
         if settings.environment == "production":
             # The secret `serve` generates into the data directory is a development
-            # convenience: production must be told explicitly how to verify tokens.
-            if not (settings.jwt_secret or settings.jwt_public_key or settings.jwks_url):
+            # convenience: production must be told explicitly how to verify tokens, or be
+            # given the host's own authentication, which then decides every request (PERM-11).
+            if not (host_authentication or settings.jwt_secret or settings.jwt_public_key or settings.jwks_url):
                 raise ConfigError(
-                    "production mode needs SCHEDULER_JWT_SECRET, SCHEDULER_JWT_PUBLIC_KEY or SCHEDULER_JWKS_URL "
+                    "production mode needs SCHEDULER_JWT_SECRET, SCHEDULER_JWT_PUBLIC_KEY or SCHEDULER_JWKS_URL, "
+                    "or the host's own authentication (SchedulerService(authentication=...)) "
                     f"(a generated development secret in {settings.secret_file} is not accepted)"
                 )
             secret = settings.jwt_secret or ""
@@ -349,6 +352,29 @@ class SchedulerService:
         app.state.service = self
         self.observer.instrument(app, [])
         return app
+
+    def include_in_fastapi(self, app: FastAPI, path: str, *parts: str) -> None:
+        """Mount ``app_for(*parts)`` at ``path`` of a FastAPI ``app`` and make the host's one
+        ``/openapi.json`` (and ``/docs``) hold the parts' paths under ``path`` beside its own
+        (EMB-11). The host's ``app.openapi`` (FastAPI's, or an override set before this call)
+        builds its part of the document; a path or component both define differently is a
+        ``ValueError`` when the document is first built. FastAPI is not imported here."""
+        # the merge only a FastAPI host needs
+        from scheduler.web.api.openapi import merged_document, openapi_document
+
+        if not path.startswith("/") or path.endswith("/"):
+            raise ValueError(f"the mount path must start with '/' and not end with one, got {path!r}")
+        app.mount(path, self.app_for(*parts))
+        host_openapi = app.openapi
+        ours = functools.partial(openapi_document, self.routes_for(*parts))
+
+        def openapi() -> dict[str, Any]:
+            if app.openapi_schema is None:
+                app.openapi_schema = merged_document(host_openapi(), ours(), path)
+            return app.openapi_schema
+
+        app.openapi_schema = None  # a document built before the mount lacks the parts
+        app.openapi = openapi  # type: ignore[method-assign]  # FastAPI's documented override
 
     def wakeups(self) -> dict[str, Any]:
         """How this replica's loop is woken (see ``HealthRoutes.wakeups``)."""
