@@ -1,4 +1,4 @@
-"""A host's own code schedules and cancels in its own transaction (HOST-1, HOST-2, HOST-3):
+"""A host's own code schedules and cancels in its own transaction (EMB-13, EMB-14, EMB-15):
 ``scheduler.schedule`` on the host's ``Session`` is committed with the host's row and gone with
 its rollback, refuses exactly what the POST refuses, and wakes prompt replicas on commit only."""
 
@@ -64,11 +64,11 @@ def _save_with_reminder(session: Session, service: SchedulerService, commitment:
                        trigger_at=LATER, facts=reminder_facts(), **kwargs)
 
 
-@pytest.mark.clause("HOST-1")
+@pytest.mark.clause("EMB-13")
 def test_a_reminder_scheduled_in_the_hosts_transaction_is_committed_with_the_hosts_row(
     host_engine: Engine, host_service: SchedulerService,
 ) -> None:
-    """HOST-1: inside the host's transaction neither row is seen by anyone else; after its
+    """EMB-13: inside the host's transaction neither row is seen by anyone else; after its
     commit both are, the reminder pending at its time with its facts."""
     with Session(host_engine) as session:
         _save_with_reminder(session, host_service, 1, external_key="commitment-1")
@@ -80,22 +80,22 @@ def test_a_reminder_scheduled_in_the_hosts_transaction_is_committed_with_the_hos
     assert event["facts"] == reminder_facts()
 
 
-@pytest.mark.clause("HOST-1")
+@pytest.mark.clause("EMB-13")
 def test_the_hosts_rollback_takes_its_row_and_the_reminder_together(
     host_engine: Engine, host_service: SchedulerService,
 ) -> None:
-    """HOST-1: a rollback after ``schedule`` leaves neither the host's row nor the reminder."""
+    """EMB-13: a rollback after ``schedule`` leaves neither the host's row nor the reminder."""
     with Session(host_engine) as session:
         _save_with_reminder(session, host_service, 1)
         session.rollback()
     assert _commitments(host_engine) == [] and _events(host_engine) == []
 
 
-@pytest.mark.clause("HOST-1")
+@pytest.mark.clause("EMB-13")
 def test_scheduling_a_known_key_again_rewrites_its_row_as_the_post_does(
     host_engine: Engine, host_service: SchedulerService,
 ) -> None:
-    """HOST-1: the same upsert by key as the POST (REQ-0064): one row, at the newest time."""
+    """EMB-13: the same upsert by key as the POST (REQ-0064): one row, at the newest time."""
     for commitment, hours in ((1, 1), (2, 3)):
         with Session(host_engine) as session:
             session.execute(text("INSERT INTO public.commitments VALUES (:id, 'walk')"), {"id": commitment})
@@ -121,12 +121,12 @@ BAD_EVENTS: list[dict[str, Any]] = [
 ]
 
 
-@pytest.mark.clause("HOST-2")
+@pytest.mark.clause("EMB-14")
 @pytest.mark.parametrize("change", BAD_EVENTS, ids=lambda change: ",".join(change))
 def test_what_the_post_refuses_with_a_422_schedule_refuses_with_invalid_event_and_the_same_body(
     host_engine: Engine, host_service: SchedulerService, change: dict[str, Any],
 ) -> None:
-    """HOST-2: for each malformed event the POST's 422 body is ``InvalidEvent.body``, its
+    """EMB-14: for each malformed event the POST's 422 body is ``InvalidEvent.body``, its
     ``errors`` name the fields, and nothing of the host's transaction is stored by it."""
     fields: dict[str, Any] = {"event_type": "commitment_reminder", "user_id": "participant-1",
                               "trigger_at": LATER, "facts": reminder_facts(), **change}
@@ -143,21 +143,21 @@ def test_what_the_post_refuses_with_a_422_schedule_refuses_with_invalid_event_an
     assert _events(host_engine) == []
 
 
-@pytest.mark.clause("HOST-2")
+@pytest.mark.clause("EMB-14")
 def test_facts_that_are_not_json_are_an_invalid_event_naming_facts(host_service: SchedulerService,
                                                                     host_engine: Engine) -> None:
-    """HOST-2: Python values JSON cannot carry (a set) are refused naming ``facts``, not a TypeError."""
+    """EMB-14: Python values JSON cannot carry (a set) are refused naming ``facts``, not a TypeError."""
     with Session(host_engine) as session, pytest.raises(scheduler.InvalidEvent) as refused:
         scheduler.schedule(session, service=host_service, event_type="commitment_reminder", user_id="p",
                            trigger_at=LATER, facts={**reminder_facts(), "tags": {"a"}})
     assert [e["field"] for e in refused.value.errors] == ["facts"]
 
 
-@pytest.mark.clause("HOST-3")
+@pytest.mark.clause("EMB-15")
 def test_a_reminder_scheduled_in_the_hosts_transaction_wakes_prompt_replicas_on_commit_only(
     host_engine: Engine, host_service: SchedulerService, database_url: str,
 ) -> None:
-    """HOST-3: a LISTEN connection on the due channel hears nothing while the host's transaction
+    """EMB-15: a LISTEN connection on the due channel hears nothing while the host's transaction
     is open, nothing of a rolled-back reminder, and the committed one's time after the commit."""
     dsn = host_engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
     with psycopg.connect(dsn, autocommit=True) as listener:
@@ -176,11 +176,11 @@ def test_a_reminder_scheduled_in_the_hosts_transaction_wakes_prompt_replicas_on_
     assert heard == [(LATER + timedelta(hours=1)).isoformat(timespec="microseconds")]
 
 
-@pytest.mark.clause("HOST-1")
+@pytest.mark.clause("EMB-13")
 def test_a_cancel_in_the_hosts_transaction_is_audited_and_undone_by_its_rollback(
     host_engine: Engine, host_service: SchedulerService,
 ) -> None:
-    """HOST-1: ``scheduler.cancel`` by key: rolled back, the row stays pending and no audit
+    """EMB-13: ``scheduler.cancel`` by key: rolled back, the row stays pending and no audit
     entry is left; committed, it is cancelled and the audit names the host as its source."""
     with Session(host_engine) as session:
         _save_with_reminder(session, host_service, 1, external_key="commitment-1")
@@ -201,11 +201,11 @@ def test_a_cancel_in_the_hosts_transaction_is_audited_and_undone_by_its_rollback
     assert [tuple(row) for row in audit] == [("host", "host", "cancel", 1)]
 
 
-@pytest.mark.clause("HOST-1")
+@pytest.mark.clause("EMB-13")
 def test_schedule_async_on_an_async_session_commits_and_rolls_back_with_it(
     host_engine: Engine, host_service: SchedulerService,
 ) -> None:
-    """HOST-1: on an ``AsyncSession`` (psycopg's async driver) the same: its rollback takes the
+    """EMB-13: on an ``AsyncSession`` (psycopg's async driver) the same: its rollback takes the
     host's row and the reminder, its commit keeps both; ``cancel_async`` likewise."""
     url = host_engine.url.set(drivername="postgresql+psycopg_async")
 

@@ -1,4 +1,4 @@
-"""A host's own code schedules and cancels in its own transaction (HOST-1, HOST-2).
+"""A host's own code schedules and cancels in its own transaction (EMB-13, EMB-14).
 
 A host that saves a row of its own (a commitment) and its reminder wants both or neither:
 ``scheduler.schedule(session, service=..., ...)`` stores the reminder on the host's
