@@ -19,7 +19,7 @@ import logging
 from collections.abc import AsyncIterator
 from datetime import datetime
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import anyio.to_thread
 from anyio import CapacityLimiter
@@ -46,10 +46,11 @@ from scheduler.database.engine import (
     resolve_database_url,
     tcp_parameters,
 )
-from scheduler.database.host_engine import for_scheduler, loop_engine_like
+from scheduler.database.host_engine import for_scheduler, is_async, loop_engine_like, sync_twin
 from scheduler.database.listener import Listener, conninfo_of
 from scheduler.database.queries import use_schema
 from scheduler.nudging.dispatch import NudgingPlatform
+from scheduler.nudging.facts import FactsContract
 from scheduler.nudging.publishers import LoggingPublisher
 from scheduler.nudging.rules import Catalogue, load_catalogue
 from scheduler.observability.observer import Observer
@@ -73,6 +74,7 @@ from scheduler.web.inbox.routes import inbox_routes
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
+    from sqlalchemy.ext.asyncio import AsyncEngine
 
     from scheduler.web.console.pages import Console
 
@@ -92,20 +94,24 @@ class SchedulerService:
         self,
         settings: Settings | None = None,
         *,
-        engine: Engine | None = None,
+        engine: Engine | AsyncEngine | None = None,
         clock: Clock | None = None,
         catalogue: Catalogue | None = None,
         dispatcher: Dispatcher | None = None,
         publisher: Publisher | None = None,
         run_scheduler: bool | None = None,
-        loop_engine: Engine | None = None,
+        loop_engine: Engine | AsyncEngine | None = None,
         observer: Observer | None = None,
         authentication: AuthenticationBackend | None = None,
         metrics_registry: CollectorRegistry | None = None,
+        facts_contract: FactsContract | None = None,
     ) -> None:
         if dispatcher is not None:
             refuse_async_dispatcher(dispatcher)  # before any engine is made: nothing to dispose
         self.settings = settings or Settings.from_env()
+        # The host's own facts contract replaces the built-in one wherever an event is stored
+        # (the POST, the batch, ``scheduler.schedule``; DEC-FACTS-CONTRACT).
+        self.facts_contract = facts_contract
         # Every statement names the scheduler's own schema (DEC-SCHEMA): one per process.
         use_schema(self.settings.database_schema)
         self.engine, self.loop_engine = self._engines(engine, loop_engine)
@@ -151,7 +157,8 @@ class SchedulerService:
 
     # -- the pieces, in the order ``__init__`` builds them ------------------------------
 
-    def _engines(self, engine: Engine | None, loop_engine: Engine | None) -> tuple[Engine, Engine]:
+    def _engines(self, engine: Engine | AsyncEngine | None,
+                 loop_engine: Engine | AsyncEngine | None) -> tuple[Engine, Engine]:
         """The requests' engine and the loop's. Engines this service creates are its own to
         dispose when it stops; an engine the caller passes stays the caller's."""
         self._owned_engines: list[Engine] = []
@@ -164,17 +171,29 @@ class SchedulerService:
                 # connection (a slow query, a held lock) cannot starve the polls.
                 loop_engine = make_engine(url, self.settings, pool_size=LOOP_POOL_SIZE, max_overflow=0)
                 self._owned_engines.append(loop_engine)
-        else:
-            # A host's engines keep the service's timeouts, per transaction (DEC-HOST-ENGINE).
-            if loop_engine is not None:
-                loop_engine = for_scheduler(loop_engine, self.settings, role="loop_engine")
-            elif not is_service_engine(engine):
-                # the loop gets a small pool of its own made like the host's engine
-                loop_engine = loop_engine_like(engine, self.settings, LOOP_POOL_SIZE)
-                if loop_engine is not None:
-                    self._owned_engines.append(loop_engine)
-            engine = for_scheduler(engine, self.settings)
-        return engine, loop_engine or engine
+            return engine, self._sync(loop_engine, "loop_engine")
+        # the scheduler's code is sync: on a host's async engine it works on its sync
+        # psycopg twin, the service's own to dispose (DEC-HOST-ENGINE)
+        host = self._sync(engine, "engine")
+        own_loop = None if loop_engine is None else self._sync(loop_engine, "loop_engine")
+        # A host's engines keep the service's timeouts, per transaction (DEC-HOST-ENGINE).
+        if own_loop is not None:
+            own_loop = for_scheduler(own_loop, self.settings, role="loop_engine")
+        elif not is_service_engine(host):
+            # the loop gets a small pool of its own made like the host's engine
+            own_loop = loop_engine_like(host, self.settings, LOOP_POOL_SIZE)
+            if own_loop is not None:
+                self._owned_engines.append(own_loop)
+        view = for_scheduler(host, self.settings)
+        return view, own_loop or view
+
+    def _sync(self, engine: Engine | AsyncEngine, role: str) -> Engine:
+        """``engine`` itself, or the sync twin of an async one (owned by the service)."""
+        if not is_async(engine):
+            return cast(Engine, engine)
+        twin = sync_twin(engine, role=role)
+        self._owned_engines.append(twin)
+        return twin
 
     def _loop(self, inner_publisher: Publisher) -> Scheduler:
         """The polling loop, on the loop's own pool, numbering web notifications there."""
@@ -220,8 +239,9 @@ class SchedulerService:
         self.ingest = IngestRoutes(sessions=self.sessions, clock=self.clock, dispatcher=self.dispatcher,
                                    publisher=StreamPublisher(self.sessions, inner_publisher, name=LIVE),
                                    max_body_bytes=settings.max_body_bytes, observer=self.observer,
-                                   default_expiry=settings.default_expiry)
+                                   default_expiry=settings.default_expiry, facts_contract=self.facts_contract)
         self.batch = BatchRoutes(sessions=self.sessions, clock=self.clock, default_expiry=settings.default_expiry,
+                                 facts_contract=self.facts_contract,
                                  max_events=settings.batch_max_events,
                                  max_body_bytes=settings.batch_max_body_bytes,
                                  max_item_bytes=settings.max_body_bytes, observer=self.observer)
