@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 
 from scheduler.core.dispatch_contract import repeatable
 from scheduler.database import pipeline
-from scheduler.database.queries import current_schema
+from scheduler.database.queries import DEFAULT_SCHEMA
 from scheduler.nudging.decision import BatchDecisions
 from scheduler.nudging.dispatch import NudgingPlatform
 from scheduler.types import DigitalTwinEvent, Dispatcher, DispatchResult
@@ -40,7 +40,8 @@ class InjectedPollFault(RuntimeError):
 
 
 def is_claim_statement(statement: str) -> bool:
-    return f"FROM {current_schema()}.scheduled_events" in statement and "FOR UPDATE" in statement
+    """Whether ``statement`` is the claim's (the simulation's database is in the default schema)."""
+    return f"FROM {DEFAULT_SCHEMA}.scheduled_events" in statement and "FOR UPDATE" in statement
 
 
 class FaultyDispatcher:

@@ -35,7 +35,8 @@ from scheduler.config import Settings
 from scheduler.core import store
 from scheduler.core.clock import ManualClock
 from scheduler.core.loop import Scheduler
-from scheduler.database.engine import make_engine, make_sessionmaker
+from scheduler.database.database import Database
+from scheduler.database.engine import make_engine
 from scheduler.nudging.dispatch import NudgingPlatform
 from scheduler.nudging.publishers import RecordingPublisher
 from scheduler.nudging.rules import load_catalogue
@@ -138,9 +139,9 @@ class Simulation:
     def _set_preferences(self) -> None:
         engine = make_engine(self.url, NO_TIMEOUTS, pool_size=1, max_overflow=0)
         try:
-            sessions = make_sessionmaker(engine)
+            database = Database(engine)
             for user, cap in self.caps.items():
-                store.set_preferences(sessions, user, enabled_kinds=None, max_per_day=cap, now=self.start)
+                store.set_preferences(database, user, enabled_kinds=None, max_per_day=cap, now=self.start)
         finally:
             engine.dispose()
 
@@ -165,7 +166,7 @@ class Simulation:
         clock = scheduler_clock(self.clock, self.clock_faults.host(replica.index),
                                 trusts_host=self.variant.trusts_host_clock)
         return self.variant.scheduler_class(
-            replica.sessions, replica.dispatcher, clock,
+            replica.database, replica.dispatcher, clock,
             publisher=RecordingPublisher(), batch_size=self.batch_size,
             poll_seconds=30.0, name=replica.name, mode=self.mode_of(replica.index),
         )

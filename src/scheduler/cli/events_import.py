@@ -87,7 +87,7 @@ def _lines(path: str) -> list[tuple[int, str]]:
     return [(number, line) for number, line in enumerate(text.split("\n"), start=1) if line.strip()]
 
 
-def import_lines(lines: Sequence[tuple[int, str]], settings: Settings, *, sessions: Any, clock: Any,
+def import_lines(lines: Sequence[tuple[int, str]], settings: Settings, *, database: Any, clock: Any,
                  actor: str, progress: Progress | None = None) -> Summary:
     """Judge and store ``lines`` in chunks of ``settings.batch_max_events`` (one transaction each)."""
     from sqlalchemy.exc import DBAPIError
@@ -109,7 +109,7 @@ def import_lines(lines: Sequence[tuple[int, str]], settings: Settings, *, sessio
         checked = [Refusal({"detail": f"the line {value}"}) if not ok else item
                    for (ok, value), item in zip(parsed, checked, strict=True)]
         try:
-            results = store_checked(sessions, checked, now=clock.now(), actor=actor)
+            results = store_checked(database, checked, now=clock.now(), actor=actor)
         except DBAPIError as exc:  # the chunk's transaction rolled back: nothing of it is stored
             summary.stopped_at = numbers[0]
             summary.error = str(exc.orig or exc).splitlines()[0]
@@ -130,7 +130,7 @@ def cmd_events_import(args: argparse.Namespace, settings: Settings) -> int:
     from scheduler.cli.events import _cli_actor
     from scheduler.cli.serve import migrated_engine
     from scheduler.core.clock import synced_database_clock
-    from scheduler.database.engine import make_sessionmaker
+    from scheduler.database.database import Database
 
     try:
         lines = _lines(args.file)
@@ -141,7 +141,7 @@ def cmd_events_import(args: argparse.Namespace, settings: Settings) -> int:
     progress = Progress(len(lines), sys.stderr)
     try:
         clock = synced_database_clock(engine, warn_seconds=settings.clock_skew_warn_seconds)  # DEC-10
-        summary = import_lines(lines, settings, sessions=make_sessionmaker(engine), clock=clock,
+        summary = import_lines(lines, settings, database=Database(engine, settings.database_schema), clock=clock,
                                actor=_cli_actor(args).name, progress=progress)
     finally:
         progress.close()

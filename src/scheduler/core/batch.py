@@ -10,6 +10,7 @@ from typing import Any, Protocol
 
 from sqlalchemy.orm import Session
 
+from scheduler.database.events import EventRepository
 from scheduler.types import DigitalTwinEvent, EventStatus, OutboundMessage
 
 MAX_ERROR_LENGTH = 4000
@@ -139,6 +140,9 @@ class Batch:
     # Who runs the events and commits (``None`` until the first dispatch: the commit of a
     # batch never dispatched writes its outcomes, if any, and commits).
     strategy: BatchStrategy | None = None
+    # The statements the batch's commit sends (its outcomes, a set-based write), naming the
+    # schema of the loop's ``Database`` (the claim passes it; the default schema's otherwise).
+    events_repository: EventRepository = field(default_factory=EventRepository.of)
 
     @property
     def remaining(self) -> int:

@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 
 from scheduler.core.batch import Batch, EventOutcome, outcome_parameters
 from scheduler.database import pipeline
-from scheduler.database.queries import statement
+from scheduler.database.events import EventRepository
 
 # The optimistic or set-based run's one savepoint, taken before the batch's first event.
 CHECKPOINT = "scheduler_checkpoint"
@@ -51,16 +51,18 @@ def rollback_to_checkpoint(session: Session) -> None:
         session.expunge_all()
 
 
-def commit_with_outcomes(session: Session, unrecorded: Sequence[EventOutcome]) -> None:
+def commit_with_outcomes(session: Session, unrecorded: Sequence[EventOutcome], events: EventRepository) -> None:
     """Write ``unrecorded`` (``record_outcomes``) and COMMIT, in one round trip; the checkpoint
     is not released first (the COMMIT ends it) and one never sent stays unsent."""
     if session.in_nested_transaction():
         # a savepoint the dispatcher left open: SQLAlchemy releases it before its COMMIT
         if unrecorded:
-            session.execute(statement("record_outcomes"), outcome_parameters(list(unrecorded)))
+            events.record_outcomes(session, outcome_parameters(list(unrecorded)))
         session.commit()
         return
     pipeline.discard(session)
-    steps = [pipeline.named("record_outcomes", outcome_parameters(list(unrecorded)), fetch=False)] if unrecorded else []
-    pipeline.send(session, [*steps, pipeline.command("COMMIT")])
+    if unrecorded:
+        events.commit_with(session, statement="record_outcomes", params=outcome_parameters(list(unrecorded)))
+    else:
+        events.commit_with(session)
     session.commit()  # the COMMIT went out with the outcomes: the session's sends nothing

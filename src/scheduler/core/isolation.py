@@ -65,7 +65,7 @@ def commit_batch(batch: Batch) -> None:
     batch.closed = True
     try:
         if batch.strategy is None:
-            commit_with_outcomes(batch.session, batch.outcomes)
+            commit_with_outcomes(batch.session, batch.outcomes, batch.events_repository)
         else:
             batch.strategy.commit(batch)
     except BaseException:

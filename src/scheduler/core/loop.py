@@ -53,8 +53,8 @@ from scheduler.core.runner import (
     run_loop,
     run_to_completion,
 )
+from scheduler.database.database import Database
 from scheduler.database.engine import polling
-from scheduler.database.queries import statement
 from scheduler.observability.observer import Observer
 from scheduler.types import Clock, Dispatcher, Publisher, SchedulerMode
 
@@ -74,13 +74,14 @@ DUE_CHANNEL = "scheduler_due"
 class Scheduler:
     """Polls for due events and dispatches each through ``dispatcher``.
 
-    ``sessions`` gives this replica its connections; ``clock`` is the only source of
-    ``:now``; ``publisher`` receives delivered notifications after their batch commits.
+    ``database`` gives this replica its connections and its statements (the schema its
+    rows are in, DEC-DB); ``clock`` is the only source of ``:now``; ``publisher`` receives
+    delivered notifications after their batch commits.
     """
 
     def __init__(
         self,
-        sessions: sessionmaker[Session],
+        database: Database,
         dispatcher: Dispatcher,
         clock: Clock,
         *,
@@ -96,7 +97,10 @@ class Scheduler:
             self.mode = SchedulerMode(mode)
         except ValueError:
             raise ValueError(f"mode must be literal or prompt, got {mode!r}") from None
-        self.sessions = sessions
+        if not isinstance(database, Database):
+            raise TypeError(f"Scheduler takes the Database it polls (Database(engine, schema)), not {database!r}")
+        self.database = database
+        self.sessions: sessionmaker[Session] = database.sessions
         self.dispatcher = dispatcher  # refused here if it is async (``dispatcher`` below)
         self.clock = clock
         self.publisher = publisher
@@ -142,12 +146,13 @@ class Scheduler:
         try:
             with polling():  # its connection, used a moment ago, is not pinged first
                 session.connection()
-            events, skipped, ended = claim_rounds(session, now, self.batch_size)
+            events, skipped, ended = claim_rounds(session, now, self.batch_size, self.database.events)
         except BaseException:
             session.rollback()
             session.close()
             raise
-        return Batch(session=session, events=events, claimed_at=now, skipped=skipped, expired=ended)
+        return Batch(session=session, events=events, claimed_at=now, skipped=skipped, expired=ended,
+                     events_repository=self.database.events)
 
     def dispatch_next(self, batch: Batch) -> EventOutcome | None:
         """Dispatch the next claimed event, isolated from the others; ``None`` when none is
@@ -232,8 +237,7 @@ class Scheduler:
     def read_next_due(self, after: datetime | None = None) -> datetime | None:
         """The earliest pending ``trigger_at`` after ``after`` (default: now), from the pending index."""
         with self.sessions.begin() as session:
-            value = session.execute(statement("next_pending_trigger"), {"now": after or self.clock.now()}).scalar()
-        return value if isinstance(value, datetime) else None
+            return self.database.events.next_pending_trigger(session, after or self.clock.now())
 
     # -- pacing and wake-ups --------------------------------------------------------------
 

@@ -109,7 +109,7 @@ class SavepointPerEvent:
         return outcome
 
     def commit(self, batch: Batch) -> None:
-        commit_with_outcomes(batch.session, batch.outcomes)
+        commit_with_outcomes(batch.session, batch.outcomes, batch.events_repository)
 
     def former_fields(self) -> dict[str, Any]:
         return {**FORMER_FIELDS, "planned": []}

@@ -128,7 +128,7 @@ class SetBasedBatch:
         session = batch.session
         self.sent = True
         try:
-            pipeline.send(session, [pipeline.named(name, params, fetch=False), pipeline.command("COMMIT")])
+            batch.events_repository.commit_with(session, statement=name, params=params)
         except Exception as exc:
             if connection_lost(exc) or not pipeline.in_failed_transaction(session):
                 raise  # the connection is gone, or the COMMIT itself failed: the poll fails whole

@@ -17,11 +17,12 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import RowMapping
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session
 
 from scheduler.core.expiry import stored_expires_at
 from scheduler.core.trigger_range import check_trigger_at
-from scheduler.database.queries import statement
+from scheduler.database.database import Database
+from scheduler.database.queries import Statements
 from scheduler.database.rows import row_as_json
 
 EVENT_COLUMNS = (
@@ -36,7 +37,7 @@ def event_to_json(row: Mapping[str, Any] | RowMapping) -> dict[str, Any]:
 
 
 def store_event(
-    sessions: sessionmaker[Session],
+    database: Database,
     *,
     event_type: str,
     user_id: str,
@@ -77,47 +78,38 @@ def store_event(
         "traceparent": traceparent,
     }
     name = "insert_event" if external_key is None else "upsert_event_by_key"
-    with sessions.begin() as session:
+    with database.begin() as session:
         if external_key is not None or actor is not None:
             # the history trigger reads these; "rewritten" names the upsert's UPDATE path
-            set_change_context(session, "rewritten", actor)
+            set_change_context(session, database.statements, "rewritten", actor)
         # a row that becomes pending is announced to prompt-mode replicas by the database
         # (migration 0005's trigger), whatever path wrote it
-        row = session.execute(statement(name), params).mappings().one()
+        row = session.execute(database.statements[name], params).mappings().one()
         return event_to_json(row)
 
 
-def set_change_context(session: Session, change: str | None, actor: str | None) -> None:
+def set_change_context(session: Session, statements: Statements, change: str | None, actor: str | None) -> None:
     """Name the change and who made it for the history trigger, for this transaction only."""
-    session.execute(statement("set_change_context"), {"change": change or "", "actor": actor or ""})
+    session.execute(statements["set_change_context"], {"change": change or "", "actor": actor or ""})
 
 
 def list_notifications(
-    sessions: sessionmaker[Session], *, user_id: str | None, status: str | None, limit: int
+    database: Database, *, user_id: str | None, status: str | None, limit: int
 ) -> list[dict[str, Any]]:
-    with sessions.begin() as session:
-        rows = session.execute(
-            statement("list_notifications"), {"user_id": user_id, "status": status, "limit": limit}
-        ).mappings().all()
+    with database.begin() as session:
+        rows = database.inbox.list_notifications(session, user_id=user_id, status=status, limit=limit)
         return [row_as_json(r) for r in rows]
 
 
 def set_preferences(
-    sessions: sessionmaker[Session],
+    database: Database,
     user_id: str,
     *,
     enabled_kinds: Sequence[str] | None,
     max_per_day: int,
     now: datetime,
 ) -> dict[str, Any]:
-    with sessions.begin() as session:
-        row = session.execute(
-            statement("upsert_preferences"),
-            {
-                "user_id": user_id,
-                "enabled_kinds": None if enabled_kinds is None else list(enabled_kinds),
-                "max_per_day": max_per_day,
-                "now": now,
-            },
-        ).mappings().one()
+    with database.begin() as session:
+        row = database.decisions.set_preferences(session, user_id, enabled_kinds=enabled_kinds,
+                                                 max_per_day=max_per_day, now=now)
         return row_as_json(row)

@@ -36,13 +36,13 @@ from sqlalchemy.exc import DBAPIError
 
 from scheduler.config import DatabaseUnusable
 from scheduler.database.queries import (
+    DEFAULT_SCHEMA,
     FUNCTIONS,
     SEQUENCES,
     TABLES,
-    current_schema,
-    load_queries,
-    sql,
-    statement,
+    Statements,
+    qualified,
+    quoted,
 )
 
 if TYPE_CHECKING:
@@ -84,13 +84,13 @@ class MigrationResult:
         return f"schema {self.schema}: upgraded from {self.before} to {self.after}"
 
 
-def alembic_config(schema: str | None = None) -> Config:
+def alembic_config(schema: str = DEFAULT_SCHEMA) -> Config:
     """Alembic's configuration for the scheduler's migrations, in ``schema``."""
     from alembic.config import Config
 
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS))
-    config.attributes["schema"] = schema or current_schema()
+    config.attributes["schema"] = schema
     return config
 
 
@@ -110,16 +110,15 @@ def head_revision(config: Config | None = None) -> str:
     return head
 
 
-def migrate(engine: Engine, revision: str = "head", schema: str | None = None) -> MigrationResult:
-    """Bring the scheduler's schema up to ``revision`` (never ``create_all``); see the module."""
+def migrate(engine: Engine, revision: str = "head", schema: str = DEFAULT_SCHEMA) -> MigrationResult:
+    """Bring the scheduler's schema ``schema`` up to ``revision`` (never ``create_all``); see the module."""
     from alembic import command
 
-    schema = schema or current_schema()
     config = alembic_config(schema)
     ours = our_revisions(config)
     try:
         with engine.begin() as conn:
-            conn.execute(statement("migration_lock"))
+            conn.execute(_statement("migration_lock"))
             before = _revision_in(conn, schema, ours)
             moved = False
             if before is None:
@@ -140,9 +139,9 @@ def migrate(engine: Engine, revision: str = "head", schema: str | None = None) -
 def _revision_in(conn: Connection, schema: str, ours: frozenset[str]) -> str | None:
     """The revision in the schema's version table (``None``: no table, or no row); one this
     code does not know is a ``MigrationError``."""
-    if not conn.execute(statement("relation_exists"), {"name": f"{schema}.alembic_version"}).scalar_one():
+    if not _exists(conn, qualified(schema, "alembic_version")):
         return None
-    revisions = list(conn.execute(_statement_in("schema_revisions", schema)).scalars())
+    revisions = list(conn.execute(_statement("schema_revisions", schema)).scalars())
     unknown = [r for r in revisions if r not in ours]
     if unknown:
         raise MigrationError(
@@ -158,14 +157,14 @@ def _revision_in(conn: Connection, schema: str, ours: frozenset[str]) -> str | N
 def _move_from_public(conn: Connection, schema: str, ours: frozenset[str]) -> str | None:
     """Move a deployment of ours from ``public`` into ``schema`` (see the module); return its
     revision, or ``None`` when ``public`` holds none of ours."""
-    if not conn.execute(statement("relation_exists"), {"name": "public.alembic_version"}).scalar_one():
+    if not _exists(conn, "public.alembic_version"):
         return None
-    rows = list(conn.execute(statement("public_revisions")).scalars())
+    rows = list(conn.execute(_statement("public_revisions")).scalars())
     mine = [r for r in rows if r in ours]
     if not mine:
         return None  # a host's history only: ours starts afresh in its own schema
     missing = [t for t in FIRST_TABLES
-               if not conn.execute(statement("relation_exists"), {"name": f"public.{t}"}).scalar_one()]
+               if not _exists(conn, f"public.{t}")]
     if missing:
         raise MigrationError(
             f"public.alembic_version holds revision {mine[0]!r}, one of the scheduler's revision ids, but public "
@@ -185,8 +184,8 @@ def _move_from_public(conn: Connection, schema: str, ours: frozenset[str]) -> st
         if _exists(conn, f"public.{function}", function=True):
             _ddl(conn, "move_function_ddl", schema=schema, name=function)
     _ddl(conn, "version_table_like_public_ddl", schema=schema)
-    conn.execute(_statement_in("copy_revisions_into_schema", schema), {"revisions": mine})
-    conn.execute(statement("delete_public_revisions"), {"revisions": mine})
+    conn.execute(_statement("copy_revisions_into_schema", schema), {"revisions": mine})
+    conn.execute(_statement("delete_public_revisions"), {"revisions": mine})
     if len(mine) == len(rows):
         _ddl(conn, "drop_public_version_table_ddl")
     return str(mine[0])
@@ -194,14 +193,14 @@ def _move_from_public(conn: Connection, schema: str, ours: frozenset[str]) -> st
 
 def _exists(conn: Connection, name: str, *, function: bool = False) -> bool:
     if function:  # our trigger functions take no argument
-        return bool(conn.execute(statement("function_exists"), {"signature": f"{name}()"}).scalar_one())
-    return bool(conn.execute(statement("relation_exists"), {"name": name}).scalar_one())
+        return bool(conn.execute(_statement("function_exists"), {"signature": f"{name}()"}).scalar_one())
+    return bool(conn.execute(_statement("relation_exists"), {"name": name}).scalar_one())
 
 
-def _statement_in(name: str, schema: str) -> TextClause:
-    """The named statement naming ``schema`` (which may not be the process's: a test migrates
-    another schema than its own)."""
-    return load_queries(schema=schema)[name].statement
+def _statement(name: str, schema: str = DEFAULT_SCHEMA) -> TextClause:
+    """The named statement naming ``schema`` (the statements that name none of our objects
+    read the same in every schema's)."""
+    return Statements.of(schema)[name]
 
 
 def _ddl(conn: Connection, template_name: str, /, **identifiers: str) -> None:
@@ -211,10 +210,11 @@ def _ddl(conn: Connection, template_name: str, /, **identifiers: str) -> None:
 
     parts: dict[str, Any] = {key: pgsql.Identifier(value) for key, value in identifiers.items()}
     if "schema" in identifiers:
-        parts["schema_literal"] = pgsql.Literal(identifiers["schema"])
+        # a search_path value: the name quoted as an identifier inside it ('"select"')
+        parts["schema_literal"] = pgsql.Literal(quoted(identifiers["schema"]))
     driver = conn.connection.driver_connection
     assert driver is not None
-    template = sql(template_name)
+    template = Statements.of().sql(template_name)
     driver.execute(pgsql.SQL(template).format(**{k: v for k, v in parts.items() if "{" + k + "}" in template}))
 
 

@@ -20,10 +20,9 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.orm import Session, sessionmaker
 
 from scheduler.core.loop import Scheduler
-from scheduler.database.queries import statement
+from scheduler.database.database import Database
 from scheduler.types import Clock
 
 logger = logging.getLogger(__name__)
@@ -42,14 +41,14 @@ class Heartbeat:
 
     def __init__(
         self,
-        sessions: sessionmaker[Session],
+        database: Database,
         clock: Clock,
         *,
         replica_id: str | None = None,
         min_interval: timedelta = MIN_INTERVAL,
         retention: timedelta = RETENTION,
     ) -> None:
-        self.sessions = sessions
+        self.database = database
         self.clock = clock
         self.replica_id = replica_id or uuid.uuid4().hex
         self.host = socket.gethostname()
@@ -81,9 +80,9 @@ class Heartbeat:
     def write(self, scheduler: Scheduler, now: datetime) -> None:
         """Upsert this replica's row now and delete the rows of replicas gone for a day."""
         health = scheduler.health
-        with self.sessions.begin() as session:
-            session.execute(
-                statement("upsert_heartbeat"),
+        with self.database.begin() as session:
+            self.database.operations.write_heartbeat(
+                session,
                 {
                     "replica_id": self.replica_id,
                     "name": scheduler.name,
@@ -100,15 +99,15 @@ class Heartbeat:
                     "dispatched": health.dispatched,
                     "failed": health.failed,
                 },
+                gone_before=now - self.retention,
             )
-            session.execute(statement("delete_gone_replicas"), {"cutoff": now - self.retention})
 
 
     def forget(self) -> None:
         """Delete this replica's row (a clean stop): it leaves the list instead of going stale."""
         try:
-            with self.sessions.begin() as session:
-                session.execute(statement("delete_replica"), {"replica_id": self.replica_id})
+            with self.database.begin() as session:
+                self.database.operations.delete_replica(session, self.replica_id)
         except DBAPIError as exc:
             logger.warning("heartbeat row %s not removed on stop (%s); it will show as stale",
                            self.replica_id, type(exc).__name__)
@@ -123,10 +122,10 @@ def replica_state(row: dict[str, Any]) -> str:
     return "ok"
 
 
-def list_replicas(sessions: sessionmaker[Session], now: datetime) -> list[dict[str, Any]]:
+def list_replicas(database: Database, now: datetime) -> list[dict[str, Any]]:
     """Every replica's heartbeat, with ``stale`` and ``state`` judged at ``now``."""
-    with sessions.begin() as session:
-        rows = [dict(r) for r in session.execute(statement("list_replicas"), {"now": now}).mappings()]
+    with database.begin() as session:
+        rows = database.operations.list_replicas(session, now)
     for row in rows:
         row["state"] = replica_state(row)
     return rows

@@ -13,13 +13,13 @@ import logging
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
-from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from scheduler.application import ingest
+from scheduler.database.database import Database
 from scheduler.nudging.facts import ContractViolation, FactsMissing, check_facts_contract
 from scheduler.observability.observer import Observer
 from scheduler.types import (
@@ -64,10 +64,10 @@ LIVE_STATUS: dict[DispatchOutcome, int] = {
 class IngestRoutes:
     """``POST /admin/scheduled-events`` and ``POST /admin/ingest-event``."""
 
-    def __init__(self, *, sessions: sessionmaker[Session], clock: Clock, dispatcher: Dispatcher,
+    def __init__(self, *, database: Database, clock: Clock, dispatcher: Dispatcher,
                  publisher: Publisher, max_body_bytes: int, observer: Observer | None = None,
                  default_expiry: timedelta | None = None) -> None:
-        self.sessions = sessions
+        self.database = database
         self.clock = clock
         self.dispatcher = dispatcher
         self.publisher = publisher
@@ -91,7 +91,7 @@ class IngestRoutes:
         assert body.facts is not None
         row = await run_in_threadpool(
             self._store,
-            self.sessions,
+            self.database,
             event_type=body.event_type,
             user_id=body.user_id,
             community_id=body.community_id,
@@ -108,11 +108,11 @@ class IngestRoutes:
         return respond(ScheduledEventOut.model_validate(row), 201)
 
     @staticmethod
-    def _store(sessions: sessionmaker[Session], **fields: Any) -> dict[str, Any]:
+    def _store(database: Database, **fields: Any) -> dict[str, Any]:
         """``ingest.store_scheduled_event``; an expiry it refuses (the default window past the
         range) is a 422 naming the field, as the schema's own checks are."""
         try:
-            return ingest.store_scheduled_event(sessions, **fields)
+            return ingest.store_scheduled_event(database, **fields)
         except ingest.ExpiryRefused as exc:
             raise Unprocessable.field(exc.field, exc.problem) from None
 
@@ -152,7 +152,7 @@ class IngestRoutes:
         # observability: the live dispatch's span (its statements inside); a broken host
         # dispatcher's NotADispatchResult is a 500
         with self.observer.live_dispatch(event.event_type) as dispatched:
-            result = ingest.dispatch_live(self.sessions, self.dispatcher, event, now, dispatched=dispatched)
+            result = ingest.dispatch_live(self.database, self.dispatcher, event, now, dispatched=dispatched)
         if result.refusal is not None:
             return result
         for message in result.outbound:
