@@ -149,3 +149,8 @@ class Statements:
 @cache
 def _statements(schema: str, path: Path) -> Statements:
     return Statements(schema, path)
+
+
+def sql(name: str, schema: str = DEFAULT_SCHEMA) -> str:
+    """The named statement's text naming ``schema`` (for EXPLAIN and the benchmarks)."""
+    return Statements.of(schema).sql(name)
