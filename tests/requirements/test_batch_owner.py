@@ -112,12 +112,13 @@ def test_a_set_based_batch_whose_write_fails_is_handed_to_its_per_event_strategy
 def test_a_batch_carries_the_claim_and_its_record_and_no_strategys_working_state(
     client: TestClient, service: SchedulerService
 ) -> None:
-    """DEC-1.6: the batch's fields are the claim's and what its events became; a field that was a
+    """DEC-1.6: the batch's fields are the claim's (with the statements its commit sends, of the
+    loop's database) and what its events became; a field that was a
     strategy's working state (the checkpoint, the set-based plan) still reads, mid-batch, what it
     held, from the strategy that owns it, with a deprecation warning, and can no longer be set."""
     fields = {f.name for f in dataclasses.fields(Batch)}
     assert fields == {"session", "events", "claimed_at", "skipped", "expired", "position", "outcomes", "outbound",
-                      "closed", "replayed", "should_stop", "stopped", "strategy"}
+                      "closed", "replayed", "should_stop", "stopped", "strategy", "events_repository"}
     for i in range(2):
         post_event(client, user_id=f"user-{i}", trigger_at=T0 - timedelta(minutes=2 - i))
     for kind in ("platform", "safe to repeat"):

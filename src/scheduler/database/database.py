@@ -24,6 +24,7 @@ A ``Database`` is also what those layers open sessions with: ``database.begin()`
 from __future__ import annotations
 
 from contextlib import AbstractContextManager
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Engine
@@ -32,7 +33,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from scheduler.config import ConfigError, schema_problem
 from scheduler.database import pipeline
 from scheduler.database.decisions import DecisionRepository
-from scheduler.database.engine import make_sessionmaker
+from scheduler.database.engine import database_time, make_sessionmaker
 from scheduler.database.events import EventRepository
 from scheduler.database.inbox import InboxRepository
 from scheduler.database.operations import OperationsRepository
@@ -64,6 +65,10 @@ class Database:
     def on(self, engine: Engine) -> Database:
         """The same schema and statements through another engine (the loop's own pool)."""
         return self if engine is self.engine else Database(engine, self.schema, statements=self.statements)
+
+    def server_time(self) -> datetime:
+        """The database server's current time (what production's clock measures, DEC-10)."""
+        return database_time(self.engine)
 
     def begin(self) -> AbstractContextManager[Session]:
         """A session in a transaction that commits when the block ends (the sessionmaker's ``begin``)."""

@@ -20,7 +20,6 @@ import logging
 import warnings
 from collections.abc import AsyncIterator
 from datetime import datetime
-from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import anyio.to_thread
@@ -43,7 +42,6 @@ from scheduler.core.dispatch_contract import refuse_async_dispatcher
 from scheduler.core.loop import DUE_CHANNEL, Scheduler
 from scheduler.database.database import Database
 from scheduler.database.engine import (
-    database_time,
     is_service_engine,
     make_engine,
     resolve_database_url,
@@ -114,7 +112,7 @@ class SchedulerService:
         self.sessions = self.database.sessions
         # One clock in production: the database server's, measured (DEC-10). An injected
         # clock (tests, the simulation) is used as it is.
-        self.clock: Clock = clock or DatabaseClock(partial(database_time, self.loop_engine),
+        self.clock: Clock = clock or DatabaseClock(self.loop_database.server_time,
                                                    warn_seconds=self.settings.clock_skew_warn_seconds)
         self._clock_task: asyncio.Task[None] | None = None
         self.catalogue = catalogue or load_catalogue(self.settings.rules_dir)
