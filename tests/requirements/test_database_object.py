@@ -17,6 +17,8 @@ from scheduler.core.clock import ManualClock
 from scheduler.database import pipeline
 from scheduler.database.database import Database
 from scheduler.database.engine import make_engine, migrate
+from scheduler.nudging.dispatch import NudgingPlatform
+from scheduler.nudging.rules import load_catalogue
 from scheduler.web.app import SchedulerService
 from tests.conftest import ADMIN, T0, TEST_SECRET
 from tests.helpers import post_event
@@ -82,6 +84,21 @@ def test_two_services_with_two_schemas_in_one_process_each_create_store_poll_and
         assert (a.database.schema, b.database.schema) == ("a", "b")
     finally:
         _dispose(a, b)
+
+
+@pytest.mark.clause("EMB-11")
+def test_a_dispatcher_built_for_another_schema_is_refused_in_a_sentence(engine: Engine, clock: ManualClock) -> None:
+    """EMB-11: a ``NudgingPlatform`` the host built on the default schema's decisions, handed to a
+    service of schema ``a``, would write its notifications into ``scheduler``: a ``ConfigError``
+    naming both schemas; built with the service's schema it is taken."""
+    catalogue = load_catalogue(None)
+    settings = Settings(jwt_secret=TEST_SECRET, database_schema="a")
+    with pytest.raises(ConfigError, match="decides in schema 'scheduler', the service's is 'a'"):
+        SchedulerService(settings, engine=engine, clock=clock, run_scheduler=False,
+                         dispatcher=NudgingPlatform(catalogue))
+    mine = NudgingPlatform(catalogue, decisions=Database(engine, "a").decisions)
+    assert SchedulerService(settings, engine=engine, clock=clock, run_scheduler=False,
+                            dispatcher=mine).dispatcher is mine
 
 
 @pytest.fixture

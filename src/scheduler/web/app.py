@@ -118,6 +118,7 @@ class SchedulerService:
         self.catalogue = catalogue or load_catalogue(self.settings.rules_dir)
         self.dispatcher: Dispatcher = dispatcher or NudgingPlatform(self.catalogue,
                                                                     decisions=self.database.decisions)
+        self._check_dispatcher_schema(self.dispatcher)
         # After commit: number web notifications for the inbox stream and NOTIFY the
         # replicas, then the configured publisher (see scheduler.web.inbox.hub). The live
         # path numbers on the requests' pool, the loop on its own.
@@ -257,6 +258,21 @@ class SchedulerService:
     @listener.setter
     def listener(self, listener: Listener) -> None:
         self.health.listener = listener
+
+    def _check_dispatcher_schema(self, dispatcher: Dispatcher) -> None:
+        """A ``NudgingPlatform`` the host built for another schema would write its decisions
+        there: refused in a sentence before anything runs (DEC-DB)."""
+        decisions = getattr(dispatcher, "decisions", None) if isinstance(dispatcher, NudgingPlatform) else None
+        if decisions is not None and decisions.schema != self.database.schema:
+            self._dispose_owned()
+            raise ConfigError(
+                f"the dispatcher passed to SchedulerService decides in schema {decisions.schema!r}, the service's "
+                f"is {self.database.schema!r} (SCHEDULER_DATABASE_SCHEMA): build it with "
+                f"NudgingPlatform(catalogue, decisions=Database(engine, {self.database.schema!r}).decisions)")
+
+    def _dispose_owned(self) -> None:
+        for engine in self._owned_engines:
+            engine.dispose()
 
     def _check_security(self) -> None:
         settings = self.settings
@@ -413,8 +429,7 @@ class SchedulerService:
                 await asyncio.wait_for(run_in_threadpool(self.heartbeat.forget), timeout=2.0)
             self._task = None
         await run_in_threadpool(self.listener.stop)
-        for engine in self._owned_engines:
-            engine.dispose()
+        self._dispose_owned()
 
     @property
     def loop_alive(self) -> bool:
