@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from scheduler.config import Settings
     from scheduler.core.clock import ManualClock, SystemClock
     from scheduler.core.loop import Batch, EventOutcome, PollReport, Scheduler
+    from scheduler.database.database import Database
     from scheduler.web.app import SchedulerService, create_app
 
 _WHERE = {
@@ -25,6 +26,7 @@ _WHERE = {
     "EventOutcome": "scheduler.core.loop",
     "PollReport": "scheduler.core.loop",
     "Scheduler": "scheduler.core.loop",
+    "Database": "scheduler.database.database",
 }
 
 
@@ -37,6 +39,7 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "Batch",
+    "Database",
     "EventOutcome",
     "ManualClock",
     "PollReport",

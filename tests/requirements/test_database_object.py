@@ -216,3 +216,22 @@ def test_the_transaction_pooling_search_path_names_a_reserved_word_quoted(databa
             assert session.execute(text("SELECT count(*) FROM scheduled_events")).scalar_one() == 0
     finally:
         pooled.dispose()
+
+
+@pytest.mark.clause("EMB-11")
+def test_a_scheduler_given_a_sessionmaker_still_polls_the_default_schema_with_a_deprecation_warning(
+    engine: Engine, clock: ManualClock
+) -> None:
+    """EMB-11: ``Scheduler(sessionmaker, ...)``, the signature before the ``Database``, still
+    works on the default schema, warning with the new one; anything else is a ``TypeError``."""
+    from sqlalchemy.orm import sessionmaker
+
+    from scheduler.core.loop import Scheduler
+
+    sessions = sessionmaker(engine)
+    with pytest.warns(DeprecationWarning, match=r"pass Database\(engine, schema\)"):
+        loop = Scheduler(sessions, NudgingPlatform(load_catalogue(None)), clock)
+    assert loop.sessions is sessions and loop.database.schema == "scheduler"
+    assert loop.poll_once().claimed == 0
+    with pytest.raises(TypeError, match="takes the Database it polls"):
+        Scheduler(engine, NudgingPlatform(load_catalogue(None)), clock)  # type: ignore[arg-type]

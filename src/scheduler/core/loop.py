@@ -23,9 +23,11 @@ import asyncio
 import logging
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from datetime import datetime
 
+from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from scheduler.core.batch import (
@@ -81,7 +83,7 @@ class Scheduler:
 
     def __init__(
         self,
-        database: Database,
+        database: Database | sessionmaker[Session],
         dispatcher: Dispatcher,
         clock: Clock,
         *,
@@ -97,10 +99,11 @@ class Scheduler:
             self.mode = SchedulerMode(mode)
         except ValueError:
             raise ValueError(f"mode must be literal or prompt, got {mode!r}") from None
-        if not isinstance(database, Database):
-            raise TypeError(f"Scheduler takes the Database it polls (Database(engine, schema)), not {database!r}")
-        self.database = database
-        self.sessions: sessionmaker[Session] = database.sessions
+        if isinstance(database, Database):
+            self.database, self.sessions = database, database.sessions
+        else:  # deprecated: a sessionmaker, on the default schema as before
+            self.sessions = _deprecated_sessions(database)
+            self.database = Database(_bind_of(self.sessions))
         self.dispatcher = dispatcher  # refused here if it is async (``dispatcher`` below)
         self.clock = clock
         self.publisher = publisher
@@ -299,3 +302,21 @@ class Scheduler:
     def is_stale(self, now: datetime) -> bool:
         """True when no poll completed within three poll intervals."""
         return self.health.is_stale(now, self.poll_seconds)
+
+
+def _deprecated_sessions(given: object) -> sessionmaker[Session]:
+    """What ``Scheduler`` took before the ``Database`` (CHANGELOG.md): a sessionmaker, still
+    taken with a ``DeprecationWarning``; its rows are the default schema's."""
+    if not isinstance(given, sessionmaker):
+        raise TypeError(f"Scheduler takes the Database it polls (Database(engine, schema)), not {given!r}")
+    warnings.warn("Scheduler(sessionmaker, ...) is deprecated: pass Database(engine, schema) "
+                  "(scheduler.Database), which names the schema its statements run in", DeprecationWarning,
+                  stacklevel=4)
+    return given
+
+
+def _bind_of(sessions: sessionmaker[Session]) -> Engine:
+    bind = sessions.kw.get("bind")
+    if not isinstance(bind, Engine):
+        raise TypeError("Scheduler(sessionmaker, ...) needs a sessionmaker bound to an engine; pass Database(engine, schema)")
+    return bind

@@ -22,12 +22,12 @@ The statements are the caller's (``Statements.step``: a named statement of the s
 The listeners that run a deferred command and drop it at the transaction's end are put on
 an engine by ``attach`` (a ``Database`` attaches them to each engine it works through: the
 service's own, or its view of a host's engine), never on SQLAlchemy's ``Engine`` or ``Pool``
-classes: a host's other engines never see them (EMB-11); ``detach`` takes them off again.
+classes: a host's other engines never see them (EMB-12); ``detach`` takes them off again.
 
 ``defer`` queues a command (a ``SAVEPOINT``) to travel ahead of the next statement on the
 same connection: with the next ``send``, in the same message, or just ahead of a statement
-run any other way (``Session.execute``, a dispatcher's ORM flush), which a listener on every
-engine sees first. A command never followed by a statement is never sent (the batch's
+run any other way (``Session.execute``, a dispatcher's ORM flush), which the listener
+``attach`` put on the engine sees first. A command never followed by a statement is never sent (the batch's
 checkpoint of a dispatcher that wrote nothing costs nothing); ``discard`` drops it and says
 whether it was still unsent. The end of the transaction drops it too.
 
