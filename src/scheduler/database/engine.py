@@ -221,6 +221,9 @@ def make_engine(url: str, settings: Settings | None = None, **kwargs: Any) -> En
         ping_when_idle(engine, settings.pool_ping_after_idle_seconds)
     if settings.transaction_pooling:
         settings_per_transaction(engine, settings, search_path=service_search_path(settings))
+    from scheduler.database.pipeline import attach
+
+    attach(engine)  # the pipeline's listeners, on this engine of the service's own (DEC-DB)
     _SERVICE_ENGINES.add(engine)
     return engine
 
