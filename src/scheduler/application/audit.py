@@ -18,28 +18,25 @@ from scheduler.database.rows import row_as_json
 def list_actions(database: Database, *, limit: int = 100, before_id: int | None = None) -> list[dict[str, Any]]:
     """The audit trail, newest first; ``before_id`` continues from the previous page."""
     with database.begin() as session:
-        rows = session.execute(database.statements["list_operator_actions"], {"limit": limit, "before_id": before_id}).mappings()
-        return [row_as_json(r) for r in rows]
+        return [row_as_json(r) for r in database.operations.list_actions(session, limit=limit, before_id=before_id)]
 
 
 def event_actions(database: Database, event_id: str) -> list[dict[str, Any]]:
     """The operator actions that changed one row, newest first."""
     with database.begin() as session:
-        return [row_as_json(r) for r in session.execute(database.statements["event_actions"], {"event_id": event_id}).mappings()]
+        return [row_as_json(r) for r in database.operations.event_actions(session, event_id)]
 
 
 def event_notifications(database: Database, event_id: str) -> list[dict[str, Any]]:
     """The notifications one row produced, oldest first."""
     with database.begin() as session:
-        rows = session.execute(database.statements["event_notifications"], {"event_id": event_id}).mappings()
-        return [row_as_json(r) for r in rows]
+        return [row_as_json(r) for r in database.operations.event_notifications(session, event_id)]
 
 
 def event_history(database: Database, event_id: str) -> list[dict[str, Any]] | None:
     """Every change of a row, oldest first; None when neither the row nor any history exists."""
     with database.begin() as session:
-        entries = [row_as_json(r) for r in session.execute(database.statements["event_history"], {"id": event_id}).mappings()]
+        entries = [row_as_json(r) for r in database.events.history(session, event_id)]
         if entries:
             return entries
-        exists = session.execute(database.statements["get_event"], {"id": event_id}).first()
-        return [] if exists is not None else None
+        return [] if database.events.get(session, event_id) is not None else None

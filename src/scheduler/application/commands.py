@@ -33,7 +33,6 @@ from typing import Literal
 from sqlalchemy.orm import Session
 
 from scheduler.application.events import EventQuery, EventRecord, QueryError
-from scheduler.core.store import set_change_context
 from scheduler.database.database import Database
 from scheduler.types import EventStatus
 
@@ -97,11 +96,9 @@ def _clean_reason(reason: str | None) -> str | None:
 
 def _record(session: Session, database: Database, *, now: datetime, actor: Actor, action: str, event_id: str | None,
             query: EventQuery | None, count: int, reason: str | None) -> int:
-    action_id: int = session.execute(database.statements["insert_operator_action"], {
-        "now": now, "actor": actor.name, "source": actor.source, "action": action, "event_id": event_id,
-        "filter": None if query is None else json.dumps(query.as_json()), "count": count, "reason": reason,
-    }).scalar_one()
-    return action_id
+    return database.operations.record_action(
+        session, now=now, actor=actor.name, source=actor.source, action=action, event_id=event_id,
+        filter_json=None if query is None else json.dumps(query.as_json()), count=count, reason=reason)
 
 
 def _one_row(database: Database, *, action: str, change: str, update: str,
@@ -111,21 +108,18 @@ def _one_row(database: Database, *, action: str, change: str, update: str,
     if (event_id is None) == (external_key is None):
         raise ValueError("name the row by exactly one of event_id and external_key")
     with database.begin() as session:
-        if event_id is not None:
-            locked = session.execute(database.statements["lock_event_by_id"], {"id": event_id}).mappings().first()
-        else:
-            locked = session.execute(database.statements["lock_event_by_key"], {"external_key": external_key}).mappings().first()
+        locked = database.events.lock(session, event_id=event_id, external_key=external_key)
         if locked is None:
             return None, False, None
         row, changed = locked, EventStatus(locked["status"]) in sources
         if changed:
-            set_change_context(session, database.statements, change, actor.name)  # the row's history names the change and who
-            row = session.execute(database.statements[update], {
-                "id": locked["id"], "now": now, "sources": sources_json(sources)}).mappings().one()
+            database.events.set_change_context(session, change, actor.name)  # the row's history names the change and who
+            row = database.events.change(session, update, {"id": locked["id"], "now": now,
+                                                           "sources": sources_json(sources)})
         action_id = _record(session, database, now=now, actor=actor, action=action, event_id=locked["id"], query=None,
                             count=int(changed), reason=_clean_reason(reason))
         if changed:
-            session.execute(database.statements["link_action_events"], {"action_id": action_id, "event_ids": [locked["id"]]})
+            database.operations.link_action_events(session, action_id, [locked["id"]])
         return EventRecord.from_row(row), changed, action_id
 
 
@@ -164,9 +158,7 @@ def count_matching(database: Database, query: EventQuery, sources: frozenset[Eve
     """The dry run: how many rows a bulk command over ``sources`` would change now
     (``cap + 1`` means more than ``cap``)."""
     with database.begin() as session:
-        count: int = session.execute(database.statements["count_filtered_events"], {
-            **query.params(), "sources": sources_json(sources), "cap": cap}).scalar_one()
-        return count
+        return database.events.count_filtered(session, {**query.params(), "sources": sources_json(sources), "cap": cap})
 
 
 # A bulk command by the status it sets: its audit action, its history change, the statuses it acts on.
@@ -190,15 +182,14 @@ def _bulk(database: Database, query: EventQuery, *, to: EventStatus, now: dateti
     params = {**query.params(), "sources": sources_json(sources), "as_of": as_of, "now": now, "to": str(to)}
     while done < limit:
         with database.begin() as session:
-            set_change_context(session, database.statements, change, actor.name)
-            ids = list(session.execute(database.statements["change_filtered_chunk"], {
-                **params, "after_id": after, "chunk": min(chunk, limit - done),
-            }).scalars())
+            database.events.set_change_context(session, change, actor.name)
+            ids = database.events.change_filtered_chunk(session, {**params, "after_id": after,
+                                                                  "chunk": min(chunk, limit - done)})
             if not ids:
                 break
-            session.execute(database.statements["link_action_events"], {"action_id": action_id, "event_ids": ids})
+            database.operations.link_action_events(session, action_id, ids)
             done += len(ids)
-            session.execute(database.statements["set_operator_action_count"], {"id": action_id, "count": done})
+            database.operations.set_action_count(session, action_id, done)
         chunks += 1
         after = max(ids)
     return BulkResult(action_id, done, chunks)

@@ -246,7 +246,7 @@ def list_events(database: Database, query: EventQuery,
     params = {**query.params(), "after_at": cursor.at if cursor else None, "after_id": cursor.id if cursor else "",
               "limit": query.limit + 1}
     with database.begin() as session:
-        found = list(session.execute(database.statements[_PAGE_STATEMENT[order]], params).mappings())
+        found = database.events.page(session, _PAGE_STATEMENT[order], params)
     more = len(found) > query.limit
     found = found[: query.limit]
     next_cursor = None
@@ -260,5 +260,5 @@ def list_events(database: Database, query: EventQuery,
 def get_event(database: Database, event_id: str) -> EventRecord | None:
     """One row by id, or None."""
     with database.begin() as session:
-        row = session.execute(database.statements["get_event"], {"id": event_id}).mappings().first()
+        row = database.events.get(session, event_id)
         return EventRecord.from_row(row) if row else None

@@ -17,12 +17,10 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import RowMapping
-from sqlalchemy.orm import Session
 
 from scheduler.core.expiry import stored_expires_at
 from scheduler.core.trigger_range import check_trigger_at
 from scheduler.database.database import Database
-from scheduler.database.queries import Statements
 from scheduler.database.rows import row_as_json
 
 EVENT_COLUMNS = (
@@ -77,20 +75,14 @@ def store_event(
         "now": now,
         "traceparent": traceparent,
     }
-    name = "insert_event" if external_key is None else "upsert_event_by_key"
     with database.begin() as session:
         if external_key is not None or actor is not None:
             # the history trigger reads these; "rewritten" names the upsert's UPDATE path
-            set_change_context(session, database.statements, "rewritten", actor)
+            database.events.set_change_context(session, "rewritten", actor)
         # a row that becomes pending is announced to prompt-mode replicas by the database
         # (migration 0005's trigger), whatever path wrote it
-        row = session.execute(database.statements[name], params).mappings().one()
+        row = database.events.store(session, params, by_key=external_key is not None)
         return event_to_json(row)
-
-
-def set_change_context(session: Session, statements: Statements, change: str | None, actor: str | None) -> None:
-    """Name the change and who made it for the history trigger, for this transaction only."""
-    session.execute(statements["set_change_context"], {"change": change or "", "actor": actor or ""})
 
 
 def list_notifications(

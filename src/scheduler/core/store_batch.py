@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from scheduler.core.store import event_to_json, set_change_context
+from scheduler.core.store import event_to_json
 from scheduler.core.trigger_range import check_trigger_at
 from scheduler.database.database import Database
 
@@ -93,11 +93,8 @@ def store_events(
     with database.begin() as session:
         # the history trigger reads these, as for the single store ("rewritten" names the
         # upsert's UPDATE path; an INSERT records "stored" whatever they say)
-        set_change_context(session, database.statements, "rewritten", actor)
-        rows = session.execute(
-            database.statements["store_events_batch"],
-            {"items": json.dumps(items), "now": now, "traceparent": traceparent},
-        ).mappings().all()
+        database.events.set_change_context(session, "rewritten", actor)
+        rows = database.events.store_many(session, items=json.dumps(items), now=now, traceparent=traceparent)
     by_key = {row["external_key"]: row for row in rows if row["external_key"] is not None}
     by_id = {row["id"]: row for row in rows}
     stored: list[Stored] = []

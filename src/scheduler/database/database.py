@@ -11,11 +11,11 @@ a SQLAlchemy class, so a host's other engines see none of them (EMB-12).
 
 The repositories run the statements of their concern on a session the caller hands them
 (the caller owns the transaction: a request's, the batch's): ``events`` (the claim, the
-outcomes, the next due row), ``decisions`` (the one read and the one write of
+outcomes, the next due row; storing, listing, resetting and cancelling rows, the counts), ``decisions`` (the one read and the one write of
 ``nudging.decision``), ``web_sessions`` (the browsers' sessions), ``inbox`` (the stream's
 numbers, the participants' notifications) and ``operations`` (heartbeats, metrics, the
-overview, retention, the audit trail). ``statements`` is every statement by name, for the
-layers that compose their own transactions (``core``, ``application``, ``operations``).
+overview, retention, the audit trail). ``statements`` is every statement by name (the
+benchmarks' EXPLAIN, a test's witness); the layers above run none but through a repository.
 
 A ``Database`` is also what those layers open sessions with: ``database.begin()`` and
 ``database()`` are its sessionmaker's.

@@ -61,3 +61,33 @@ class OperationsRepository(Repository):
         """Delete up to ``batch_size`` rows finished before ``cutoff``; their ids."""
         return [str(i) for i in conn.execute(self.statements["delete_expired_events"],
                                              {"cutoff": cutoff, "batch_size": batch_size}).scalars().all()]
+
+    # -- the audit trail (``scheduler.application.commands``, ``.audit``) -----------------------
+
+    def record_action(self, session: Session, *, now: datetime, actor: str, source: str, action: str,
+                      event_id: str | None, filter_json: str | None, count: int, reason: str | None) -> int:
+        """An operator's action in the audit trail; its id."""
+        return int(session.execute(self.statements["insert_operator_action"], {
+            "now": now, "actor": actor, "source": source, "action": action, "event_id": event_id,
+            "filter": filter_json, "count": count, "reason": reason}).scalar_one())
+
+    def link_action_events(self, session: Session, action_id: int, event_ids: list[str]) -> None:
+        session.execute(self.statements["link_action_events"], {"action_id": action_id, "event_ids": event_ids})
+
+    def set_action_count(self, session: Session, action_id: int, count: int) -> None:
+        session.execute(self.statements["set_operator_action_count"], {"id": action_id, "count": count})
+
+    def list_actions(self, session: Session, *, limit: int, before_id: int | None) -> list[dict[str, Any]]:
+        """The audit trail, newest first, before ``before_id``."""
+        rows = session.execute(self.statements["list_operator_actions"], {"limit": limit, "before_id": before_id})
+        return [dict(r) for r in rows.mappings()]
+
+    def event_actions(self, session: Session, event_id: str) -> list[dict[str, Any]]:
+        """The operator actions that changed one row, newest first."""
+        rows = session.execute(self.statements["event_actions"], {"event_id": event_id}).mappings()
+        return [dict(r) for r in rows]
+
+    def event_notifications(self, session: Session, event_id: str) -> list[dict[str, Any]]:
+        """The notifications one row produced, oldest first."""
+        rows = session.execute(self.statements["event_notifications"], {"event_id": event_id}).mappings()
+        return [dict(r) for r in rows]

@@ -42,7 +42,7 @@ def database_gauges(database: Database, now: datetime) -> dict[str, float]:
     and replicas by state (from the heartbeats)."""
     with database.begin() as session:
         backlog = database.operations.backlog(session, now)
-        failed, _ = counted_or_estimated(session, database.statements, EventStatus.FAILED)
+        failed, _ = counted_or_estimated(session, database.events, EventStatus.FAILED)
         replicas = {state: float(count) for state, count in database.operations.replicas_by_state(session, now).items()}
     oldest = backlog["oldest_trigger_at"]
     return {

@@ -29,7 +29,7 @@ def overview(database: Database, now: datetime) -> dict[str, Any]:
         backlog = operations.backlog(session, now)
         # Every status, cancelled included; past EXACT_LIMIT rows the finished ones are the
         # planner's estimate (named in "estimated"), never a scan every refresh.
-        counts = status_counts.status_counts(session, database.statements, exact_limit=EXACT_LIMIT)
+        counts = status_counts.status_counts(session, database.events, exact_limit=EXACT_LIMIT)
         lateness = operations.lateness(session, since=now - LATENESS_WINDOW, now=now)
         since = now - FAILURE_WINDOW
         failures = [
