@@ -5,13 +5,13 @@
 
 from __future__ import annotations
 
-from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from scheduler.application import participants
+from scheduler.database.database import Database
 from scheduler.types import Clock, NotificationStatus
 from scheduler.web.http.auth import require
 from scheduler.web.http.params import Param, declares, query
@@ -22,8 +22,8 @@ from scheduler.web.http.schemas import NotificationOut, PreferencesIn, Preferenc
 class ParticipantRoutes:
     """``GET /admin/notifications`` and ``PUT /admin/participants/{user_id}/preferences``."""
 
-    def __init__(self, *, sessions: sessionmaker[Session], clock: Clock, max_body_bytes: int) -> None:
-        self.sessions = sessions
+    def __init__(self, *, database: Database, clock: Clock, max_body_bytes: int) -> None:
+        self.database = database
         self.clock = clock
         self.max_body_bytes = max_body_bytes
 
@@ -40,7 +40,7 @@ class ParticipantRoutes:
         q = query(request)
         rows = await run_in_threadpool(
             participants.list_notifications,
-            self.sessions,
+            self.database,
             user_id=q["user_id"],
             status=q["status"],
             limit=q["limit"],
@@ -54,7 +54,7 @@ class ParticipantRoutes:
         body = parse_body(PreferencesIn, await read_json(request, self.max_body_bytes))
         row = await run_in_threadpool(
             participants.set_preferences,
-            self.sessions,
+            self.database,
             user_id,
             enabled_kinds=body.enabled_kinds,
             max_per_day=body.max_per_day,
