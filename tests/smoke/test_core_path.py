@@ -3,9 +3,12 @@
 Each one goes through the real API and the real claim on its own database and checks many
 clauses at once, so that with ``bash scripts/test -x`` a bug in the claim, the store or the
 dispatch fails here within seconds of the start, before the hundreds of narrower tests
-that prove the same clauses one by one (tests/requirements). A row's physical order is
-chosen against its trigger order, so a claim that forgets its ``ORDER BY`` (which a small
-table's sequential scan would then answer in insertion order) is caught too.
+that prove the same clauses one by one (tests/requirements). The rows are stored against
+their trigger order and claimed by a replica whose sessions may not scan an index: on a
+small table the planner would walk the pending index and hand back trigger order by
+itself, so a claim that forgot its ``ORDER BY`` would pass every test but the scale
+benchmark's plan check, ten minutes in (docs/performance.md, "Time to the first failing
+test").
 """
 
 from __future__ import annotations
