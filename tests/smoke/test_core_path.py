@@ -96,15 +96,15 @@ def test_a_claim_takes_the_oldest_due_pending_rows_up_to_the_batch_and_never_a_t
 @pytest.mark.clause("REQ-0064.1")
 @pytest.mark.clause("REQ-0064.2")
 @pytest.mark.clause("REQ-0066.1")
-@pytest.mark.clause("REQ-0067.1")
+@pytest.mark.clause("REQ-0066.6")
 @pytest.mark.clause("REQ-0067.2")
 def test_stored_events_go_through_the_engine_once_each_and_a_failing_one_fails_alone(
     client: TestClient, service: SchedulerService, engine: Engine
 ) -> None:
-    """REQ-0063.3, REQ-0064.1, .2, REQ-0066.1, REQ-0067.1, .2: a post without a contract is
+    """REQ-0063.3, REQ-0064.1, .2, REQ-0066.1, .6, REQ-0067.2: a post without a contract is
     refused and stores nothing; a re-post of a key rewrites its row; one poll dispatches the
     good events through the rule engine (one notification each, with the re-posted text) and
-    fails the one whose rule is missing with the reason, dispatched_at unset."""
+    fails the one no rule claims, with the reason and no dispatched_at, beside them."""
     refused = client.post("/admin/scheduled-events", headers=INGEST,
                           json=event_body(facts={"date": "2026-11-30"}))
     assert refused.status_code == 422 and refused.json()["detail"]["error"] == "invalid_facts_contract", refused.text
@@ -121,7 +121,8 @@ def test_stored_events_go_through_the_engine_once_each_and_a_failing_one_fails_a
     assert report.claimed == 3
     by_id = {r["id"]: r for r in rows(engine, "SELECT id, status, last_error, dispatched_at FROM scheduled_events")}
     assert set(by_id) == {first["id"], broken["id"], other["id"]}
-    assert by_id[broken["id"]]["status"] == "failed" and by_id[broken["id"]]["last_error"]
+    assert by_id[broken["id"]]["status"] == "failed"
+    assert "no_rule_for_scenario" in by_id[broken["id"]]["last_error"], by_id[broken["id"]]
     assert by_id[broken["id"]]["dispatched_at"] is None
     for event_id in (first["id"], other["id"]):
         assert by_id[event_id]["status"] == "dispatched" and by_id[event_id]["last_error"] is None
