@@ -28,7 +28,15 @@ from scheduler.core.loop import Scheduler
 from scheduler.database.engine import make_engine, make_sessionmaker
 from scheduler.web.app import SchedulerService
 from tests.conftest import INGEST, T0
-from tests.helpers import dispatch_all, event_body, post_event, reminder_facts, rows, statuses
+from tests.helpers import (
+    dispatch_all,
+    event_body,
+    event_row,
+    post_event,
+    reminder_facts,
+    rows,
+    statuses,
+)
 
 # A claim that waits on a lock it should skip fails after this instead of hanging the tier.
 LOCK_TIMEOUT_MS = 5_000
@@ -102,17 +110,22 @@ def test_stored_events_go_through_the_engine_once_each_and_a_failing_one_fails_a
     client: TestClient, service: SchedulerService, engine: Engine
 ) -> None:
     """REQ-0063.3, REQ-0064.1, .2, REQ-0066.1, .6, REQ-0067.2: a post without a contract is
-    refused and stores nothing; a re-post of a key rewrites its row; one poll dispatches the
-    good events through the rule engine (one notification each, with the re-posted text) and
-    fails the one no rule claims, with the reason and no dispatched_at, beside them."""
+    refused and stores nothing; a dispatched row re-posted by its key is rewritten and pending
+    again; one poll dispatches it and another event through the rule engine (a notification
+    each, the re-post's with its new text) and fails the one no rule claims, with the reason
+    and no dispatched_at, beside them; the next poll claims nothing."""
     refused = client.post("/admin/scheduled-events", headers=INGEST,
                           json=event_body(facts={"date": "2026-11-30"}))
     assert refused.status_code == 422 and refused.json()["detail"]["error"] == "invalid_facts_contract", refused.text
     assert statuses(engine) == {}
     first = post_event(client, user_id="anna", external_key="anna-today", trigger_at=T0 - timedelta(minutes=3))
+    assert service.scheduler.poll_once().claimed == 1
+    assert event_row(engine, first["id"])["status"] == "dispatched"
+    # the sender re-posts the key for the next day: the same row, rewritten and pending again
     again = post_event(client, user_id="anna", external_key="anna-today", trigger_at=T0 - timedelta(minutes=2),
-                       facts=reminder_facts(commitment="water the plants"))
-    assert again["id"] == first["id"] and again["status"] == "pending"
+                       facts=reminder_facts(day="2026-12-01", commitment="water the plants"))
+    assert again["id"] == first["id"] and again["status"] == "pending", again
+    assert (again["dispatched_at"], again["last_error"]) == (None, None)
     broken = post_event(client, user_id="bert", trigger_at=T0 - timedelta(minutes=4),
                         facts={"facts_version": "1", "scenario": "no_such_rule", "date": "2026-11-30"})
     other = post_event(client, user_id="cleo", trigger_at=T0 - timedelta(minutes=1))
@@ -127,9 +140,9 @@ def test_stored_events_go_through_the_engine_once_each_and_a_failing_one_fails_a
     for event_id in (first["id"], other["id"]):
         assert by_id[event_id]["status"] == "dispatched" and by_id[event_id]["last_error"] is None
         assert by_id[event_id]["dispatched_at"] is not None
-    notes = rows(engine, "SELECT user_id, title FROM notifications ORDER BY user_id")
-    assert [n["user_id"] for n in notes] == ["anna", "cleo"]
-    assert "water the plants" in notes[0]["title"]
+    notes = rows(engine, "SELECT user_id, title, status FROM notifications ORDER BY user_id, created_at")
+    assert [(n["user_id"], n["status"]) for n in notes] == [("anna", "sent"), ("anna", "sent"), ("cleo", "sent")], notes
+    assert "dishwasher" in notes[0]["title"] and "water the plants" in notes[1]["title"]
     assert service.scheduler.poll_once().claimed == 0
 
 
