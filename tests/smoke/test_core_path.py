@@ -7,7 +7,7 @@ that prove the same clauses one by one (tests/requirements). The rows are stored
 their trigger order and claimed by a replica whose sessions may not scan an index: on a
 small table the planner would walk the pending index and hand back trigger order by
 itself, so a claim that forgot its ``ORDER BY`` would pass every test but the scale
-benchmark's plan check, ten minutes in (docs/performance.md, "Time to the first failing
+benchmark's plan check, 10 to 13 minutes in (docs/performance.md, "Time to the first failing
 test").
 """
 
