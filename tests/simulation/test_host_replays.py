@@ -1,6 +1,6 @@
 """What a host's CI is handed after a failure replays that failure: the run records the
-``--setup`` it was given (SIM-HOST-5), and shrinking keeps the invariant the run reported
-(SIM-HOST-6)."""
+``--setup`` it was given (SIM-HOST-6), and shrinking keeps the invariant the run reported
+(SIM-HOST-7)."""
 
 from __future__ import annotations
 
@@ -20,9 +20,9 @@ from tests.simulation.host_example import EXAMPLE
 WITHOUT_SETUP = "tests.simulation.broken_hosts:BROKEN_WITHOUT_SETUP"
 
 
-@pytest.mark.clause("SIM-HOST-5")
+@pytest.mark.clause("SIM-HOST-6")
 def test_a_loaded_host_records_its_setup_path_for_its_regression_test() -> None:
-    """SIM-HOST-5: ``load_host`` keeps the ``--setup`` path beside the dispatcher's, and the
+    """SIM-HOST-6: ``load_host`` keeps the ``--setup`` path beside the dispatcher's, and the
     regression test's source names both; without one, it names the dispatcher alone."""
     host = load_host(WITHOUT_SETUP, SETUP_PATH)
     assert (host.path, host.setup_path) == (WITHOUT_SETUP, SETUP_PATH)
@@ -39,11 +39,11 @@ def cli_env(database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     return tmp_path
 
 
-@pytest.mark.clause("SIM-HOST-5")
+@pytest.mark.clause("SIM-HOST-6")
 def test_a_failure_found_with_a_setup_replays_with_that_setup_from_its_command_and_its_regression_test(
     cli_env: Path, database_url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """SIM-HOST-5: a host whose tables only ``--setup`` creates fails SIM-12; the printed replay
+    """SIM-HOST-6: a host whose tables only ``--setup`` creates fails SIM-12; the printed replay
     command and the regression test both carry the setup, so each fails SIM-12 again on a
     database without the host's tables (forgetting it, they would fail on a missing table)."""
     code = main(["simulate", "--dispatcher", WITHOUT_SETUP, "--setup", SETUP_PATH, "--seed", "1", "--json",
@@ -69,9 +69,9 @@ def _careless(database_url: str) -> Simulation:
     return Simulation(database_url, seed=7, replicas=1, participants=4, host=CARELESS)
 
 
-@pytest.mark.clause("SIM-HOST-6")
+@pytest.mark.clause("SIM-HOST-7")
 def test_shrinking_keeps_the_reported_invariant_when_a_shorter_program_breaks_another(database_url: str) -> None:
-    """SIM-HOST-6: the careless host breaks SIM-12 (a delivery committed before its batch) and,
+    """SIM-HOST-7: the careless host breaks SIM-12 (a delivery committed before its batch) and,
     in shorter programs, SIM-4 (a delivery to a participant who opted out). The run reported
     SIM-12, so the shrunk program must still break SIM-12, not whichever clause fails first."""
     with _careless(database_url) as sim:
