@@ -18,7 +18,7 @@ from __future__ import annotations
 import ast
 import inspect
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -30,6 +30,7 @@ from sqlalchemy.orm import Session
 from harness.faults import FaultyDispatcher
 from harness.simulation import Simulation
 from scheduler.core.clock import DatabaseClock, ManualClock, OffsetClock, SystemClock
+from scheduler.core.poll import publish_committed
 from scheduler.nudging import decision
 from scheduler.nudging.dispatch import NudgingPlatform
 from scheduler.nudging.publishers import LoggingPublisher, RecordingPublisher
@@ -45,6 +46,7 @@ from scheduler.types import (
     Dispatcher,
     DispatchOutcome,
     DispatchResult,
+    OutboundMessage,
     Publisher,
     capabilities_of,
 )
@@ -218,3 +220,40 @@ def test_a_plain_callable_is_a_dispatcher_that_declares_neither_repeat_nor_batch
     wrapped, hosted = FaultyDispatcher(platform, 0), FaultyDispatcher(DeliveryDispatcher(), 0)
     assert capabilities_of(wrapped) == Capabilities(safe_to_repeat=True, batch=wrapped)
     assert capabilities_of(hosted) == Capabilities(safe_to_repeat=False, batch=hosted)
+
+
+class FakeRecordingPublishers:
+    """Fakes at the publishing edge: one that declares the batch call (a ``BulkPublisher``) and
+    one that carries a ``publish_many`` without declaring it; both record the calls they get."""
+
+    class Bulk(BulkPublisher):
+        def __init__(self) -> None:
+            self.calls: list[tuple[str, int]] = []
+
+        def publish_many(self, messages: Sequence[OutboundMessage]) -> None:
+            self.calls.append(("publish_many", len(messages)))
+
+    class Undeclared:
+        def __init__(self) -> None:
+            self.calls: list[tuple[str, int]] = []
+
+        def publish(self, message: OutboundMessage) -> None:
+            self.calls.append(("publish", int(message.notification_id)))
+
+        def publish_many(self, messages: Sequence[OutboundMessage]) -> None:
+            self.calls.append(("publish_many", len(messages)))
+
+
+@pytest.mark.clause("ARCH-6")
+def test_a_publisher_gets_a_batch_in_one_call_only_when_it_declares_it() -> None:
+    """ARCH-6: a committed batch's messages go to a ``BulkPublisher`` in one ``publish_many``
+    call, and to any other publisher one ``publish`` each, a ``publish_many`` it carries unread;
+    a ``BulkPublisher``'s ``publish`` is a batch of one."""
+    messages = [OutboundMessage(str(i), "u", None, "web", "reminder", "t", "b", "r") for i in (1, 2)]
+    bulk, undeclared = FakeRecordingPublishers.Bulk(), FakeRecordingPublishers.Undeclared()
+    publish_committed(bulk, messages, "replica")
+    publish_committed(undeclared, messages, "replica")
+    assert bulk.calls == [("publish_many", 2)]
+    assert undeclared.calls == [("publish", 1), ("publish", 2)]
+    bulk.publish(messages[0])
+    assert bulk.calls[-1] == ("publish_many", 1)
