@@ -62,7 +62,7 @@ def claimed(engine: Engine) -> list[str]:
 def test_the_set_based_writes_outcomes_reach_their_rows_by_primary_key(engine: Engine, claimed: list[str]) -> None:
     """PERF-7: the set-based write's outcome update finds its twenty rows through the primary
     key among thousands, never by a sequential scan of the table."""
-    document = {"new_keys": [], "repeated_keys": [], "notifications": [], "deliveries": []}
+    document: dict[str, list[Any]] = {"new_keys": [], "repeated_keys": [], "notifications": [], "deliveries": []}
     with engine.connect() as conn:
         scans = plan_of(conn, "write_batch_decisions",
                         {"batch": json.dumps(document), "ids": claimed, "statuses": ["dispatched"] * BATCH,
