@@ -31,9 +31,12 @@ from harness.faults import FaultyDispatcher
 from harness.simulation import Simulation
 from scheduler.core.clock import DatabaseClock, ManualClock, OffsetClock, SystemClock
 from scheduler.core.poll import publish_committed
+from scheduler.delivery.webhook import WebhookSender
+from scheduler.delivery.webpush import WebPushSender
 from scheduler.nudging import decision
 from scheduler.nudging.dispatch import NudgingPlatform
 from scheduler.nudging.publishers import LoggingPublisher, RecordingPublisher
+from scheduler.testing import push_service, webhook_receiver
 from scheduler.types import (
     UNDECLARED,
     BatchDecisions,
@@ -48,6 +51,7 @@ from scheduler.types import (
     DispatchResult,
     OutboundMessage,
     Publisher,
+    Sender,
     capabilities_of,
 )
 from scheduler.web.inbox.hub import StreamPublisher
@@ -58,7 +62,7 @@ for _example in EXAMPLES:  # the examples' packages, importable as their own CI 
     sys.path.insert(0, str(_example))
 try:
     from host_app.broken import OutsideTransactionDispatcher
-    from host_app.dispatcher import DeliveryDispatcher
+    from host_app.dispatcher import DeliveryDispatcher, RefusingDispatcher
     from host_service.dispatcher import HostDispatcher
 finally:
     for _example in EXAMPLES:
@@ -67,22 +71,24 @@ finally:
 # Every implementation, by protocol. The annotations are the static check: mypy --strict
 # verifies each class against its protocol's members and their types.
 CLOCKS: list[type[Clock]] = [SystemClock, ManualClock, OffsetClock, DatabaseClock,
-                             Simulation]  # the run's context tells the run's time to its actors
+                             Simulation,  # the run's context tells the run's time to its actors
+                             push_service._WallClock, webhook_receiver._WallClock]  # the test fakes' own
 PUBLISHERS: list[type[Publisher]] = [LoggingPublisher, RecordingPublisher, StreamPublisher, CountingPublisher]
 BULK_PUBLISHERS: list[type[BulkPublisher]] = [StreamPublisher]
 DISPATCHERS: list[type[Dispatcher]] = [NudgingPlatform, FaultyDispatcher, HostDispatcher, DeliveryDispatcher,
-                                       OutsideTransactionDispatcher]
+                                       RefusingDispatcher, OutsideTransactionDispatcher]
 BATCH_DISPATCHERS: list[type[BatchDispatcher]] = [NudgingPlatform, FaultyDispatcher]
 BATCH_DECISIONS: list[type[BatchDecisions]] = [decision.BatchDecisions]
+SENDERS: list[type[Sender]] = [WebhookSender, WebPushSender]
 
 TABLES: dict[type, list[Any]] = {
     Clock: CLOCKS, Publisher: PUBLISHERS, BulkPublisher: BULK_PUBLISHERS, Dispatcher: DISPATCHERS,
-    BatchDispatcher: BATCH_DISPATCHERS, BatchDecisions: BATCH_DECISIONS,
+    BatchDispatcher: BATCH_DISPATCHERS, BatchDecisions: BATCH_DECISIONS, Sender: SENDERS,
 }
 # Which members make a class an implementation of a protocol, as the walk reads the source
 # (a dispatcher's __call__ is known by its parameters: other classes are callable too).
 MEMBERS = {"now": Clock, "publish": Publisher, "publish_many": BulkPublisher, "decide_batch": BatchDispatcher,
-           "write_statement": BatchDecisions}
+           "write_statement": BatchDecisions, "send": Sender}
 DISPATCH_PARAMETERS = ["self", "session", "event", "now"]
 # The declaring bases: a class that subclasses one implements what it declares.
 BASES = {"BulkPublisher": BulkPublisher, "DeclaredDispatcher": Dispatcher, "BatchDispatcher": BatchDispatcher}
@@ -170,14 +176,18 @@ def test_every_implementation_in_the_sources_is_in_its_protocols_table() -> None
 def test_every_listed_class_is_its_protocols_at_run_time_and_takes_its_calls(protocol: type) -> None:
     """ARCH-6: each class is the protocol's (structurally for a runtime-checkable protocol,
     nominally for a declaring base) and each of the protocol's methods it has accepts the
-    protocol's call; a declaring base cannot be instantiated without its declared method."""
+    protocol's call, async where the protocol's is; a declaring base cannot be instantiated
+    without its declared method."""
     for cls in TABLES[protocol]:
         if protocol is BatchDecisions:  # it has a data member: checked on an instance
             assert isinstance(cls([], decision.BatchState({}, {}, {})), protocol)
         else:
             assert issubclass(cls, protocol), cls
         for member in protocol_members(protocol):
-            assert accepts(getattr(cls, member), getattr(protocol, member)), (cls, member)
+            implementation, declared = getattr(cls, member), getattr(protocol, member)
+            assert accepts(implementation, declared), (cls, member)
+            # an async member stays async (and a sync one sync): the caller awaits it or not
+            assert inspect.iscoroutinefunction(implementation) == inspect.iscoroutinefunction(declared), (cls, member)
     for base in (BulkPublisher, DeclaredDispatcher, BatchDispatcher):
         with pytest.raises(TypeError, match="abstract"):
             base()  # type: ignore[abstract]
@@ -214,7 +224,7 @@ def test_a_plain_callable_is_a_dispatcher_that_declares_neither_repeat_nor_batch
     assert capabilities_of(FakeUndeclared()) is UNDECLARED
     platform = NudgingPlatform.__new__(NudgingPlatform)
     assert capabilities_of(platform) == Capabilities(safe_to_repeat=True, batch=platform)
-    for host in (HostDispatcher(), DeliveryDispatcher(), OutsideTransactionDispatcher()):
+    for host in (HostDispatcher(), DeliveryDispatcher(), RefusingDispatcher(), OutsideTransactionDispatcher()):
         assert capabilities_of(host) is UNDECLARED, host
     # the simulation's wrapper declares what it wraps: repeatable with the platform, not with a host's
     wrapped, hosted = FaultyDispatcher(platform, 0), FaultyDispatcher(DeliveryDispatcher(), 0)
