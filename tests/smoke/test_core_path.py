@@ -25,7 +25,8 @@ from starlette.testclient import TestClient
 from scheduler.config import Settings
 from scheduler.core.clock import ManualClock
 from scheduler.core.loop import Scheduler
-from scheduler.database.engine import make_engine, make_sessionmaker
+from scheduler.database.database import Database
+from scheduler.database.engine import make_engine
 from scheduler.web.app import SchedulerService
 from tests.conftest import INGEST, T0
 from tests.helpers import (
@@ -54,7 +55,7 @@ def table_order_replica(database_url: str, service: SchedulerService, clock: Man
     engine = make_engine(database_url, Settings(lock_timeout_ms=LOCK_TIMEOUT_MS, statement_timeout_ms=60_000))
     event.listen(engine, "connect", _sequential_scans_only)  # this engine only
     try:
-        yield Scheduler(make_sessionmaker(engine), service.dispatcher, clock, name="table-order")
+        yield Scheduler(Database(engine), service.dispatcher, clock, name="table-order")
     finally:
         engine.dispose()
 
@@ -156,7 +157,7 @@ def test_two_replicas_claiming_at_once_take_disjoint_rows_without_waiting(
     # the second replica's own engine, with a lock timeout: a claim that waits fails, never hangs
     engine = make_engine(database_url, Settings(lock_timeout_ms=LOCK_TIMEOUT_MS, statement_timeout_ms=60_000))
     try:
-        other = Scheduler(make_sessionmaker(engine), service.dispatcher, clock, name="replica-2")
+        other = Scheduler(Database(engine), service.dispatcher, clock, name="replica-2")
         first = service.scheduler.claim()
         second = other.claim()
         taken = [e.id for e in first.events], [e.id for e in second.events]

@@ -26,6 +26,7 @@ from prometheus_client.registry import Collector
 from sqlalchemy.exc import DBAPIError
 
 from scheduler.application.counts import counted_or_estimated
+from scheduler.core.clock import clock_details
 from scheduler.core.loop import PollReport, Scheduler
 from scheduler.database.database import Database
 from scheduler.operations.heartbeat import replica_rows
@@ -80,7 +81,7 @@ class _DatabaseGauges(Collector):
         running = GaugeMetricFamily("scheduler_loop_running", "1 while this process's polling loop task runs")
         running.add_metric([], 1.0 if self.metrics.loop_alive() else 0.0)
         yield running
-        offset = getattr(self.metrics.clock, "offset_seconds", None)
+        offset = clock_details(self.metrics.clock)["offset_seconds"]
         if isinstance(offset, float):
             # Only production's clock measures one (DEC-10); an injected clock has none.
             gauge = GaugeMetricFamily("scheduler_clock_offset_seconds",
@@ -165,7 +166,7 @@ class Metrics:
     def __call__(self, scheduler: Scheduler) -> None:
         """The poll hook: one poll more; its outcomes if it committed, else one error."""
         self.polls.inc()
-        seconds = getattr(scheduler, "last_poll_seconds", None)
+        seconds = scheduler.last_poll_seconds
         if seconds is not None:
             self.poll_duration.observe(seconds)
         report = scheduler.last_report

@@ -18,23 +18,24 @@ SELECT clock_timestamp();
 -- it: the rows are locked first (exactly the rows returned: the row locks are taken under
 -- the LIMIT), then each of their participants is try-locked exactly once, and never a
 -- participant of a row the claim did not return (DEC-2)
-WITH expired AS MATERIALIZED (
+WITH outcomes AS MATERIALIZED (
     -- rows claimed after their expires_at by the injected clock: never dispatched, no
-    -- participant lock needed (their engine does not run); the history trigger records the
-    -- change at the claim's time, the moment it was claimed, and last_error says how late
-    UPDATE scheduler.scheduled_events AS e
-    SET status = 'expired', dispatched_at = NULL, updated_at = :now,
-        last_error = 'expired: claimed ' || concat_ws(' ',
+    -- participant lock needed (their engine does not run); their outcome is expired at the
+    -- claim's time, the moment it was claimed (the history trigger records it then), and
+    -- last_error says how late
+    SELECT d.id, 'expired' AS status, CAST(:now AS timestamptz) AS at,
+           'expired: claimed ' || concat_ws(' ',
             CASE WHEN extract(day FROM d.late) > 0 THEN extract(day FROM d.late)::int || 'd' END,
             CASE WHEN extract(hour FROM d.late) > 0 THEN extract(hour FROM d.late)::int || 'h' END,
             CASE WHEN extract(minute FROM d.late) > 0 THEN extract(minute FROM d.late)::int || 'm' END,
             CASE WHEN floor(extract(second FROM d.late)) > 0 OR d.late < interval '1 minute'
                  THEN floor(extract(second FROM d.late))::int || 's' END)
-            || ' after its expires_at ' || to_char(e.expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"')
+            || ' after its expires_at ' || to_char(d.expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"')
+           AS error
     FROM (
         -- ix_scheduled_events_pending_expiry holds exactly the pending rows with an expiry;
         -- expires_at > trigger_at (a CHECK), so every one of these is due
-        SELECT id, CAST(:now AS timestamptz) - expires_at AS late
+        SELECT id, expires_at, CAST(:now AS timestamptz) - expires_at AS late
         FROM scheduler.scheduled_events
         WHERE status = 'pending' AND expires_at < :now
         ORDER BY expires_at, id
@@ -44,7 +45,9 @@ WITH expired AS MATERIALIZED (
         -- a row another replica holds is its to decide
         FOR UPDATE SKIP LOCKED
     ) AS d
-    WHERE e.id = d.id
+), expired AS MATERIALIZED (
+    -- the one write of a claimed row's outcome (DEC-1.7)
+    {{write_outcomes}}
     RETURNING e.id, e.event_type, e.user_id, e.community_id, e.external_key, e.trigger_at, e.facts,
               e.status, e.last_error, e.created_at, e.updated_at, e.dispatched_at, e.traceparent
 ), claimed AS MATERIALIZED (
@@ -115,20 +118,33 @@ SELECT set_config('statement_timeout', :statement, true), set_config('lock_timeo
 -- Take one participant's advisory lock until the end of the transaction (re-entrant).
 SELECT pg_advisory_xact_lock(:key);
 
--- name: record_outcomes
--- Record a batch's outcomes at its end, one array element per event (REQ-0067).
+-- name: write_outcomes
+-- A fragment, not a statement: the one write of claimed rows' outcomes (dispatched, failed, expired: DEC-1.7), from the rows of the relation outcomes(id, status, error, at) its statement defines; record_outcomes, write_batch_decisions and claim_due_events include it as {{write_outcomes}}.
 UPDATE scheduler.scheduled_events AS e
 -- dispatched: the engine ran, dispatched_at is the event's own time, any earlier error is
--- cleared; failed: the reason, and no dispatched_at
+-- cleared; failed: the reason, and no dispatched_at; expired: how late it was claimed, and
+-- no dispatched_at
 SET status = o.status,
     dispatched_at = CASE WHEN o.status = 'dispatched' THEN o.at END,
     last_error = o.error,
     updated_at = o.at
--- one row per claimed event, each with its own time (lateness is measured from it)
-FROM unnest(CAST(:ids AS text[]), CAST(:statuses AS text[]), CAST(:errors AS text[]),
-            CAST(:times AS timestamptz[])) AS o(id, status, error, at)
--- by primary key: only rows this batch claimed and still holds locked
-WHERE e.id = o.id;
+FROM outcomes AS o
+-- by primary key: only rows this transaction claimed and still holds locked
+WHERE e.id = o.id
+
+-- name: batch_outcomes
+-- A fragment, not a statement: a batch's outcomes as the rows write_outcomes reads, one element of each array per event, in the batch's order; record_outcomes and write_batch_decisions include it as {{batch_outcomes}}.
+-- one row per claimed event, each with its own time (lateness is measured from it); the
+-- arrays are constants the planner counts, so the rows are found by primary key (PERF-7)
+SELECT * FROM unnest(CAST(:ids AS text[]), CAST(:statuses AS text[]), CAST(:errors AS text[]),
+                     CAST(:times AS timestamptz[])) AS o(id, status, error, at)
+
+-- name: record_outcomes
+-- Record a batch's outcomes at its end, one array element per event (REQ-0067).
+WITH outcomes AS (
+    {{batch_outcomes}}
+)
+{{write_outcomes}};
 
 -- name: mark_dispatched
 -- One row dispatched (the benchmarks' raw-SQL ceiling and the status-first broken variant).
@@ -262,7 +278,8 @@ SELECT
 -- name: write_batch_decisions
 -- A batch's decisions in one statement (a live event is a batch of one): new keys, repeated keys, notifications, every channel's deliveries and the outcomes (none for a live event).
 -- the batch parameter is one JSON document with an array per part (one parameter to send instead of some
--- thirty arrays); the notifications and deliveries go in in batch order (their ids too).
+-- thirty arrays); the notifications and deliveries go in in batch order (their ids too); the
+-- outcomes are record_outcomes' arrays, written by the same fragment (DEC-1.7).
 -- Every part counts the rows it wrote; any difference from the lengths of those arrays
 -- (what the caller decided) fails the statement, so the COMMIT sent after it in the same
 -- round trip does not run: the scheduler rolls back to its checkpoint and decides the
@@ -311,18 +328,12 @@ WITH document AS MATERIALIZED (
     FROM document, jsonb_array_elements(document.b->'deliveries') WITH ORDINALITY AS d(e, ord)
     ORDER BY d.ord
     RETURNING id
+), outcomes AS (
+    {{batch_outcomes}}
 ), outcome AS (
-    -- as record_outcomes: dispatched with its time and no error, or failed with the reason
-    UPDATE scheduler.scheduled_events AS e
-    SET status = o->>'status',
-        dispatched_at = CASE WHEN o->>'status' = 'dispatched' THEN CAST(o->>'at' AS timestamptz) END,
-        last_error = o->>'error',
-        updated_at = CAST(o->>'at' AS timestamptz)
-    FROM document, jsonb_array_elements(document.b->'outcomes') AS o
-    WHERE e.id = o->>'id'
-      -- the same ids as an array the planner can count: without it, it guesses a hundred
-      -- JSON elements and hash-joins a sequential scan of the whole table (PERF-7)
-      AND e.id = ANY(CAST(:outcome_ids AS text[]))
+    -- exactly record_outcomes' write: dispatched with its time and no error, or failed with
+    -- the reason
+    {{write_outcomes}}
     RETURNING e.id
 ), wrote AS (
     SELECT (SELECT count(*) FROM new_keys) AS new_keys,
@@ -335,7 +346,7 @@ WITH document AS MATERIALIZED (
            jsonb_array_length(b->'repeated_keys') AS repeated_keys,
            jsonb_array_length(b->'notifications') AS notifications,
            jsonb_array_length(b->'deliveries') AS deliveries,
-           jsonb_array_length(b->'outcomes') AS outcomes
+           cardinality(CAST(:ids AS text[])) AS outcomes
     FROM document AS batch
 )
 SELECT w.*,
