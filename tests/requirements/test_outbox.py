@@ -76,6 +76,7 @@ def outbox(engine: Engine) -> list[dict[str, Any]]:
 
 
 @pytest.mark.clause("OUTBOX-1")
+@pytest.mark.clause("DEC-OUTBOX")
 def test_a_sent_notification_queues_one_outbox_row_per_sender_channel_in_its_transaction(
     outbox_client: TestClient, outbox_service: SchedulerService, engine: Engine, publisher: RecordingPublisher
 ) -> None:
@@ -173,6 +174,7 @@ def test_any_other_4xx_or_a_sender_that_raises_is_recorded_never_lost(
 
 
 @pytest.mark.clause("OUTBOX-3")
+@pytest.mark.clause("DEC-OUTBOX")
 def test_a_crash_after_the_send_and_before_the_record_sends_again_after_the_lease_with_the_same_key(
     outbox_client: TestClient, outbox_service: SchedulerService, engine: Engine, clock: ManualClock,
     sender: ScriptedSender
@@ -294,3 +296,41 @@ def test_the_webhook_channel_is_queued_and_sent_signed_over_loopback(
     asyncio.run(asyncio.wait_for(scenario(), timeout=30))
     [row] = rows(engine, "SELECT * FROM deliveries WHERE channel = 'webhook'")
     assert (row["status"], row["attempts"], row["provider_status"]) == ("delivered", 2, 204)
+
+
+@pytest.mark.clause("OUTBOX-6")
+def test_the_admin_route_lists_deliveries_by_strict_filters_and_metrics_count_the_attempts(
+    outbox_client: TestClient, outbox_service: SchedulerService, engine: Engine, clock: ManualClock
+) -> None:
+    """OUTBOX-6: ``GET /admin/deliveries`` filters by status, channel, participant and notification
+    (an unknown status is a 422); ``/metrics`` shows the queued depth, the oldest queued age, the
+    attempts by channel and outcome and the trigger-to-delivered latency."""
+    from tests.conftest import ADMIN
+
+    post_event(outbox_client, user_id="p-1")
+    post_event(outbox_client, user_id="p-2")
+    drain(outbox_service)
+    clock.advance(timedelta(seconds=90))
+    scrape = outbox_client.get("/metrics").text
+    assert 'scheduler_deliveries_queued{status="queued"} 2.0' in scrape
+    assert "scheduler_oldest_queued_delivery_seconds 90.0" in scrape
+    worker = outbox_service.delivery_worker()
+    worker.senders["sms"] = ScriptedSender(Retry(reason="http 503"))
+    asyncio.run(worker.run_once())
+    queued = outbox_client.get("/admin/deliveries?status=retrying", headers=ADMIN)
+    assert queued.status_code == 200
+    [retrying] = queued.json()
+    assert (retrying["channel"], retrying["attempts"], retrying["last_error"]) == ("sms", 1, "http 503")
+    mine = outbox_client.get(f"/admin/deliveries?user_id={retrying['user_id']}&channel=sms", headers=ADMIN).json()
+    assert [d["id"] for d in mine] == [retrying["id"]]
+    by_note = outbox_client.get(f"/admin/deliveries?notification_id={retrying['notification_id']}",
+                                headers=ADMIN).json()
+    assert sorted(d["channel"] for d in by_note) == ["sms", "web"]
+    assert outbox_client.get("/admin/deliveries?status=lost", headers=ADMIN).status_code == 422
+    assert outbox_client.get("/admin/deliveries?colour=red", headers=ADMIN).status_code == 422
+    clock.advance(timedelta(seconds=5))
+    outbox_service.metrics.cache_for = timedelta(0)
+    scrape = outbox_client.get("/metrics").text
+    assert 'scheduler_delivery_attempts_total{channel="sms",outcome="delivered"} 1.0' in scrape
+    assert 'scheduler_delivery_attempts_total{channel="sms",outcome="retrying"} 1.0' in scrape
+    assert "scheduler_delivery_latency_seconds_count 1.0" in scrape

@@ -102,6 +102,16 @@ def list_notifications(
         return [row_as_json(r) for r in rows]
 
 
+def list_deliveries(sessions: sessionmaker[Session], *, status: str | None, channel: str | None,
+                    user_id: str | None, notification_id: str | None, limit: int) -> list[dict[str, Any]]:
+    """The delivery log and the outbox, newest first, each filter optional."""
+    with sessions.begin() as session:
+        rows = session.execute(statement("list_deliveries"), {
+            "status": status, "channel": channel, "user_id": user_id, "notification_id": notification_id,
+            "limit": limit}).mappings().all()
+        return [row_as_json(r) for r in rows]
+
+
 def set_preferences(
     sessions: sessionmaker[Session],
     user_id: str,

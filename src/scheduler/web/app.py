@@ -241,6 +241,7 @@ class SchedulerService:
                                            concurrency=self.settings.delivery_concurrency,
                                            timeout=self.settings.delivery_timeout_seconds,
                                            worker_id=self.heartbeat.replica_id)
+            self.delivery.observers.append(self.metrics.deliveries)
         return self.delivery
 
     def _route_modules(self, listener: Listener, inner_publisher: Publisher) -> None:

@@ -399,6 +399,25 @@ WHERE d.id = CAST(r->>'id' AS bigint) AND d.leased_by = :worker
   AND d.attempts = CAST(r->>'attempts' AS integer)
 RETURNING d.id;
 
+-- name: list_deliveries
+-- The delivery log and the outbox for an operator, newest first, each filter optional (GET /admin/deliveries).
+SELECT id, notification_id, user_id, channel, status, detail, created_at, idempotency_key, attempts,
+       next_attempt_at, lease_until, last_error, delivered_at, provider_status, provider_answer, updated_at
+FROM scheduler.deliveries
+WHERE (CAST(:status AS text) IS NULL OR status = :status)
+  AND (CAST(:channel AS text) IS NULL OR channel = :channel)
+  AND (CAST(:user_id AS text) IS NULL OR user_id = :user_id)
+  AND (CAST(:notification_id AS text) IS NULL OR notification_id = :notification_id)
+ORDER BY created_at DESC, id DESC
+LIMIT :limit;
+
+-- name: outbox_gauges
+-- The outbox's depth by status (queued and retrying) and the age of its oldest queued row at :now, in seconds.
+SELECT (SELECT count(*) FROM scheduler.deliveries WHERE status = 'queued') AS queued,
+       (SELECT count(*) FROM scheduler.deliveries WHERE status = 'retrying') AS retrying,
+       (SELECT extract(epoch FROM CAST(:now AS timestamptz) - min(created_at))
+        FROM scheduler.deliveries WHERE status IN ('queued', 'retrying')) AS oldest_seconds;
+
 -- name: list_notifications
 -- Participants' notifications for an operator, newest first.
 SELECT id, user_id, community_id, rule_id, kind, scenario, time_scope, dedup_key, title, body,
