@@ -27,7 +27,7 @@ from scheduler.testing.webhook_receiver import LocalWebhookReceiver, Reply
 from scheduler.types import Delivered, OutboundDelivery, Retry, SendResult, Undeliverable
 from scheduler.web.app import SchedulerService
 from tests.conftest import TEST_SECRET
-from tests.helpers import drain, post_event, rows
+from tests.helpers import drain, post_event, rows, running
 
 POLICY = RetryPolicy(base_seconds=1.0, cap_seconds=60.0, max_attempts=3)
 
@@ -228,20 +228,20 @@ def test_the_service_runs_the_worker_in_its_lifespan_and_a_stop_returns_promptly
         async def send(self, delivery: OutboundDelivery) -> SendResult:
             self.sent.append(delivery)
             if len(self.sent) > 1:
-                await hanging.wait()  # never set: only cancellation ends it
+                await hanging.wait()  # bounded: never set, the service's stop cancels it (the scenario's wait_for)
             return Delivered(status=202)
 
     provider = Hanging()
+    poster = SchedulerService(settings, engine=engine, clock=clock, publisher=publisher, run_scheduler=False)
+    with running(poster.app) as client:
+        post_event(client, user_id="p-1")
+        post_event(client, user_id="p-2", trigger_at=clock.now() + timedelta(hours=1))
     service = SchedulerService(settings, engine=engine, clock=clock, publisher=publisher, run_scheduler=True,
                                senders={"sms": provider})
 
     async def scenario() -> None:
         async with service.lifespan():
-            worker = service.delivery
-            assert worker is not None
-            with TestClient(service.app) as client:
-                post_event(client, user_id="p-1")
-                post_event(client, user_id="p-2", trigger_at=clock.now() + timedelta(hours=1))
+            assert service.delivery is not None
             await asyncio.to_thread(service.scheduler.poll_once)
             service._wake_delivery(service.scheduler)
             await _eventually(lambda: [r["status"] for r in outbox(engine)] == ["delivered"])

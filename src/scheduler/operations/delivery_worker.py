@@ -92,7 +92,7 @@ class DeliveryWorker:
         self.policy = policy
         self.concurrency = concurrency
         self.timeout = timeout
-        self.rng = rng or random.Random()  # noqa: S311 - backoff jitter, not a secret
+        self.rng = rng or random.Random()
         self.lease = timedelta(seconds=lease_seconds if lease_seconds is not None else lease_seconds_for(timeout))
         self.idle_seconds = idle_seconds
         self.worker_id = worker_id or f"worker-{uuid.uuid4().hex[:12]}"
@@ -197,7 +197,7 @@ class DeliveryWorker:
 
     async def _wait_for_slot(self, stop: asyncio.Event) -> None:
         waits: list[Awaitable[Any]] = [asyncio.ensure_future(stop.wait())]
-        done, pending = await asyncio.wait([*self._inflight, *waits], return_when=asyncio.FIRST_COMPLETED)
+        _, pending = await asyncio.wait([*self._inflight, *waits], return_when=asyncio.FIRST_COMPLETED)
         for future in pending:
             if future not in self._inflight:
                 future.cancel()

@@ -62,7 +62,14 @@ from scheduler.operations.delivery_worker import DeliveryWorker
 from scheduler.operations.heartbeat import Heartbeat
 from scheduler.operations.metrics import Metrics
 from scheduler.operations.retention import Retention
-from scheduler.types import Clock, Dispatcher, Publisher, SchedulerMode, Sender, refuse_async_dispatcher
+from scheduler.types import (
+    Clock,
+    Dispatcher,
+    Publisher,
+    SchedulerMode,
+    Sender,
+    refuse_async_dispatcher,
+)
 from scheduler.web.api.batch import BatchRoutes
 from scheduler.web.api.health import HealthRoutes
 from scheduler.web.api.ingest import LIVE, IngestRoutes

@@ -24,7 +24,13 @@ from scheduler.core.trigger_range import (
     TriggerOutOfRange,
     check_trigger_at,
 )
-from scheduler.types import DeliveryRowStatus, DispatchOutcome, EventStatus, NotificationStatus, SchedulerMode
+from scheduler.types import (
+    DeliveryRowStatus,
+    DispatchOutcome,
+    EventStatus,
+    NotificationStatus,
+    SchedulerMode,
+)
 
 # An ISO 8601 (RFC 3339) date and time with its offset, in ASCII digits.
 _INSTANT = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt ][0-9]{2}:[0-9]{2}(:[0-9]{2}(\.[0-9]{1,9})?)?([Zz]|[+-][0-9]{2}:?[0-9]{2})")
