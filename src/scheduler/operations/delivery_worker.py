@@ -28,7 +28,7 @@ import json
 import logging
 import random
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -111,7 +111,7 @@ class DeliveryWorker:
             found = session.execute(statement("claim_due_deliveries"), {
                 "now": now, "lease_until": now + self.lease, "worker": self.worker_id, "limit": limit,
             }).mappings().all()
-        return [_claimed(row) for row in found]
+        return [_claimed(dict(row)) for row in found]
 
     async def send(self, claimed: Claimed) -> SendResult:
         """One attempt through the row's channel (a channel without a sender is undeliverable)."""
@@ -147,7 +147,8 @@ class DeliveryWorker:
         if not claimed:
             return []
         results = await asyncio.gather(*(self.send(c) for c in claimed))
-        return await self._thread(self.record, list(zip(claimed, results, strict=True)))
+        recorded: list[Recorded] = await self._thread(self.record, list(zip(claimed, results, strict=True)))
+        return recorded
 
     # -- the task ---------------------------------------------------------------------------
 
@@ -196,11 +197,9 @@ class DeliveryWorker:
                              claimed.delivery.delivery_id)
 
     async def _wait_for_slot(self, stop: asyncio.Event) -> None:
-        waits: list[Awaitable[Any]] = [asyncio.ensure_future(stop.wait())]
-        _, pending = await asyncio.wait([*self._inflight, *waits], return_when=asyncio.FIRST_COMPLETED)
-        for future in pending:
-            if future not in self._inflight:
-                future.cancel()
+        stopped = asyncio.ensure_future(stop.wait())
+        await asyncio.wait([*self._inflight, stopped], return_when=asyncio.FIRST_COMPLETED)
+        stopped.cancel()
 
     async def _idle(self, stop: asyncio.Event) -> None:
         assert self._wake is not None
