@@ -67,7 +67,7 @@ def outbox_client(outbox_service: SchedulerService) -> Iterator[TestClient]:
 
 
 def worker(service: SchedulerService, sender: Any, clock: ManualClock, name: str = "worker-a") -> DeliveryWorker:
-    return DeliveryWorker(service.scheduler.sessions, {"sms": sender}, clock, policy=POLICY, concurrency=4,
+    return DeliveryWorker(service.database, {"sms": sender}, clock, policy=POLICY, concurrency=4,
                           timeout=5.0, rng=random.Random(7), lease_seconds=30.0, worker_id=name)
 
 

@@ -15,11 +15,10 @@ import logging
 from collections.abc import Callable
 from datetime import datetime
 
-from sqlalchemy.orm import Session, sessionmaker
-
 from scheduler.core import poll, store, store_batch
 from scheduler.core.expiry import ExpiryRefused, stored_expires_at
 from scheduler.core.store_batch import NewEvent, Stored
+from scheduler.database.database import Database
 from scheduler.types import (
     DigitalTwinEvent,
     Dispatcher,
@@ -47,14 +46,14 @@ store_scheduled_events = store_batch.store_events
 publish_committed = poll.publish_committed
 
 
-def dispatch_live(sessions: sessionmaker[Session], dispatcher: Dispatcher, event: DigitalTwinEvent,
+def dispatch_live(database: Database, dispatcher: Dispatcher, event: DigitalTwinEvent,
                   now: datetime, *, dispatched: Callable[[DispatchResult], None] = lambda result: None,
                   ) -> DispatchResult:
     """Send a live event through the dispatch path now, in one transaction: committed with its
     notifications, or rolled back when a rule refused it. ``dispatched`` is told the result
     first (the live dispatch's span). A dispatcher that breaks its contract is a
     ``NotADispatchResult`` (the host's bug, logged here), after a rollback."""
-    with sessions() as session:
+    with database() as session:
         try:
             result = checked_result(dispatcher(session, event, now))
         except NotADispatchResult as exc:

@@ -18,11 +18,12 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import RowMapping
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session
 
 from scheduler.core.expiry import stored_expires_at
 from scheduler.core.trigger_range import check_trigger_at
-from scheduler.database.queries import statement
+from scheduler.database.database import Database
+from scheduler.database.events import EventRepository
 from scheduler.database.rows import row_as_json
 
 EVENT_COLUMNS = (
@@ -37,7 +38,7 @@ def event_to_json(row: Mapping[str, Any] | RowMapping) -> dict[str, Any]:
 
 
 def store_event(
-    sessions: sessionmaker[Session],
+    database: Database,
     *,
     event_type: str,
     user_id: str,
@@ -77,12 +78,13 @@ def store_event(
         "now": now,
         "traceparent": traceparent,
     }
-    with sessions.begin() as session:
-        return event_to_json(_store_in(session, params, actor=actor))
+    with database.begin() as session:
+        return event_to_json(_store_in(session, database.events, params, actor=actor))
 
 
 def store_event_in(
     session: Session,
+    events: EventRepository,
     *,
     event_type: str,
     user_id: str,
@@ -93,10 +95,10 @@ def store_event_in(
     now: datetime,
     expires_at: datetime | None,
     actor: str | None = None,
-) -> RowMapping:
+) -> dict[str, Any]:
     """``store_event``'s insert or upsert by key on the caller's ``session``, in the caller's
-    transaction (committed with its commit, gone with its rollback): a host's own code
-    scheduling beside its own rows. ``expires_at`` is the one to store (already worked out);
+    transaction (committed with its commit, gone with its rollback), with ``events`` (the
+    service's schema): a host's own code scheduling beside its own rows. ``expires_at`` is the one to store (already worked out);
 the stored row is returned as read."""
     check_trigger_at(trigger_at)  # every path that stores one keeps to the range (DEC-TRIGGER)
     params = {
@@ -111,62 +113,47 @@ the stored row is returned as read."""
         "now": now,
         "traceparent": None,
     }
-    return _store_in(session, params, actor=actor)
+    return _store_in(session, events, params, actor=actor)
 
 
-def _store_in(session: Session, params: dict[str, Any], *, actor: str | None) -> RowMapping:
+def _store_in(session: Session, events: EventRepository, params: dict[str, Any], *,
+              actor: str | None) -> dict[str, Any]:
     """The one insert, or upsert by key (REQ-0064), of every single store, in ``session``'s transaction."""
-    name = "insert_event" if params["external_key"] is None else "upsert_event_by_key"
     if params["external_key"] is not None or actor is not None:
         # the history trigger reads these; "rewritten" names the upsert's UPDATE path
-        set_change_context(session, "rewritten", actor)
+        events.set_change_context(session, "rewritten", actor)
     # a row that becomes pending is announced to prompt-mode replicas by the database
     # (the trigger ``tr_scheduled_events_announce_due``), whatever path wrote it: NOTIFY is
     # delivered when the transaction commits, and not at all when it rolls back
-    return session.execute(statement(name), params).mappings().one()
-
-
-def set_change_context(session: Session, change: str | None, actor: str | None) -> None:
-    """Name the change and who made it for the history trigger, for this transaction only."""
-    session.execute(statement("set_change_context"), {"change": change or "", "actor": actor or ""})
+    return events.store(session, params, by_key=params["external_key"] is not None)
 
 
 def list_notifications(
-    sessions: sessionmaker[Session], *, user_id: str | None, status: str | None, limit: int
+    database: Database, *, user_id: str | None, status: str | None, limit: int
 ) -> list[dict[str, Any]]:
-    with sessions.begin() as session:
-        rows = session.execute(
-            statement("list_notifications"), {"user_id": user_id, "status": status, "limit": limit}
-        ).mappings().all()
+    with database.begin() as session:
+        rows = database.inbox.list_notifications(session, user_id=user_id, status=status, limit=limit)
         return [row_as_json(r) for r in rows]
 
 
-def list_deliveries(sessions: sessionmaker[Session], *, status: str | None, channel: str | None,
+def list_deliveries(database: Database, *, status: str | None, channel: str | None,
                     user_id: str | None, notification_id: str | None, limit: int) -> list[dict[str, Any]]:
     """The delivery log and the outbox, newest first, each filter optional."""
-    with sessions.begin() as session:
-        rows = session.execute(statement("list_deliveries"), {
-            "status": status, "channel": channel, "user_id": user_id, "notification_id": notification_id,
-            "limit": limit}).mappings().all()
+    with database.begin() as session:
+        rows = database.deliveries.list(session, status=status, channel=channel, user_id=user_id,
+                                        notification_id=notification_id, limit=limit)
         return [row_as_json(r) for r in rows]
 
 
 def set_preferences(
-    sessions: sessionmaker[Session],
+    database: Database,
     user_id: str,
     *,
     enabled_kinds: Sequence[str] | None,
     max_per_day: int,
     now: datetime,
 ) -> dict[str, Any]:
-    with sessions.begin() as session:
-        row = session.execute(
-            statement("upsert_preferences"),
-            {
-                "user_id": user_id,
-                "enabled_kinds": None if enabled_kinds is None else list(enabled_kinds),
-                "max_per_day": max_per_day,
-                "now": now,
-            },
-        ).mappings().one()
+    with database.begin() as session:
+        row = database.decisions.set_preferences(session, user_id, enabled_kinds=enabled_kinds,
+                                                 max_per_day=max_per_day, now=now)
         return row_as_json(row)

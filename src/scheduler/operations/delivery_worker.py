@@ -24,7 +24,6 @@ test steps); ``run`` repeats it, and between claims waits for a free slot, a wak
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import random
 import uuid
@@ -35,9 +34,8 @@ from typing import Any
 
 import anyio.to_thread
 from anyio import CapacityLimiter
-from sqlalchemy.orm import Session, sessionmaker
 
-from scheduler.database.queries import statement
+from scheduler.database.database import Database
 from scheduler.delivery.attempt import attempt
 from scheduler.delivery.backoff import RetryPolicy
 from scheduler.delivery.record import AttemptRecord, record_attempt
@@ -80,13 +78,13 @@ Observer = Callable[[list[Recorded]], None]
 class DeliveryWorker:
     """One replica's delivery worker (see the module)."""
 
-    def __init__(self, sessions: sessionmaker[Session], senders: Mapping[str, Sender], clock: Clock, *,
+    def __init__(self, database: Database, senders: Mapping[str, Sender], clock: Clock, *,
                  policy: RetryPolicy, concurrency: int, timeout: float, rng: random.Random | None = None,
                  lease_seconds: float | None = None, idle_seconds: float = IDLE_SECONDS,
                  worker_id: str | None = None) -> None:
         if concurrency < 1:
             raise ValueError(f"at least one send at a time, got {concurrency}")
-        self.sessions = sessions
+        self.database = database
         self.senders = dict(senders)
         self.clock = clock
         self.policy = policy
@@ -107,11 +105,10 @@ class DeliveryWorker:
     def claim(self, limit: int) -> list[Claimed]:
         """Lease up to ``limit`` due rows (synchronous: one short transaction)."""
         now = self.clock.now()
-        with self.sessions.begin() as session:
-            found = session.execute(statement("claim_due_deliveries"), {
-                "now": now, "lease_until": now + self.lease, "worker": self.worker_id, "limit": limit,
-            }).mappings().all()
-        return [_claimed(dict(row)) for row in found]
+        with self.database.begin() as session:
+            found = self.database.deliveries.claim_due(session, now=now, lease_until=now + self.lease,
+                                                       worker=self.worker_id, limit=limit)
+        return [_claimed(row) for row in found]
 
     async def send(self, claimed: Claimed) -> SendResult:
         """One attempt through the row's channel (a channel without a sender is undeliverable)."""
@@ -130,9 +127,8 @@ class DeliveryWorker:
                                                     previous_delay=claimed.previous_delay))
                    for claimed, result in outcomes]
         document = [_record_json(claimed.delivery.delivery_id, record, now) for claimed, _, record in records]
-        with self.sessions.begin() as session:
-            kept = {str(row[0]) for row in session.execute(statement("record_delivery_attempts"), {
-                "records": json.dumps(document), "worker": self.worker_id})}
+        with self.database.begin() as session:
+            kept = self.database.deliveries.record_attempts(session, document, worker=self.worker_id)
         recorded = [Recorded(c, r, rec, now, c.delivery.delivery_id in kept) for c, r, rec in records]
         for observer in self.observers:
             try:

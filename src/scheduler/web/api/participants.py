@@ -5,13 +5,13 @@
 
 from __future__ import annotations
 
-from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from scheduler.application import participants
+from scheduler.database.database import Database
 from scheduler.types import Clock, DeliveryRowStatus, NotificationStatus
 from scheduler.web.http.auth import require
 from scheduler.web.http.params import Param, declares, query
@@ -22,8 +22,8 @@ from scheduler.web.http.schemas import DeliveryOut, NotificationOut, Preferences
 class ParticipantRoutes:
     """``GET /admin/notifications``, ``GET /admin/deliveries`` and ``PUT /admin/participants/{user_id}/preferences``."""
 
-    def __init__(self, *, sessions: sessionmaker[Session], clock: Clock, max_body_bytes: int) -> None:
-        self.sessions = sessions
+    def __init__(self, *, database: Database, clock: Clock, max_body_bytes: int) -> None:
+        self.database = database
         self.clock = clock
         self.max_body_bytes = max_body_bytes
 
@@ -41,7 +41,7 @@ class ParticipantRoutes:
         q = query(request)
         rows = await run_in_threadpool(
             participants.list_notifications,
-            self.sessions,
+            self.database,
             user_id=q["user_id"],
             status=q["status"],
             limit=q["limit"],
@@ -56,7 +56,7 @@ class ParticipantRoutes:
         """The delivery log and the outbox, newest first (OUTBOX-6)."""
         q = query(request)
         rows = await run_in_threadpool(
-            participants.list_deliveries, self.sessions, status=q["status"], channel=q["channel"],
+            participants.list_deliveries, self.database, status=q["status"], channel=q["channel"],
             user_id=q["user_id"], notification_id=q["notification_id"], limit=q["limit"])
         return respond([DeliveryOut.model_validate(r) for r in rows])
 
@@ -67,7 +67,7 @@ class ParticipantRoutes:
         body = parse_body(PreferencesIn, await read_json(request, self.max_body_bytes))
         row = await run_in_threadpool(
             participants.set_preferences,
-            self.sessions,
+            self.database,
             user_id,
             enabled_kinds=body.enabled_kinds,
             max_per_day=body.max_per_day,
