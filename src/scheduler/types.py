@@ -414,6 +414,19 @@ class DeliveryStatus(StrEnum):
     UNDELIVERABLE = "undeliverable"
 
 
+class DeliveryRowStatus(StrEnum):
+    """What a row of ``deliveries`` says: an in-app row's decision (``sent``, ...) or an outbox
+    row's progress (``queued``, then ``retrying``, ``delivered`` or ``undeliverable``: DEC-OUTBOX)."""
+
+    SENT = "sent"
+    SUPPRESSED = "suppressed"
+    FAILED = "failed"
+    QUEUED = "queued"
+    RETRYING = "retrying"
+    DELIVERED = "delivered"
+    UNDELIVERABLE = "undeliverable"
+
+
 @dataclass(frozen=True)
 class PushTarget:
     """One push subscription of a participant (the W3C ``PushSubscription``, decoded): where

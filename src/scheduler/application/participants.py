@@ -21,10 +21,18 @@ def list_notifications(database: Database, *, user_id: str | None, status: str |
     return store.list_notifications(database, user_id=user_id, status=status, limit=limit)
 
 
+def list_deliveries(database: Database, *, status: str | None, channel: str | None,
+                    user_id: str | None, notification_id: str | None, limit: int) -> list[dict[str, Any]]:
+    """Deliveries (the in-app log and the outbox's rows with every attempt's record), newest
+    first, filtered by status, channel, participant and notification, at most ``limit``."""
+    return store.list_deliveries(database, status=status, channel=channel, user_id=user_id,
+                                 notification_id=notification_id, limit=limit)
+
+
 def set_preferences(database: Database, user_id: str, *, enabled_kinds: Sequence[str] | None,
                     max_per_day: int, now: datetime) -> dict[str, Any]:
     """Set a participant's preferences (the kinds they accept, their daily cap); the stored row."""
     return store.set_preferences(database, user_id, enabled_kinds=enabled_kinds, max_per_day=max_per_day, now=now)
 
 
-__all__ = ["list_notifications", "set_preferences"]
+__all__ = ["list_deliveries", "list_notifications", "set_preferences"]

@@ -28,10 +28,13 @@ from sqlalchemy.orm import Session
 from scheduler.database.decisions import DecisionRepository
 from scheduler.nudging.orchestrator import (
     DEFAULT_PREFERENCES,
+    DeliveryRow,
     Orchestrator,
     Preferences,
     as_recorded,
+    idempotency_key,
     notification_row,
+    outbox_message,
     utc_day,
 )
 from scheduler.nudging.rule_engine import Candidate, RuleRefusal, evaluate
@@ -164,12 +167,23 @@ def _decide(orchestrator: Orchestrator, state: BatchState, result: DispatchResul
     result.notifications.append(notification)
     if status == NotificationStatus.SENT:
         rows, outbound = orchestrator.deliver(notification, now)
-        state.deliveries.extend({"notification_id": notification_id, "user_id": event.user_id, "channel": r.channel,
-                                 "status": r.status, "detail": r.detail, "now": now} for r in rows)
+        state.deliveries.extend(delivery_row(notification, r, now) for r in rows)
         # the batch's own sent deliveries count for its later decisions about this participant
-        state.count_sent(event.user_id, sum(r.status == NotificationStatus.SENT for r in rows))
+        # (an outbox row never does: the cap counts what was decided, DEC-OUTBOX)
+        state.count_sent(event.user_id, sum(r.counts_as_sent for r in rows))
         result.outbound.extend(outbound)
     return False
+
+
+def delivery_row(notification: dict[str, Any], row: DeliveryRow, now: datetime) -> dict[str, Any]:
+    """One delivery as the write statement takes it: an outbox row ``queued`` and due at once,
+    with its idempotency key and message (DEC-OUTBOX)."""
+    written: dict[str, Any] = {"notification_id": notification["id"], "user_id": notification["user_id"],
+                               "channel": row.channel, "status": row.status, "detail": row.detail, "now": now}
+    if row.outbox:
+        written |= {"status": "queued", "idempotency_key": idempotency_key(notification["id"], row.channel),
+                    "message": outbox_message(notification), "next_attempt_at": now}
+    return written
 
 
 @dataclass

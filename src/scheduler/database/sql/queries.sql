@@ -322,9 +322,13 @@ WITH document AS MATERIALIZED (
 ), delivery AS (
     -- every channel's deliveries of the sent notifications, in batch order (their ids too);
     -- the foreign key to the notifications above is checked at the end of the statement
-    INSERT INTO scheduler.deliveries (notification_id, user_id, channel, status, detail, created_at)
+    -- (an outbox channel's row is queued with its idempotency key and message, due at once:
+    -- DEC-OUTBOX; the other rows have none)
+    INSERT INTO scheduler.deliveries (notification_id, user_id, channel, status, detail, created_at,
+                                      idempotency_key, message, next_attempt_at, updated_at)
     SELECT d.e->>'notification_id', d.e->>'user_id', d.e->>'channel', d.e->>'status', d.e->>'detail',
-           CAST(d.e->>'now' AS timestamptz)
+           CAST(d.e->>'now' AS timestamptz), d.e->>'idempotency_key', d.e->'message',
+           CAST(d.e->>'next_attempt_at' AS timestamptz), CAST(d.e->>'now' AS timestamptz)
     FROM document, jsonb_array_elements(document.b->'deliveries') WITH ORDINALITY AS d(e, ord)
     ORDER BY d.ord
     RETURNING id
@@ -360,6 +364,70 @@ SELECT w.*,
                              w.notifications, w.deliveries, w.outcomes) AS integer)
        END AS differs
 FROM wrote AS w CROSS JOIN decided AS d;
+
+-- name: claim_due_deliveries
+-- Lease up to :limit due outbox rows (queued or retrying, next_attempt_at reached by :now, no live lease) to :worker until :lease_until, oldest due first, counting the attempt (DEC-OUTBOX).
+-- FOR UPDATE SKIP LOCKED: two workers claiming at once take different rows; the lease
+-- outlives the claim's short transaction, so a worker that dies with rows in hand leaves
+-- them to whoever claims after :lease_until. The attempt is counted here, before the send:
+-- an attempt cut short by a crash is counted too, so a row that kills its worker still
+-- reaches SCHEDULER_DELIVERY_MAX_ATTEMPTS. The trigger time is the scheduled event's
+-- trigger_at (the notification's created_at for a live event or a row retention deleted).
+WITH due AS MATERIALIZED (
+    SELECT id FROM scheduler.deliveries
+    WHERE status IN ('queued', 'retrying') AND next_attempt_at <= :now
+      AND (lease_until IS NULL OR lease_until <= :now)
+    ORDER BY next_attempt_at, id
+    LIMIT :limit
+    FOR UPDATE SKIP LOCKED
+), leased AS (
+    UPDATE scheduler.deliveries AS d
+    SET lease_until = :lease_until, leased_by = :worker, attempts = d.attempts + 1, updated_at = :now
+    FROM due WHERE d.id = due.id
+    RETURNING d.id, d.idempotency_key, d.channel, d.notification_id, d.user_id, d.message, d.attempts,
+              d.last_delay_seconds, d.created_at, d.next_attempt_at
+)
+SELECT l.id, l.idempotency_key, l.channel, l.notification_id, l.user_id, l.message, l.attempts,
+       l.last_delay_seconds, l.created_at, coalesce(e.trigger_at, l.created_at) AS triggered_at
+FROM leased AS l
+LEFT JOIN scheduler.notifications AS n ON n.id = l.notification_id
+LEFT JOIN scheduler.scheduled_events AS e ON e.id = n.scheduled_event_id
+ORDER BY l.next_attempt_at, l.id;
+
+-- name: record_delivery_attempts
+-- Record what attempts made of their outbox rows (delivery.record), each only while :worker still holds its lease for that attempt; the lease ends. Returns the ids recorded.
+-- a worker whose lease lapsed (another took the row over and counted another attempt) records
+-- nothing: the newer attempt's record is the row's
+UPDATE scheduler.deliveries AS d
+SET status = r->>'status', attempts = CAST(r->>'attempts' AS integer),
+    next_attempt_at = CAST(r->>'next_attempt_at' AS timestamptz), last_error = r->>'last_error',
+    last_delay_seconds = CAST(r->>'delay_seconds' AS double precision),
+    delivered_at = CAST(r->>'delivered_at' AS timestamptz),
+    provider_status = CAST(r->>'provider_status' AS integer), provider_answer = r->>'provider_answer',
+    lease_until = NULL, leased_by = NULL, updated_at = CAST(r->>'at' AS timestamptz)
+FROM jsonb_array_elements(CAST(:records AS jsonb)) AS r
+WHERE d.id = CAST(r->>'id' AS bigint) AND d.leased_by = :worker
+  AND d.attempts = CAST(r->>'attempts' AS integer)
+RETURNING d.id;
+
+-- name: list_deliveries
+-- The delivery log and the outbox for an operator, newest first, each filter optional (GET /admin/deliveries).
+SELECT id, notification_id, user_id, channel, status, detail, created_at, idempotency_key, attempts,
+       next_attempt_at, lease_until, last_error, delivered_at, provider_status, provider_answer, updated_at
+FROM scheduler.deliveries
+WHERE (CAST(:status AS text) IS NULL OR status = :status)
+  AND (CAST(:channel AS text) IS NULL OR channel = :channel)
+  AND (CAST(:user_id AS text) IS NULL OR user_id = :user_id)
+  AND (CAST(:notification_id AS text) IS NULL OR notification_id = :notification_id)
+ORDER BY created_at DESC, id DESC
+LIMIT :limit;
+
+-- name: outbox_gauges
+-- The outbox's depth by status (queued and retrying) and the age of its oldest queued row at :now, in seconds.
+SELECT (SELECT count(*) FROM scheduler.deliveries WHERE status = 'queued') AS queued,
+       (SELECT count(*) FROM scheduler.deliveries WHERE status = 'retrying') AS retrying,
+       (SELECT extract(epoch FROM CAST(:now AS timestamptz) - min(created_at))
+        FROM scheduler.deliveries WHERE status IN ('queued', 'retrying')) AS oldest_seconds;
 
 -- name: list_notifications
 -- Participants' notifications for an operator, newest first.

@@ -13,6 +13,7 @@ from scheduler.web.http.params import STREAM_ID_DIGITS, declared
 from scheduler.web.http.schemas import (
     BatchItemOut,
     CancelConflictOut,
+    DeliveryOut,
     DuplicateOut,
     ErrorOut,
     FactsContractErrorOut,
@@ -43,7 +44,7 @@ MODELS: tuple[type[BaseModel], ...] = (
     IngestOut, DuplicateOut, PreferencesOut, SchedulerHealthOut, HealthOut, ErrorOut,
     ValidationErrorOut, FactsContractErrorOut, RuleRefusalOut, ReplicaOut, OperatorActionOut,
     HistoryEntryOut, CancelConflictOut, InboxNotificationOut, InboxPageOut, SchedulerHealthDetailOut,
-    WebSessionOut, InboxSignInIn, InboxSessionOut, BatchItemOut,
+    WebSessionOut, InboxSignInIn, InboxSessionOut, BatchItemOut, DeliveryOut,
 )
 
 
@@ -157,6 +158,10 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
     ("/admin/notifications", "get"): {
         "summary": "Participants' notifications with status and reason (permission: admin)",
         "responses": {"200": _json(NotificationOut, "notifications, newest first", many=True), **ERRORS},
+    },
+    ("/admin/deliveries", "get"): {
+        "summary": "The delivery log and the outbox, each attempt's record with it, newest first (permission: admin)",
+        "responses": {"200": _json(DeliveryOut, "deliveries, newest first", many=True), **ERRORS},
     },
     ("/admin/participants/{user_id}/preferences", "put"): {
         "summary": "Set a participant's enabled kinds and daily cap (permission: admin)",
