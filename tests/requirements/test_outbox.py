@@ -186,7 +186,7 @@ def test_a_crash_after_the_send_and_before_the_record_sends_again_after_the_leas
     drain(outbox_service)
     crashed = worker(outbox_service, sender, clock, name="worker-a")
     [claimed] = crashed.claim(10)
-    asyncio.run(crashed.send(claimed))  # the provider got it; the process dies here
+    asyncio.run(crashed.attempt_one(claimed))  # the provider got it; the process dies here
     other = worker(outbox_service, sender, clock, name="worker-b")
     assert asyncio.run(other.run_once()) == []  # the lease holds
     clock.advance(timedelta(seconds=31))

@@ -110,7 +110,7 @@ class DeliveryWorker:
                                                        worker=self.worker_id, limit=limit)
         return [_claimed(row) for row in found]
 
-    async def send(self, claimed: Claimed) -> SendResult:
+    async def attempt_one(self, claimed: Claimed) -> SendResult:
         """One attempt through the row's channel (a channel without a sender is undeliverable)."""
         sender = self.senders.get(claimed.delivery.channel)
         if sender is None:
@@ -142,7 +142,7 @@ class DeliveryWorker:
         claimed = await self._thread(self.claim, limit or self.concurrency)
         if not claimed:
             return []
-        results = await asyncio.gather(*(self.send(c) for c in claimed))
+        results = await asyncio.gather(*(self.attempt_one(c) for c in claimed))
         recorded: list[Recorded] = await self._thread(self.record, list(zip(claimed, results, strict=True)))
         return recorded
 
@@ -184,7 +184,7 @@ class DeliveryWorker:
             self._wake = None
 
     async def _one(self, claimed: Claimed) -> None:
-        result = await self.send(claimed)
+        result = await self.attempt_one(claimed)
         try:
             await self._thread(self.record, [(claimed, result)])
         except Exception:
