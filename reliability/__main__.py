@@ -23,6 +23,8 @@ SCENARIOS = [
     ("clock-skew", "clock_skew", "replicas whose host clocks are 5 minutes ahead and behind (libfaketime)"),
     ("expired-backlog", "expired_backlog",
      "every replica stopped past the reminders' window, then started: the passed ones end expired"),
+    ("failover", "failover",
+     "the primary SIGKILLed under load and its standby promoted: replicas follow by a multi-host URL"),
     ("fuzz", "fuzz", "the nightly-style schemathesis run (a few thousand cases)"),
 ]
 

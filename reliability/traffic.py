@@ -35,6 +35,7 @@ class ClientFigures:
     max_seconds: float = 0.0
     max_503_seconds: float = 0.0
     bad_bodies: list[str] = field(default_factory=list)  # non-201 answers without a clear JSON detail
+    no_retry_after: int = 0  # 503 answers without a Retry-After header (REL-20 gives every one)
     ids: dict[str, str] = field(default_factory=dict)  # external key -> row id from the 201
 
 
@@ -110,6 +111,7 @@ class Clients:
                 return True
             if response.status_code == 503:
                 f.max_503_seconds = max(f.max_503_seconds, elapsed)
+                f.no_retry_after += "retry-after" not in response.headers
             try:
                 detail = response.json().get("detail")
             except ValueError:
@@ -128,7 +130,8 @@ def client_rows(engine: Engine) -> dict[str, tuple[str, str]]:
 
 
 def check_clients(figures: ClientFigures, engine: Engine, problems: list[str]) -> dict[str, Any]:
-    """Every acknowledged POST is in the table, nothing else is, and no answer was a 5xx other than 503."""
+    """Every acknowledged POST is in the table, nothing else is, no answer was a 5xx other than 503, and
+    every 503 said Retry-After."""
     rows = client_rows(engine)
     if sorted(rows) != sorted(figures.acknowledged):
         problems.append(f"client rows differ from the 201s: {len(figures.acknowledged - set(rows))} acknowledged "
@@ -143,6 +146,8 @@ def check_clients(figures: ClientFigures, engine: Engine, problems: list[str]) -
         problems.append(f"unexpected statuses: {unexpected}")
     if figures.transport_errors:
         problems.append(f"{figures.transport_errors} requests got no HTTP answer at all")
+    if figures.no_retry_after:
+        problems.append(f"{figures.no_retry_after} answers 503 without a Retry-After header")
     if figures.bad_bodies:
         problems.append(f"{len(figures.bad_bodies)} error answers without a JSON detail, e.g. {figures.bad_bodies[0]}")
     return {
