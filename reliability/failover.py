@@ -87,6 +87,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--standby", choices=["sync", "async"], default="sync",
                         help="the standby's replication: sync (the primary waits for it on every commit) or async "
                              "(default sync)")
+    parser.add_argument("--link-delay-ms", type=float, default=0.0,
+                        help="latency of the standby's link to the primary, each way (a proxy that dies with the "
+                             "primary, losing what it held; default 0: loopback)")
     parser.add_argument("--events", type=int, default=2000, help="due events in the backlog (default 2000)")
     parser.add_argument("--replicas", type=int, default=2, help="prompt-mode scheduler serve processes (default 2)")
     parser.add_argument("--clients", type=int, default=10, help="concurrent POSTing clients (default 10)")
@@ -112,12 +115,12 @@ def run(args: argparse.Namespace) -> int:
     synchronous = args.standby == "sync"
     backlog = plan_backlog(args.seed, args.events)
     problems: list[str] = []
-    figures: dict[str, Any] = {"seed": args.seed, "standby": args.standby, "replicas": args.replicas,
-                               "clients": args.clients}
+    figures: dict[str, Any] = {"seed": args.seed, "standby": args.standby, "link_delay_ms": args.link_delay_ms,
+                               "replicas": args.replicas, "clients": args.clients}
     database = f"rel_failover_{args.seed}"
     workdir = Path(args.workdir) / database
     workdir.mkdir(parents=True, exist_ok=True)
-    pair = ReplicatedPostgres(synchronous=synchronous, log_dir=workdir)
+    pair = ReplicatedPostgres(synchronous=synchronous, log_dir=workdir, link_delay_ms=args.link_delay_ms)
     replicas: list[Replica] = []
     engine: Engine | None = None
     keep = args.keep
@@ -182,6 +185,7 @@ def run(args: argparse.Namespace) -> int:
             measured = dataclasses.replace(clients.figures, acknowledged=clients.figures.acknowledged - missing,
                                            attempted=clients.figures.attempted - missing)
         figures.update(check_clients(measured, engine, problems))
+        figures["acknowledged_201"] = len(clients.figures.acknowledged)
         audit = audit_backlog(engine, backlog)
         problems.extend(audit.problems)
         figures.update(audit.figures)
@@ -234,7 +238,8 @@ def run(args: argparse.Namespace) -> int:
             log(f"kept the servers in {pair.root} and the logs in {workdir}")
         else:
             shutil.rmtree(workdir, ignore_errors=True)
-    reproduce = (f"python -m reliability failover --seed {args.seed} --standby {args.standby} --events {args.events} "
+    reproduce = (f"python -m reliability failover --seed {args.seed} --standby {args.standby} "
+                 f"--link-delay-ms {args.link_delay_ms:g} --events {args.events} "
                  f"--replicas {args.replicas} --clients {args.clients} --seconds {args.seconds:g} "
                  f"--kill-at {args.kill_at:g} --promote-after {args.promote_after:g}")
     return report("failover", figures, problems, reproduce)

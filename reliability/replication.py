@@ -36,6 +36,7 @@ import psutil
 import psycopg
 
 from reliability.cluster import ScenarioError, free_port, log, wait_for
+from reliability.tcp_proxy import TcpProxy
 
 STANDBY_NAME = "standby1"
 STANDBY_SLOT = "standby1_slot"
@@ -90,8 +91,11 @@ class Node:
 class ReplicatedPostgres:
     """A primary and a standby streaming from it (see the module)."""
 
-    def __init__(self, *, synchronous: bool, root: Path | None = None, log_dir: Path | None = None) -> None:
+    def __init__(self, *, synchronous: bool, root: Path | None = None, log_dir: Path | None = None,
+                 link_delay_ms: float = 0.0) -> None:
         self.synchronous = synchronous
+        self.link_delay_ms = link_delay_ms
+        self.link: TcpProxy | None = None  # the standby's link to the primary, when it has latency
         # Not under a pytest tmp_path (private to root): the servers' user must reach it.
         self.root = root or Path(tempfile.mkdtemp(prefix="reliability-replication-"))
         self.log_dir = log_dir or self.root
@@ -185,6 +189,12 @@ class ReplicatedPostgres:
                                flags=re.M)
         if count != 1:
             raise ScenarioError(f"pg_basebackup -R wrote no primary_conninfo line in {auto}")
+        if self.link_delay_ms > 0:
+            # the WAL goes through a slow link: a proxy that holds each chunk link_delay_ms each way
+            self.link = TcpProxy(None, self.log_dir / "link.log", target=("127.0.0.1", primary.port),
+                                 delay_ms=self.link_delay_ms)
+            self.link.start()
+            named = named.replace(f"port={primary.port}", f"port={self.link.port}")
         auto.write_text(named)
         self._start(standby, timeout)
         if self.synchronous:
@@ -194,8 +204,9 @@ class ReplicatedPostgres:
         wanted = "sync" if self.synchronous else "async"
         wait_for(lambda: self.replication_state() == ("streaming", wanted), timeout,
                  f"the standby to stream from the primary ({wanted})", interval=0.1)
+        link = f" through a link of {self.link_delay_ms:g} ms each way" if self.link is not None else ""
         log(f"replication: primary 127.0.0.1:{primary.port}, standby 127.0.0.1:{standby.port} "
-            f"streaming ({wanted}), in {self.root}")
+            f"streaming ({wanted}){link}, in {self.root}")
 
     def _start(self, node: Node, timeout: float, *options: str) -> None:
         server_options = f"-p {node.port} -k {node.socket_dir} -c listen_addresses=127.0.0.1"
@@ -230,8 +241,9 @@ class ReplicatedPostgres:
         wait_for(replayed, timeout, "the standby to replay the primary's WAL", interval=0.05)
 
     def kill_primary(self) -> int:
-        """A crash of the primary: SIGKILL to the postmaster and all its processes at once.
-        Returns how many processes were killed."""
+        """A crash of the primary: SIGKILL to the postmaster and all its processes at once (and to
+        the standby's slow link, if any: what was on the wire is lost with the host). Returns how
+        many processes of the primary were killed."""
         victims = self.primary.processes()
         if not victims:
             raise ScenarioError("the primary is not running")
@@ -241,6 +253,8 @@ class ReplicatedPostgres:
         with contextlib.suppress(ProcessLookupError):
             if os.getpgid(postmaster) == postmaster:
                 os.killpg(postmaster, signal.SIGKILL)
+        if self.link is not None:
+            self.link.kill()
         for process in victims:
             with contextlib.suppress(psutil.Error):
                 process.send_signal(signal.SIGKILL)
@@ -293,6 +307,8 @@ class ReplicatedPostgres:
     def close(self, keep: bool = False) -> None:
         """Stop every server started here, keep their logs beside the scenario's, and remove
         the directory (unless ``keep``)."""
+        if self.link is not None:
+            self.link.stop()
         for node in (self.standby, self.primary):
             self._stop(node)
             server_log = self._server_log(node)
