@@ -128,8 +128,9 @@ def run(args: argparse.Namespace) -> int:
         pair.start()
         p1, p2 = pair.primary.port, pair.standby.port
         create_migrated_database(pair.primary.url("postgres"), database)
-        both = URL_FORMS["netloc"].format(p1=p1, p2=p2, db=database)
-        # The scenario's own look at the data: whichever server takes writes.
+        # The scenario's own look at the data: whichever server takes writes (in libpq's own
+        # host and port lists, which SQLAlchemy always passed on whole).
+        both = URL_FORMS["host-and-port-lists"].format(p1=p1, p2=p2, db=database)
         engine = make_engine(both, Settings(statement_timeout_ms=120_000, lock_timeout_ms=0,
                                             idle_in_transaction_timeout_ms=0), pool_size=2, max_overflow=2)
         seed_backlog(engine, backlog)

@@ -293,8 +293,13 @@ class ReplicatedPostgres:
         return f"host={self.primary.socket_dir} port={self.primary.port} user=postgres dbname={database}"
 
     def _stop(self, node: Node) -> None:
-        """``pg_ctl stop -m immediate``; then anything left of it is killed."""
-        if node.processes():
+        """``pg_ctl stop -m immediate`` (every process continued first: a stopped one would not
+        hear it); then anything left of it is killed."""
+        running = node.processes()
+        for process in running:
+            with contextlib.suppress(psutil.Error):
+                process.send_signal(signal.SIGCONT)
+        if running:
             with contextlib.suppress(ScenarioError):
                 self._run("pg_ctl", ["-D", str(node.pgdata), "-w", "-t", "30", "-m", "immediate", "stop"], timeout=40)
         leftovers = node.processes()
