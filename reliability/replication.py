@@ -32,7 +32,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-import psutil
+import psutil  # type: ignore[import-untyped]  # no stubs; the wheel's own dependency
 import psycopg
 
 from reliability.cluster import ScenarioError, free_port, log, wait_for
@@ -45,7 +45,7 @@ SYSTEM_USER = "pgserver"
 
 def binaries() -> Path:
     """The wheel's PostgreSQL programs."""
-    from pgserver._commands import POSTGRES_BIN_PATH  # type: ignore[attr-defined]
+    from pgserver._commands import POSTGRES_BIN_PATH
 
     return Path(POSTGRES_BIN_PATH)
 
@@ -142,7 +142,7 @@ class ReplicatedPostgres:
 
     def _prepare_root(self) -> None:
         if self.run_as is not None:
-            from pgserver.utils import (  # type: ignore[attr-defined]
+            from pgserver.utils import (
                 ensure_folder_permissions,
                 ensure_prefix_permissions,
                 ensure_user_exists,

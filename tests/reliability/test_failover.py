@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
-import psutil
+import psutil  # type: ignore[import-untyped]  # no stubs; the embedded server's own dependency
 import psycopg
 import pytest
 from psycopg import errors
@@ -59,8 +59,9 @@ def test_the_failover_audit_counts_an_event_pushed_from_both_primaries_and_a_sen
     pushed; a notification of the old primary the new one lacks is counted too."""
     at = datetime(2026, 11, 30, tzinfo=UTC)
     published = {"n-old": [("replica-1", at)], "n-new": [("replica-2", at)], "n-once": [("replica-1", at)]}
-    new = {"n-new": ("event-1", "sent"), "n-once": ("event-2", "sent"), "n-silent": ("event-3", "sent")}
-    old = {"n-old": ("event-1", "sent"), "n-once": ("event-2", "sent")}
+    new: dict[str, tuple[str | None, str]] = {"n-new": ("event-1", "sent"), "n-once": ("event-2", "sent"),
+                                             "n-silent": ("event-3", "sent")}
+    old: dict[str, tuple[str | None, str]] = {"n-old": ("event-1", "sent"), "n-once": ("event-2", "sent")}
     twice, unpublished, old_only = _dispatches(published, new, old)
     assert (twice, unpublished, old_only) == ({"event-1"}, {"event-3"}, {"n-old"})
     assert _dispatches({"n-once": [("replica-1", at)]}, {"n-once": ("event-2", "sent")}, {}) == (set(), set(), set())

@@ -89,7 +89,7 @@ _names = st.from_regex(r"[a-z][a-z0-9-]{0,10}(\.[a-z][a-z0-9-]{0,10}){0,2}", ful
 _ipv4 = st.tuples(*[st.integers(0, 255)] * 4).map(lambda parts: ".".join(map(str, parts)))
 _ipv6 = st.lists(st.from_regex(r"[0-9a-f]{1,4}", fullmatch=True), min_size=8, max_size=8).map(":".join)
 _hosts = st.one_of(_names, _ipv4, _ipv6)
-_text = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), min_size=1, max_size=20)
+_text = st.text(st.characters(codec="utf-8", exclude_characters="\x00"), min_size=1, max_size=20)
 _options = st.fixed_dictionaries({}, optional={
     "target_session_attrs": st.sampled_from(["read-write", "any", "primary", "standby", "prefer-standby"]),
     "application_name": _text, "sslmode": st.sampled_from(["disable", "prefer", "require"]),

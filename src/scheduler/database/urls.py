@@ -290,9 +290,9 @@ def _target(user: str | None, password: str | None, database: str | None, netloc
             options[key] = value
     # libpq also takes the user, the password and the database from the query: one place each
     given = {"user": user, "password": password, "dbname": database}
-    for key, value in given.items():
+    for key, in_url in given.items():
         if key in options:
-            if value is not None:
+            if in_url is not None:
                 raise DatabaseUrlError(f"gives {key!r} both in the URL and in its query: give it in one place")
             given[key] = options.pop(key)
     if query_hosts and any(e.host for e in netloc):
