@@ -83,7 +83,9 @@ class Settings(BaseSettings):
     database_url: str | None = _setting(
         None, "DATABASE_URL",
         "a PostgreSQL URL for psycopg 3: `postgresql://user:pw@host:5432/db` (or `postgresql+psycopg://`; an IPv6 "
-        "host in brackets, `[::1]`; a Unix socket as `?host=/dir`); anything else is refused at startup",
+        "host in brackets, `[::1]`; a Unix socket as `?host=/dir`; a primary that fails over as several hosts in "
+        "any libpq spelling, `postgresql://user:pw@h1:5432,h2:5432/db?target_session_attrs=read-write`, see "
+        "docs/operations.md); anything else is refused at startup",
         shown="embedded PostgreSQL", repr=False)  # a URL may hold a password: never in a log line
     database_schema: str = _setting(
         "scheduler", "SCHEDULER_DATABASE_SCHEMA",

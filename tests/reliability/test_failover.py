@@ -1,4 +1,4 @@
-"""FAILOVER-1 to FAILOVER-3, REL-17: a primary that crashes and a standby promoted in its place.
+"""FAILOVER-1 to FAILOVER-3, DBURL-2, REL-17: a primary that crashes and a standby promoted in its place.
 
 The pair is real streaming replication from the embedded server's own binaries
 (``reliability.replication``: ``pg_basebackup -R``, a synchronous standby, both on loopback
@@ -79,10 +79,11 @@ def _port(engine: Engine) -> int:
 
 
 @pytest.mark.clause("FAILOVER-2")
+@pytest.mark.clause("DBURL-2")
 def test_read_write_skips_the_standby_then_follows_the_promotion_in_every_form_listen_connection_included(
     pair: ReplicatedPostgres,
 ) -> None:
-    """FAILOVER-2: with the standby written first, an engine built from each spelling of the
+    """FAILOVER-2, DBURL-2: with the standby written first, an engine built from each spelling of the
     two servers with target_session_attrs=read-write lands on the primary, and its LISTEN
     connection too; after the primary is SIGKILLed and the standby promoted, the same engine
     (no restart) lands on the new primary and each listener reconnects there with
