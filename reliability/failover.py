@@ -191,6 +191,7 @@ def run(args: argparse.Namespace) -> int:
         problems.extend(audit.problems)
         figures.update(audit.figures)
         figures.update(recovered)
+        figures.update(_latency(clients, pair.killed_at, pair.promoted_at + args.recovery_deadline))
         published = _published(replicas)
         figures.update(_timeline(engine, published, killed_wall, promoting_wall, promoted_wall))
         new_notes = _notifications(engine)
@@ -244,6 +245,15 @@ def run(args: argparse.Namespace) -> int:
                  f"--replicas {args.replicas} --clients {args.clients} --seconds {args.seconds:g} "
                  f"--kill-at {args.kill_at:g} --promote-after {args.promote_after:g}")
     return report("failover", figures, problems, reproduce)
+
+
+def _latency(clients: Clients, killed_at: float, settled_at: float) -> dict[str, Any]:
+    """The median 201 before the kill (the old primary, its standby attached) and after the
+    recovery (the new primary, alone): what waiting for a synchronous standby costs a POST."""
+    before = [s for at, s in clients.figures.acknowledged_seconds if at < killed_at]
+    after = [s for at, s in clients.figures.acknowledged_seconds if at > settled_at]
+    return {"median_201_before_kill_seconds": round(statistics.median(before), 3) if before else None,
+            "median_201_after_recovery_seconds": round(statistics.median(after), 3) if after else None}
 
 
 def _token(secret: str, scope: str) -> str:

@@ -34,7 +34,8 @@ class ClientFigures:
     acknowledged: set[str] = field(default_factory=set)  # external keys that got a 201
     attempted: set[str] = field(default_factory=set)
     max_seconds: float = 0.0
-    acknowledged_seconds: list[float] = field(default_factory=list)  # how long each 201 took
+    # (when it answered, how long it took) of each 201, in the order they came
+    acknowledged_seconds: list[tuple[float, float]] = field(default_factory=list)
     max_503_seconds: float = 0.0
     bad_bodies: list[str] = field(default_factory=list)  # non-201 answers without a clear JSON detail
     no_retry_after: int = 0  # 503 answers without a Retry-After header (REL-20 gives every one)
@@ -108,7 +109,7 @@ class Clients:
             f.statuses[response.status_code] += 1
             f.max_seconds = max(f.max_seconds, elapsed)
             if response.status_code == 201:
-                f.acknowledged_seconds.append(elapsed)
+                f.acknowledged_seconds.append((started + elapsed, elapsed))
                 f.acknowledged.add(key)
                 f.ids[key] = response.json()["id"]
                 return True
@@ -158,7 +159,7 @@ def check_clients(figures: ClientFigures, engine: Engine, problems: list[str]) -
         "answered_503": figures.statuses.get(503, 0),
         "other_statuses": sum(n for s, n in figures.statuses.items() if s not in (201, 503)),
         "max_request_seconds": round(figures.max_seconds, 2), "max_503_seconds": round(figures.max_503_seconds, 2),
-        "median_201_seconds": round(statistics.median(figures.acknowledged_seconds), 3)
+        "median_201_seconds": round(statistics.median(s for _, s in figures.acknowledged_seconds), 3)
         if figures.acknowledged_seconds else None,
         "client_rows_pending": sum(1 for _, status in rows.values() if status == "pending"),
     }
