@@ -1,7 +1,8 @@
 """``python -m reliability <scenario>``: the fault scenarios, one command each.
 
-Each starts its own embedded PostgreSQL (``--pgdata``, default /tmp/reliability-pg), a fresh
-database, and real ``scheduler serve`` replicas on 127.0.0.1; prints its figures (events,
+Each starts its own embedded PostgreSQL (``--pgdata``, default /tmp/reliability-pg; failover
+makes a primary and a standby of its own instead), a fresh database, and real
+``scheduler serve`` replicas on 127.0.0.1; prints its figures (events,
 faults, requests, ``lost``) and exits 1 if anything was lost or an invariant failed.
 """
 

@@ -67,10 +67,6 @@ class Endpoint:
     host: str
     port: int | None = None
 
-    @property
-    def is_socket(self) -> bool:
-        return self.host.startswith("/") or self.host.startswith("@")
-
 
 @dataclass(frozen=True)
 class DatabaseTarget:
