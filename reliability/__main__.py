@@ -1,7 +1,8 @@
 """``python -m reliability <scenario>``: the fault scenarios, one command each.
 
-Each starts its own embedded PostgreSQL (``--pgdata``, default /tmp/reliability-pg), a fresh
-database, and real ``scheduler serve`` replicas on 127.0.0.1; prints its figures (events,
+Each starts its own embedded PostgreSQL (``--pgdata``, default /tmp/reliability-pg; failover
+makes a primary and a standby of its own instead), a fresh database, and real
+``scheduler serve`` replicas on 127.0.0.1; prints its figures (events,
 faults, requests, ``lost``) and exits 1 if anything was lost or an invariant failed.
 """
 
@@ -23,6 +24,8 @@ SCENARIOS = [
     ("clock-skew", "clock_skew", "replicas whose host clocks are 5 minutes ahead and behind (libfaketime)"),
     ("expired-backlog", "expired_backlog",
      "every replica stopped past the reminders' window, then started: the passed ones end expired"),
+    ("failover", "failover",
+     "the primary SIGKILLed under load and its standby promoted: replicas follow by a multi-host URL"),
     ("fuzz", "fuzz", "the nightly-style schemathesis run (a few thousand cases)"),
 ]
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import random
+import statistics
 import threading
 import time
 from collections import Counter
@@ -33,8 +34,11 @@ class ClientFigures:
     acknowledged: set[str] = field(default_factory=set)  # external keys that got a 201
     attempted: set[str] = field(default_factory=set)
     max_seconds: float = 0.0
+    # (when it answered, how long it took) of each 201, in the order they came
+    acknowledged_seconds: list[tuple[float, float]] = field(default_factory=list)
     max_503_seconds: float = 0.0
     bad_bodies: list[str] = field(default_factory=list)  # non-201 answers without a clear JSON detail
+    no_retry_after: int = 0  # 503 answers without a Retry-After header (REL-20 gives every one)
     ids: dict[str, str] = field(default_factory=dict)  # external key -> row id from the 201
 
 
@@ -105,11 +109,13 @@ class Clients:
             f.statuses[response.status_code] += 1
             f.max_seconds = max(f.max_seconds, elapsed)
             if response.status_code == 201:
+                f.acknowledged_seconds.append((started + elapsed, elapsed))
                 f.acknowledged.add(key)
                 f.ids[key] = response.json()["id"]
                 return True
             if response.status_code == 503:
                 f.max_503_seconds = max(f.max_503_seconds, elapsed)
+                f.no_retry_after += "retry-after" not in response.headers
             try:
                 detail = response.json().get("detail")
             except ValueError:
@@ -128,7 +134,8 @@ def client_rows(engine: Engine) -> dict[str, tuple[str, str]]:
 
 
 def check_clients(figures: ClientFigures, engine: Engine, problems: list[str]) -> dict[str, Any]:
-    """Every acknowledged POST is in the table, nothing else is, and no answer was a 5xx other than 503."""
+    """Every acknowledged POST is in the table, nothing else is, no answer was a 5xx other than 503, and
+    every 503 said Retry-After."""
     rows = client_rows(engine)
     if sorted(rows) != sorted(figures.acknowledged):
         problems.append(f"client rows differ from the 201s: {len(figures.acknowledged - set(rows))} acknowledged "
@@ -143,6 +150,8 @@ def check_clients(figures: ClientFigures, engine: Engine, problems: list[str]) -
         problems.append(f"unexpected statuses: {unexpected}")
     if figures.transport_errors:
         problems.append(f"{figures.transport_errors} requests got no HTTP answer at all")
+    if figures.no_retry_after:
+        problems.append(f"{figures.no_retry_after} answers 503 without a Retry-After header")
     if figures.bad_bodies:
         problems.append(f"{len(figures.bad_bodies)} error answers without a JSON detail, e.g. {figures.bad_bodies[0]}")
     return {
@@ -150,6 +159,8 @@ def check_clients(figures: ClientFigures, engine: Engine, problems: list[str]) -
         "answered_503": figures.statuses.get(503, 0),
         "other_statuses": sum(n for s, n in figures.statuses.items() if s not in (201, 503)),
         "max_request_seconds": round(figures.max_seconds, 2), "max_503_seconds": round(figures.max_503_seconds, 2),
+        "median_201_seconds": round(statistics.median(s for _, s in figures.acknowledged_seconds), 3)
+        if figures.acknowledged_seconds else None,
         "client_rows_pending": sum(1 for _, status in rows.values() if status == "pending"),
     }
 

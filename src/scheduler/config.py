@@ -50,79 +50,17 @@ class DatabaseUnusable(Exception):
     message says why in one sentence. The CLI prints it and exits 2."""
 
 
-# DATABASE_URL (OPS-6.1): the drivers the scheduler connects with (psycopg 3, synchronous).
-_POSTGRESQL = {"postgresql", "postgres"}
-_ASYNC_DRIVERS = {"asyncpg", "psycopg_async"}
-_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9.-]*)(?:\+([A-Za-z0-9_.-]+))?://")
-_PORT = re.compile(r"^[0-9]{1,5}$")
-_EXAMPLE_URL = "postgresql://user:password@host:5432/db"
-
-
 def database_url_problem(url: str) -> str | None:
     """What is wrong with ``url`` as the scheduler's ``DATABASE_URL``, as the rest of a sentence
-    that starts with the variable's name; ``None`` when it is a URL the scheduler connects with:
-    ``postgresql://`` (or ``postgres://``, ``postgresql+psycopg://``), an optional user and
-    password, a host (a name, an IPv4 address or an IPv6 address in brackets; none for a Unix
-    socket given as ``?host=/dir``), a port from 1 to 65535, a database and libpq's query
-    options. Nothing of the URL itself is quoted: it may hold a password."""
-    scheme = _SCHEME.match(url)
-    if scheme is None:
-        return f"must be a PostgreSQL URL such as {_EXAMPLE_URL}: this value has no scheme:// part"
-    dialect, driver = scheme[1].lower(), (scheme[2] or "").lower()
-    if dialect not in _POSTGRESQL:
-        return (f"names the database {dialect!r} ({scheme[0]}): the scheduler runs on PostgreSQL only; "
-                f"write a PostgreSQL URL such as {_EXAMPLE_URL}")
-    if driver in _ASYNC_DRIVERS:
-        return (f"names the asynchronous driver {driver!r} ({scheme[0]}): the scheduler connects with psycopg 3's "
-                "synchronous driver; write postgresql:// or postgresql+psycopg://")
-    if driver not in {"", "psycopg"}:
-        return (f"names the driver {driver!r} ({scheme[0]}): the scheduler connects with psycopg 3; write "
-                "postgresql:// or postgresql+psycopg://")
-    authority = re.split(r"[/?#]", url[scheme.end():], maxsplit=1)[0]
-    if authority.count("@") > 1:
-        return "holds more than one '@' before the host: write an '@' in the user or password as %40"
-    problem = _host_problem(authority.rpartition("@")[2])
-    if problem:
-        return problem
-    from sqlalchemy import make_url  # the parser the engine uses: what passes here, it reads
-    from sqlalchemy.exc import ArgumentError
+    that starts with the variable's name; ``None`` when it is a URL the scheduler connects with
+    (OPS-6.1): ``postgresql://`` (or ``postgres://``, ``postgresql+psycopg://``), an optional user
+    and password, one host or every libpq spelling of several (``h1:5432,h2:5432`` before the
+    database, ``?host=h1:5432,h2:5432``, repeated ``?host=``, ``?host=h1,h2&port=5432,5433``),
+    each host and port checked, a database and libpq's query options. The one parse is
+    ``scheduler.database.urls``; nothing of the URL itself is quoted: it may hold a password."""
+    from scheduler.database.urls import database_url_problem as problem
 
-    try:
-        make_url(url)
-    except (ArgumentError, ValueError):
-        return f"is not a URL SQLAlchemy can read: write it as {_EXAMPLE_URL}"
-    return None
-
-
-def _host_problem(host_port: str) -> str | None:
-    """``host[:port]`` of a URL's authority: an IPv6 host in brackets, a port 1 to 65535."""
-    port: str | None
-    if "," in host_port:
-        return "names several hosts: write them as ?host=h1:5432&host=h2:5432 after the database"
-    if host_port.startswith("["):
-        host, closed, after = host_port[1:].partition("]")
-        if not closed:
-            return "has an IPv6 host whose '[' is never closed: write it as [::1] (postgresql://user@[::1]:5432/db)"
-        if not host:
-            return "has an empty IPv6 host '[]': write the address inside the brackets, as [::1]"
-        if after and not after.startswith(":"):
-            return "has text after the IPv6 host's ']': only :port may follow it (postgresql://user@[::1]:5432/db)"
-        port = after[1:] if after else None
-    else:
-        if "]" in host_port:
-            return "has an IPv6 host whose ']' is never opened: write it as [::1] (postgresql://user@[::1]:5432/db)"
-        if host_port.count(":") > 1:
-            return "has an IPv6 host without brackets: write it as [::1] (postgresql://user@[::1]:5432/db)"
-        _, colon, after = host_port.partition(":")
-        port = after if colon else None
-    if port is None:
-        return None
-    if not _PORT.match(port):
-        return ("has a port that is not a number (ASCII digits after the host's ':'; a '/', '?', '#' or '@' "
-                "in the password is written percent-encoded: %2F, %3F, %23, %40)")
-    if not 1 <= int(port) <= 65535:
-        return "has a port outside 1 to 65535"
-    return None
+    return problem(url)
 
 
 def _setting(default: Any, env: str, meaning: str, *, shown: str | None = None, **bounds: Any) -> Any:
@@ -165,7 +103,9 @@ class Settings(BaseSettings):
     database_url: str | None = _setting(
         None, "DATABASE_URL",
         "a PostgreSQL URL for psycopg 3: `postgresql://user:pw@host:5432/db` (or `postgresql+psycopg://`; an IPv6 "
-        "host in brackets, `[::1]`; a Unix socket as `?host=/dir`); anything else is refused at startup",
+        "host in brackets, `[::1]`; a Unix socket as `?host=/dir`; a primary that fails over as several hosts in "
+        "any libpq spelling, `postgresql://user:pw@h1:5432,h2:5432/db?target_session_attrs=read-write`, see "
+        "docs/operations.md); anything else is refused at startup",
         shown="embedded PostgreSQL", repr=False)  # a URL may hold a password: never in a log line
     database_schema: str = _setting(
         "scheduler", "SCHEDULER_DATABASE_SCHEMA",

@@ -5,7 +5,7 @@ nightly: ``python -m reliability --help``. Here, CI checks their foundation (the
 detects a lost, a duplicated and an over-cap outcome) and runs every scenario at a small
 size through real processes: here killed-replicas, database-restart, slow-database, shutdown
 and fuzz; partition and clock-skew in test_frozen_and_skewed_replicas.py, pgbouncer in
-test_pgbouncer.py. A registry test fails if a registered scenario has no such run.
+test_pgbouncer.py, failover in test_failover.py. A registry test fails if a registered scenario has no such run.
 """
 
 from __future__ import annotations

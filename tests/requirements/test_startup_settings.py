@@ -34,11 +34,35 @@ BAD_URLS = {
     "port-arabic-digits": ("postgresql://u:hunter2@localhost:\u0665\u0664\u0663\u0662/db", "port that is not a number"),
     "slash-in-password": ("postgresql://u:hunt/er2@localhost/db", "percent-encoded"),
     "two-at-signs": ("postgresql://u:hunter@2@localhost/db", "more than one '@'"),
-    "several-hosts": ("postgresql://u:hunter2@h1:5432,h2:5432/db", "?host=h1:5432&host=h2:5432"),
+    # several hosts: every libpq spelling passes (GOOD_URLS), each host and port checked
+    "hosts-in-both-places": ("postgresql://u:hunter2@h1/db?host=h2", "names hosts both before the database and in"),
+    "ports-both-ways": ("postgresql://u:hunter2@/db?host=h1:5432,h2:5433&port=5432", "gives ports both after"),
+    "port-count": ("postgresql://u:hunter2@/db?host=h1,h2,h3&port=5432,5433", "gives 2 ports for 3 hosts"),
+    "empty-host-in-list": ("postgresql://u:hunter2@h1:5432,,h2/db", "an empty host in its list"),
+    "empty-host-entry": ("postgresql://u:hunter2@/db?host=h1,,h2", "an empty entry in ?host="),
+    "empty-port-entry": ("postgresql://u:hunter2@/db?host=h1,h2&port=5432,", "an empty entry in ?port="),
+    "bad-port-in-list": ("postgresql://u:hunter2@h1:5432,h2:99999/db", "port outside 1 to 65535"),
+    "bad-port-in-host-list": ("postgresql://u:hunter2@/db?host=h1:5432,h2:54x2", "port that is not a number"),
+    "bad-port-in-port-list": ("postgresql://u:hunter2@/db?host=h1,h2&port=5432,0", "port outside 1 to 65535"),
+    "bare-ipv6-in-list": ("postgresql://u:hunter2@h1:5432,::1:5433/db", "IPv6 host without brackets"),
+    "unknown-option": ("postgresql://u:hunter2@h1/db?target_sesion_attrs=read-write", "that libpq does not know"),
+    "repeated-option": ("postgresql://u:hunter2@h1/db?sslmode=require&sslmode=disable", "'sslmode' twice"),
+    "user-twice": ("postgresql://u:hunter2@h1/db?user=v", "'user' both in the URL and in its query"),
+    "fragment": ("postgresql://u:hunter2@h1/db#main", "has a '#'"),
+    "parameter-without-value": ("postgresql://u:hunter2@h1/db?sslmode", "without a name and '='"),
+    "not-utf8": ("postgresql://u:hunter2@h1/db?application_name=%ff", "not UTF-8"),
 }
 GOOD_URLS = ["postgresql://u:pw@db.example:5432/scheduler", "postgres://u@db/scheduler",
              "postgresql+psycopg://u:p%40ss@[::1]:5432/scheduler", "postgresql://u@[fe80::1%25eth0]/scheduler",
-             "postgresql://postgres@/scheduler?host=/run/postgresql&port=5432", "postgresql:///scheduler"]
+             "postgresql://postgres@/scheduler?host=/run/postgresql&port=5432", "postgresql:///scheduler",
+             # every libpq spelling of several hosts, with target_session_attrs (DBURL-1)
+             "postgresql://u:pw@h1:5432,h2:5433/scheduler?target_session_attrs=read-write",
+             "postgresql://u:pw@[::1]:5432,[::2]:5433,h3/scheduler?target_session_attrs=read-write",
+             "postgresql://u:pw@/scheduler?host=h1:5432,h2:5433&target_session_attrs=read-write",
+             "postgresql://u:pw@/scheduler?host=h1:5432&host=h2:5433&target_session_attrs=read-write",
+             "postgresql://u:pw@/scheduler?host=h1,h2&port=5432,5433&target_session_attrs=read-write",
+             "postgresql://u:pw@/scheduler?host=h1&host=h2&port=5432&port=5433&target_session_attrs=primary",
+             "postgresql://u:pw@/scheduler?host=h1,h2&port=6432&sslmode=require&application_name=scheduler"]
 
 
 def _environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, url: str) -> None:
@@ -62,8 +86,10 @@ def test_a_database_url_the_scheduler_cannot_use_is_one_sentence_naming_it_and_e
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """OPS-6.1: not a URL, an async driver, another driver or another database, an IPv6 host
-    with a bracket missing, a port outside 1 to 65535 or not in ASCII digits, an unencoded '/'
-    or '@' in the password, several hosts in the authority: ``migrate`` and ``serve`` each say
+    with a bracket missing, a port outside 1 to 65535 or not in ASCII digits (any host's of a
+    list), an unencoded '/' or '@' in the password, hosts or ports given two ways or in
+    numbers that do not match, an empty host or port in a list, a query option libpq does not
+    know or given twice, a '#', a byte that is not UTF-8: ``migrate`` and ``serve`` each say
     one sentence naming DATABASE_URL and what to write, exit 2, before binding a port or
     writing anything; the password never appears."""
     url, words = case
@@ -83,7 +109,8 @@ def test_a_database_url_the_scheduler_cannot_use_is_one_sentence_naming_it_and_e
 def test_the_postgresql_urls_the_scheduler_connects_with_are_accepted(url: str) -> None:
     """OPS-6.1: the control: postgresql://, postgres:// and postgresql+psycopg:// with a user,
     a percent-encoded password, a host name, an IPv6 address in brackets (with its zone), a
-    Unix socket as ``?host=``, or nothing but the database pass the check unchanged."""
+    Unix socket as ``?host=``, nothing but the database, or several hosts in every spelling
+    libpq users write, with libpq's options, pass the check unchanged."""
     assert Settings(database_url=url).database_url == url
     assert Settings.from_env({"DATABASE_URL": url}).database_url == url
 

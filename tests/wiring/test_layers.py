@@ -22,6 +22,8 @@ LAYERS = ["types", "digits", "delivery", "config", "database", "core", "nudging"
 ALLOWED = {
     ("core", "observability"): "the loop reports each poll and dispatch to an Observer; the default "
                                "Observer does nothing and imports nothing above core (observability.observer)",
+    ("config", "database"): "DATABASE_URL is checked by the one parse the engines connect with "
+                            "(database.urls, a leaf that imports nothing of the service, DBURL-1)",
 }
 
 

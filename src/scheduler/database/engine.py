@@ -19,11 +19,12 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlparse
 
 import psycopg
-from sqlalchemy import Connection, Engine, create_engine, event, make_url, text
+from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.orm import Session, sessionmaker
 
 from scheduler.config import ConfigError, Settings
+from scheduler.database import urls
 from scheduler.database.queries import DEFAULT_SCHEMA, Statements, quoted
 
 if TYPE_CHECKING:
@@ -79,13 +80,9 @@ def socket_dir_of(uri: str) -> str | None:
 
 
 def sqlalchemy_url(uri: str, database: str | None = None) -> str:
-    """Turn a libpq URI (as pgserver prints) into a SQLAlchemy URL for psycopg 3."""
-    url = make_url(uri)
-    if url.drivername in {"postgresql", "postgres"}:
-        url = url.set(drivername="postgresql+psycopg")
-    if database is not None:
-        url = url.set(database=database)
-    return url.render_as_string(hide_password=False)
+    """Turn a libpq URI (as pgserver prints, or a DATABASE_URL in any multi-host form) into a
+    SQLAlchemy URL for psycopg 3 that keeps every host (``scheduler.database.urls``)."""
+    return urls.sqlalchemy_url(uri, database)
 
 
 # SQLSTATEs of CREATE DATABASE losing a race: the name exists, or two creators collided
@@ -144,7 +141,7 @@ def create_migrated_database(admin_url: str, name: str, settings: Settings | Non
             run_database_ddl(conn, "CREATE DATABASE {}", name)
     finally:
         admin.dispose()
-    url = make_url(admin_url).set(database=name).render_as_string(hide_password=False)
+    url = urls.sqlalchemy_url(admin_url, name)
     engine = make_engine(url, settings)
     try:
         migrate(engine, schema=settings.database_schema if settings is not None else DEFAULT_SCHEMA)
@@ -216,7 +213,8 @@ def make_engine(url: str, settings: Settings | None = None, **kwargs: Any) -> En
         )
     connect_args.update(kwargs.pop("connect_args", {}))
     kwargs.setdefault("pool_timeout", settings.pool_timeout_seconds)
-    engine = create_engine(url, connect_args=connect_args, **kwargs)
+    # every multi-host form written the one way the dialect hands to libpq whole
+    engine = create_engine(urls.sqlalchemy_url(url), connect_args=connect_args, **kwargs)
     if not kwargs.get("pool_pre_ping"):
         ping_when_idle(engine, settings.pool_ping_after_idle_seconds)
     if settings.transaction_pooling:

@@ -46,8 +46,11 @@ PROBE_CHANNEL = "scheduler_listener_probe"
 
 
 def conninfo_of(engine: Engine) -> str:
-    """A libpq URI for ``engine``'s database (psycopg's, not SQLAlchemy's, spelling)."""
-    return engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+    """libpq's connection string for ``engine``'s database, every host of a multi-host URL and
+    its ``target_session_attrs`` kept (``scheduler.database.urls``)."""
+    from scheduler.database.urls import conninfo
+
+    return conninfo(engine.url)
 
 
 def notify(session: Session, channel: str, payload: str) -> None:
@@ -67,7 +70,7 @@ class _Run:
 class Listener:
     """LISTENs on subscribed channels in a thread of its own and calls back.
 
-    ``conninfo`` is a libpq URI; ``probe_engine`` (optional) sends the availability
+    ``conninfo`` is a libpq connection string or URI; ``probe_engine`` (optional) sends the availability
     probe from a pooled connection, as a real peer would. Callbacks run on the listener
     thread: they must be quick and should not raise (a raising callback is logged).
     """
