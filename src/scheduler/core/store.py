@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Mapping, Sequence
-from datetime import datetime, timedelta
+from datetime import datetime, time, timedelta
 from typing import Any
 
 from sqlalchemy import RowMapping
@@ -26,7 +26,7 @@ from scheduler.database.rows import row_as_json
 
 EVENT_COLUMNS = (
     "id", "event_type", "user_id", "community_id", "external_key", "trigger_at", "expires_at", "facts",
-    "status", "last_error", "created_at", "updated_at", "dispatched_at",
+    "status", "last_error", "created_at", "updated_at", "dispatched_at", "not_before",
 )
 
 
@@ -109,7 +109,13 @@ def set_preferences(
     enabled_kinds: Sequence[str] | None,
     max_per_day: int,
     now: datetime,
+    time_zone: str | None = None,
+    quiet_start: time | None = None,
+    quiet_end: time | None = None,
 ) -> dict[str, Any]:
+    """Set a participant's preferences (the stored row, its columns); a change of their zone or
+    quiet hours releases their held rows (``not_before`` cleared: each is decided again at the
+    next claim, QUIET-5)."""
     with sessions.begin() as session:
         row = session.execute(
             statement("upsert_preferences"),
@@ -117,7 +123,17 @@ def set_preferences(
                 "user_id": user_id,
                 "enabled_kinds": None if enabled_kinds is None else list(enabled_kinds),
                 "max_per_day": max_per_day,
+                "time_zone": time_zone,
+                "quiet_start": quiet_start,
+                "quiet_end": quiet_end,
                 "now": now,
             },
         ).mappings().one()
-        return row_as_json(row)
+        return dict(row)
+
+
+def get_preferences(sessions: sessionmaker[Session], user_id: str) -> dict[str, Any] | None:
+    """A participant's stored preferences row (its columns), ``None`` when none was set."""
+    with sessions.begin() as session:
+        row = session.execute(statement("get_preferences"), {"user_id": user_id}).mappings().one_or_none()
+        return None if row is None else dict(row)
