@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -23,6 +23,7 @@ from scheduler.core.store_batch import NewEvent, Stored
 from scheduler.types import (
     DigitalTwinEvent,
     Dispatcher,
+    DispatchOutcome,
     DispatchResult,
     NotADispatchResult,
     checked_result,
@@ -47,11 +48,16 @@ publish_committed = poll.publish_committed
 
 def dispatch_live(sessions: sessionmaker[Session], dispatcher: Dispatcher, event: DigitalTwinEvent,
                   now: datetime, *, dispatched: Callable[[DispatchResult], None] = lambda result: None,
+                  default_expiry: timedelta | None = None, traceparent: str | None = None,
                   ) -> DispatchResult:
     """Send a live event through the dispatch path now, in one transaction: committed with its
     notifications, or rolled back when a rule refused it. ``dispatched`` is told the result
     first (the live dispatch's span). A dispatcher that breaks its contract is a
-    ``NotADispatchResult`` (the host's bug, logged here), after a rollback."""
+    ``NotADispatchResult`` (the host's bug, logged here), after a rollback.
+
+    An event its participant's quiet hours hold (``DEFERRED``) is stored, in the same
+    transaction, as a scheduled row due at ``not_before`` with ``default_expiry``'s window
+    (QUIET-7: one path, REQ-0066); the result's ``detail`` is that row as the API shows it."""
     with sessions() as session:
         try:
             result = checked_result(dispatcher(session, event, now))
@@ -64,6 +70,9 @@ def dispatch_live(sessions: sessionmaker[Session], dispatcher: Dispatcher, event
         if result.refusal is not None:
             session.rollback()
             return result
+        if result.outcome is DispatchOutcome.DEFERRED and result.not_before is not None:
+            result.detail = store.store_held_live_event(session, event, now=now, not_before=result.not_before,
+                                                        default_expiry=default_expiry, traceparent=traceparent)
         session.commit()
     return result
 

@@ -23,6 +23,7 @@ from scheduler.core.expiry import stored_expires_at
 from scheduler.core.trigger_range import check_trigger_at
 from scheduler.database.queries import statement
 from scheduler.database.rows import row_as_json
+from scheduler.types import DigitalTwinEvent
 
 EVENT_COLUMNS = (
     "id", "event_type", "user_id", "community_id", "external_key", "trigger_at", "expires_at", "facts",
@@ -85,6 +86,20 @@ def store_event(
         # (the trigger ``tr_scheduled_events_announce_due``), whatever path wrote it
         row = session.execute(statement(name), params).mappings().one()
         return event_to_json(row)
+
+
+def store_held_live_event(session: Session, event: DigitalTwinEvent, *, now: datetime, not_before: datetime,
+                          default_expiry: timedelta | None = None, traceparent: str | None = None) -> dict[str, Any]:
+    """In the live dispatch's transaction, store a live event its participant's quiet hours
+    held as a scheduled row: ``trigger_at`` its arrival (``now``), due at ``not_before``, the
+    same facts, the service's default expiry window (QUIET-7); the row as the API shows it."""
+    params = {
+        "id": str(uuid.uuid4()), "event_type": event.event_type, "user_id": event.user_id,
+        "community_id": event.community_id, "expires_at": stored_expires_at(now, None, default_expiry),
+        "facts": json.dumps(dict(event.facts)), "now": now, "traceparent": traceparent, "not_before": not_before,
+    }
+    set_change_context(session, "held", None)
+    return event_to_json(session.execute(statement("insert_held_event"), params).mappings().one())
 
 
 def set_change_context(session: Session, change: str | None, actor: str | None) -> None:

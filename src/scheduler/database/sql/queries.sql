@@ -152,6 +152,15 @@ VALUES (:id, :event_type, :user_id, :community_id, NULL,
         :trigger_at, :expires_at, CAST(:facts AS jsonb), 'pending', :now, :now, :traceparent)
 RETURNING *;
 
+-- name: insert_held_event
+-- Store a live event that arrived in its participant's quiet hours as a scheduled row due when they end (QUIET-7, REQ-0066): trigger_at its arrival, not_before the end.
+INSERT INTO scheduler.scheduled_events (id, event_type, user_id, community_id, external_key,
+                              trigger_at, expires_at, facts, status, created_at, updated_at, traceparent,
+                              not_before)
+VALUES (:id, :event_type, :user_id, :community_id, NULL,
+        :now, :expires_at, CAST(:facts AS jsonb), 'pending', :now, :now, :traceparent, :not_before)
+RETURNING *;
+
 -- name: rewrite_by_key
 -- A fragment, not a statement: what a post of a known external key does to its row (REQ-0064), shared by the single store and the batch so the two never drift.
 -- the unique constraint arbitrates between concurrent posts of one key; a row that a
