@@ -150,6 +150,7 @@ def test_a_held_row_whose_expiry_comes_first_ends_expired_never_sent(
     assert rows(engine, "SELECT id FROM notifications") == []
 
 
+@pytest.mark.clause("DEC-LOCAL-TIME")
 @pytest.mark.clause("QUIET-3")
 def test_the_claim_takes_rows_by_due_at_so_a_held_row_waits_behind_rows_due_before_its_end(
         client: TestClient, service: SchedulerService, engine: Engine, clock: ManualClock) -> None:
@@ -214,6 +215,7 @@ def test_a_stored_zone_that_no_longer_loads_fails_that_participants_events_alone
 # -- QUIET-4: the cap's day --------------------------------------------------------------------
 
 
+@pytest.mark.clause("DEC-LOCAL-TIME")
 @pytest.mark.clause("QUIET-4")
 def test_the_cap_counts_the_participants_local_day_not_the_utc_day(client: TestClient, clock: ManualClock) -> None:
     """QUIET-4: at 23:30 UTC it is 00:30 the next day in Berlin: a new day, a new cap."""
