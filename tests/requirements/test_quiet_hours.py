@@ -8,6 +8,7 @@ quiet hours 09:00 to 12:00 hold T0 and end at 11:00 UTC.
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -15,12 +16,14 @@ import pytest
 from sqlalchemy import Engine, text
 from starlette.testclient import TestClient
 
+from scheduler.cli import main
 from scheduler.core.clock import ManualClock
 from scheduler.core.loop import Scheduler
 from scheduler.types import DigitalTwinEvent, DispatchResult
 from scheduler.web.app import SchedulerService
 from tests.conftest import ADMIN, INGEST, T0
 from tests.helpers import event_row, post_event, reminder_facts, rows
+from tests.operations.support import sign_in
 
 BERLIN_QUIET = {"time_zone": "Europe/Berlin", "quiet_hours": {"start": "09:00", "end": "12:00"}}
 QUIET_ENDS = datetime(2026, 11, 30, 11, 0, tzinfo=UTC)  # 12:00 in Berlin
@@ -82,6 +85,40 @@ def test_a_zone_or_quiet_hours_that_are_not_valid_are_a_422_naming_the_field(
     assert response.status_code == 422, response.text
     assert [e["field"] for e in response.json()["errors"]] == fields
     assert client.get("/admin/participants/p1/preferences", headers=ADMIN).json()["updated_at"] is None
+
+
+@pytest.mark.clause("QUIET-1")
+def test_the_cli_shows_a_participants_zone_and_quiet_hours(
+        client: TestClient, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        database_url: str) -> None:
+    """QUIET-1: ``scheduler participants preferences USER`` prints them (the defaults for one
+    never set), as text and as the API's JSON."""
+    put_preferences(client, "p1", **BERLIN_QUIET)
+    monkeypatch.setenv("DATABASE_URL", database_url)
+    assert main(["participants", "preferences", "p1"]) == 0
+    out = capsys.readouterr().out
+    assert "Europe/Berlin" in out and "09:00 to 12:00 local" in out
+    assert main(["participants", "preferences", "p1", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == client.get("/admin/participants/p1/preferences", headers=ADMIN).json()
+    assert main(["participants", "preferences", "nobody"]) == 0
+    out = capsys.readouterr().out
+    assert "UTC" in out and "never set" in out
+
+
+@pytest.mark.clause("QUIET-1")
+@pytest.mark.clause("QUIET-2")
+def test_the_console_event_page_shows_not_before_and_the_participants_zone_and_quiet_hours(
+        client: TestClient, service: SchedulerService) -> None:
+    """QUIET-1, QUIET-2: a held row's page says until when, and why (the participant's zone and
+    quiet hours, their cap's local day)."""
+    put_preferences(client, "p1", **BERLIN_QUIET)
+    row = post_event(client, user_id="p1", trigger_at=T0 - timedelta(minutes=1))
+    service.scheduler.poll_once()
+    sign_in(client)
+    page = client.get(f"/console/events/{row['id']}").text
+    assert f'data-col="not_before">{QUIET_ENDS.isoformat()}<' in page, page
+    assert 'data-col="time_zone">Europe/Berlin<' in page
+    assert 'data-col="quiet_hours">09:00 to 12:00 local<' in page
 
 
 # -- QUIET-2, QUIET-3: held, then dispatched or expired ------------------------------------
