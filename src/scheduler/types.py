@@ -220,6 +220,8 @@ class ClaimedEvent:
     trigger_at: datetime
     facts: dict[str, Any]
     traceparent: str | None = None  # the storing request's trace context (observability)
+    # held in quiet hours until this instant by an earlier claim (QUIET-2): when it was due
+    not_before: datetime | None = None
 
     def as_event(self) -> DigitalTwinEvent:
         """The stored facts become a DigitalTwinEvent, exactly as a live event would (REQ-0066)."""
@@ -243,19 +245,20 @@ class EventOutcome:
     event_type: str = ""
     trigger_at: datetime | None = None
     finished_at: datetime | None = None  # the injected clock's time of the outcome
-    not_before: datetime | None = None  # a held row's: when it is due again
+    not_before: datetime | None = None  # a held row's: when it is due again (or was, once dispatched)
 
     @property
     def lateness(self) -> timedelta | None:
-        """``dispatched_at - trigger_at`` for a dispatched event (the user's measure)."""
+        """``dispatched_at - due_at`` for a dispatched event (the user's measure): from its
+        trigger_at, or from the end of the quiet hours that held it (QUIET-3)."""
         if self.status != EventStatus.DISPATCHED or self.trigger_at is None or self.finished_at is None:
             return None
-        return self.finished_at - self.trigger_at
+        return self.finished_at - (self.not_before or self.trigger_at)
 
     @classmethod
     def dispatched(cls, event: ClaimedEvent, now: datetime) -> EventOutcome:
-        """The outcome of an event its dispatcher ran through."""
-        return cls(event.id, EventStatus.DISPATCHED, None, event.event_type, event.trigger_at, now)
+        """The outcome of an event its dispatcher ran through (its row keeps its not_before)."""
+        return cls(event.id, EventStatus.DISPATCHED, None, event.event_type, event.trigger_at, now, event.not_before)
 
     @classmethod
     def deferred(cls, event: ClaimedEvent, not_before: datetime, now: datetime) -> EventOutcome:

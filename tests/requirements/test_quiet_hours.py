@@ -23,7 +23,7 @@ from scheduler.types import DigitalTwinEvent, DispatchResult
 from scheduler.web.app import SchedulerService
 from tests.conftest import ADMIN, INGEST, T0
 from tests.helpers import event_row, post_event, reminder_facts, rows
-from tests.operations.support import sign_in
+from tests.operations.support import loop_step, scrape, sign_in
 
 BERLIN_QUIET = {"time_zone": "Europe/Berlin", "quiet_hours": {"start": "09:00", "end": "12:00"}}
 QUIET_ENDS = datetime(2026, 11, 30, 11, 0, tzinfo=UTC)  # 12:00 in Berlin
@@ -169,6 +169,24 @@ def test_a_reminder_claimed_after_the_quiet_hours_it_fell_due_in_is_sent(
     clock.set(QUIET_ENDS + timedelta(minutes=5))
     assert service.scheduler.poll_once().dispatched == 1
     assert event_row(engine, row["id"])["not_before"] is None
+
+
+@pytest.mark.clause("QUIET-3")
+def test_a_held_row_counts_neither_failed_nor_dispatched_and_its_lateness_runs_from_not_before(
+        client: TestClient, service: SchedulerService, clock: ManualClock) -> None:
+    """QUIET-3: /metrics counts a hold as nothing; dispatched 90 s after its not_before, the
+    lateness observed is 90 s, not the hours since its trigger_at."""
+    put_preferences(client, "p1", **BERLIN_QUIET)
+    post_event(client, user_id="p1", trigger_at=T0 - timedelta(hours=1))
+    loop_step(service)
+    m = scrape(client)
+    assert m.get("scheduler_events_failed_total{event_type=commitment_reminder}", 0) == 0
+    assert m.get("scheduler_events_dispatched_total{event_type=commitment_reminder}", 0) == 0
+    clock.set(QUIET_ENDS + timedelta(seconds=90))
+    loop_step(service)
+    m = scrape(client)
+    assert m["scheduler_events_dispatched_total{event_type=commitment_reminder}"] == 1
+    assert m["scheduler_event_lateness_seconds_sum"] == 90
 
 
 @pytest.mark.clause("QUIET-3")

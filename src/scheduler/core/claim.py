@@ -82,6 +82,7 @@ def claim_rounds(session: Session, now: datetime,
                     trigger_at=r["trigger_at"],
                     facts=dict(r["facts"]),
                     traceparent=r["traceparent"],
+                    not_before=r["not_before"],
                 )
             )
         # Fewer rows than asked: nothing more is due. None skipped: the batch is full.
