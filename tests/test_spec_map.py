@@ -2,7 +2,7 @@
 
 Clauses are the ``### ID — statement`` headings of ``specs/*.md``, each followed by a
 ``Proved by:`` list of test node ids. Tests carry ``@pytest.mark.clause("ID")``. Both are
-read by ``tests/spec_report/specs.py``, the parser the spec report uses too; the markers
+read by ``harness.spec_report.specs``, the parser the spec report uses too; the markers
 are read from the source (not from a pytest run), so the check holds whatever subset of the
 suite is selected.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.spec_report.specs import markers_in_source, parse_specs
+from harness.spec_report.specs import markers_in_source, parse_specs
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -26,6 +26,8 @@ One concept per module:
   expectation of an event and effects check) and how ``package.module:name`` paths load;
 - ``shrink``: the fewest steps of a failing program that still break the same invariant;
 - ``report``: ``--json``'s one document, ``--junit-xml`` and the exit codes;
+- ``spec_report``: the spec report and the selection by clause, a pytest plugin of its own
+  (``pytest11``) for this checkout's specs/ and a host's own;
 - ``pytest_plugin``: the fixtures a host's test suite gets from the wheel (``pytest11``);
   ``sim_runner``, what those fixtures do (a server, a migrated template database and a clone
   of it per test, seeded runs that shrink and write a regression test on a violation);

@@ -14,6 +14,8 @@ if TYPE_CHECKING:
     from scheduler.core.clock import ManualClock, SystemClock
     from scheduler.core.loop import EventOutcome, PollReport, Scheduler
     from scheduler.web.app import SchedulerService, create_app
+    from scheduler.web.host_code import InvalidEvent, cancel, cancel_async, schedule, schedule_async
+    from scheduler.web.http.auth import authenticated
 
 _WHERE = {
     "SchedulerService": "scheduler.web.app",
@@ -24,6 +26,12 @@ _WHERE = {
     "EventOutcome": "scheduler.core.loop",
     "PollReport": "scheduler.core.loop",
     "Scheduler": "scheduler.core.loop",
+    "InvalidEvent": "scheduler.web.host_code",
+    "schedule": "scheduler.web.host_code",
+    "schedule_async": "scheduler.web.host_code",
+    "cancel": "scheduler.web.host_code",
+    "cancel_async": "scheduler.web.host_code",
+    "authenticated": "scheduler.web.http.auth",
 }
 
 
@@ -36,11 +44,17 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "EventOutcome",
+    "InvalidEvent",
     "ManualClock",
     "PollReport",
     "Scheduler",
     "SchedulerService",
     "Settings",
     "SystemClock",
+    "authenticated",
+    "cancel",
+    "cancel_async",
     "create_app",
+    "schedule",
+    "schedule_async",
 ]

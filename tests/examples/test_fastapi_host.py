@@ -52,6 +52,7 @@ def _run(env: dict[str, str], *args: str) -> str:
 
 
 @pytest.mark.clause("EMB-9")
+@pytest.mark.clause("PERM-11")
 def test_the_fastapi_host_example_migrates_both_schemas_dispatches_through_its_own_dispatcher_and_stops_cleanly(
     blank_database: str, tmp_path: Path
 ) -> None:
@@ -59,11 +60,15 @@ def test_the_fastapi_host_example_migrates_both_schemas_dispatches_through_its_o
     beside the scheduler's), reminders stored through the mount with the host's tokens go out
     through the host's dispatcher (exactly one ``host_deliveries`` row per dispatched event, none
     for the refused one, a re-post by key is one row), ``/docs`` and the host's routes answer
-    beside the mount, the console is not mounted, and SIGTERM ends it with exit 0 and no error."""
+    beside the mount, its one ``/openapi.json`` lists both, the console is not mounted, and
+    SIGTERM ends it with exit 0 and no error; PERM-11: all of it with ``SCHEDULER_ENV=production``
+    and no scheduler key, the host's own authentication deciding."""
     src = Path(__file__).resolve().parents[2] / "src"
     env = {k: v for k, v in os.environ.items() if not k.startswith("SCHEDULER_")}
+    # production, with the host's own authentication and no SCHEDULER_JWT_* key (PERM-11)
     env.update({"DATABASE_URL": blank_database, "PYTHONPATH": f"{EXAMPLE}{os.pathsep}{src}",
-                "SCHEDULER_POLL_SECONDS": "0.2", "SCHEDULER_DATA_DIR": str(tmp_path / "data")})
+                "SCHEDULER_ENV": "production", "SCHEDULER_POLL_SECONDS": "0.2",
+                "SCHEDULER_DATA_DIR": str(tmp_path / "data")})
     env.pop("HOST_TOKEN_SECRET", None)  # the example's development secret, in both processes
     _run(env, sys.executable, "-m", "alembic", "-c", "alembic.ini", "upgrade", "head")
     _run(env, sys.executable, "-m", "scheduler", "migrate")
@@ -129,7 +134,8 @@ def test_the_fastapi_host_example_migrates_both_schemas_dispatches_through_its_o
             assert client.get("/host/notifications").json() == [
                 {"id": 1, "user_id": "anna", "body": "the host's own"}]
             assert client.get("/docs").status_code == 200
-            assert "/host/deliveries" in client.get("/openapi.json").json()["paths"]
+            paths = client.get("/openapi.json").json()["paths"]  # one document: the host's and ours
+            assert {"/host/deliveries", "/nudging/admin/scheduled-events"} <= set(paths)
             assert client.get("/nudging/health/scheduler").json()["state"] == "running"
             assert client.get("/nudging/console", headers=admin).status_code == 404
         process.send_signal(signal.SIGTERM)

@@ -5,14 +5,16 @@ of the same names in ``public`` are never read or written."""
 
 from __future__ import annotations
 
+import asyncio
 import warnings
 from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy import Engine, create_engine, event, make_url, text
 from sqlalchemy.orm import Session
+from sqlalchemy.pool import QueuePool
 from starlette.testclient import TestClient
 
 from scheduler.config import ConfigError, Settings
@@ -197,3 +199,63 @@ def test_every_statement_names_the_schema_so_a_hosts_tables_of_the_same_names_ar
             assert conn.execute(text("SELECT count(*) FROM scheduler.notifications")).scalar_one() == 1
     finally:
         service.loop_engine.dispose()
+
+
+@pytest.mark.clause("DEC-HOST-ENGINE")
+@pytest.mark.clause("EMB-12")
+@pytest.mark.parametrize("facade", [False, True], ids=["async_engine", "its_sync_engine"])
+def test_an_async_engine_is_served_through_its_sync_psycopg_twin_with_its_connect_arguments_and_pool_size(
+    database_url: str, facade: bool,
+) -> None:
+    """EMB-12: ``create_async_engine("postgresql+psycopg_async://...")`` (or its ``sync_engine``)
+    is accepted: the service's requests and loop run on a sync psycopg twin that connects with
+    the host's connect arguments (its ``application_name``), its pool sized as the host's, the
+    timeouts per transaction, and a posted event is dispatched; the twins are the service's to
+    dispose, the host's async engine is left open."""
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    url = make_url(database_url).set(drivername="postgresql+psycopg_async")
+    async_engine = create_async_engine(url, connect_args={"application_name": "host-app"}, pool_size=4,
+                                       max_overflow=1)
+    dispatcher = ShowingDispatcher()
+    service = _service(async_engine.sync_engine if facade else async_engine, dispatcher=dispatcher)  # type: ignore[arg-type]
+    try:
+        assert service.engine.dialect.driver == "psycopg" and not service.engine.dialect.is_async
+        pool = service.engine.pool
+        assert isinstance(pool, QueuePool) and (pool.size(), pool._max_overflow) == (4, 1)
+        with TestClient(service.app) as client:
+            post_event(client)
+            assert service.scheduler.poll_once().dispatched == 1
+        assert dispatcher.seen == [("30s", "10s", "10s")]
+        for engine in (service.engine, service.loop_engine):
+            with engine.connect() as conn:
+                assert conn.execute(text("SHOW application_name")).scalar_one() == "host-app"
+    finally:
+        asyncio.run(service.stop())
+
+    async def still_open() -> int:
+        async with async_engine.connect() as conn:
+            answer: int = (await conn.execute(text("SELECT 1"))).scalar_one()
+        await async_engine.dispose()
+        return answer
+
+    assert asyncio.run(still_open()) == 1  # the host's own engine: not the service's to close
+
+
+@pytest.mark.clause("EMB-12")
+def test_an_async_engine_whose_connect_arguments_cannot_be_copied_is_refused_with_a_sentence(
+    database_url: str,
+) -> None:
+    """EMB-12: an async engine connecting through a function of the host's (``async_creator``)
+    is a ConfigError in one sentence saying what to pass instead, before anything is built."""
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    async def connect() -> Any:
+        raise AssertionError("never called")
+
+    async_engine = create_async_engine("postgresql+psycopg_async://", async_creator=connect)
+    with pytest.raises(ConfigError, match=r"^the async engine passed to SchedulerService \(postgresql\+psycopg\) "
+                                          r"has a pool without SQLAlchemy's connect function .*: pass a sync "
+                                          r"postgresql\+psycopg:// engine too") as refused:
+        _service(async_engine)  # type: ignore[arg-type]
+    assert "\n" not in str(refused.value)

@@ -12,10 +12,12 @@ it passes, so its own ``/metrics`` shows them (EMB-8).
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import jwt
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
+from pydantic import BaseModel
 from sqlalchemy import Engine
 from starlette.authentication import (
     AuthCredentials,
@@ -26,11 +28,11 @@ from starlette.authentication import (
 from starlette.requests import HTTPConnection
 from starlette.testclient import TestClient
 
-from scheduler.config import Settings
+from scheduler.config import ConfigError, Settings
 from scheduler.core.clock import ManualClock
 from scheduler.nudging.publishers import RecordingPublisher
 from scheduler.web.app import PARTS, SchedulerService, part_of
-from scheduler.web.http.auth import authenticated
+from scheduler.web.http.auth import authenticated, mint_token
 from tests.conftest import ADMIN, INGEST, TEST_SECRET
 from tests.helpers import event_body
 from tests.operations.support import loop_step
@@ -125,6 +127,45 @@ def test_authenticated_refuses_a_permission_this_service_does_not_have() -> None
         authenticated("ops", {"administrator"})
 
 
+@pytest.mark.clause("PERM-11")
+def test_production_with_the_hosts_own_authentication_needs_no_scheduler_key_and_signs_no_token_in(
+    engine: Engine, clock: ManualClock, tmp_path: Path
+) -> None:
+    """PERM-11: in production the host's backend is a way to verify requests: the service starts
+    without SCHEDULER_JWT_SECRET, _PUBLIC_KEY or _JWKS_URL and the host's grants decide; the
+    built-in verifier then has no key, so the inbox page's sign-in refuses a token signed with the
+    development secret ``serve`` once generated into the data directory; a secret that is set is
+    still judged (a development-grade one refused), and without the host's backend production
+    still refuses to start."""
+    production = Settings(environment="production", jwt_secret=None, data_dir=tmp_path)
+    production.secret_file.write_text(TEST_SECRET)  # a development secret left behind
+    service = _service(production, engine, clock, authentication=FakeHostBackend())
+    with TestClient(service.app) as client:
+        ops = {"X-Host-User": "ops"}
+        assert client.post("/admin/scheduled-events", headers=ops, json=event_body()).status_code == 201
+        assert client.get("/admin/scheduled-events", headers=ops).status_code == 200
+        assert client.get("/admin/scheduled-events", headers=ADMIN).status_code == 401
+        signed_with_the_file = mint_token(TEST_SECRET, scope=None, subject="anna")
+        assert client.post("/inbox/session", json={"token": signed_with_the_file}).status_code == 401
+    assert not service.verifier.configured
+    with pytest.raises(ConfigError, match="development-grade SCHEDULER_JWT_SECRET"):
+        _service(production.with_(jwt_secret="dev-secret"), engine, clock, authentication=FakeHostBackend())
+    with pytest.raises(ConfigError, match=r"or the host's own authentication \(SchedulerService\(authentication="):
+        _service(production, engine, clock)
+
+
+@pytest.mark.clause("PERM-11")
+def test_authenticated_is_exported_from_scheduler_itself() -> None:
+    """PERM-11: the function a host's backend returns is public: ``scheduler.authenticated``, the
+    same object the service's own bearer backend uses."""
+    import scheduler
+    from scheduler.web.http import auth
+
+    assert scheduler.authenticated is auth.authenticated
+    credentials, user = scheduler.authenticated("ops", ["admin", "ingest"])
+    assert credentials.scopes == ["authenticated", "admin", "ingest"] and user.display_name == "ops"
+
+
 @pytest.mark.clause("EMB-7")
 def test_the_api_alone_serves_no_console_inbox_metrics_or_health(service: SchedulerService) -> None:
     """EMB-7: ``app_for("api")`` answers the JSON API and nothing of the other parts (404);
@@ -168,3 +209,58 @@ def test_metrics_go_into_the_registry_the_host_passes(
         scraped = generate_latest(registry).decode()
         assert "scheduler_polls_total 1.0" in scraped
         assert "scheduler_polls_total 1.0" in client.get("/metrics").text
+
+
+class ErrorOut(BaseModel):
+    """A host's model named like one of the scheduler's, and unlike it."""
+
+    code: int
+
+
+@pytest.mark.clause("EMB-11")
+def test_include_in_fastapi_merges_the_parts_document_and_refuses_a_clash_by_name(service: SchedulerService) -> None:
+    """EMB-11: ``include_in_fastapi`` mounts the parts and puts their paths, under the mount, into
+    the host's document (one built before the call is rebuilt), sharing a component schema that
+    is the same; a path or component the host defines otherwise is a ``ValueError`` naming it,
+    and a mount path not of the form ``/name`` is refused at once."""
+    pytest.importorskip("fastapi", reason="FastAPI is a test dependency (the example's framework)")
+    from fastapi import FastAPI
+
+    app = FastAPI()
+
+    @app.get("/host/ping")
+    def ping() -> dict[str, str]:
+        return {"pong": "yes"}
+
+    assert "/host/ping" in app.openapi()["paths"]  # built (and cached) before the mount
+    service.include_in_fastapi(app, "/nudging", "health")
+    with TestClient(app) as client:
+        document = client.get("/openapi.json").json()
+        assert client.get("/nudging/health").status_code == 200
+    assert set(document["paths"]) == {"/host/ping", "/nudging/health", "/nudging/health/scheduler",
+                                      "/nudging/admin/health/scheduler"}
+    assert document["components"]["securitySchemes"] == {"bearer": {"type": "http", "scheme": "bearer",
+                                                                    "bearerFormat": "JWT"}}
+
+    clashing = FastAPI()
+
+    @clashing.get("/nudging/health")
+    def own_health() -> dict[str, str]:
+        return {"ok": "host"}
+
+    service.include_in_fastapi(clashing, "/nudging", "health")
+    with pytest.raises(ValueError, match="already has the path /nudging/health"):
+        clashing.openapi()
+
+    named_alike = FastAPI()
+
+    @named_alike.get("/host/error", response_model=ErrorOut)
+    def error() -> dict[str, int]:
+        return {"code": 1}
+
+    service.include_in_fastapi(named_alike, "/nudging", "api")
+    with pytest.raises(ValueError, match=r"components.schemas.ErrorOut otherwise than the scheduler's"):
+        named_alike.openapi()
+    for path in ("nudging", "/nudging/", ""):
+        with pytest.raises(ValueError, match="mount path"):
+            service.include_in_fastapi(FastAPI(), path, "api")

@@ -10,10 +10,11 @@ from typing import Any
 
 import pytest
 
-from tests.spec_report.__main__ import main as rebuild
+import harness.spec_report
+from harness.spec_report.__main__ import main as rebuild
 from tests.spec_report.schema_check import validate
 
-SCHEMA = Path(__file__).with_name("report.schema.json")
+SCHEMA = Path(harness.spec_report.__file__).with_name("report.schema.json")
 
 SCHEDULING = """\
 # Tiny scheduling
@@ -135,7 +136,7 @@ def make_tiny(pytester: pytest.Pytester) -> pytest.Pytester:
 
 
 def run(tiny: pytest.Pytester, *args: str) -> pytest.RunResult:
-    return tiny.runpytest("-p", "tests.spec_report.plugin", *args)
+    return tiny.runpytest(*args)  # the plugin is the wheel's entry point, loaded in every run
 
 
 def reported(tiny: pytest.Pytester) -> tuple[pytest.RunResult, dict[str, Any], str]:
@@ -225,7 +226,8 @@ def test_the_run_ends_with_the_one_line_summary(tiny: pytest.Pytester) -> None:
 
 @pytest.mark.clause("REPORT-4")
 def test_the_report_json_validates_against_the_schema_in_the_repository(tiny: pytest.Pytester) -> None:
-    """REPORT-4: report.json satisfies tests/spec_report/report.schema.json, and the schema is
+    """REPORT-4: report.json satisfies the schema shipped beside the plugin
+    (src/harness/spec_report/report.schema.json), and the schema is
     strict enough that a wrong state or a missing field is caught."""
     schema = json.loads(SCHEMA.read_text())
     _, report, _ = reported(tiny)
@@ -288,7 +290,7 @@ def test_an_unknown_clause_is_a_usage_error_that_names_it(tiny: pytest.Pytester)
 def test_the_page_is_rebuilt_from_report_json_without_running_a_test(
     tiny: pytest.Pytester, capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """REPORT-7: python -m tests.spec_report DIR writes the same index.html from DIR/report.json."""
+    """REPORT-7: python -m harness.spec_report DIR writes the same index.html from DIR/report.json."""
     _, report, page = reported(tiny)
     out = tiny.path / "out"
     (out / "index.html").unlink()
@@ -299,3 +301,107 @@ def test_the_page_is_rebuilt_from_report_json_without_running_a_test(
     with pytest.raises(SystemExit):
         rebuild([str(tiny.path / "nowhere")])
     assert "nowhere/report.json does not exist" in capsys.readouterr().err
+
+
+HOST_PAGE = """\
+# A host's promises
+### HOST-1 — The host's first promise, proved.
+Proved by:
+- checks/test_host.py::test_first_promise
+
+### HOST-2 — The host's second promise, broken.
+Proved by:
+- checks/test_host.py::test_second_promise
+
+### HOST-3 — A promise whose test module cannot be imported.
+Proved by:
+- checks/test_broken_module.py::test_third_promise
+"""
+HOST_SUITE = """\
+import pytest
+
+@pytest.mark.clause("HOST-1")
+def test_first_promise():
+    pass
+
+@pytest.mark.clause("HOST-2")
+def test_second_promise():
+    assert "promise" == "kept"
+"""
+HOST_INI = """\
+[pytest]
+testpaths = checks
+scheduler_specs = docs/promises
+"""
+
+
+def make_host(pytester: pytest.Pytester) -> pytest.Pytester:
+    """A host's project: its spec pages in docs/promises (named by the ini option), its tests in
+    checks/ (named by testpaths), none of the checkout's clauses."""
+    pytester.makeini(HOST_INI)
+    (pytester.mkdir("docs") / "promises").mkdir()
+    (pytester.path / "docs" / "promises" / "host.md").write_text(HOST_PAGE)
+    checks = pytester.mkdir("checks")
+    (checks / "test_host.py").write_text(HOST_SUITE)
+    (checks / "test_broken_module.py").write_text(OTHER.replace("test_elsewhere", "test_third_promise"))
+    # marked, not listed: --clause finds it by its marker, read from the source under testpaths
+    (checks / "test_more.py").write_text('import pytest\n\n@pytest.mark.clause("HOST-1")\n'
+                                         'def test_first_promise_again():\n    pass\n')
+    return pytester
+
+
+@pytest.mark.clause("REPORT-10")
+def test_a_hosts_own_specs_and_tests_are_reported_from_the_ini_option_and_spec_dir(pytester: pytest.Pytester) -> None:
+    """REPORT-10: the plugin reads a host's specs directory from the ini option scheduler_specs
+    (relative to the ini file, wherever the run starts) and its tests from its testpaths: the
+    report holds exactly the host's clauses with their states, --clause runs one of them without
+    importing the other modules, --spec-dir overrides the ini option, and a directory that is not
+    there is a usage error naming both."""
+    host = make_host(pytester)
+    checks = host.path / "checks"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(checks)  # the run starts in a subdirectory: the ini option is the ini file's
+        result = host.runpytest("--spec-report", str(host.path / "out"), str(checks / "test_host.py"))
+    report = json.loads((host.path / "out" / "report.json").read_text())
+    assert {c["id"]: c["state"] for c in report["clauses"]} == {"HOST-1": "proved", "HOST-2": "broken",
+                                                                 "HOST-3": "not_run"}
+    assert [c["kind"] for c in report["clauses"]] == ["own"] * 3 and report["problems"] == []
+    assert result.outlines[-1].startswith("3 clauses: 1 proved, 1 broken (HOST-2), 1 not run — spec report ")
+    selected = host.runpytest("--clause", "HOST-1")
+    selected.assert_outcomes(passed=2, deselected=1)  # test_broken_module.py was never imported
+    (host.path / "elsewhere").mkdir()
+    (host.path / "elsewhere" / "other.md").write_text("# Other\n### OTHER-1 — Another page.\nProved by:\n"
+                                                      "- checks/test_host.py::test_first_promise\n")
+    other = host.runpytest("--spec-dir", "elsewhere", "--spec-report", "out2", "checks/test_host.py")
+    assert other.outlines[-1].startswith("1 clauses: 1 proved — spec report out2/index.html")
+    host.makeini(HOST_INI.replace("docs/promises", "docs/missing"))
+    missing = host.runpytest("--clause", "HOST-1")
+    assert missing.ret == pytest.ExitCode.USAGE_ERROR
+    assert "docs/missing is not a directory of spec pages (give it with --spec-dir, or the ini option " \
+           "scheduler_specs)" in missing.stderr.str()
+
+
+@pytest.mark.clause("REPORT-11")
+def test_without_its_options_the_plugin_writes_nothing_and_imports_nothing_of_the_scheduler(
+    pytester: pytest.Pytester,
+) -> None:
+    """REPORT-11: in a run without --spec-report and --clause the plugin (loaded from the wheel's
+    entry point in every run) writes no report, prints no summary line, leaves the clause marker
+    usable and imports no module of the scheduler; -p no:scheduler_spec_report unloads it."""
+    make_host(pytester)
+    (pytester.path / "checks" / "test_broken_module.py").unlink()
+    (pytester.path / "checks" / "conftest.py").write_text(
+        "import sys\n\n"
+        "def pytest_sessionfinish(session):\n"
+        "    loaded = sorted(m for m in sys.modules if m == 'scheduler' or m.startswith(('scheduler.', 'harness.')))\n"
+        "    print('\\nLOADED', loaded)\n")
+    result = pytester.runpytest_subprocess("-s", "-W", "error::pytest.PytestUnknownMarkWarning")
+    result.assert_outcomes(passed=2, failed=1)
+    loaded = next(line for line in result.outlines if line.startswith("LOADED"))
+    assert "'harness.spec_report.plugin'" in loaded
+    assert "'scheduler'" not in loaded and "'scheduler." not in loaded, loaded
+    assert not any("clauses:" in line for line in result.outlines)
+    assert [p for p in pytester.path.rglob("*") if p.name in ("report.json", "index.html")] == []
+    unloaded = pytester.runpytest_subprocess("-p", "no:scheduler_spec_report", "--spec-report", "out")
+    assert unloaded.ret == pytest.ExitCode.USAGE_ERROR
+    assert "unrecognized arguments: --spec-report" in unloaded.stderr.str()

@@ -9,13 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.spec_report.outcomes import Outcome, Run
-from tests.spec_report.render import render
-from tests.spec_report.report import build_report
+import harness.spec_report
+from harness.spec_report.outcomes import Outcome, Run
+from harness.spec_report.render import render
+from harness.spec_report.report import build_report
+from harness.spec_report.specs import markers_in_source, parse_specs
 from tests.spec_report.schema_check import validate
-from tests.spec_report.specs import markers_in_source, parse_specs
 
 ROOT = Path(__file__).resolve().parents[2]
+SCHEMA = Path(harness.spec_report.__file__).with_name("report.schema.json")
 # Generous for a shared two-core machine: it takes about a tenth of a second.
 BUDGET_SECONDS = 3.0
 
@@ -42,4 +44,4 @@ def test_the_report_of_every_clause_is_built_in_well_under_the_budget_and_stays_
     assert report["summary"]["clauses"] == len(specs.clauses)
     assert report["summary"]["broken"] >= 1 and report["summary"]["unproven"] >= 1
     assert report["summary"]["proved"] + report["summary"]["broken"] + report["summary"]["unproven"] == len(specs.clauses)
-    assert validate(report, json.loads((Path(__file__).with_name("report.schema.json")).read_text())) == []
+    assert validate(report, json.loads(SCHEMA.read_text())) == []

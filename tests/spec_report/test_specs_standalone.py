@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.spec_report.specs import parse_specs
+from harness.spec_report.specs import parse_specs
 
 ROOT = Path(__file__).resolve().parents[2]
 SPECS = ROOT / "specs"

@@ -2,7 +2,8 @@
 and the scheduler's API mounted beside its own routes under ``/nudging``.
 
 Run it with ``uvicorn host_service.app:app`` (``DATABASE_URL`` names the one database both
-use). The scheduler's tables live in its own PostgreSQL schema, so they never meet the
+use), in production too (``SCHEDULER_ENV=production``): the host's own authentication verifies
+every request, so the scheduler needs no key of its own (no ``SCHEDULER_JWT_SECRET``). The scheduler's tables live in its own PostgreSQL schema, so they never meet the
 host's (which has a ``notifications`` table of its own); each side migrates its own
 (``alembic -c alembic.ini upgrade head`` for the host, ``scheduler migrate`` for the
 scheduler).
@@ -53,7 +54,8 @@ def create_app() -> FastAPI:
             return [dict(r) for r in rows.mappings()]
 
     # Only the scheduler's JSON API and its health: no console, no inbox page, no /metrics.
-    app.mount("/nudging", scheduler.app_for("api", "health"))
+    # Mounted under /nudging, and in the host's one /openapi.json (and /docs) beside its routes.
+    scheduler.include_in_fastapi(app, "/nudging", "api", "health")
     return app
 
 

@@ -19,7 +19,7 @@ from starlette.authentication import (
 )
 from starlette.requests import HTTPConnection
 
-from scheduler.web.http.auth import authenticated
+from scheduler import authenticated
 
 AUDIENCE = "host-api"
 ROLE_PERMISSIONS = {"admin": {"admin", "ingest"}, "sender": {"ingest"}}

@@ -50,7 +50,7 @@ class Actor:
     """Who acts (a token's subject, ``cli:$USER``, ``simulation``) and through which adapter."""
 
     name: str
-    source: Literal["api", "console", "cli", "simulation"]
+    source: Literal["api", "console", "cli", "simulation", "host"]
 
 
 ResetOutcome = Literal["reset", "missing"]
@@ -108,25 +108,33 @@ def _one_row(sessions: sessionmaker[Session], *, action: str, change: str, updat
              sources: frozenset[EventStatus], now: datetime, actor: Actor, reason: str | None,
              event_id: str | None, external_key: str | None) -> tuple[EventRecord | None, bool, int | None]:
     """Lock the row, change it if its status is a source, record the action: (row, changed, action id)."""
+    with sessions.begin() as session:
+        return _one_row_in(session, action=action, change=change, update=update, sources=sources, now=now,
+                           actor=actor, reason=reason, event_id=event_id, external_key=external_key)
+
+
+def _one_row_in(session: Session, *, action: str, change: str, update: str,
+                sources: frozenset[EventStatus], now: datetime, actor: Actor, reason: str | None,
+                event_id: str | None, external_key: str | None) -> tuple[EventRecord | None, bool, int | None]:
+    """``_one_row`` in the caller's transaction."""
     if (event_id is None) == (external_key is None):
         raise ValueError("name the row by exactly one of event_id and external_key")
-    with sessions.begin() as session:
-        if event_id is not None:
-            locked = session.execute(statement("lock_event_by_id"), {"id": event_id}).mappings().first()
-        else:
-            locked = session.execute(statement("lock_event_by_key"), {"external_key": external_key}).mappings().first()
-        if locked is None:
-            return None, False, None
-        row, changed = locked, EventStatus(locked["status"]) in sources
-        if changed:
-            set_change_context(session, change, actor.name)  # the row's history names the change and who
-            row = session.execute(statement(update), {
-                "id": locked["id"], "now": now, "sources": sources_json(sources)}).mappings().one()
-        action_id = _record(session, now=now, actor=actor, action=action, event_id=locked["id"], query=None,
-                            count=int(changed), reason=_clean_reason(reason))
-        if changed:
-            session.execute(statement("link_action_events"), {"action_id": action_id, "event_ids": [locked["id"]]})
-        return EventRecord.from_row(row), changed, action_id
+    if event_id is not None:
+        locked = session.execute(statement("lock_event_by_id"), {"id": event_id}).mappings().first()
+    else:
+        locked = session.execute(statement("lock_event_by_key"), {"external_key": external_key}).mappings().first()
+    if locked is None:
+        return None, False, None
+    row, changed = locked, EventStatus(locked["status"]) in sources
+    if changed:
+        set_change_context(session, change, actor.name)  # the row's history names the change and who
+        row = session.execute(statement(update), {
+            "id": locked["id"], "now": now, "sources": sources_json(sources)}).mappings().one()
+    action_id = _record(session, now=now, actor=actor, action=action, event_id=locked["id"], query=None,
+                        count=int(changed), reason=_clean_reason(reason))
+    if changed:
+        session.execute(statement("link_action_events"), {"action_id": action_id, "event_ids": [locked["id"]]})
+    return EventRecord.from_row(row), changed, action_id
 
 
 def reset(sessions: sessionmaker[Session], event_id: str, *, now: datetime, actor: Actor,
@@ -149,6 +157,20 @@ def cancel(sessions: sessionmaker[Session], *, now: datetime, actor: Actor, even
     row, changed, action_id = _one_row(sessions, action="cancel", change="cancelled", update="cancel_event",
                                        sources=CANCELLABLE, now=now, actor=actor, reason=reason,
                                        event_id=event_id, external_key=external_key)
+    return _cancel_result(row, changed, action_id)
+
+
+def cancel_in(session: Session, *, now: datetime, actor: Actor, event_id: str | None = None,
+              external_key: str | None = None, reason: str | None = None) -> CancelResult:
+    """``cancel`` in the caller's transaction (a host's own code, ``scheduler.cancel``): the
+    row's change and its audit entry are committed with the caller's commit, gone with its rollback."""
+    row, changed, action_id = _one_row_in(session, action="cancel", change="cancelled", update="cancel_event",
+                                          sources=CANCELLABLE, now=now, actor=actor, reason=reason,
+                                          event_id=event_id, external_key=external_key)
+    return _cancel_result(row, changed, action_id)
+
+
+def _cancel_result(row: EventRecord | None, changed: bool, action_id: int | None) -> CancelResult:
     if row is None:
         return CancelResult("missing", None, None)
     if changed:

@@ -37,6 +37,8 @@ logger = logging.getLogger(__name__)
 # One event: a new row, or its key's row rewritten and reset, in its own transaction; the row
 # as the API shows it (``ExpiryRefused`` if its expiry cannot be stored).
 store_scheduled_event = store.store_event
+# The same store in the caller's transaction (a host's own code: ``scheduler.schedule``).
+store_scheduled_event_in = store.store_event_in
 # Many together, in one transaction (all or none) of a fixed number of statements
 # (DEC-BATCH); one ``Stored`` per event, in order.
 store_scheduled_events = store_batch.store_events
@@ -77,5 +79,5 @@ def dispatch_live(sessions: sessionmaker[Session], dispatcher: Dispatcher, event
     return result
 
 
-__all__ = ["ExpiryRefused", "NewEvent", "NotADispatchResult", "Stored", "dispatch_live", "store_scheduled_event",
+__all__ = ["ExpiryRefused", "NewEvent", "NotADispatchResult", "Stored", "dispatch_live", "store_scheduled_event", "store_scheduled_event_in",
            "store_scheduled_events", "stored_expires_at"]

@@ -128,9 +128,10 @@ def split_lines(data: bytes) -> list[tuple[int, bytes]]:
 
 
 def import_lines(lines: Sequence[tuple[int, bytes]], settings: Settings, *, sessions: Any, clock: Any,
-                 actor: str, progress: Progress | None = None, stop: threading.Event | None = None) -> Summary:
+                 actor: str, progress: Progress | None = None, stop: threading.Event | None = None,
+                 facts_contract: Any = None) -> Summary:
     """Judge and store ``lines`` in chunks of ``settings.batch_max_events`` (one transaction
-    each). Once ``stop`` is set no further chunk is started; a ``KeyboardInterrupt`` ends the
+    each), their facts by the host's ``facts_contract`` when given (DEC-FACTS-CONTRACT). Once ``stop`` is set no further chunk is started; a ``KeyboardInterrupt`` ends the
     import where it is (a chunk then being stored is ``in_flight``: stored all or none)."""
     from sqlalchemy.exc import DataError, DBAPIError, IntegrityError
 
@@ -145,7 +146,7 @@ def import_lines(lines: Sequence[tuple[int, bytes]], settings: Settings, *, sess
             return summary
         storing = False
         try:
-            checked = _check_chunk(chunk, settings, first_of_key)
+            checked = _check_chunk(chunk, settings, first_of_key, facts_contract)
             storing = True
             _count(summary, chunk, checked, sessions=sessions, clock=clock, actor=actor)
             storing = False
@@ -171,7 +172,8 @@ def _first_line(exc: Any) -> str:
     return str(exc.orig or exc).splitlines()[0]
 
 
-def _check_chunk(chunk: Sequence[tuple[int, bytes]], settings: Settings, first_of_key: dict[str, int]) -> list[Any]:
+def _check_chunk(chunk: Sequence[tuple[int, bytes]], settings: Settings, first_of_key: dict[str, int],
+                 facts_contract: Any = None) -> list[Any]:
     """Each line of ``chunk`` judged as a batch item (``check_items``), or refused for not
     being UTF-8 or JSON."""
     from scheduler.web.api.batch import Refusal, check_items
@@ -179,7 +181,8 @@ def _check_chunk(chunk: Sequence[tuple[int, bytes]], settings: Settings, first_o
     parsed = [_parse(raw) for _, raw in chunk]
     payloads = [value if ok else None for ok, value in parsed]
     checked = check_items(payloads, max_item_bytes=settings.max_body_bytes, default_expiry=settings.default_expiry,
-                          first_of_key=first_of_key, positions=[number for number, _ in chunk], what="line")
+                          first_of_key=first_of_key, positions=[number for number, _ in chunk], what="line",
+                          facts_contract=facts_contract)
     # a line that is not JSON is refused for that, not for being null
     return [Refusal({"detail": f"the line {value}"}) if not ok else item
             for (ok, value), item in zip(parsed, checked, strict=True)]
@@ -234,6 +237,11 @@ def cmd_events_import(args: argparse.Namespace, settings: Settings) -> int:
     from scheduler.database.engine import make_sessionmaker
 
     try:
+        contract = None if args.facts_contract is None else load_contract(args.facts_contract)
+    except ValueError as exc:
+        print(terminal_safe(str(exc)), file=sys.stderr)
+        return 2
+    try:
         lines = split_lines(_read(args.file))
     except OSError as exc:
         print(terminal_safe(f"cannot read {args.file}: {exc}"), file=sys.stderr)
@@ -244,7 +252,8 @@ def cmd_events_import(args: argparse.Namespace, settings: Settings) -> int:
         try:
             clock = synced_database_clock(engine, warn_seconds=settings.clock_skew_warn_seconds)  # DEC-10
             summary = import_lines(lines, settings, sessions=make_sessionmaker(engine), clock=clock,
-                                   actor=_cli_actor(args).name, progress=progress, stop=stop)
+                                   actor=_cli_actor(args).name, progress=progress, stop=stop,
+                                   facts_contract=contract)
         finally:
             progress.close()
             engine.dispose()
@@ -259,6 +268,24 @@ def cmd_events_import(args: argparse.Namespace, settings: Settings) -> int:
                             "(the lines before it are)"), file=sys.stderr)
         return 2
     return 1 if summary.refused else 0
+
+
+def load_contract(path: str) -> Any:
+    """The host's facts contract named ``module:attribute`` (a pydantic model or a callable),
+    or a ``ValueError`` in one sentence."""
+    import importlib
+
+    module_name, colon, name = path.partition(":")
+    if not colon or not module_name or not name.isidentifier():
+        raise ValueError(f"--facts-contract {path!r} is not module:attribute (e.g. host_app.facts:ReminderFacts)")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # noqa: BLE001 - the host's module: any import failure is one sentence
+        raise ValueError(f"--facts-contract {path!r}: cannot import {module_name}: {exc}") from None
+    contract = getattr(module, name, None)
+    if not callable(contract):
+        raise ValueError(f"--facts-contract {path!r}: {module_name} has no model or callable named {name}")
+    return contract
 
 
 def interrupted_sentence(summary: Summary, *, total: int, path: str) -> str:
@@ -297,4 +324,7 @@ def add_import_parser(events_sub: Any) -> None:
     parser.add_argument("--actor", type=actor_argument,
                         help=f"the name recorded in each row's history (default cli:$USER; at most {NAME_LENGTH} "
                         "characters)")
+    parser.add_argument("--facts-contract", metavar="MODULE:NAME", default=None,
+                        help="the host's own facts contract (a pydantic model or a callable raising ValueError), "
+                        "as the service's facts_contract=, instead of the built-in facts_version and scenario")
     parser.set_defaults(func=cmd_events_import)

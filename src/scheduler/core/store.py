@@ -5,7 +5,8 @@ their notifications; and the change context the history trigger reads.
 The adapters reach these through ``scheduler.application`` (``ingest``, ``participants``);
 what operators do to stored rows (list, reset, cancel) is ``scheduler.application``'s too.
 
-Each function runs in its own short transaction and binds ``now`` from the caller's clock.
+Each function runs in its own short transaction and binds ``now`` from the caller's clock,
+except ``store_event_in``, which runs in the caller's (a host's own code, ``scheduler.schedule``).
 """
 
 from __future__ import annotations
@@ -77,15 +78,53 @@ def store_event(
         "now": now,
         "traceparent": traceparent,
     }
-    name = "insert_event" if external_key is None else "upsert_event_by_key"
     with sessions.begin() as session:
-        if external_key is not None or actor is not None:
-            # the history trigger reads these; "rewritten" names the upsert's UPDATE path
-            set_change_context(session, "rewritten", actor)
-        # a row that becomes pending is announced to prompt-mode replicas by the database
-        # (the trigger ``tr_scheduled_events_announce_due``), whatever path wrote it
-        row = session.execute(statement(name), params).mappings().one()
-        return event_to_json(row)
+        return event_to_json(_store_in(session, params, actor=actor))
+
+
+def store_event_in(
+    session: Session,
+    *,
+    event_type: str,
+    user_id: str,
+    community_id: str | None,
+    external_key: str | None,
+    trigger_at: datetime,
+    facts: Mapping[str, Any],
+    now: datetime,
+    expires_at: datetime | None,
+    actor: str | None = None,
+) -> RowMapping:
+    """``store_event``'s insert or upsert by key on the caller's ``session``, in the caller's
+    transaction (committed with its commit, gone with its rollback): a host's own code
+    scheduling beside its own rows. ``expires_at`` is the one to store (already worked out);
+the stored row is returned as read."""
+    check_trigger_at(trigger_at)  # every path that stores one keeps to the range (DEC-TRIGGER)
+    params = {
+        "id": str(uuid.uuid4()),
+        "event_type": event_type,
+        "user_id": user_id,
+        "community_id": community_id,
+        "external_key": external_key,
+        "trigger_at": trigger_at,
+        "expires_at": expires_at,
+        "facts": json.dumps(facts),
+        "now": now,
+        "traceparent": None,
+    }
+    return _store_in(session, params, actor=actor)
+
+
+def _store_in(session: Session, params: dict[str, Any], *, actor: str | None) -> RowMapping:
+    """The one insert, or upsert by key (REQ-0064), of every single store, in ``session``'s transaction."""
+    name = "insert_event" if params["external_key"] is None else "upsert_event_by_key"
+    if params["external_key"] is not None or actor is not None:
+        # the history trigger reads these; "rewritten" names the upsert's UPDATE path
+        set_change_context(session, "rewritten", actor)
+    # a row that becomes pending is announced to prompt-mode replicas by the database
+    # (the trigger ``tr_scheduled_events_announce_due``), whatever path wrote it: NOTIFY is
+    # delivered when the transaction commits, and not at all when it rolls back
+    return session.execute(statement(name), params).mappings().one()
 
 
 def store_held_live_event(session: Session, event: DigitalTwinEvent, *, now: datetime, not_before: datetime,

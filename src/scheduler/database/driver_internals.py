@@ -71,3 +71,16 @@ def raise_translated(conn: Connection, exc: psycopg.Error, sql: str | None, para
     """Raise ``exc`` as SQLAlchemy raises a driver error: a ``DBAPIError``, the connection (and
     the pool's older connections) invalidated when it is gone."""
     conn._handle_dbapi_exception(exc, sql, params, cursor, None)
+
+
+def connect_parameters(engine: Any) -> dict[str, Any] | None:
+    """The keyword arguments ``engine``'s pool connects with: its URL's, merged with the
+    ``connect_args`` it was created with (SQLAlchemy keeps them only in the closure of the
+    connect function ``create_engine`` gives the pool, ``cparams``). ``None`` when the pool's
+    connect function is not that one (a ``creator=`` of the host's, another SQLAlchemy)."""
+    creator: Any = getattr(getattr(engine, "pool", None), "_creator", None)
+    code = getattr(creator, "__code__", None)
+    if code is None or "cparams" not in code.co_freevars or creator.__closure__ is None:
+        return None
+    cell = creator.__closure__[code.co_freevars.index("cparams")]
+    return dict(cell.cell_contents)

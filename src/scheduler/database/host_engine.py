@@ -20,6 +20,14 @@ every connection of the host's pool cannot starve the polls; a host that passes
 Only psycopg 3 is supported (the pipeline, the LISTEN connection and the driver-level DDL
 use it): another driver is refused with a ``ConfigError``. An engine in ``AUTOCOMMIT`` has no
 transaction to carry the timeouts: it is used, with a warning naming what is missing.
+
+An ``AsyncEngine`` (the norm in a FastAPI host), or its ``sync_engine``, is accepted: the
+scheduler's code is synchronous (its loop runs in a worker thread), so the service makes the
+engine's sync twin (``sync_twin``): psycopg 3's sync driver on the same URL with the same
+connect arguments, its pool sized as the host's async pool is. The twin is then treated as a
+host's engine (the timeouts per transaction, the loop's own small pool made like it) and is
+the service's to dispose. What cannot be carried over (an asyncpg connect argument psycopg
+has no name for, a pool without a connect function) is a ``ConfigError`` in one sentence.
 """
 
 from __future__ import annotations
@@ -29,9 +37,10 @@ import warnings
 from typing import Any
 
 from sqlalchemy import Engine, create_engine
-from sqlalchemy.pool import QueuePool
+from sqlalchemy.pool import NullPool, QueuePool
 
 from scheduler.config import ConfigError, Settings
+from scheduler.database.driver_internals import connect_parameters
 from scheduler.database.engine import is_service_engine, ping_when_idle, settings_per_transaction
 
 logger = logging.getLogger(__name__)
@@ -41,6 +50,62 @@ TIMEOUTS = ("statement_timeout", "lock_timeout", "idle_in_transaction_session_ti
 
 class HostEngineWarning(UserWarning):
     """A host's engine cannot be given some of the service's protections."""
+
+
+# asyncpg's connect arguments psycopg knows under another name; every other one is refused
+_ASYNCPG_NAMES = {"host": "host", "port": "port", "user": "user", "password": "password", "database": "dbname"}
+
+
+def is_async(engine: Any) -> bool:
+    """An ``AsyncEngine``, or the ``sync_engine`` of one (whose connections need a greenlet)."""
+    sync = getattr(engine, "sync_engine", engine)
+    return bool(getattr(getattr(sync, "dialect", None), "is_async", False))
+
+
+def sync_twin(engine: Any, role: str = "engine") -> Engine:
+    """The sync psycopg 3 engine twin of the host's async ``engine`` (or its ``sync_engine``):
+    the same URL and connect arguments on ``postgresql+psycopg``, its pool sized as the
+    host's (size, overflow, timeout); a ``ConfigError`` naming what cannot be carried over."""
+    sync: Engine = getattr(engine, "sync_engine", engine)
+    name, driver = sync.dialect.name, sync.dialect.driver
+    where = f"the async {role} passed to SchedulerService ({name}+{driver})"
+    if name != "postgresql" or driver not in {"psycopg", "asyncpg"}:
+        raise ConfigError(f"{where} is on a driver the scheduler cannot mirror: pass an AsyncEngine on "
+                          f"postgresql+psycopg_async:// or postgresql+asyncpg://, or a sync postgresql+psycopg:// engine")
+    params = connect_parameters(sync)
+    if params is None:
+        raise ConfigError(f"{where} has a pool without SQLAlchemy's connect function (a creator= of its own), so "
+                          f"its connect arguments cannot be copied: pass a sync postgresql+psycopg:// engine too "
+                          f"(engine=) and keep the async one for the host's own code")
+    params.pop("context", None)  # the async dialect's adapters; the sync dialect brings its own
+    if driver == "asyncpg":
+        params = _psycopg_names(params, where)
+    url = sync.url.set(drivername="postgresql+psycopg", query={})
+    pool = sync.pool
+    if isinstance(pool, QueuePool):
+        sizing: dict[str, Any] = {"pool_size": pool.size(), "max_overflow": pool._max_overflow,
+                                  "pool_timeout": pool.timeout()}
+    elif isinstance(pool, NullPool):
+        sizing = {"poolclass": NullPool}
+    else:
+        sizing = {}
+    return create_engine(url, connect_args=params, **sizing)
+
+
+def _psycopg_names(params: dict[str, Any], where: str) -> dict[str, Any]:
+    """asyncpg's connect arguments under psycopg's names; a ``ConfigError`` for any other."""
+    unknown = sorted(set(params) - set(_ASYNCPG_NAMES) - {"server_settings"})
+    if unknown:
+        raise ConfigError(f"{where} connects with asyncpg arguments psycopg has no name for ({', '.join(unknown)}): "
+                          f"pass a sync postgresql+psycopg:// engine too (engine=) with the same settings")
+    named = {_ASYNCPG_NAMES[key]: value for key, value in params.items() if key in _ASYNCPG_NAMES}
+    settings = params.get("server_settings") or {}
+    if settings:
+        # libpq's options: each -c key=value, a space or backslash in a value escaped
+        named["options"] = " ".join(
+            f"-c {key}={str(value).replace(chr(92), chr(92) * 2).replace(' ', chr(92) + ' ')}"
+            for key, value in settings.items())
+    return named
 
 
 def check_driver(engine: Engine, role: str = "engine") -> None:

@@ -7,10 +7,13 @@ checked against the contract when it is stored, and its time scope only when it 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import date
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias, cast
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
 
 Frequency = Literal["daily", "weekly", "monthly", "yearly"]
 TIME_FIELDS = ("time", "date", "week", "period")
@@ -52,6 +55,33 @@ def check_facts_contract(facts: Any) -> Mapping[str, Any]:
     if errors:
         raise ContractViolation(tuple(errors))
     return facts
+
+
+# A host's own facts contract (``SchedulerService(facts_contract=...)``, DEC-FACTS-CONTRACT): a
+# pydantic model the facts must validate as, or a callable that raises ``ValueError`` (its
+# message the refusal's) for facts it refuses. It replaces the built-in one wherever an event
+# is stored: the single POST, the batch route, the import and ``scheduler.schedule``.
+FactsContract: TypeAlias = "type[BaseModel] | Callable[[Mapping[str, Any]], object]"
+
+
+def host_contract_errors(contract: FactsContract, facts: Mapping[str, Any]) -> list[dict[str, str]]:
+    """The ``{field, message}`` of each way ``facts`` breaks the host's ``contract`` (empty: it
+    honours it). A pydantic refusal names each field (``facts.<path>``); a ``ValueError`` of a
+    callable names ``facts`` with its message. Anything else the contract raises is the host's
+    bug and propagates."""
+    from pydantic import BaseModel, ValidationError
+
+    try:
+        if isinstance(contract, type) and issubclass(contract, BaseModel):
+            contract.model_validate(dict(facts))
+        else:
+            cast("Callable[[Mapping[str, Any]], object]", contract)(facts)
+    except ValidationError as exc:
+        return [{"field": ".".join(["facts", *(str(part) for part in error["loc"])]), "message": error["msg"]}
+                for error in exc.errors(include_url=False)] or [{"field": "facts", "message": str(exc)}]
+    except ValueError as exc:
+        return [{"field": "facts", "message": str(exc) or "refused by the facts contract"}]
+    return []
 
 
 @dataclass(frozen=True)

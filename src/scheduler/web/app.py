@@ -19,7 +19,7 @@ import logging
 from collections.abc import AsyncIterator
 from datetime import datetime
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import anyio.to_thread
 from anyio import CapacityLimiter
@@ -46,10 +46,11 @@ from scheduler.database.engine import (
     resolve_database_url,
     tcp_parameters,
 )
-from scheduler.database.host_engine import for_scheduler, loop_engine_like
+from scheduler.database.host_engine import for_scheduler, is_async, loop_engine_like, sync_twin
 from scheduler.database.listener import Listener, conninfo_of
 from scheduler.database.queries import use_schema
 from scheduler.nudging.dispatch import NudgingPlatform
+from scheduler.nudging.facts import FactsContract
 from scheduler.nudging.publishers import LoggingPublisher
 from scheduler.nudging.rules import Catalogue, load_catalogue
 from scheduler.observability.observer import Observer
@@ -72,6 +73,9 @@ from scheduler.web.inbox.hub import Inbox, StreamPublisher
 from scheduler.web.inbox.routes import inbox_routes
 
 if TYPE_CHECKING:
+    from fastapi import FastAPI
+    from sqlalchemy.ext.asyncio import AsyncEngine
+
     from scheduler.web.console.pages import Console
 
 logger = logging.getLogger(__name__)
@@ -90,20 +94,24 @@ class SchedulerService:
         self,
         settings: Settings | None = None,
         *,
-        engine: Engine | None = None,
+        engine: Engine | AsyncEngine | None = None,
         clock: Clock | None = None,
         catalogue: Catalogue | None = None,
         dispatcher: Dispatcher | None = None,
         publisher: Publisher | None = None,
         run_scheduler: bool | None = None,
-        loop_engine: Engine | None = None,
+        loop_engine: Engine | AsyncEngine | None = None,
         observer: Observer | None = None,
         authentication: AuthenticationBackend | None = None,
         metrics_registry: CollectorRegistry | None = None,
+        facts_contract: FactsContract | None = None,
     ) -> None:
         if dispatcher is not None:
             refuse_async_dispatcher(dispatcher)  # before any engine is made: nothing to dispose
         self.settings = settings or Settings.from_env()
+        # The host's own facts contract replaces the built-in one wherever an event is stored
+        # (the POST, the batch, ``scheduler.schedule``; DEC-FACTS-CONTRACT).
+        self.facts_contract = facts_contract
         # Every statement names the scheduler's own schema (DEC-SCHEMA): one per process.
         use_schema(self.settings.database_schema)
         self.engine, self.loop_engine = self._engines(engine, loop_engine)
@@ -141,7 +149,7 @@ class SchedulerService:
         # OTEL_TRACES_EXPORTER asks (or ``observer`` traces); log context either way.
         self.observer = observer if observer is not None else observer_from_env()
         self._route_modules(listener, inner_publisher)
-        self._check_security()
+        self._check_security(host_authentication=authentication is not None)
         # observability: the loop's observer and the SQLAlchemy instrumentation (each app
         # ``app_for`` builds is instrumented as it is built)
         observe(self.observer, app=None, engines=[self.engine, self.loop_engine], loop=self.scheduler,
@@ -149,7 +157,8 @@ class SchedulerService:
 
     # -- the pieces, in the order ``__init__`` builds them ------------------------------
 
-    def _engines(self, engine: Engine | None, loop_engine: Engine | None) -> tuple[Engine, Engine]:
+    def _engines(self, engine: Engine | AsyncEngine | None,
+                 loop_engine: Engine | AsyncEngine | None) -> tuple[Engine, Engine]:
         """The requests' engine and the loop's. Engines this service creates are its own to
         dispose when it stops; an engine the caller passes stays the caller's."""
         self._owned_engines: list[Engine] = []
@@ -162,17 +171,29 @@ class SchedulerService:
                 # connection (a slow query, a held lock) cannot starve the polls.
                 loop_engine = make_engine(url, self.settings, pool_size=LOOP_POOL_SIZE, max_overflow=0)
                 self._owned_engines.append(loop_engine)
-        else:
-            # A host's engines keep the service's timeouts, per transaction (DEC-HOST-ENGINE).
-            if loop_engine is not None:
-                loop_engine = for_scheduler(loop_engine, self.settings, role="loop_engine")
-            elif not is_service_engine(engine):
-                # the loop gets a small pool of its own made like the host's engine
-                loop_engine = loop_engine_like(engine, self.settings, LOOP_POOL_SIZE)
-                if loop_engine is not None:
-                    self._owned_engines.append(loop_engine)
-            engine = for_scheduler(engine, self.settings)
-        return engine, loop_engine or engine
+            return engine, self._sync(loop_engine, "loop_engine")
+        # the scheduler's code is sync: on a host's async engine it works on its sync
+        # psycopg twin, the service's own to dispose (DEC-HOST-ENGINE)
+        host = self._sync(engine, "engine")
+        own_loop = None if loop_engine is None else self._sync(loop_engine, "loop_engine")
+        # A host's engines keep the service's timeouts, per transaction (DEC-HOST-ENGINE).
+        if own_loop is not None:
+            own_loop = for_scheduler(own_loop, self.settings, role="loop_engine")
+        elif not is_service_engine(host):
+            # the loop gets a small pool of its own made like the host's engine
+            own_loop = loop_engine_like(host, self.settings, LOOP_POOL_SIZE)
+            if own_loop is not None:
+                self._owned_engines.append(own_loop)
+        view = for_scheduler(host, self.settings)
+        return view, own_loop or view
+
+    def _sync(self, engine: Engine | AsyncEngine, role: str) -> Engine:
+        """``engine`` itself, or the sync twin of an async one (owned by the service)."""
+        if not is_async(engine):
+            return cast(Engine, engine)
+        twin = sync_twin(engine, role=role)
+        self._owned_engines.append(twin)
+        return twin
 
     def _loop(self, inner_publisher: Publisher) -> Scheduler:
         """The polling loop, on the loop's own pool, numbering web notifications there."""
@@ -218,8 +239,9 @@ class SchedulerService:
         self.ingest = IngestRoutes(sessions=self.sessions, clock=self.clock, dispatcher=self.dispatcher,
                                    publisher=StreamPublisher(self.sessions, inner_publisher, name=LIVE),
                                    max_body_bytes=settings.max_body_bytes, observer=self.observer,
-                                   default_expiry=settings.default_expiry)
+                                   default_expiry=settings.default_expiry, facts_contract=self.facts_contract)
         self.batch = BatchRoutes(sessions=self.sessions, clock=self.clock, default_expiry=settings.default_expiry,
+                                 facts_contract=self.facts_contract,
                                  max_events=settings.batch_max_events,
                                  max_body_bytes=settings.batch_max_body_bytes,
                                  max_item_bytes=settings.max_body_bytes, observer=self.observer)
@@ -258,14 +280,16 @@ class SchedulerService:
     def listener(self, listener: Listener) -> None:
         self.health.listener = listener
 
-    def _check_security(self) -> None:
+    def _check_security(self, host_authentication: bool) -> None:
         settings = self.settings
         if settings.environment == "production":
             # The secret `serve` generates into the data directory is a development
-            # convenience: production must be told explicitly how to verify tokens.
-            if not (settings.jwt_secret or settings.jwt_public_key or settings.jwks_url):
+            # convenience: production must be told explicitly how to verify tokens, or be
+            # given the host's own authentication, which then decides every request (PERM-11).
+            if not (host_authentication or settings.jwt_secret or settings.jwt_public_key or settings.jwks_url):
                 raise ConfigError(
-                    "production mode needs SCHEDULER_JWT_SECRET, SCHEDULER_JWT_PUBLIC_KEY or SCHEDULER_JWKS_URL "
+                    "production mode needs SCHEDULER_JWT_SECRET, SCHEDULER_JWT_PUBLIC_KEY or SCHEDULER_JWKS_URL, "
+                    "or the host's own authentication (SchedulerService(authentication=...)) "
                     f"(a generated development secret in {settings.secret_file} is not accepted)"
                 )
             secret = settings.jwt_secret or ""
@@ -328,6 +352,29 @@ class SchedulerService:
         app.state.service = self
         self.observer.instrument(app, [])
         return app
+
+    def include_in_fastapi(self, app: FastAPI, path: str, *parts: str) -> None:
+        """Mount ``app_for(*parts)`` at ``path`` of a FastAPI ``app`` and make the host's one
+        ``/openapi.json`` (and ``/docs``) hold the parts' paths under ``path`` beside its own
+        (EMB-11). The host's ``app.openapi`` (FastAPI's, or an override set before this call)
+        builds its part of the document; a path or component both define differently is a
+        ``ValueError`` when the document is first built. FastAPI is not imported here."""
+        # the merge only a FastAPI host needs
+        from scheduler.web.api.openapi import merged_document, openapi_document
+
+        if not path.startswith("/") or path.endswith("/"):
+            raise ValueError(f"the mount path must start with '/' and not end with one, got {path!r}")
+        app.mount(path, self.app_for(*parts))
+        host_openapi = app.openapi
+        ours = functools.partial(openapi_document, self.routes_for(*parts))
+
+        def openapi() -> dict[str, Any]:
+            if app.openapi_schema is None:
+                app.openapi_schema = merged_document(host_openapi(), ours(), path)
+            return app.openapi_schema
+
+        app.openapi_schema = None  # a document built before the mount lacks the parts
+        app.openapi = openapi  # type: ignore[method-assign]  # FastAPI's documented override
 
     def wakeups(self) -> dict[str, Any]:
         """How this replica's loop is woken (see ``HealthRoutes.wakeups``)."""

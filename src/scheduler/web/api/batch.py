@@ -33,13 +33,13 @@ from scheduler.application.ingest import (
     store_scheduled_events,
     stored_expires_at,
 )
-from scheduler.nudging.facts import ContractViolation, FactsMissing, check_facts_contract
+from scheduler.nudging.facts import FactsContract
 from scheduler.observability.observer import Observer
 from scheduler.types import Clock
-from scheduler.web.api.ingest import MISSING_FACTS_SCHEDULED
+from scheduler.web.api.ingest import facts_refusal
 from scheduler.web.http.auth import actor_of, require
 from scheduler.web.http.params import declares
-from scheduler.web.http.plumbing import Unprocessable, parse_body, read_json, respond
+from scheduler.web.http.plumbing import HTTPRefusal, Unprocessable, parse_body, read_json, respond
 from scheduler.web.http.schemas import BatchItemOut, ScheduledEventIn, ScheduledEventOut
 
 NOT_AN_ARRAY = "body must be a JSON array of scheduled events"
@@ -61,9 +61,11 @@ def item_size(payload: Any) -> int:
     return len(json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogatepass"))
 
 
-def check_item(payload: Any, *, max_item_bytes: int, default_expiry: timedelta | None = None) -> NewEvent | Refusal:
+def check_item(payload: Any, *, max_item_bytes: int, default_expiry: timedelta | None = None,
+               facts_contract: FactsContract | None = None) -> NewEvent | Refusal:
     """One item judged as a single POST's body is (REQ-0063), or its refusal; its
-    ``expires_at`` as the single store keeps it (the sender's, or the default window, EXP-5)."""
+    ``expires_at`` as the single store keeps it (the sender's, or the default window, EXP-5).
+    ``facts_contract`` is the host's own (DEC-FACTS-CONTRACT), else the built-in one."""
     try:
         size = item_size(payload)
     except RecursionError:
@@ -75,19 +77,18 @@ def check_item(payload: Any, *, max_item_bytes: int, default_expiry: timedelta |
         body = parse_body(ScheduledEventIn, payload)
     except Unprocessable as exc:
         return _unprocessable(exc)
-    try:
-        check_facts_contract(body.facts)
-    except FactsMissing:
-        return Refusal({"detail": MISSING_FACTS_SCHEDULED})
-    except ContractViolation as exc:
-        return Refusal({"detail": {"error": "invalid_facts_contract", "errors": list(exc.errors)}})
-    assert body.facts is not None
+    refused = facts_refusal(body.facts, facts_contract)
+    if isinstance(refused, HTTPRefusal):
+        return Refusal({"detail": refused.detail})
+    if refused is not None:
+        return _unprocessable(refused)
+    facts = body.facts if body.facts is not None else {}  # absent facts a host's own contract accepts
     try:
         expires_at = stored_expires_at(body.trigger_at, body.expires_at, default_expiry)
     except ExpiryRefused as exc:
         return _unprocessable(Unprocessable.field(exc.field, exc.problem))
     return NewEvent(event_type=body.event_type, user_id=body.user_id, community_id=body.community_id,
-                    external_key=body.external_key, trigger_at=body.trigger_at, facts=body.facts,
+                    external_key=body.external_key, trigger_at=body.trigger_at, facts=facts,
                     expires_at=expires_at)
 
 
@@ -98,8 +99,8 @@ def repeated_key(first: int, *, what: str = "item") -> Refusal:
 
 
 def check_items(payloads: Sequence[Any], *, max_item_bytes: int, default_expiry: timedelta | None = None,
-                first_of_key: dict[str, int] | None = None,
-                positions: Sequence[int] | None = None, what: str = "item") -> list[NewEvent | Refusal]:
+                first_of_key: dict[str, int] | None = None, positions: Sequence[int] | None = None,
+                what: str = "item", facts_contract: FactsContract | None = None) -> list[NewEvent | Refusal]:
     """Each payload judged on its own (``check_item``), then a key already given refused
     naming where it was first given. ``first_of_key`` (key -> position) carries the keys seen
     across calls (an import's chunks); ``positions`` names the items (default: their indexes)."""
@@ -107,7 +108,8 @@ def check_items(payloads: Sequence[Any], *, max_item_bytes: int, default_expiry:
     checked: list[NewEvent | Refusal] = []
     for offset, payload in enumerate(payloads):
         position = positions[offset] if positions is not None else offset
-        result = check_item(payload, max_item_bytes=max_item_bytes, default_expiry=default_expiry)
+        result = check_item(payload, max_item_bytes=max_item_bytes, default_expiry=default_expiry,
+                            facts_contract=facts_contract)
         if isinstance(result, NewEvent) and result.external_key is not None:
             first = seen.setdefault(result.external_key, position)
             if first != position:
@@ -130,8 +132,9 @@ class BatchRoutes:
 
     def __init__(self, *, sessions: sessionmaker[Session], clock: Clock, max_events: int, max_body_bytes: int,
                  max_item_bytes: int, observer: Observer | None = None,
-                 default_expiry: timedelta | None = None) -> None:
+                 default_expiry: timedelta | None = None, facts_contract: FactsContract | None = None) -> None:
         self.sessions = sessions
+        self.facts_contract = facts_contract  # the host's own (DEC-FACTS-CONTRACT), else the built-in one
         self.default_expiry = default_expiry  # SCHEDULER_DEFAULT_EXPIRY_SECONDS, as the single POST's
         self.clock = clock
         self.max_events = max_events
@@ -152,7 +155,8 @@ class BatchRoutes:
             raise Unprocessable.field("body", "must be a JSON array of scheduled events", NOT_AN_ARRAY)
         if len(payload) > self.max_events:
             raise HTTPException(413, f"more than {self.max_events} events in one batch (SCHEDULER_BATCH_MAX_EVENTS)")
-        checked = check_items(payload, max_item_bytes=self.max_item_bytes, default_expiry=self.default_expiry)
+        checked = check_items(payload, max_item_bytes=self.max_item_bytes, default_expiry=self.default_expiry,
+                              facts_contract=self.facts_contract)
         # observability: the storing request's trace context, as a single POST's rows keep
         traceparent = self.observer.storing_traceparent(request.headers.get("traceparent"))
         with self.observer.store_batch(len(payload)) as done:

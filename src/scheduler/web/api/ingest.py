@@ -20,7 +20,13 @@ from starlette.routing import BaseRoute, Route
 
 from scheduler.application import ingest
 from scheduler.application.ingest import publish_committed
-from scheduler.nudging.facts import ContractViolation, FactsMissing, check_facts_contract
+from scheduler.nudging.facts import (
+    ContractViolation,
+    FactsContract,
+    FactsMissing,
+    check_facts_contract,
+    host_contract_errors,
+)
 from scheduler.observability.observer import Observer
 from scheduler.types import (
     Clock,
@@ -63,13 +69,35 @@ LIVE_STATUS: dict[DispatchOutcome, int] = {
 }
 
 
+def facts_refusal(facts: Any, contract: FactsContract | None,
+                  missing_message: str = MISSING_FACTS_SCHEDULED) -> HTTPRefusal | Unprocessable | None:
+    """How facts that break the contract are refused (``None``: they honour it), the same
+    for every path that stores an event. The built-in contract (REQ-0012) keeps REQ-0063's
+    two documented 422s (``missing_message``; ``invalid_facts_contract``); a host's own
+    (DEC-FACTS-CONTRACT) is refused as every other 422, naming each field (absent facts
+    are given to it as an empty object)."""
+    if contract is not None:
+        errors = host_contract_errors(contract, facts if facts is not None else {})
+        return Unprocessable(errors, "facts refused by the facts contract: " + "; ".join(
+            f"{e['field']}: {e['message']}" for e in errors)) if errors else None
+    try:
+        check_facts_contract(facts)
+    except FactsMissing:
+        return HTTPRefusal(422, missing_message)
+    except ContractViolation as exc:
+        return HTTPRefusal(422, {"error": "invalid_facts_contract", "errors": list(exc.errors)})
+    return None
+
+
 class IngestRoutes:
     """``POST /admin/scheduled-events`` and ``POST /admin/ingest-event``."""
 
     def __init__(self, *, sessions: sessionmaker[Session], clock: Clock, dispatcher: Dispatcher,
                  publisher: Publisher, max_body_bytes: int, observer: Observer | None = None,
-                 default_expiry: timedelta | None = None) -> None:
+                 default_expiry: timedelta | None = None, facts_contract: FactsContract | None = None) -> None:
         self.sessions = sessions
+        # the host's own facts contract (DEC-FACTS-CONTRACT), else the built-in one (REQ-0012)
+        self.facts_contract = facts_contract
         self.clock = clock
         self.dispatcher = dispatcher
         self.publisher = publisher
@@ -147,12 +175,11 @@ class IngestRoutes:
         """A validated event body whose facts honour the contract (REQ-0012), or the
         documented 422: ``missing_message`` for absent facts, ``invalid_facts_contract``."""
         body = parse_body(model, await read_json(request, self.max_body_bytes))
-        try:
-            check_facts_contract(body.facts)
-        except FactsMissing:
-            raise HTTPRefusal(422, missing_message) from None
-        except ContractViolation as exc:
-            raise HTTPRefusal(422, {"error": "invalid_facts_contract", "errors": list(exc.errors)}) from None
+        refusal = facts_refusal(body.facts, self.facts_contract, missing_message)
+        if refusal is not None:
+            raise refusal
+        if body.facts is None:  # absent facts a host's own contract accepts: stored as an empty object
+            body.facts = {}
         return body
 
     def _dispatch_live(self, event: DigitalTwinEvent, now: datetime, traceparent: str | None) -> DispatchResult:

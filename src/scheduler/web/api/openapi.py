@@ -327,3 +327,30 @@ def openapi_document(routes: Sequence[BaseRoute], root_path: str = "") -> dict[s
     if root_path.rstrip("/"):
         document["servers"] = [{"url": root_path.rstrip("/")}]
     return document
+
+
+def merged_document(host: dict[str, Any], ours: dict[str, Any], prefix: str) -> dict[str, Any]:
+    """A host's OpenAPI 3.1 document with ``ours`` (the mounted parts' document) merged in: our
+    paths under ``prefix`` (where the host mounts them), our component schemas and security
+    scheme beside its own. The host's document is not changed; a path, schema or security scheme
+    both define differently is a ``ValueError`` naming it (never one silently replacing the other)."""
+    if not str(host.get("openapi", "")).startswith("3.1"):
+        raise ValueError(f"the host's OpenAPI document is version {host.get('openapi')!r}; the scheduler's "
+                         "paths can be merged into an OpenAPI 3.1 document only")
+    merged = {**host, "paths": dict(host.get("paths") or {}),
+              "components": {name: dict(section) for name, section in (host.get("components") or {}).items()}}
+    base = prefix.rstrip("/")
+    for path, operations in ours["paths"].items():
+        full = base + path
+        if full in merged["paths"]:
+            raise ValueError(f"the host's OpenAPI document already has the path {full}, which the scheduler "
+                             f"mounted at {base or '/'} serves")
+        merged["paths"][full] = operations
+    for section, entries in ours["components"].items():
+        into = merged["components"].setdefault(section, {})
+        for name, entry in entries.items():
+            if name in into and into[name] != entry:
+                raise ValueError(f"the host's OpenAPI document defines components.{section}.{name} otherwise "
+                                 "than the scheduler's: rename the host's")
+            into[name] = entry
+    return merged

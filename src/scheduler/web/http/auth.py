@@ -75,7 +75,12 @@ class TokenVerifier:
         self.leeway_seconds = settings.jwt_leeway_seconds
         self.issuer = settings.jwt_issuer
         self.grants = Grants.from_settings(settings)
-        self._secret = secret if secret is not None else settings.effective_jwt_secret()
+        # The secret `serve` generated into the data directory counts in development only:
+        # in production only an explicit one verifies (SEC-9; with a host's own authentication
+        # and no key, the console's and the inbox page's sign-in refuse every token, PERM-11).
+        if secret is None:
+            secret = settings.jwt_secret if settings.environment == "production" else settings.effective_jwt_secret()
+        self._secret = secret
         self._public_key = settings.jwt_public_key
         self._jwks = jwt.PyJWKClient(settings.jwks_url) if settings.jwks_url else None
 

@@ -15,8 +15,8 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
-from tests.spec_report.outcomes import Outcome, Run, overall
-from tests.spec_report.specs import KIND_ORDER, Clause, Kind, Specs
+from harness.spec_report.outcomes import Outcome, Run, overall
+from harness.spec_report.specs import KIND_ORDER, Clause, Kind, Specs
 
 FORMAT = "scheduler-spec-report/1"
 UNPROVEN = {Outcome.SKIPPED, Outcome.XFAILED, Outcome.XPASSED}

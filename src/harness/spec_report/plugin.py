@@ -1,17 +1,25 @@
-"""The spec report as a pytest plugin of this test suite (registered by tests/conftest.py).
+"""The spec report as a pytest plugin, shipped in the wheel: the ``pytest11`` entry point
+``scheduler_spec_report``, so it is there in any pytest run of a project with
+``nudging-scheduler`` installed (this checkout's suite included), for the checkout's clauses
+and for a host's own. It does nothing unless a run asks (``--spec-report`` or ``--clause``)
+and imports nothing of the scheduler; ``-p no:scheduler_spec_report`` disables it.
 
 ``--spec-report DIR`` writes ``DIR/report.json`` and ``DIR/index.html`` after the run:
-every clause of specs/, the tests that prove it and what they came to, and prints the
-one-line summary as the last line of the output. ``--clause ID`` (repeatable; a prefix such
+every clause of the specs directory, the tests that prove it and what they came to, and prints
+the one-line summary as the last line of the output. ``--clause ID`` (repeatable; a prefix such
 as ``REQ-0065`` selects every clause under it) runs only the tests that prove the selected
-clauses; a value that selects no clause is a usage error naming it.
+clauses; a value that selects no clause is a usage error naming it. The specs directory is
+``--spec-dir DIR``, else the ini option ``scheduler_specs`` (relative to the ini file), else
+``<rootdir>/specs``.
 
-A clause's tests are those its page lists and those whose ``clause`` marker names it; the map
-test (tests/test_spec_map.py) keeps the two the same.
+A clause's tests are those its page lists and those whose ``clause`` marker names it; in this
+checkout the map test (tests/test_spec_map.py) keeps the two the same.
 """
 
 from __future__ import annotations
 
+import fnmatch
+import glob
 import json
 import os
 import sys
@@ -21,12 +29,13 @@ from typing import Any
 
 import pytest
 
-from tests.spec_report.outcomes import Run, base_nodeid, fold, not_collected
-from tests.spec_report.render import render
-from tests.spec_report.report import build_report
-from tests.spec_report.specs import Specs, markers_in_source, parse_specs
+from harness.spec_report.outcomes import Run, base_nodeid, fold, not_collected
+from harness.spec_report.render import render
+from harness.spec_report.report import build_report
+from harness.spec_report.specs import Specs, markers_in_source, parse_specs
 
 PLUGIN_NAME = "spec-report"
+INI_SPECS = "scheduler_specs"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -39,7 +48,47 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="run only the tests that prove clause ID (repeatable; a prefix selects every "
                          "clause under it: REQ-0065 for the whole requirement, DEC for every decision)")
     group.addoption("--spec-dir", metavar="DIR", default=None,
-                    help="the specs directory the report and --clause read (default: <rootdir>/specs)")
+                    help=f"the specs directory the report and --clause read (default: the ini option "
+                         f"{INI_SPECS}, else <rootdir>/specs)")
+    parser.addini(INI_SPECS, "the directory of spec pages (### ID — statement, Proved by: ...) that "
+                             "--spec-report and --clause read, relative to the ini file (default: specs)")
+
+
+def spec_dir_of(config: pytest.Config) -> Path:
+    """The specs directory of this run: ``--spec-dir``, else the ini option (relative to the ini
+    file), else ``<rootdir>/specs``."""
+    given: str | None = config.getoption("spec_dir")
+    if given:
+        return Path(config.invocation_params.dir, given)
+    configured = str(config.getini(INI_SPECS) or "")
+    if configured:
+        return Path(config.inipath.parent if config.inipath else config.rootpath, configured)
+    return config.rootpath / "specs"
+
+
+def source_modules(config: pytest.Config) -> list[Path]:
+    """The test modules a clause marker may stand in, read from source for ``--clause``: those
+    under ``testpaths`` (else ``tests/``, else the rootdir) named as ``python_files`` says, in
+    directories ``norecursedirs`` does not skip."""
+    root = config.rootpath
+    entries = [str(entry) for entry in config.getini("testpaths")]
+    if entries:
+        starts = [Path(found) for entry in entries for found in sorted(glob.glob(str(root / entry)))]
+    else:
+        starts = [root / "tests" if (root / "tests").is_dir() else root]
+    patterns = [str(pattern) for pattern in config.getini("python_files")]
+    skip = [str(pattern) for pattern in config.getini("norecursedirs")]
+    found: dict[Path, None] = {}
+    for start in starts:
+        if start.is_file():
+            found.setdefault(start, None)
+            continue
+        for directory, subdirectories, names in os.walk(start):
+            subdirectories[:] = sorted(d for d in subdirectories if not any(fnmatch.fnmatch(d, p) for p in skip))
+            for name in sorted(names):
+                if any(fnmatch.fnmatch(name, pattern) for pattern in patterns):
+                    found.setdefault(Path(directory, name), None)
+    return list(found)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -50,10 +99,10 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     if hasattr(config, "workerinput"):  # a pytest-xdist worker: its controller writes the report
         return
-    spec_dir = Path(config.getoption("spec_dir") or config.rootpath / "specs")
+    spec_dir = spec_dir_of(config)
     if not spec_dir.is_dir():
         raise pytest.UsageError(f"--spec-report/--clause: {spec_dir} is not a directory of spec pages "
-                                "(give it with --spec-dir)")
+                                f"(give it with --spec-dir, or the ini option {INI_SPECS})")
     specs = parse_specs(spec_dir)
     unknown = [selector for selector in selectors if not specs.matching(selector)]
     if unknown:
@@ -85,7 +134,8 @@ class SpecReport:
         self.wanted_files: set[str] | None = None
         if self.selected:
             wanted = {node for cid in self.selected for node in specs.clauses[cid].tests}
-            wanted |= {node for node, cids in markers_in_source(config.rootpath).items() if cids & self.selected}
+            marked = markers_in_source(config.rootpath, source_modules(config))
+            wanted |= {node for node, cids in marked.items() if cids & self.selected}
             self.wanted_files = {node.split("::", 1)[0] for node in wanted}
             self.wanted = wanted
 
@@ -94,7 +144,8 @@ class SpecReport:
         imported (the marker check below still decides for the modules that are)."""
         if self.wanted_files is None or not collection_path.is_file():
             return None
-        if not (collection_path.name.startswith("test_") and collection_path.suffix == ".py"):
+        patterns = [str(pattern) for pattern in self.config.getini("python_files")]
+        if not any(fnmatch.fnmatch(collection_path.name, pattern) for pattern in patterns):
             return None
         try:
             rel = collection_path.relative_to(self.config.rootpath).as_posix()

@@ -1,11 +1,12 @@
-"""The one reader of specs/: clauses, their words, pages, groups and the tests they list.
+"""The one reader of a specs directory: clauses, their words, pages, groups and the tests they list.
 
 A clause is a ``### ID — statement`` heading of ``specs/*.md``, followed by prose and a
-``Proved by:`` list of test node ids. A ``## `` heading opens a group (for the seed's
-requirements, ``## REQ-0065 — ...``); the text between a group's heading and its first
-clause is its opening. The map test (tests/test_spec_map.py) and the spec report
-(tests/spec_report/plugin.py) both read specs/ through this module, so they cannot disagree
-on what a clause is.
+``Proved by:`` list of test node ids (relative to the rootdir: ``tests/test_x.py::test_y``). A
+``## `` heading opens a group (for the seed's requirements, ``## REQ-0065 — ...``); the text
+between a group's heading and its first clause is its opening. The checkout's map test
+(tests/test_spec_map.py) and the spec report (``harness.spec_report.plugin``) both read specs/
+through this module, so they cannot disagree on what a clause is; a host's specs directory is
+read the same way.
 
 The clause markers of the tests are read from their source (``markers_in_source``), so that
 the map holds whatever subset of the suite a run selects.
@@ -16,6 +17,7 @@ from __future__ import annotations
 import ast
 import re
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -23,7 +25,7 @@ from pathlib import Path
 HEADING = re.compile(r"^###\s+(?P<id>[A-Z][A-Z0-9-]*(?:\.\d+)?)\s+[—-]\s+(?P<words>\S.*?)\s*$")
 GROUP = re.compile(r"^##\s+(?P<title>\S.*?)\s*$")
 TITLE = re.compile(r"^#\s+(?P<title>\S.*?)\s*$")
-LISTED = re.compile(r"^\s*-\s+`?(?P<node>tests/[\w/]+\.py::[\w:]+)`?\s*$")
+LISTED = re.compile(r"^\s*-\s+`?(?P<node>(?:[\w-]+/)*[\w-]+\.py::[\w:]+)`?\s*$")
 # An ID as prose names it: DEC-10, DEC-SIM-5, REQ-0065.4, CTX-DEDUP.2 (matched, then kept
 # only when it is the ID of a clause or of a group).
 MENTION = re.compile(r"\b[A-Z][A-Z0-9]*(?:-[A-Z0-9]+)+(?:\.\d+)?\b")
@@ -194,12 +196,16 @@ def _clause_marks(node: ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) -
     return marks
 
 
-def markers_in_source(root: Path) -> dict[str, set[str]]:
-    """Test node id -> the clauses its ``@pytest.mark.clause`` decorators name, read from the
-    source of every ``tests/**/test_*.py`` under ``root`` (nothing is imported)."""
+def markers_in_source(root: Path, files: Iterable[Path] | None = None) -> dict[str, set[str]]:
+    """Test node id (relative to ``root``) -> the clauses its ``@pytest.mark.clause`` decorators
+    name, read from the source of ``files`` (by default every ``tests/**/test_*.py`` under
+    ``root``; nothing is imported)."""
     found: dict[str, set[str]] = defaultdict(set)
-    for path in sorted((root / "tests").rglob("test_*.py")):
-        rel = path.relative_to(root).as_posix()
+    for path in sorted((root / "tests").rglob("test_*.py")) if files is None else files:
+        try:
+            rel = path.relative_to(root).as_posix()
+        except ValueError:  # outside the rootdir: no node id a spec page could list
+            continue
         tree = ast.parse(path.read_text())
         for node in tree.body:
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name.startswith("test"):

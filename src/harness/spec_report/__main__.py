@@ -1,4 +1,4 @@
-"""``python -m tests.spec_report DIR``: rebuild DIR/index.html from DIR/report.json, without
+"""``python -m harness.spec_report DIR``: rebuild DIR/index.html from DIR/report.json, without
 running a test (after a change to the page's layout, or from a report CI kept)."""
 
 from __future__ import annotations
@@ -8,13 +8,13 @@ import json
 import sys
 from pathlib import Path
 
-from tests.spec_report.plugin import write
-from tests.spec_report.render import render
+from harness.spec_report.plugin import write
+from harness.spec_report.render import render
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m tests.spec_report",
+        prog="python -m harness.spec_report",
         description="Rebuild DIR/index.html from DIR/report.json (written by pytest --spec-report DIR).")
     parser.add_argument("dir", type=Path, metavar="DIR", help="the directory pytest --spec-report wrote")
     args = parser.parse_args(argv)
