@@ -60,7 +60,7 @@ from bench.peers import _pgqueuer_driver, missing, pgqueuer_driver_name
 from scheduler.core.clock import SystemClock
 from scheduler.core.loop import Scheduler
 from scheduler.core.store import store_event
-from scheduler.database.engine import make_sessionmaker
+from scheduler.database.database import Database
 
 MODES = ("literal", "prompt")
 LITERAL_POLL_SECONDS = 0.1
@@ -100,7 +100,7 @@ def lateness_summary(lateness: list[float]) -> dict[str, Any]:
 
 def store_burst(engine: Engine, *, events: int, trigger_at: datetime, prefix: str) -> float:
     """Store ``events`` reminders due at ``trigger_at`` through ``store_event``; seconds taken."""
-    sessions = make_sessionmaker(engine)
+    sessions = Database(engine)
     clock = SystemClock()
     facts = reminder_facts(trigger_at.date().isoformat())
 
@@ -141,7 +141,7 @@ def make_loop(engine: Engine, mode: str, poll_seconds: float) -> TimedScheduler:
     from scheduler.nudging.rules import load_catalogue
 
     options: dict[str, Any] = {"mode": mode} if mode != "literal" else {}
-    return TimedScheduler(make_sessionmaker(engine), NudgingPlatform(load_catalogue(None)), SystemClock(),
+    return TimedScheduler(Database(engine), NudgingPlatform(load_catalogue(None)), SystemClock(),
                           publisher=CountingPublisher(), batch_size=BATCH, poll_seconds=poll_seconds,
                           name=f"burst-{mode}", **options)
 

@@ -27,8 +27,12 @@ from sqlalchemy import Connection, Engine, text
 from bench.env import NOW, Server, bench_engine, bench_sql, checkpoint, load_events, progress
 from scheduler.core.clock import ManualClock
 from scheduler.core.loop import claim_params
-from scheduler.database.queries import sql, statement
+from scheduler.database.database import Database
+from scheduler.database.queries import Statements, sql
 from scheduler.operations.retention import Retention
+
+# the benchmarks' and scenarios' databases are in the default schema
+STATEMENTS = Statements.of()
 
 PENDING = 1_000
 BATCH = 20
@@ -48,7 +52,7 @@ def _params() -> dict[str, Any]:
 def _claim_once(conn: Connection) -> float:
     """One claim in its own transaction, rolled back; its latency in ms."""
     started = time.perf_counter()
-    rows = conn.execute(statement("claim_due_events"), _params()).all()
+    rows = conn.execute(STATEMENTS["claim_due_events"], _params()).all()
     elapsed = (time.perf_counter() - started) * 1000
     conn.rollback()
     if len(rows) != BATCH:
@@ -169,7 +173,7 @@ def _retain(engines: dict[int, Engine]) -> dict[int, int]:
     """Production's retention, 31 days after the rows were finished: rows deleted per size."""
     deleted: dict[int, int] = {}
     for size, engine in engines.items():
-        retention = Retention(engine, ManualClock(NOW + timedelta(days=31)), days=30, batch_size=5_000,
+        retention = Retention(Database(engine), ManualClock(NOW + timedelta(days=31)), days=30, batch_size=5_000,
                               max_batches=10_000)
         started = time.perf_counter()
         report = retention.run_if_due()

@@ -25,10 +25,13 @@ from scheduler.application.counts import COUNT_CAP
 from scheduler.application.events import Cursor, EventOrder
 from scheduler.config import Settings
 from scheduler.core.clock import ManualClock
-from scheduler.database.queries import statement
+from scheduler.database.queries import Statements
 from scheduler.types import EventStatus
 from scheduler.web.app import SchedulerService
 from scheduler.web.console.auth import COOKIE
+
+# the benchmarks' and scenarios' databases are in the default schema
+STATEMENTS = Statements.of()
 
 SECRET = "bench-console-secret-0123456789abcdefghijklmnop"
 PAGES = {
@@ -68,7 +71,7 @@ def _query_times(service: SchedulerService, samples: int) -> dict[str, float]:
             times = []
             for _ in range(samples):
                 started = time.perf_counter()
-                conn.execute(statement(name.split(" ")[0]), params).all()
+                conn.execute(STATEMENTS[name.split(" ")[0]], params).all()
                 times.append((time.perf_counter() - started) * 1000)
             conn.rollback()
             out[name] = statistics.median(times)

@@ -47,7 +47,7 @@ from bench.env import (
 )
 from scheduler.core.clock import ManualClock
 from scheduler.core.loop import PollReport, Scheduler, claim_params
-from scheduler.database.engine import make_sessionmaker
+from scheduler.database.database import Database
 from scheduler.database.queries import sql
 from scheduler.types import DigitalTwinEvent, DispatchOutcome, DispatchResult, OutboundMessage
 
@@ -93,7 +93,7 @@ def make_scheduler(engine: Engine, kind: str, batch: int, poll_seconds: float = 
 
     dispatcher = NudgingPlatform(load_catalogue(None)) if kind == "full" else noop_dispatcher
     # The clock is frozen at NOW: every row is due, and the cap's "today" is one day.
-    return TimedScheduler(make_sessionmaker(engine), dispatcher, ManualClock(NOW), publisher=CountingPublisher(),
+    return TimedScheduler(Database(engine), dispatcher, ManualClock(NOW), publisher=CountingPublisher(),
                           batch_size=batch, poll_seconds=poll_seconds, name=f"bench-{kind}")
 
 

@@ -29,7 +29,7 @@ from scheduler.config import Settings
 from scheduler.core import store
 from scheduler.core.clock import ManualClock
 from scheduler.core.loop import Scheduler
-from scheduler.database.engine import make_sessionmaker
+from scheduler.database.database import Database
 from scheduler.nudging.dispatch import NudgingPlatform
 from scheduler.nudging.rules import load_catalogue
 from scheduler.web.app import SchedulerService
@@ -76,7 +76,7 @@ def _latencies(url: str, events: int, listen: bool) -> list[float]:
     engine_b, engine_a = bench_engine(url), bench_engine(url)
     settings = Settings(jwt_secret=SECRET, listen=listen)
     replica_b = SchedulerService(settings, engine=engine_b, clock=clock, run_scheduler=False)
-    sessions = make_sessionmaker(engine_a)
+    sessions = Database(engine_a)
     replica_a = Scheduler(sessions, NudgingPlatform(load_catalogue(None)), clock,
                           publisher=StreamPublisher(sessions))
     headers = {"Authorization": f"Bearer {mint_token(SECRET, scope=None, subject='bench-user')}"}

@@ -25,7 +25,7 @@ from bench.drain import noop_dispatcher
 from bench.env import NOW, Server, bench_engine, load_events, progress
 from scheduler.core.clock import ManualClock
 from scheduler.core.loop import Scheduler
-from scheduler.database.engine import make_sessionmaker
+from scheduler.database.database import Database
 from scheduler.nudging.dispatch import NudgingPlatform
 from scheduler.nudging.rules import load_catalogue
 from scheduler.types import Dispatcher
@@ -43,7 +43,7 @@ def _interleaved(engine: Engine, dispatcher: Dispatcher, events: int, batch: int
     """Drain ``events`` due rows poll by poll, switching the trigger on and off between
     polls: per-event milliseconds of each poll, by label. Drift on a shared machine (other
     work, a growing table) then falls on both labels alike."""
-    scheduler = Scheduler(make_sessionmaker(engine), dispatcher, ManualClock(NOW), batch_size=batch)
+    scheduler = Scheduler(Database(engine), dispatcher, ManualClock(NOW), batch_size=batch)
     samples: dict[str, list[float]] = {"with_history": [], "without_history": []}
     on = True
     done = 0
@@ -66,7 +66,7 @@ def _interleaved(engine: Engine, dispatcher: Dispatcher, events: int, batch: int
 def _interleaved_stream(engine: Engine, events: int, batch: int) -> dict[str, list[float]]:
     """The full path poll by poll, alternately with the inbox's StreamPublisher (a stream
     number and a NOTIFY per delivered notification, after commit) and without a publisher."""
-    sessions = make_sessionmaker(engine)
+    sessions = Database(engine)
     dispatcher = NudgingPlatform(load_catalogue(None))
     streaming = Scheduler(sessions, dispatcher, ManualClock(NOW), batch_size=batch, publisher=StreamPublisher(sessions))
     silent = Scheduler(sessions, dispatcher, ManualClock(NOW), batch_size=batch)

@@ -21,7 +21,10 @@ from sqlalchemy import Connection, text
 
 from bench.env import DAY, NOW, Server, bench_engine, progress
 from bench.scale import _load
-from scheduler.database.queries import statement
+from scheduler.database.queries import Statements
+
+# the benchmarks' and scenarios' databases are in the default schema
+STATEMENTS = Statements.of()
 
 ROUNDS = 15
 PER_ROUND = 20
@@ -30,7 +33,7 @@ PER_ROUND = 20
 def _timed(conn: Connection, name: str, params: dict[str, Any]) -> float:
     savepoint = conn.begin_nested()
     started = time.perf_counter()
-    conn.execute(statement(name), params)
+    conn.execute(STATEMENTS[name], params)
     elapsed = (time.perf_counter() - started) * 1000
     savepoint.rollback()
     return elapsed

@@ -47,11 +47,15 @@ from scheduler.application.events import EventQuery
 from scheduler.config import Settings
 from scheduler.core.claim import claim_params
 from scheduler.core.clock import ManualClock
-from scheduler.database.queries import sql, statement
+from scheduler.database.database import Database
+from scheduler.database.queries import Statements, sql
 from scheduler.operations.retention import Retention
 from scheduler.types import EventStatus
 from scheduler.web.app import SchedulerService
 from scheduler.web.console.auth import COOKIE
+
+# the benchmarks' and scenarios' databases are in the default schema
+STATEMENTS = Statements.of()
 
 CHUNK = 1_000_000
 RECENT_DISPATCHES = 5_000
@@ -135,7 +139,7 @@ def _load(engine: Engine, size: int) -> dict[str, Any]:
 
 def _claim_once(conn: Connection) -> float:
     started = time.perf_counter()
-    rows = conn.execute(statement("claim_due_events"), claim_params(NOW, BATCH)).all()
+    rows = conn.execute(STATEMENTS["claim_due_events"], claim_params(NOW, BATCH)).all()
     elapsed = (time.perf_counter() - started) * 1000
     conn.rollback()
     if len(rows) != BATCH:
@@ -175,7 +179,7 @@ def _others_hold_batches(engines: dict[int, Engine], count: int) -> Iterator[Non
         for engine in engines.values():
             for _ in range(count):
                 conn = stack.enter_context(engine.connect())
-                conn.execute(statement("claim_due_events"), claim_params(NOW, BATCH)).all()
+                conn.execute(STATEMENTS["claim_due_events"], claim_params(NOW, BATCH)).all()
                 stack.callback(conn.rollback)
         yield
 
@@ -208,7 +212,7 @@ def _nodes(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
 
 def _time_statement(conn: Connection, name: str, params: dict[str, Any]) -> float:
     started = time.perf_counter()
-    conn.execute(statement(name), params).all()
+    conn.execute(STATEMENTS[name], params).all()
     elapsed = (time.perf_counter() - started) * 1000
     conn.rollback()
     return elapsed
@@ -246,7 +250,7 @@ def _retention(engines: dict[int, Engine]) -> dict[int, dict[str, Any]]:
     batches of 500 rows (the defaults), the same expired rows at every size."""
     out: dict[int, dict[str, Any]] = {}
     for size, engine in engines.items():
-        retention = Retention(engine, ManualClock(NOW + timedelta(days=31)), days=30)
+        retention = Retention(Database(engine), ManualClock(NOW + timedelta(days=31)), days=30)
         calls = []
         for _ in range(RETENTION_CALLS):
             started = time.perf_counter()

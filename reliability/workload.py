@@ -29,8 +29,11 @@ from typing import Any
 
 from sqlalchemy import Engine, text
 
-from scheduler.database.engine import make_sessionmaker
-from scheduler.database.queries import statement
+from scheduler.database.database import Database
+from scheduler.database.queries import Statements
+
+# the benchmarks' and scenarios' databases are in the default schema
+STATEMENTS = Statements.of()
 
 DAYS = ["2026-11-23", "2026-11-24", "2026-11-25", "2026-11-26", "2026-11-27"]
 WEEKS = ["2026-W47", "2026-W48"]
@@ -128,14 +131,14 @@ def seed_backlog(engine: Engine, backlog: Backlog, now: datetime | None = None,
                  overdue: timedelta = timedelta(hours=1)) -> None:
     """Store the backlog (due ``overdue`` ago, spread over a minute) and the participants' preferences."""
     now = now or datetime.now(UTC)
-    sessions = make_sessionmaker(engine)
+    sessions = Database(engine)
     with sessions.begin() as session:
         for user, cap in backlog.caps.items():
-            session.execute(statement("upsert_preferences"),
+            session.execute(STATEMENTS["upsert_preferences"],
                             {"user_id": user, "enabled_kinds": None, "max_per_day": cap, "now": now})
         for user, kinds in backlog.disabled.items():
             enabled = sorted({"reminder", "insight", "summary"} - kinds)
-            session.execute(statement("upsert_preferences"),
+            session.execute(STATEMENTS["upsert_preferences"],
                             {"user_id": user, "enabled_kinds": enabled, "max_per_day": 3, "now": now})
         triggers = [now - overdue + timedelta(milliseconds=i * 10) for i in range(len(backlog.events))]
         rows = [
@@ -145,7 +148,7 @@ def seed_backlog(engine: Engine, backlog: Backlog, now: datetime | None = None,
              "facts": json.dumps(e.facts), "now": now, "traceparent": None}
             for e, trigger_at in zip(backlog.events, triggers, strict=True)
         ]
-        session.execute(statement("insert_event"), rows)
+        session.execute(STATEMENTS["insert_event"], rows)
 
 
 def pending_count(engine: Engine) -> int:

@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from harness.faults import ArmedFaults, FaultyDispatcher
 from scheduler.core.loop import Batch, Scheduler
-from scheduler.database.engine import make_sessionmaker
+from scheduler.database.database import Database
 
 OnDone = Callable[[Any, BaseException | None], None]
 OnBlocked = Callable[[str], None]
@@ -56,7 +56,9 @@ class Actor:
         self.name = name
         self.index = index
         self.engine = engine
-        self.sessions: sessionmaker[Session] = make_sessionmaker(engine)
+        # the simulation's database is in the default schema (its statements, its sessions)
+        self.database = Database(engine)
+        self.sessions: sessionmaker[Session] = self.database.sessions
         self.pid: int | None = None
         self.pids: set[int] = set()  # every backend it ever had, so close() can make sure they are gone
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)

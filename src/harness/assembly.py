@@ -26,7 +26,8 @@ from harness.faults import FaultyDispatcher, Rewrite, install_rewrites
 from scheduler.config import Settings
 from scheduler.core import store
 from scheduler.core.loop import Scheduler
-from scheduler.database.engine import make_engine, make_sessionmaker
+from scheduler.database.database import Database
+from scheduler.database.engine import make_engine
 from scheduler.types import Dispatcher
 
 NO_TIMEOUTS = Settings(statement_timeout_ms=0, lock_timeout_ms=0, idle_in_transaction_timeout_ms=0)
@@ -36,9 +37,9 @@ def set_preferences(url: str, caps: dict[str, int], now: datetime) -> None:
     """Every participant's preferences: all kinds, and their cap (the built-in platform's run)."""
     engine = make_engine(url, NO_TIMEOUTS, pool_size=1, max_overflow=0)
     try:
-        sessions = make_sessionmaker(engine)
+        database = Database(engine)
         for user, cap in caps.items():
-            store.set_preferences(sessions, user, enabled_kinds=None, max_per_day=cap, now=now)
+            store.set_preferences(database, user, enabled_kinds=None, max_per_day=cap, now=now)
     finally:
         engine.dispose()
 

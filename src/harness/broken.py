@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session
 from harness.faults import Rewrite, is_claim_statement
 from scheduler.core.loop import Batch, Scheduler
 from scheduler.core.store import event_to_json
-from scheduler.database.queries import load_queries, statement
+from scheduler.database.queries import load_queries
 from scheduler.types import SchedulerMode
 
 
@@ -100,7 +100,7 @@ class StatusFirstScheduler(Scheduler):
         batch = super().claim()
         try:
             for event in batch.events:
-                batch.session.execute(statement("mark_dispatched"), {"id": event.id, "now": batch.claimed_at})
+                batch.session.execute(self.database.statements["mark_dispatched"], {"id": event.id, "now": batch.claimed_at})
             # The bug: the status commits apart from the effects, and the row locks go with it.
             batch.session.commit()
         except BaseException:

@@ -18,7 +18,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from scheduler.database import pipeline
-from scheduler.database.queries import current_schema
+from scheduler.database.queries import DEFAULT_SCHEMA
 from scheduler.nudging.decision import BatchDecisions
 from scheduler.nudging.dispatch import NudgingPlatform
 from scheduler.types import DigitalTwinEvent, Dispatcher, DispatchResult, repeatable
@@ -39,7 +39,8 @@ class InjectedPollFault(RuntimeError):
 
 
 def is_claim_statement(statement: str) -> bool:
-    return f"FROM {current_schema()}.scheduled_events" in statement and "FOR UPDATE" in statement
+    """Whether ``statement`` is the claim's (the simulation's database is in the default schema)."""
+    return f"FROM {DEFAULT_SCHEMA}.scheduled_events" in statement and "FOR UPDATE" in statement
 
 
 class FaultyDispatcher:

@@ -211,15 +211,15 @@ class Posts:
     @staticmethod
     def write_upsert(c: Client, request: Request) -> dict[str, Any]:
         """The production store: one atomic insert or upsert by key."""
-        return store.store_event(c.sessions, **request.params)
+        return store.store_event(c.database, **request.params)
 
     # The operator's reset and the sender's cancel are production's own commands (audited,
     # with the same source statuses as every adapter), not a copy of their SQL.
     def write_reset(self, c: Client, event_id: str) -> commands.ResetResult:
-        return commands.reset(c.sessions, event_id, now=self.sim.now(), actor=SIMULATION)
+        return commands.reset(c.database, event_id, now=self.sim.now(), actor=SIMULATION)
 
     def write_cancel(self, c: Client, event_id: str) -> commands.CancelResult:
-        return commands.cancel(c.sessions, now=self.sim.now(), event_id=event_id, actor=SIMULATION)
+        return commands.cancel(c.database, now=self.sim.now(), event_id=event_id, actor=SIMULATION)
 
     # -- what their results mean ----------------------------------------------------------
 

@@ -15,7 +15,7 @@ from harness.settle import HarnessError
 from harness.types import RunContext
 from scheduler.core.loop import Batch
 from scheduler.database.engine import SESSION_TIME_ZONE
-from scheduler.database.queries import statement
+from scheduler.database.queries import Statements
 from scheduler.nudging.publishers import RecordingPublisher
 
 # The frozen replica's bound on idling inside its transaction, in ms: production's setting
@@ -115,7 +115,7 @@ class ReplicaFaults:
     def bound_idle(batch: Batch) -> None:
         timeouts = {"statement": "0", "lock": "0", "idle": str(FREEZE_TIMEOUT_MS), "zone": SESSION_TIME_ZONE,
                     "search_path": None}
-        batch.session.execute(statement("set_local_settings"), timeouts)
+        batch.session.execute(Statements.of()["set_local_settings"], timeouts)  # names no table
 
     def frozen(self, r: Replica, pid: int, _: Any, error: BaseException | None) -> None:
         sim = self.sim

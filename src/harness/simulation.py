@@ -137,7 +137,7 @@ class Simulation(StepChoices):
         clock = scheduler_clock(self.clock, self.clock_faults.host(replica.index),
                                 trusts_host=self.variant.trusts_host_clock)
         return self.variant.scheduler_class(
-            replica.sessions, replica.dispatcher, clock,
+            replica.database, replica.dispatcher, clock,
             publisher=RecordingPublisher(), batch_size=self.batch_size,
             poll_seconds=30.0, name=replica.name, mode=self.mode_of(replica.index),
         )

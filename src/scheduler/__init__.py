@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from scheduler.config import Settings
     from scheduler.core.clock import ManualClock, SystemClock
     from scheduler.core.loop import EventOutcome, PollReport, Scheduler
+    from scheduler.database.database import Database
     from scheduler.web.app import SchedulerService, create_app
     from scheduler.web.host_code import InvalidEvent, cancel, cancel_async, schedule, schedule_async
     from scheduler.web.http.auth import authenticated
@@ -32,6 +33,7 @@ _WHERE = {
     "cancel": "scheduler.web.host_code",
     "cancel_async": "scheduler.web.host_code",
     "authenticated": "scheduler.web.http.auth",
+    "Database": "scheduler.database.database",
 }
 
 
@@ -43,6 +45,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "Database",
     "EventOutcome",
     "InvalidEvent",
     "ManualClock",

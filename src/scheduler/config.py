@@ -132,6 +132,25 @@ def _setting(default: Any, env: str, meaning: str, *, shown: str | None = None, 
     return Field(default, validation_alias=env, description=meaning, json_schema_extra=extra, **bounds)
 
 
+# Schemas that are PostgreSQL's own (the catalogue, the SQL-standard views, TOAST storage) or
+# the host's default: never the scheduler's (DEC-SCHEMA-NAME).
+SYSTEM_SCHEMAS = frozenset({"public", "information_schema", "pg_catalog", "pg_toast"})
+SCHEMA_PATTERN = r"^[a-z_][a-z0-9_]{0,62}$"
+
+
+def schema_problem(name: str) -> str | None:
+    """Why ``name`` cannot be the scheduler's schema (``None``: it can). A plain lower-case
+    identifier of at most 63 characters that is not PostgreSQL's (``pg_*``,
+    ``information_schema``) nor ``public``; a reserved word (``select``, ``user``) is a fine
+    name: every use of it is quoted (``queries.quoted``)."""
+    if not re.fullmatch(SCHEMA_PATTERN, name):
+        return "must be a lower-case identifier: a letter or _, then letters, digits or _ (at most 63)"
+    if name in SYSTEM_SCHEMAS or name.startswith("pg_"):
+        return (f"{name} is {'the default schema of the database' if name == 'public' else 'a system schema of PostgreSQL'}"
+                "; the scheduler needs a schema of its own (e.g. scheduler)")
+    return None
+
+
 class Settings(BaseSettings):
     """Everything the service reads from its environment, one declaration per setting."""
 
@@ -152,7 +171,7 @@ class Settings(BaseSettings):
         "scheduler", "SCHEDULER_DATABASE_SCHEMA",
         "the PostgreSQL schema that holds every table, sequence, function and trigger of the scheduler and "
         "its Alembic version table, beside a host's own (`public`) in one database (DEC-SCHEMA)",
-        pattern=r"^[a-z_][a-z0-9_]{0,62}$")
+        pattern=SCHEMA_PATTERN)
     data_dir: Path = _setting(
         Path(".scheduler"), "SCHEDULER_DATA_DIR",
         "the embedded server's data (`pgdata/`) and the generated dev secret", shown="`./.scheduler`")
@@ -348,8 +367,9 @@ class Settings(BaseSettings):
     @field_validator("database_schema", mode="after")
     @classmethod
     def _own_schema(cls, value: str) -> str:
-        if value == "public" or value.startswith("pg_"):
-            raise ValueError("must be a schema of the scheduler's own, not public or a pg_ schema")
+        problem = schema_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
         return value
 
     @field_validator("database_url", mode="after")

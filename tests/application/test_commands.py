@@ -109,9 +109,9 @@ def test_a_cancel_acts_on_the_same_statuses_through_every_adapter(
                                                              "expected": expected[1], "reason": "withdrawn"}).status_code == 200
     if adapter == "bulk":
         query = EventQuery()
-        count = commands.count_matching(service.sessions, query, commands.CANCELLABLE)
+        count = commands.count_matching(service.database, query, commands.CANCELLABLE)
         assert count == 2
-        done = commands.bulk_cancel(service.sessions, query, now=clock.now(), as_of=clock.now(), expected=count,
+        done = commands.bulk_cancel(service.database, query, now=clock.now(), as_of=clock.now(), expected=count,
                                     actor=actor, reason="withdrawn campaign")
         assert done.changed == 2
     for status, event_id in ids.items():
@@ -140,19 +140,19 @@ def test_every_command_is_audited_with_its_adapter_and_returns_typed_records(
     nothing is recorded with count 0; each returns a dataclass, the row an EventRecord."""
     ids = one_row_per_status(client, service)
     actor = commands.Actor("ops-kim", "cli")
-    reset = commands.reset(service.sessions, ids[EventStatus.FAILED], now=clock.now(), actor=actor, reason="fixed")
-    cancel = commands.cancel(service.sessions, now=clock.now(), actor=actor, external_key="sent")
+    reset = commands.reset(service.database, ids[EventStatus.FAILED], now=clock.now(), actor=actor, reason="fixed")
+    cancel = commands.cancel(service.database, now=clock.now(), actor=actor, external_key="sent")
     assert dataclasses.is_dataclass(reset) and isinstance(reset.event, EventRecord)
     assert (reset.outcome, reset.event.status, cancel.outcome) == ("reset", EventStatus.PENDING, "dispatched")
     query = EventQuery(user_id="anna")
-    bulk = commands.bulk_cancel(service.sessions, query, now=clock.now(), as_of=clock.now(), expected=5,
+    bulk = commands.bulk_cancel(service.database, query, now=clock.now(), as_of=clock.now(), expected=5,
                                 actor=actor, reason="left the programme", chunk=1)
     assert (bulk.changed, bulk.chunks) == (1, 1)  # anna's pending row; her dispatched one is not cancellable
-    again = commands.bulk_reset(service.sessions, query, now=clock.now(), as_of=clock.now(), expected=5,
+    again = commands.bulk_reset(service.database, query, now=clock.now(), as_of=clock.now(), expected=5,
                                 actor=actor, reason="rejoined", chunk=1)
     assert (again.changed, again.chunks) == (2, 2)
     with pytest.raises(ValueError, match="reason"):
-        commands.bulk_reset(service.sessions, query, now=clock.now(), as_of=clock.now(), expected=5,
+        commands.bulk_reset(service.database, query, now=clock.now(), as_of=clock.now(), expected=5,
                             actor=actor, reason="  ")
     trail = rows(engine, "SELECT a.actor, a.source, a.action, a.event_id, a.count, a.reason, a.filter, "
                  "array(SELECT event_id FROM operator_action_events l WHERE l.action_id = a.id ORDER BY 1) AS linked "
@@ -187,7 +187,7 @@ def test_bulk_cancel_skips_rows_a_poll_holds_and_leaves_rows_changed_since_the_d
     moved = post_event(client, user_id="u9", trigger_at=T0 + timedelta(days=1))["id"]  # after the dry run
     with engine.connect() as holder:
         holder.execute(text("SELECT 1 FROM scheduled_events WHERE id = :id FOR UPDATE"), {"id": ids[0]})
-        done = commands.bulk_cancel(service.sessions, EventQuery(), now=clock.now(), as_of=as_of, expected=5,
+        done = commands.bulk_cancel(service.database, EventQuery(), now=clock.now(), as_of=as_of, expected=5,
                                     actor=commands.Actor("ops", "console"), reason="campaign over", chunk=2)
         holder.rollback()
     assert done.changed == 3

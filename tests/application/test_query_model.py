@@ -52,8 +52,8 @@ def test_every_adapter_selects_the_same_rows_for_one_query(
     monkeypatch.setenv("DATABASE_URL", database_url)
     assert cli_ids(params, capsys) == by_api
     query = EventQuery.from_mapping(params)
-    assert commands.count_matching(service.sessions, query, commands.RESETTABLE) == len(by_api)
-    cancellable = commands.count_matching(service.sessions, query, commands.CANCELLABLE)
+    assert commands.count_matching(service.database, query, commands.RESETTABLE) == len(by_api)
+    cancellable = commands.count_matching(service.database, query, commands.CANCELLABLE)
     assert cancellable == len([i for i in by_api if client.get(
         f"/admin/scheduled-events/{i}", headers=ADMIN).json()["status"] in ("pending", "failed")])
 

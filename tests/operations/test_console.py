@@ -228,13 +228,13 @@ def test_bulk_reset_works_in_chunks_up_to_the_cap_and_skips_rows_a_poll_holds(
     """CON-5: 25 failed rows in chunks of 10, capped at 20; a row locked by a running poll is skipped, not waited for."""
     failed = _failed(client, service, [f"user-{n:02d}" for n in range(25)])
     where = EventQuery(status=EventStatus.FAILED)
-    assert commands.count_matching(service.sessions, where, commands.RESETTABLE, cap=20) == 21  # "more than the cap"
+    assert commands.count_matching(service.database, where, commands.RESETTABLE, cap=20) == 21  # "more than the cap"
     locked = sorted(failed)[0]
     with engine.connect() as holder:
         from sqlalchemy import text
 
         holder.execute(text("SELECT 1 FROM scheduled_events WHERE id = :id FOR UPDATE"), {"id": locked})
-        result = commands.bulk_reset(service.sessions, where, now=clock.now(), as_of=clock.now(), expected=25,
+        result = commands.bulk_reset(service.database, where, now=clock.now(), as_of=clock.now(), expected=25,
                                      actor=commands.Actor("ops", "cli"), reason="retry", cap=20, chunk=10)
         holder.rollback()
     assert (result.changed, result.chunks) == (20, 2)
@@ -339,7 +339,7 @@ def test_the_overview_counts_every_status_and_past_the_exact_limit_estimates_fin
     post_event(client, user_id="later", trigger_at=T0 + timedelta(hours=1))
     withdrawn = post_event(client, user_id="withdrawn", trigger_at=T0 + timedelta(hours=1))
     assert client.delete(f"/admin/scheduled-events/{withdrawn['id']}", headers=INGEST).status_code == 200
-    exact = overview.overview(service.sessions, service.clock.now())
+    exact = overview.overview(service.database, service.clock.now())
     assert exact["counts"] == {"pending": 1, "dispatched": 6, "failed": 1, "cancelled": 1, "expired": 0}
     assert exact["estimated"] == []
     sign_in(client)
@@ -354,7 +354,7 @@ def test_the_overview_counts_every_status_and_past_the_exact_limit_estimates_fin
         conn.execute(text("UPDATE scheduled_events SET status = 'failed', last_error = 'x' WHERE id = :id"),
                      {"id": withdrawn["id"]})
     monkeypatch.setattr(overview, "EXACT_LIMIT", 5)
-    figures = overview.overview(service.sessions, service.clock.now())
+    figures = overview.overview(service.database, service.clock.now())
     assert figures["estimated"] == ["dispatched", "cancelled", "expired"]
     # no row is expired: the planner's estimate of a value absent from its statistics is at most a row
     assert figures["counts"].pop("expired") <= 1
@@ -362,7 +362,7 @@ def test_the_overview_counts_every_status_and_past_the_exact_limit_estimates_fin
     page = client.get("/console").text
     assert "dispatched (≈, estimated)" in page and "cancelled (≈, estimated)" in page
     monkeypatch.setattr(overview, "EXACT_LIMIT", 200_000)
-    assert overview.overview(service.sessions, service.clock.now())["counts"]["cancelled"] == 0
+    assert overview.overview(service.database, service.clock.now())["counts"]["cancelled"] == 0
 
 
 # Where a `next` could send an operator after sign-in, other than a page of this console:

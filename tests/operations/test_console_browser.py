@@ -22,7 +22,7 @@ from starlette.testclient import TestClient
 from scheduler.config import Settings
 from scheduler.core.clock import ManualClock
 from scheduler.core.loop import Scheduler
-from scheduler.database.engine import make_sessionmaker
+from scheduler.database.database import Database
 from scheduler.operations.heartbeat import Heartbeat
 from scheduler.web.app import SchedulerService
 from tests.conftest import ADMIN, T0, TEST_SECRET, token
@@ -147,8 +147,8 @@ def test_the_overview_changes_live_when_a_row_fails_on_another_replica(
     expect(page.locator("#failed-count")).to_have_text("0")
     page.evaluate("window.__notReloaded = true")
     post_event(client, user_id="eve", facts=BAD_FACTS, trigger_at=T0 - timedelta(minutes=3))
-    other = Scheduler(make_sessionmaker(engine), service.dispatcher, clock, name="replica-b")
-    other.poll_hooks.append(Heartbeat(make_sessionmaker(engine), clock))
+    other = Scheduler(Database(engine), service.dispatcher, clock, name="replica-b")
+    other.poll_hooks.append(Heartbeat(Database(engine), clock))
     other.poll_guarded(lambda: False)
     expect(page.locator("#failed-count")).to_have_text("1")
     expect(page.locator("#replicas")).to_contain_text("replica-b")

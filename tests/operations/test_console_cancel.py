@@ -122,11 +122,11 @@ def test_cancel_by_filter_works_in_chunks_up_to_the_cap_and_skips_rows_a_poll_ho
     """CON-15: 25 pending rows in chunks of 10, capped at 20; a row locked by a running poll is skipped, not waited for."""
     ids = [post_event(client, user_id=f"user-{n:02d}", trigger_at=LATER)["id"] for n in range(25)]
     where = events.EventQuery(status=EventStatus.PENDING)
-    assert commands.count_matching(service.sessions, where, commands.CANCELLABLE, cap=20) == 21  # "more than the cap"
+    assert commands.count_matching(service.database, where, commands.CANCELLABLE, cap=20) == 21  # "more than the cap"
     locked = sorted(ids)[0]
     with engine.connect() as holder:
         holder.execute(text("SELECT 1 FROM scheduled_events WHERE id = :id FOR UPDATE"), {"id": locked})
-        result = commands.bulk_cancel(service.sessions, where, now=clock.now(), as_of=clock.now(), expected=25,
+        result = commands.bulk_cancel(service.database, where, now=clock.now(), as_of=clock.now(), expected=25,
                                       actor=commands.Actor("ops", "cli"), reason="programme closed", cap=20, chunk=10)
         holder.rollback()
     assert (result.changed, result.chunks) == (20, 2)
@@ -134,5 +134,5 @@ def test_cancel_by_filter_works_in_chunks_up_to_the_cap_and_skips_rows_a_poll_ho
     linked = rows(engine, "SELECT event_id FROM operator_action_events WHERE action_id = :a", a=result.action_id)
     assert len(linked) == 20 and locked not in {r["event_id"] for r in linked}
     with pytest.raises(events.QueryError, match="reason"):
-        commands.bulk_cancel(service.sessions, where, now=clock.now(), as_of=clock.now(), expected=5,
+        commands.bulk_cancel(service.database, where, now=clock.now(), as_of=clock.now(), expected=5,
                              actor=commands.Actor("ops", "cli"), reason="  ")

@@ -21,7 +21,7 @@ from starlette.testclient import TestClient
 from scheduler.config import ConfigError, Settings
 from scheduler.core.clock import ManualClock
 from scheduler.core.loop import Scheduler
-from scheduler.database.engine import make_sessionmaker
+from scheduler.database.database import Database
 from scheduler.operations.heartbeat import Heartbeat
 from scheduler.web.app import SchedulerService
 from tests.conftest import ADMIN, INGEST, T0
@@ -77,9 +77,9 @@ def test_replicas_lists_every_replica_and_marks_the_silent_one_stale(
     service: SchedulerService, client: TestClient, engine: Engine, clock: ManualClock
 ) -> None:
     """OBS-2: two replicas on one database; the one silent for over three intervals is stale."""
-    other = Scheduler(make_sessionmaker(engine), FakeDispatcher(service.dispatcher), clock,
+    other = Scheduler(Database(engine), FakeDispatcher(service.dispatcher), clock,
                       poll_seconds=10.0, name="replica-b")
-    other_beat = Heartbeat(make_sessionmaker(engine), clock)
+    other_beat = Heartbeat(Database(engine), clock)
     other.poll_hooks.append(other_beat)
     other.poll_guarded(lambda: False)
     loop_step(service)
@@ -99,8 +99,8 @@ def test_a_replica_gone_for_a_day_is_removed_and_health_still_reports_this_proce
     service: SchedulerService, client: TestClient, engine: Engine, clock: ManualClock
 ) -> None:
     """OBS-2: a heartbeat a day old is deleted by the next heartbeat; /health/scheduler is this process's."""
-    gone = Heartbeat(make_sessionmaker(engine), clock, replica_id="gone")
-    gone(Scheduler(make_sessionmaker(engine), service.dispatcher, clock, name="gone-replica"))
+    gone = Heartbeat(Database(engine), clock, replica_id="gone")
+    gone(Scheduler(Database(engine), service.dispatcher, clock, name="gone-replica"))
     clock.advance(timedelta(hours=23))
     loop_step(service)
     assert sorted(str(r["name"]) for r in _replicas(engine)) == ["gone-replica", "scheduler"]
@@ -188,8 +188,8 @@ def test_a_killed_replicas_heartbeat_leaves_the_list_and_the_gauge_once_retentio
     assert Settings.from_env({}).replica_retention == timedelta(days=1)
     service = SchedulerService(settings.with_(replica_retention_seconds=7200, retention_days=0), engine=engine,
                                clock=clock, run_scheduler=False)
-    killed = Heartbeat(make_sessionmaker(engine), clock, replica_id="killed")
-    killed(Scheduler(make_sessionmaker(engine), service.dispatcher, clock, name="killed-replica"))
+    killed = Heartbeat(Database(engine), clock, replica_id="killed")
+    killed(Scheduler(Database(engine), service.dispatcher, clock, name="killed-replica"))
     with TestClient(service.app) as client:
         def listed() -> dict[str, str]:
             return {r["name"]: r["state"] for r in client.get("/admin/replicas", headers=ADMIN).json()}

@@ -18,7 +18,7 @@ from starlette.testclient import TestClient
 from scheduler.config import Settings
 from scheduler.core.clock import ManualClock
 from scheduler.core.loop import Scheduler
-from scheduler.database.engine import make_sessionmaker
+from scheduler.database.database import Database
 from scheduler.nudging.publishers import RecordingPublisher
 from scheduler.operations.heartbeat import Heartbeat
 from scheduler.web.app import SchedulerService
@@ -136,14 +136,14 @@ def test_a_scrape_while_the_database_is_unreachable_says_so_and_still_answers(
     """OBS-4: with nothing listening where the database should be, /metrics-style exposition still
     works: scheduler_database_up is 0 and the table gauges are absent; a heartbeat is skipped with one warning."""
     from scheduler.core.loop import Scheduler
-    from scheduler.database.engine import make_engine, make_sessionmaker
+    from scheduler.database.engine import make_engine
     from scheduler.operations.heartbeat import Heartbeat
     from scheduler.operations.metrics import Metrics, parse_exposition
     from tests.operations.browser import free_port
 
     nowhere = make_engine(f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/none", Settings(pool_timeout_seconds=1.0))
     try:
-        sessions = make_sessionmaker(nowhere)
+        sessions = Database(nowhere)
         metrics = Metrics(sessions, clock, lambda: True)
         samples = parse_exposition(metrics.exposition().decode())
         assert (samples["scheduler_database_up"], samples["scheduler_loop_running"]) == (0, 1)
@@ -213,7 +213,7 @@ def test_the_replicas_route_and_the_metrics_report_the_same_figures(
     the states /admin/replicas lists; and this replica's row (after a failed poll, a dispatched,
     a failed and an expired event) holds what its /metrics counters count: dispatched, failed
     and expired events, and its completed polls (every poll less the failed ones)."""
-    sessions = make_sessionmaker(engine)
+    sessions = Database(engine)
     Heartbeat(sessions, clock)(Scheduler(sessions, service.dispatcher, clock, name="replica-stale"))
     window = {"expires_at": (T0 + timedelta(minutes=5)).isoformat()}
     client.post("/admin/scheduled-events", headers=INGEST, json={**event_body(user_id="anna"), **window})

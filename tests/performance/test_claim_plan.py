@@ -19,6 +19,7 @@ from sqlalchemy import Connection, Engine, text
 
 from scheduler.core.clock import ManualClock
 from scheduler.core.loop import claim_params
+from scheduler.database.database import Database
 from scheduler.database.queries import sql
 from scheduler.operations.retention import Retention
 
@@ -137,7 +138,7 @@ def test_the_plan_check_fails_when_the_schema_loses_the_pending_index(settled_ta
 def test_the_claim_keeps_its_plan_after_a_retention_run(settled_table: Engine, mode: str) -> None:
     """PERF-1, RET-7: retention deletes the 27,000 old dispatched rows (and their history) in
     batches; the claim's plan is still one scan of the pending index returning one batch."""
-    retention = Retention(settled_table, ManualClock(NOW + timedelta(days=31)), days=30,
+    retention = Retention(Database(settled_table), ManualClock(NOW + timedelta(days=31)), days=30,
                           batch_size=5_000, max_batches=100)
     report = retention.run_if_due()
     assert report is not None and report.done and report.deleted == TERMINAL * 9 // 10

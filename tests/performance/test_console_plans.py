@@ -19,6 +19,8 @@ from sqlalchemy.orm import sessionmaker
 
 from scheduler.application import counts
 from scheduler.application.events import EventQuery
+from scheduler.database.database import Database
+from scheduler.database.events import EventRepository
 from scheduler.database.queries import sql
 from scheduler.types import EventStatus
 from tests.performance.test_claim_plan import scans
@@ -173,7 +175,7 @@ def test_past_the_exact_limit_the_status_counts_read_no_row_of_the_table(
     assert [s for s in scans(estimate) if s.get("Relation Name") == "scheduled_events"] == []
     sessions = sessionmaker(settled_table)
     with sessions.begin() as session:
-        figures = counts.status_counts(session, exact_limit=10_000)
+        figures = counts.status_counts(session, EventRepository.of(), exact_limit=10_000)
     assert figures.estimated == {EventStatus.DISPATCHED, EventStatus.CANCELLED, EventStatus.EXPIRED}
     assert figures.counts[EventStatus.PENDING] == truth["pending"]
     assert figures.counts[EventStatus.FAILED] == truth["failed"]
@@ -197,10 +199,10 @@ def test_the_pending_and_failed_counts_stop_at_the_cap_and_are_estimated_past_it
     assert problems(pending_plan, PENDING, 101) == [], json.dumps(pending_plan, indent=1)
     sessions = sessionmaker(settled_table)
     with sessions.begin() as session:
-        assert counts.counted_or_estimated(session, EventStatus.FAILED, cap=10_000) == (truth["failed"], False)
-        estimate, estimated = counts.counted_or_estimated(session, EventStatus.FAILED, cap=1_000)
+        assert counts.counted_or_estimated(session, EventRepository.of(), EventStatus.FAILED, cap=10_000) == (truth["failed"], False)
+        estimate, estimated = counts.counted_or_estimated(session, EventRepository.of(), EventStatus.FAILED, cap=1_000)
         assert estimated and abs(estimate - truth["failed"]) <= truth["failed"] * 0.1
-        figures = counts.status_counts(session, exact_limit=10_000, cap=1_000)
+        figures = counts.status_counts(session, EventRepository.of(), exact_limit=10_000, cap=1_000)
     assert figures.estimated == {EventStatus.DISPATCHED, EventStatus.FAILED, EventStatus.CANCELLED,
                                  EventStatus.EXPIRED}
     assert figures.counts[EventStatus.PENDING] == truth["pending"]
@@ -210,9 +212,9 @@ def test_the_pending_and_failed_counts_stop_at_the_cap_and_are_estimated_past_it
         conn.execute(text("UPDATE scheduled_events SET status = 'failed' WHERE id IN "
                           "(SELECT id FROM scheduled_events WHERE status = 'dispatched' ORDER BY id LIMIT 1000)"))
     monkeypatch.setattr(counts, "COUNT_CAP", 1_000)
-    assert abs(database_gauges(sessions, NOW)["failed"] - truth["failed"]) <= truth["failed"] * 0.1
+    assert abs(database_gauges(Database(settled_table), NOW)["failed"] - truth["failed"]) <= truth["failed"] * 0.1
     monkeypatch.setattr(counts, "COUNT_CAP", 10_000)
-    assert database_gauges(sessions, NOW)["failed"] == truth["failed"] + 1_000
+    assert database_gauges(Database(settled_table), NOW)["failed"] == truth["failed"] + 1_000
 
 
 @pytest.mark.clause("PERF-5")

@@ -19,7 +19,7 @@ import pytest
 from bench.env import NOW, load_events
 from sqlalchemy import Connection, Engine, text
 
-from scheduler.database.queries import statement
+from scheduler.database.queries import Statements
 
 ROWS = 3_000
 BATCH = 20
@@ -40,7 +40,7 @@ def table_scans(node: dict[str, Any]) -> list[str]:
 
 def plan_of(conn: Connection, name: str, params: dict[str, Any]) -> list[str]:
     """The table's scans in the plan of the statement ``name`` as a poll sends it."""
-    compiled = statement(name).compile(dialect=conn.dialect)
+    compiled = Statements.of()[name].compile(dialect=conn.dialect)
     driver = conn.connection.driver_connection
     assert isinstance(driver, psycopg.Connection)
     with psycopg.ClientCursor(driver) as binder:

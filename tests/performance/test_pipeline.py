@@ -18,7 +18,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
 from scheduler.database import pipeline
-from scheduler.database.queries import load_queries
+from scheduler.database.queries import Statements, load_queries
 
 
 @pytest.fixture
@@ -47,7 +47,7 @@ def test_pipelined_statements_run_in_the_sessions_one_transaction_and_return_the
         sent = pipeline.send(session, [
             pipeline.command("SAVEPOINT second"),
             pipeline.Step(command="SELECT txid_current() AS tx, 1 AS one"),
-            pipeline.named("claim_due_events", {"now": "2026-01-01T00:00:00Z", "batch_size": 5,
+            Statements.of().step("claim_due_events", {"now": "2026-01-01T00:00:00Z", "batch_size": 5,
                                                 "after_trigger": "0001-01-02T00:00:00Z", "after_id": "",
                                                 "busy": []}),
         ])

@@ -10,7 +10,7 @@ from reliability.cluster import wait_for
 from sqlalchemy import Engine, text
 
 from scheduler.core import store
-from scheduler.database.engine import make_sessionmaker
+from scheduler.database.database import Database
 
 
 def wait_until(predicate: Callable[[], Any], what: str, timeout: float = 60.0) -> Any:
@@ -24,7 +24,7 @@ def reminder(day: str = "2026-11-30") -> dict[str, Any]:
 
 def store_due(engine: Engine, users: list[str], trigger_at: datetime, facts: dict[str, Any] | None = None) -> list[str]:
     """Store one reminder per user, due before ``trigger_at`` (a second apart, in list order); return the ids."""
-    sessions = make_sessionmaker(engine)
+    sessions = Database(engine)
     ids = []
     for i, user in enumerate(users):
         row = store.store_event(sessions, event_type="reminder", user_id=user, community_id="community-1",

@@ -25,7 +25,8 @@ from scheduler.cli import main
 from scheduler.config import Settings
 from scheduler.core.clock import ClockNotReady, DatabaseClock, ManualClock, OffsetClock, SystemClock
 from scheduler.core.loop import Scheduler
-from scheduler.database.engine import database_time, make_sessionmaker
+from scheduler.database.database import Database
+from scheduler.database.engine import database_time
 from scheduler.database.queries import load_queries
 from scheduler.nudging.dispatch import NudgingPlatform
 from scheduler.nudging.rules import load_catalogue
@@ -77,7 +78,7 @@ def test_a_replica_with_a_skewed_host_clock_claims_and_records_by_the_database_c
     db_now = database_time(engine)
     [later] = store_due(engine, ["anna"], db_now + timedelta(minutes=1, seconds=1))
     [due] = store_due(engine, ["ben"], db_now)
-    scheduler = Scheduler(make_sessionmaker(engine), NudgingPlatform(load_catalogue()), clock)
+    scheduler = Scheduler(Database(engine), NudgingPlatform(load_catalogue()), clock)
     before = database_time(engine)
     report = scheduler.poll_once()
     after = database_time(engine)
@@ -99,7 +100,7 @@ def test_no_claim_is_judged_by_the_host_clock_before_the_database_clock_was_read
     the same scheduler claims by the database's clock."""
     clock = skewed_clock(engine, SKEW)  # the host five minutes ahead
     [later] = store_due(engine, ["anna"], database_time(engine) + timedelta(minutes=1, seconds=1))
-    scheduler = Scheduler(make_sessionmaker(engine), NudgingPlatform(load_catalogue()), clock)
+    scheduler = Scheduler(Database(engine), NudgingPlatform(load_catalogue()), clock)
     with pytest.raises(ClockNotReady):
         scheduler.poll_once()
     assert scheduler.poll_guarded(lambda: False) is None

@@ -25,7 +25,9 @@ from sqlalchemy.exc import DBAPIError
 from scheduler.config import Settings
 from scheduler.core.claim import claim_rounds
 from scheduler.core.strategies import commit_outcomes
-from scheduler.database.engine import make_engine, make_sessionmaker
+from scheduler.database.database import Database
+from scheduler.database.engine import make_engine
+from scheduler.database.events import EventRepository
 from scheduler.types import EventOutcome
 from tests.conftest import T0
 from tests.proxy import UnixSocketProxy, running, through, unix_socket_of
@@ -87,10 +89,10 @@ def test_a_replica_frozen_mid_send_of_its_commit_round_trip_is_ended_by_the_data
     ids = store_due(engine, [f"user-{i}" for i in range(3)], T0)
     frozen_engine = make_engine(through(database_url, proxy),
                                 Settings(idle_in_transaction_timeout_ms=TIMEOUT_MS), pool_size=1, max_overflow=0)
-    session = make_sessionmaker(frozen_engine)()
+    session = Database(frozen_engine)()
     errors: list[BaseException] = []
     try:
-        events, _, _ = claim_rounds(session, T0, 20)
+        events, _, _ = claim_rounds(session, T0, 20, Database(frozen_engine).events)
         assert [e.id for e in events] == ids and _locked(engine, ids) == 3
         pid = session.connection().connection.dbapi_connection.info.backend_pid  # type: ignore[union-attr]
         outcomes = [EventOutcome.dispatched(e, T0) for e in events]
@@ -100,7 +102,7 @@ def test_a_replica_frozen_mid_send_of_its_commit_round_trip_is_ended_by_the_data
 
         def finish() -> None:
             try:
-                commit_outcomes(session, outcomes)
+                commit_outcomes(session, outcomes, EventRepository.of())
             except BaseException as exc:  # noqa: BLE001 - reported to the test below
                 errors.append(exc)
             finally:

@@ -17,7 +17,8 @@ from sqlalchemy.exc import DBAPIError
 from scheduler.config import Settings
 from scheduler.core.clock import ManualClock
 from scheduler.core.loop import Scheduler
-from scheduler.database.engine import make_engine, make_sessionmaker
+from scheduler.database.database import Database
+from scheduler.database.engine import make_engine
 from scheduler.nudging.dispatch import NudgingPlatform
 from scheduler.nudging.publishers import RecordingPublisher
 from scheduler.nudging.rules import load_catalogue
@@ -47,9 +48,9 @@ def test_a_batch_left_idle_past_the_timeout_is_ended_by_the_database_and_another
                                 pool_size=1, max_overflow=0)
     healthy_engine = make_engine(database_url, Settings(), pool_size=1, max_overflow=0)
     frozen_pub, healthy_pub = RecordingPublisher(), RecordingPublisher()
-    frozen = Scheduler(make_sessionmaker(frozen_engine), NudgingPlatform(catalogue), clock,
+    frozen = Scheduler(Database(frozen_engine), NudgingPlatform(catalogue), clock,
                        publisher=frozen_pub, name="frozen")
-    healthy = Scheduler(make_sessionmaker(healthy_engine), NudgingPlatform(catalogue), clock,
+    healthy = Scheduler(Database(healthy_engine), NudgingPlatform(catalogue), clock,
                         publisher=healthy_pub, name="healthy")
     try:
         batch = frozen.claim()

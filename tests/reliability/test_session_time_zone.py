@@ -117,13 +117,13 @@ def test_the_daily_cap_and_the_claim_count_the_utc_day_on_a_database_set_to_anot
         zone_start = datetime.combine(local.date(), datetime.min.time(), tzinfo=ZoneInfo(zone)).astimezone(UTC)
         # an instant before now in exactly one of the two days
         earlier, in_utc_day = (utc_start, True) if utc_start < zone_start else (utc_start - timedelta(seconds=1), False)
-        set_preferences(service.sessions, "capped", enabled_kinds=None, max_per_day=1, now=now)
+        set_preferences(service.database, "capped", enabled_kinds=None, max_per_day=1, now=now)
         with service.sessions() as session:
             event = DigitalTwinEvent("commitment_reminder", "capped", "c-1", reminder_facts(day="2026-01-01"))
             service.dispatcher(session, event, earlier)
             session.commit()
         assert count_sent(engine, "capped") == 1
-        stored = store_event(service.sessions, event_type="commitment_reminder", user_id="capped",
+        stored = store_event(service.database, event_type="commitment_reminder", user_id="capped",
                              community_id="c-1", external_key=None, trigger_at=now - timedelta(minutes=1),
                              facts=reminder_facts(day="2026-01-02"), now=now)
         with engine.begin() as conn:

@@ -31,7 +31,7 @@ from scheduler.core.clock import ManualClock
 from scheduler.core.store import store_event
 from scheduler.core.store_batch import NewEvent, store_events
 from scheduler.core.trigger_range import TriggerOutOfRange
-from scheduler.database.engine import make_sessionmaker
+from scheduler.database.database import Database
 from tests.conftest import INGEST, T0
 from tests.helpers import event_body, reminder_facts, rows
 
@@ -121,7 +121,7 @@ def test_an_offset_of_sixteen_hours_is_refused_by_the_api_naming_the_field_and_b
         answer = send(client, SINGLE, dumps({**event_body(), "trigger_at": spelled}))
         assert answer.status_code == 422 and fields_named(answer.json()) == {"trigger_at"}, answer.text
         assert "\u00b115:59" in answer.json()["errors"][0]["message"]
-    sessions = make_sessionmaker(engine)
+    sessions = Database(engine)
     with pytest.raises(TriggerOutOfRange, match="offset"):
         store_event(sessions, event_type="t", user_id="u", community_id=None, external_key=None, trigger_at=east,
                     facts=reminder_facts(), now=T0)
@@ -230,7 +230,7 @@ def test_no_item_can_make_the_batchs_statement_fail_every_item_gets_its_own_answ
         if single.status_code == 422:
             assert single.json() == result["error"]
     lines = [(number, dumps(item).encode("utf-8")) for number, item in enumerate(items, start=1)]
-    summary = import_lines(lines, settings, sessions=make_sessionmaker(engine), clock=clock, actor="property")
+    summary = import_lines(lines, settings, database=Database(engine), clock=clock, actor="property")
     assert summary.stopped_at is None, summary.error
     refused = [(number, result) for number, result in enumerate(results, start=1) if result["status"] == 422]
     assert [number for number, _ in summary.refused] == [number for number, _ in refused]

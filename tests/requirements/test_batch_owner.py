@@ -117,12 +117,13 @@ STRATEGY_STATE = ("checkpoint", "checkpoint_position", "checkpoint_outbound", "p
 def test_a_batch_carries_the_claim_and_its_record_and_no_strategys_working_state(
     client: TestClient, service: SchedulerService
 ) -> None:
-    """DEC-1.6: the batch's fields are the claim's and what its events became, each event's
-    outcome with its outbound (its record); a strategy's working state (the checkpoint, the
-    set-based plan) is the strategy's own, and the batch has no field for it."""
+    """DEC-1.6: the batch's fields are the claim's (with the statements its commit sends, of the
+    loop's database) and what its events became, each event's outcome with its outbound (its
+    record); a strategy's working state (the checkpoint, the set-based plan) is the strategy's
+    own, and the batch has no field for it."""
     fields = {f.name for f in dataclasses.fields(Batch)}
     assert fields == {"session", "events", "claimed_at", "skipped", "expired", "position", "record",
-                      "closed", "replayed", "should_stop", "stopped", "strategy"}
+                      "closed", "replayed", "should_stop", "stopped", "strategy", "events_repository"}
     for i in range(2):
         post_event(client, user_id=f"user-{i}", trigger_at=T0 - timedelta(minutes=2 - i))
     for kind in ("platform", "safe to repeat"):

@@ -25,7 +25,7 @@ from scheduler.cli import main
 from scheduler.config import Settings
 from scheduler.core.clock import ManualClock
 from scheduler.core.store_batch import NewEvent, store_events
-from scheduler.database.engine import make_sessionmaker
+from scheduler.database.database import Database
 from scheduler.web.app import SchedulerService
 from tests.conftest import INGEST, PARTICIPANT, T0, TEST_SECRET, bearer
 from tests.helpers import (
@@ -197,7 +197,7 @@ def test_two_batches_over_the_same_keys_in_opposite_orders_both_finish_without_a
     """BATCH-4: both batches are held behind one locked row, then let go at once: each takes
     the keys in key order, so neither waits for the other in a cycle (PostgreSQL would end one
     with a deadlock error); both finish within the deadline, every row rewritten."""
-    sessions = make_sessionmaker(engine)
+    sessions = Database(engine)
     keys = [f"key-{i:03d}" for i in range(60)]
 
     def events(order: list[str], who: str) -> list[NewEvent]:

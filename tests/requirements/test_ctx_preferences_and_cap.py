@@ -91,7 +91,7 @@ def test_the_cap_holds_exactly_when_two_replicas_deliver_to_one_participant_at_o
     (DEC-2: a claim never waits); the next polls take them. Either way, ten dispatched."""
     for i, day in enumerate(days(10)):
         post_event(client, user_id="p1", facts=reminder_facts(day), trigger_at=T0 - timedelta(minutes=i))
-    replicas = [Scheduler(service.sessions, service.dispatcher, clock, batch_size=5, name=f"r{i}") for i in range(2)]
+    replicas = [Scheduler(service.database, service.dispatcher, clock, batch_size=5, name=f"r{i}") for i in range(2)]
     barrier = threading.Barrier(2, timeout=30)
 
     def run(replica: Scheduler) -> int:

@@ -27,8 +27,8 @@ def test_replicas_whose_batches_share_participants_in_opposite_order_never_deadl
     for minute, user in enumerate(["u1", "u2", "u2", "u1"]):
         post_event(client, user_id=user, trigger_at=T0 - timedelta(minutes=10 - minute),
                    facts=reminder_facts(f"2026-11-{20 + minute}"))
-    a = Scheduler(service.sessions, service.dispatcher, clock, batch_size=2, name="A")
-    b = Scheduler(service.sessions, service.dispatcher, clock, batch_size=2, name="B")
+    a = Scheduler(service.database, service.dispatcher, clock, batch_size=2, name="A")
+    b = Scheduler(service.database, service.dispatcher, clock, batch_size=2, name="B")
     batch_a = a.claim()
     assert [e.user_id for e in batch_a.events] == ["u1", "u2"]
     report_b = b.poll_once()  # returns at once: both participants are busy in A's batch

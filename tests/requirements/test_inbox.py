@@ -25,8 +25,8 @@ from starlette.testclient import TestClient
 
 from scheduler.config import Settings
 from scheduler.core.clock import ManualClock
-from scheduler.database.engine import make_engine, make_sessionmaker
-from scheduler.database.queries import statement
+from scheduler.database.database import Database
+from scheduler.database.engine import make_engine
 from scheduler.nudging.publishers import RecordingPublisher
 from scheduler.web.app import SchedulerService
 from scheduler.web.inbox.hub import STREAM_LOCK_KEY, Inbox, StreamPublisher, sse_stream
@@ -157,7 +157,7 @@ def test_a_slow_client_is_dropped_without_holding_up_the_hub_or_a_fast_client(
     the hub waiting; a client that reads gets all five; the dropped stream ends (it does not
     wait forever) once it has sent what it holds, each row once and in order."""
     deliver(client, service, n=5)
-    inbox = Inbox(service.sessions, queue_size=2, read_limit=2)
+    inbox = Inbox(service.database, queue_size=2, read_limit=2)
 
     async def scenario() -> tuple[list[int], list[int], Any]:
         fast = await inbox.subscribe("participant-1")
@@ -240,10 +240,10 @@ def test_a_stream_number_waits_for_the_transaction_numbering_before_it_to_commit
     service.scheduler.publisher = None  # number by hand below
     deliver(client, service, n=2)
     first_id, second_id = (r["id"] for r in rows(service.engine, "SELECT id FROM notifications ORDER BY created_at"))
-    publisher = StreamPublisher(service.sessions)
+    publisher = StreamPublisher(service.database)
     held = service.sessions()
-    held.execute(statement("lock_stream_order"), {"key": STREAM_LOCK_KEY})
-    first = held.execute(statement("number_for_stream"), {"ids": [first_id]}).scalar_one()
+    held.execute(service.database.statements["lock_stream_order"], {"key": STREAM_LOCK_KEY})
+    first = held.execute(service.database.statements["number_for_stream"], {"ids": [first_id]}).scalar_one()
     got: list[list[int]] = []
     thread = threading.Thread(target=lambda: got.append(publisher.number([second_id])))
     thread.start()
@@ -264,7 +264,7 @@ def test_a_failing_stream_numbering_loses_neither_the_push_nor_the_record(
     """INBOX-8: numbering fails (the database is unreachable after the batch committed): it is
     logged, the configured publisher still gets the message, the notification stays readable."""
     gone = make_url(database_url).set(database="no_such_database").render_as_string(hide_password=False)
-    unreachable = make_sessionmaker(make_engine(gone))
+    unreachable = Database(make_engine(gone))
     service.scheduler.publisher = StreamPublisher(unreachable, publisher)
     deliver(client, service)
     assert [m.user_id for m in publisher.messages] == ["participant-1"]
@@ -486,7 +486,7 @@ def test_a_batch_whose_numbering_and_one_push_fail_still_pushes_the_others_and_k
     their participants (unnumbered)."""
     gone = make_url(database_url).set(database="no_such_database").render_as_string(hide_password=False)
     pushed = PublisherFailingFor("participant-2")
-    service.scheduler.publisher = StreamPublisher(make_sessionmaker(make_engine(gone)), pushed)
+    service.scheduler.publisher = StreamPublisher(Database(make_engine(gone)), pushed)
     users = ("participant-1", "participant-2", "participant-3")
     for user in users:
         post_event(client, user_id=user, trigger_at=service.clock.now())

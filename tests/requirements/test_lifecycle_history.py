@@ -243,7 +243,7 @@ def test_a_bulk_action_in_several_chunks_names_its_change_and_operator_in_every_
     assert service.scheduler.poll_once().failed == 5
     operator = commands.Actor("op-zoë", "cli")
     for command, status in ((commands.bulk_cancel, EventStatus.PENDING), (commands.bulk_reset, EventStatus.FAILED)):
-        result = command(service.sessions, EventQuery(status=status), now=clock.now(), as_of=clock.now(),
+        result = command(service.database, EventQuery(status=status), now=clock.now(), as_of=clock.now(),
                          expected=5, actor=operator, reason="audit", chunk=2)
         assert (result.changed, result.chunks) == (5, 3)
     for ids, change in ((failing, "reset"), (waiting, "cancelled")):

@@ -18,6 +18,7 @@ from starlette.testclient import TestClient
 
 from scheduler.config import Settings
 from scheduler.core.clock import ManualClock
+from scheduler.database.database import Database
 from scheduler.database.engine import make_engine
 from scheduler.operations.retention import RETENTION_LOCK_KEY, Retention
 from scheduler.web.app import SchedulerService
@@ -87,7 +88,7 @@ def test_retention_days_zero_keeps_everything(
     assert Settings.from_env({"SCHEDULER_RETENTION_DAYS": "0"}).retention_days == 0
     finished_rows(client, service, clock)
     clock.advance(timedelta(days=3650))
-    report = Retention(engine, clock, days=0).run_if_due()
+    report = Retention(Database(engine), clock, days=0).run_if_due()
     assert report is not None and (report.deleted, report.batches, report.done) == (0, 0, True)
     assert len(statuses(engine)) == 4
 
@@ -101,11 +102,11 @@ def test_a_run_starts_at_most_once_an_hour_by_the_injected_clock_across_replicas
     run the loop's poll hook deletes them."""
     finished_rows(client, service, clock)
     clock.advance(timedelta(days=30, minutes=-10))
-    first = Retention(engine, clock, days=30)
+    first = Retention(Database(engine), clock, days=30)
     report = first.run_if_due()
     assert report is not None and report.deleted == 0
     clock.advance(timedelta(minutes=30))
-    assert Retention(engine, clock, days=30, name="replica-2").run_if_due() is None
+    assert Retention(Database(engine), clock, days=30, name="replica-2").run_if_due() is None
     assert first.run_if_due() is None
     assert len(statuses(engine)) == 4
     clock.advance(timedelta(minutes=31))
@@ -124,10 +125,10 @@ def test_only_the_replica_holding_the_advisory_lock_runs(
     clock.advance(timedelta(days=31))
     with engine.connect() as other:
         assert other.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": RETENTION_LOCK_KEY}).scalar()
-        assert Retention(engine, clock, days=30).run_if_due() is None
+        assert Retention(Database(engine), clock, days=30).run_if_due() is None
         assert len(statuses(engine)) == 4
         other.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": RETENTION_LOCK_KEY})
-    report = Retention(engine, clock, days=30).run_if_due()
+    report = Retention(Database(engine), clock, days=30).run_if_due()
     assert report is not None and report.deleted == 2
 
 
@@ -142,7 +143,7 @@ def test_a_backlog_is_deleted_in_small_batches_over_several_polls(
     clock.advance(later())
     service.scheduler.poll_once()
     clock.advance(timedelta(days=31))
-    retention = Retention(engine, clock, days=30, batch_size=2, max_batches=2)
+    retention = Retention(Database(engine), clock, days=30, batch_size=2, max_batches=2)
     first = retention.run_if_due()
     assert first is not None and (first.deleted, first.batches, first.done) == (4, 2, False)
     second = retention.run_if_due()
@@ -159,7 +160,7 @@ def test_a_failing_run_gives_the_election_back(
     to the loop, which logs it, and gives the election lock back, so the next run can go."""
     finished_rows(client, service, clock)
     clock.advance(timedelta(days=31))
-    failing = Retention(engine, clock, days=30)
+    failing = Retention(Database(engine), clock, days=30)
     with engine.connect() as blocker:
         # an exclusive lock on the history table makes the delete wait; lock_timeout ends the wait
         blocker.execute(text("LOCK TABLE scheduled_event_history IN ACCESS EXCLUSIVE MODE"))
@@ -167,7 +168,7 @@ def test_a_failing_run_gives_the_election_back(
                                 Settings(lock_timeout_ms=50, statement_timeout_ms=5_000))
         try:
             with pytest.raises(DBAPIError):
-                Retention(impatient, clock, days=30).run_if_due()
+                Retention(Database(impatient), clock, days=30).run_if_due()
         finally:
             impatient.dispose()
         blocker.rollback()
@@ -230,7 +231,7 @@ def test_a_row_a_writer_is_making_pending_during_a_run_is_neither_deleted_nor_wa
     with ThreadPoolExecutor(max_workers=1) as pool, engine.connect() as writer:
         writer.execute(text("UPDATE scheduled_events SET status = 'pending', dispatched_at = NULL, updated_at = :now "
                             "WHERE id = :id"), {"now": clock.now(), "id": rearmed})
-        run = pool.submit(Retention(engine, clock, days=30).run_if_due)
+        run = pool.submit(Retention(Database(engine), clock, days=30).run_if_due)
         try:
             report = run.result(timeout=20)
         except TimeoutError:

@@ -94,7 +94,7 @@ def test_two_replicas_claiming_at_once_never_take_the_same_row(
 ) -> None:
     """REQ-0065.4: FOR UPDATE SKIP LOCKED: the second replica skips the first one's rows."""
     posted = [post_event(client, user_id=f"user-{i}", trigger_at=T0 - timedelta(minutes=i)) for i in range(30)]
-    other = Scheduler(service.sessions, service.dispatcher, clock, name="replica-2")
+    other = Scheduler(service.database, service.dispatcher, clock, name="replica-2")
     first = service.scheduler.claim()
     second = other.claim()
     taken_first = [e.id for e in first.events]
@@ -247,7 +247,7 @@ def test_whether_a_row_is_due_follows_the_injected_clock_not_the_database_clock(
 ) -> None:
     """REQ-0065.7: the claim binds :now from the clock; under freezegun the frozen time decides."""
     in_2031 = post_event(client, trigger_at=datetime(2031, 1, 1, tzinfo=UTC))
-    scheduler = Scheduler(service.sessions, service.dispatcher, SystemClock())
+    scheduler = Scheduler(service.database, service.dispatcher, SystemClock())
     with freeze_time("2030-12-31T23:59:59Z"):
         assert scheduler.poll_once().claimed == 0
     with freeze_time("2031-01-01T00:00:00Z"):

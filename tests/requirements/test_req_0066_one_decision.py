@@ -151,11 +151,11 @@ def prepare(service: SchedulerService, engine: Engine, program: Program) -> list
                           "dedup_keys, participant_preferences RESTART IDENTITY CASCADE"))
     sequence, _, preferences = program
     for user, (kinds, cap) in sorted(preferences.items()):
-        set_preferences(service.sessions, user, enabled_kinds=kinds, max_per_day=cap, now=T0)
+        set_preferences(service.database, user, enabled_kinds=kinds, max_per_day=cap, now=T0)
     events = [event_of(i, step) for i, step in enumerate(sequence)]
     for i, event in enumerate(events):
         if event.scheduled_event_id is not None:
-            store_event(service.sessions, event_type=event.event_type, user_id=event.user_id,
+            store_event(service.database, event_type=event.event_type, user_id=event.user_id,
                         community_id=event.community_id, external_key=None,
                         trigger_at=T0 - timedelta(minutes=len(events) - i), facts=event.facts,
                         now=T0 - timedelta(hours=1), event_id=event.scheduled_event_id)

@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 from starlette.testclient import TestClient
 
 from scheduler.core.loop import Scheduler
-from scheduler.database.engine import make_sessionmaker
+from scheduler.database.database import Database
 from scheduler.database.participant_locks import participant_lock_key
 from scheduler.nudging.publishers import RecordingPublisher
 from scheduler.types import DigitalTwinEvent, DispatchOutcome, DispatchResult
@@ -137,7 +137,7 @@ def test_the_claims_row_and_participant_locks_hold_through_the_rollback_to_the_c
     the claim's locks, not even on the rows updated in the rolled-back part."""
     posted = batch_of_five(client)
     ids = [p["id"] for p in posted]
-    other = make_sessionmaker(engine)
+    other = Database(engine)
     probing = UpdatingProbingDispatcher(service.dispatcher, "user-3", engine, ids, [f"user-{i}" for i in range(5)])
     scheduler = service.scheduler
     scheduler.dispatcher = probing

@@ -24,7 +24,7 @@ from starlette.testclient import TestClient
 from scheduler.config import Settings
 from scheduler.core.clock import ManualClock
 from scheduler.core.loop import Scheduler
-from scheduler.database.engine import make_sessionmaker
+from scheduler.database.database import Database
 from scheduler.nudging.publishers import RecordingPublisher
 from scheduler.types import (
     AsyncDispatcherRefused,
@@ -194,7 +194,7 @@ def test_an_async_dispatcher_is_refused_when_the_service_or_scheduler_is_built(
     with pytest.raises(AsyncDispatcherRefused, match="called synchronously"):
         SchedulerService(settings, engine=engine, clock=clock, run_scheduler=False, dispatcher=dispatcher)
     with pytest.raises(AsyncDispatcherRefused, match="async def"):
-        Scheduler(make_sessionmaker(engine), dispatcher, clock, publisher=RecordingPublisher())
+        Scheduler(Database(engine), dispatcher, clock, publisher=RecordingPublisher())
     service = SchedulerService(settings, engine=engine, clock=clock, run_scheduler=False)
     with pytest.raises(AsyncDispatcherRefused):
         service.scheduler.dispatcher = dispatcher

@@ -86,7 +86,7 @@ class SetBased(NudgingPlatform):
 
 
 def store(service: SchedulerService, event_id: str, user: str, minutes: int, **facts: Any) -> None:
-    store_event(service.sessions, event_type="commitment_reminder", user_id=user, community_id="c-1",
+    store_event(service.database, event_type="commitment_reminder", user_id=user, community_id="c-1",
                 external_key=None, trigger_at=T0 - timedelta(minutes=minutes), facts=reminder_facts(**facts),
                 now=T0 - timedelta(hours=1), event_id=event_id)
 
@@ -94,8 +94,8 @@ def store(service: SchedulerService, event_id: str, user: str, minutes: int, **f
 def run_scenario(service: SchedulerService, dispatcher: Any) -> list[list[str]]:
     """Two polls over a fresh state: the first leaves keys behind, the second mixes every case."""
     service.scheduler.dispatcher = dispatcher
-    set_preferences(service.sessions, "capped", enabled_kinds=None, max_per_day=3, now=T0)
-    set_preferences(service.sessions, "quiet", enabled_kinds=["nudge"], max_per_day=3, now=T0)
+    set_preferences(service.database, "capped", enabled_kinds=None, max_per_day=3, now=T0)
+    set_preferences(service.database, "quiet", enabled_kinds=["nudge"], max_per_day=3, now=T0)
     # poll 1: keys for "seen" (then duplicated once) and "fresh"
     store(service, "a1", "seen", 100)
     store(service, "a2", "seen", 99)
@@ -266,8 +266,9 @@ def test_a_write_that_differs_from_the_decisions_falls_back_to_the_per_event_pat
     original = decision.read
     reads: list[list[str]] = []
 
-    def stale_read(session: Session, users: list[str], keys: list[str], now: Any) -> decision.BatchState:
-        state = original(session, users, keys, now)
+    def stale_read(session: Session, users: list[str], keys: list[str], now: Any,
+                   decisions: Any) -> decision.BatchState:
+        state = original(session, users, keys, now, decisions)
         reads.append(keys)
         if len(reads) == 1:  # the batch's read, as if made before the insert; the fallback reads afresh
             state.keys.pop(key, None)

@@ -77,7 +77,7 @@ def test_store_event_keeps_to_the_same_range(service: SchedulerService, engine: 
     for trigger_at in (datetime(1, 1, 1, tzinfo=UTC), EARLIEST_TRIGGER - timedelta(microseconds=1), LATEST_TRIGGER,
                        datetime(2026, 11, 30, 9)):
         with pytest.raises(TriggerOutOfRange):
-            store_event(service.sessions, event_type="t", user_id="u", community_id=None, external_key=None,
+            store_event(service.database, event_type="t", user_id="u", community_id=None, external_key=None,
                         trigger_at=trigger_at, facts={"facts_version": "1", "scenario": "s"}, now=T0)
     assert rows(engine, "SELECT id FROM scheduled_events") == []
 

@@ -16,7 +16,6 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 
 from scheduler.config import Settings
 from scheduler.core.clock import ManualClock
-from scheduler.database.queries import current_schema, use_schema
 from scheduler.web.app import SchedulerService
 from tests.conftest import T0
 
@@ -25,14 +24,12 @@ from tests.conftest import T0
 def service_from_env(env: Mapping[str, str], **kwargs: Any) -> Iterator[SchedulerService]:
     """``SchedulerService(Settings.from_env(env))``: the service builds its own engines from
     ``DATABASE_URL``, as ``scheduler serve`` does; they are disposed afterwards."""
-    schema = current_schema()  # the service names its settings' schema for the process
     service = SchedulerService(Settings.from_env(env), clock=kwargs.pop("clock", ManualClock(T0)), **kwargs)
     try:
         yield service
     finally:
         service.engine.dispose()
         service.loop_engine.dispose()
-        use_schema(schema)
 
 
 @dataclass

@@ -134,7 +134,7 @@ def test_the_cycle_check_finds_a_cycle_under_type_checking_and_names_it() -> Non
     assert any(isinstance(n, ast.ImportFrom) for n in ast.walk(tree))
     graph = import_graph()
     assert "scheduler.application.commands" in graph["scheduler.web.api.scheduled_events"]
-    assert "scheduler.database.queries" in graph["scheduler.application.commands"]
+    assert "scheduler.database.database" in graph["scheduler.application.commands"]
     # a TYPE_CHECKING import and a function-level one are edges too
     assert "scheduler.web.app" in graph["scheduler"]
     assert "scheduler.web.app" in graph["scheduler.cli"] or "scheduler.web.app" in graph.get(

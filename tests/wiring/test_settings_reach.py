@@ -29,7 +29,8 @@ from starlette.testclient import TestClient
 from scheduler.config import ConfigError, Settings
 from scheduler.core import store
 from scheduler.core.clock import DatabaseClock
-from scheduler.database.engine import make_sessionmaker, polling
+from scheduler.database.database import Database
+from scheduler.database.engine import polling
 from tests.conftest import T0, TEST_SECRET, token
 from tests.helpers import reminder_facts
 from tests.operations.support import sign_in
@@ -61,7 +62,7 @@ def _admin_list(client: TestClient, headers: dict[str, str]) -> int:
 
 
 def _due(engine: Engine, count: int) -> None:
-    sessions = make_sessionmaker(engine)
+    sessions = Database(engine)
     for i in range(count):
         store.store_event(sessions, event_type="reminder", user_id=f"user-{i}", community_id=None,
                           external_key=None, trigger_at=T0 - timedelta(minutes=count - i),
@@ -396,7 +397,7 @@ def check_environment(env: Env) -> None:
 
 
 def check_retention_days(env: Env) -> None:
-    sessions = make_sessionmaker(env.engine)
+    sessions = Database(env.engine)
     row = store.store_event(sessions, event_type="reminder", user_id="user-r", community_id=None, external_key=None,
                             trigger_at=T0, facts=reminder_facts(), now=T0)
     with env.engine.begin() as conn:  # dispatched eight days before the service's clock

@@ -11,37 +11,32 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy.orm import Session, sessionmaker
-
-from scheduler.database.queries import statement
+from scheduler.database.database import Database
 from scheduler.database.rows import row_as_json
 
 
-def list_actions(sessions: sessionmaker[Session], *, limit: int = 100, before_id: int | None = None) -> list[dict[str, Any]]:
+def list_actions(database: Database, *, limit: int = 100, before_id: int | None = None) -> list[dict[str, Any]]:
     """The audit trail, newest first; ``before_id`` continues from the previous page."""
-    with sessions.begin() as session:
-        rows = session.execute(statement("list_operator_actions"), {"limit": limit, "before_id": before_id}).mappings()
-        return [row_as_json(r) for r in rows]
+    with database.begin() as session:
+        return [row_as_json(r) for r in database.operations.list_actions(session, limit=limit, before_id=before_id)]
 
 
-def event_actions(sessions: sessionmaker[Session], event_id: str) -> list[dict[str, Any]]:
+def event_actions(database: Database, event_id: str) -> list[dict[str, Any]]:
     """The operator actions that changed one row, newest first."""
-    with sessions.begin() as session:
-        return [row_as_json(r) for r in session.execute(statement("event_actions"), {"event_id": event_id}).mappings()]
+    with database.begin() as session:
+        return [row_as_json(r) for r in database.operations.event_actions(session, event_id)]
 
 
-def event_notifications(sessions: sessionmaker[Session], event_id: str) -> list[dict[str, Any]]:
+def event_notifications(database: Database, event_id: str) -> list[dict[str, Any]]:
     """The notifications one row produced, oldest first."""
-    with sessions.begin() as session:
-        rows = session.execute(statement("event_notifications"), {"event_id": event_id}).mappings()
-        return [row_as_json(r) for r in rows]
+    with database.begin() as session:
+        return [row_as_json(r) for r in database.operations.event_notifications(session, event_id)]
 
 
-def event_history(sessions: sessionmaker[Session], event_id: str) -> list[dict[str, Any]] | None:
+def event_history(database: Database, event_id: str) -> list[dict[str, Any]] | None:
     """Every change of a row, oldest first; None when neither the row nor any history exists."""
-    with sessions.begin() as session:
-        entries = [row_as_json(r) for r in session.execute(statement("event_history"), {"id": event_id}).mappings()]
+    with database.begin() as session:
+        entries = [row_as_json(r) for r in database.events.history(session, event_id)]
         if entries:
             return entries
-        exists = session.execute(statement("get_event"), {"id": event_id}).first()
-        return [] if exists is not None else None
+        return [] if database.events.get(session, event_id) is not None else None

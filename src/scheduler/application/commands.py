@@ -30,11 +30,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
 
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session
 
 from scheduler.application.events import EventQuery, EventRecord, QueryError
-from scheduler.core.store import set_change_context
-from scheduler.database.queries import statement
+from scheduler.database.database import Database
 from scheduler.types import EventStatus
 
 # The source statuses of each command, from the status enum; every adapter uses these.
@@ -95,54 +94,49 @@ def _clean_reason(reason: str | None) -> str | None:
     return (reason or "").strip()[:MAX_REASON] or None
 
 
-def _record(session: Session, *, now: datetime, actor: Actor, action: str, event_id: str | None,
+def _record(session: Session, database: Database, *, now: datetime, actor: Actor, action: str, event_id: str | None,
             query: EventQuery | None, count: int, reason: str | None) -> int:
-    action_id: int = session.execute(statement("insert_operator_action"), {
-        "now": now, "actor": actor.name, "source": actor.source, "action": action, "event_id": event_id,
-        "filter": None if query is None else json.dumps(query.as_json()), "count": count, "reason": reason,
-    }).scalar_one()
-    return action_id
+    return database.operations.record_action(
+        session, now=now, actor=actor.name, source=actor.source, action=action, event_id=event_id,
+        filter_json=None if query is None else json.dumps(query.as_json()), count=count, reason=reason)
 
 
-def _one_row(sessions: sessionmaker[Session], *, action: str, change: str, update: str,
+def _one_row(database: Database, *, action: str, change: str, update: str,
              sources: frozenset[EventStatus], now: datetime, actor: Actor, reason: str | None,
              event_id: str | None, external_key: str | None) -> tuple[EventRecord | None, bool, int | None]:
     """Lock the row, change it if its status is a source, record the action: (row, changed, action id)."""
-    with sessions.begin() as session:
-        return _one_row_in(session, action=action, change=change, update=update, sources=sources, now=now,
+    with database.begin() as session:
+        return _one_row_in(session, database, action=action, change=change, update=update, sources=sources, now=now,
                            actor=actor, reason=reason, event_id=event_id, external_key=external_key)
 
 
-def _one_row_in(session: Session, *, action: str, change: str, update: str,
+def _one_row_in(session: Session, database: Database, *, action: str, change: str, update: str,
                 sources: frozenset[EventStatus], now: datetime, actor: Actor, reason: str | None,
                 event_id: str | None, external_key: str | None) -> tuple[EventRecord | None, bool, int | None]:
     """``_one_row`` in the caller's transaction."""
     if (event_id is None) == (external_key is None):
         raise ValueError("name the row by exactly one of event_id and external_key")
-    if event_id is not None:
-        locked = session.execute(statement("lock_event_by_id"), {"id": event_id}).mappings().first()
-    else:
-        locked = session.execute(statement("lock_event_by_key"), {"external_key": external_key}).mappings().first()
+    locked = database.events.lock(session, event_id=event_id, external_key=external_key)
     if locked is None:
         return None, False, None
     row, changed = locked, EventStatus(locked["status"]) in sources
     if changed:
-        set_change_context(session, change, actor.name)  # the row's history names the change and who
-        row = session.execute(statement(update), {
-            "id": locked["id"], "now": now, "sources": sources_json(sources)}).mappings().one()
-    action_id = _record(session, now=now, actor=actor, action=action, event_id=locked["id"], query=None,
+        database.events.set_change_context(session, change, actor.name)  # the row's history names the change and who
+        row = database.events.change(session, update, {"id": locked["id"], "now": now,
+                                                       "sources": sources_json(sources)})
+    action_id = _record(session, database, now=now, actor=actor, action=action, event_id=locked["id"], query=None,
                         count=int(changed), reason=_clean_reason(reason))
     if changed:
-        session.execute(statement("link_action_events"), {"action_id": action_id, "event_ids": [locked["id"]]})
+        database.operations.link_action_events(session, action_id, [locked["id"]])
     return EventRecord.from_row(row), changed, action_id
 
 
-def reset(sessions: sessionmaker[Session], event_id: str, *, now: datetime, actor: Actor,
+def reset(database: Database, event_id: str, *, now: datetime, actor: Actor,
           reason: str | None = None) -> ResetResult:
     """The reset by hand (REQ-0065): a row back to pending, ``dispatched_at`` and
     ``last_error`` cleared; the loop takes it again when due (its ``trigger_at``, and so its
     place in the claim order, are kept)."""
-    row, changed, action_id = _one_row(sessions, action="reset", change="reset", update="reset_event",
+    row, changed, action_id = _one_row(database, action="reset", change="reset", update="reset_event",
                                        sources=RESETTABLE, now=now, actor=actor, reason=reason,
                                        event_id=event_id, external_key=None)
     if row is None or not changed:  # every status is RESETTABLE: an existing row is always reset
@@ -150,22 +144,22 @@ def reset(sessions: sessionmaker[Session], event_id: str, *, now: datetime, acto
     return ResetResult("reset", row, action_id)
 
 
-def cancel(sessions: sessionmaker[Session], *, now: datetime, actor: Actor, event_id: str | None = None,
+def cancel(database: Database, *, now: datetime, actor: Actor, event_id: str | None = None,
            external_key: str | None = None, reason: str | None = None) -> CancelResult:
     """Withdraw the row named by ``event_id`` or ``external_key``: a ``CANCELLABLE`` row
     becomes ``cancelled`` (terminal; the claim never takes it); a failed row keeps its error."""
-    row, changed, action_id = _one_row(sessions, action="cancel", change="cancelled", update="cancel_event",
+    row, changed, action_id = _one_row(database, action="cancel", change="cancelled", update="cancel_event",
                                        sources=CANCELLABLE, now=now, actor=actor, reason=reason,
                                        event_id=event_id, external_key=external_key)
     return _cancel_result(row, changed, action_id)
 
 
-def cancel_in(session: Session, *, now: datetime, actor: Actor, event_id: str | None = None,
+def cancel_in(session: Session, database: Database, *, now: datetime, actor: Actor, event_id: str | None = None,
               external_key: str | None = None, reason: str | None = None) -> CancelResult:
     """``cancel`` in the caller's transaction (a host's own code, ``scheduler.cancel``): the
     row's change and its audit entry are committed with the caller's commit, gone with its rollback."""
-    row, changed, action_id = _one_row_in(session, action="cancel", change="cancelled", update="cancel_event",
-                                          sources=CANCELLABLE, now=now, actor=actor, reason=reason,
+    row, changed, action_id = _one_row_in(session, database, action="cancel", change="cancelled",
+                                          update="cancel_event", sources=CANCELLABLE, now=now, actor=actor, reason=reason,
                                           event_id=event_id, external_key=external_key)
     return _cancel_result(row, changed, action_id)
 
@@ -181,14 +175,12 @@ def _cancel_result(row: EventRecord | None, changed: bool, action_id: int | None
     return CancelResult(outcome, row, action_id)
 
 
-def count_matching(sessions: sessionmaker[Session], query: EventQuery, sources: frozenset[EventStatus],
+def count_matching(database: Database, query: EventQuery, sources: frozenset[EventStatus],
                    *, cap: int = BULK_CAP) -> int:
     """The dry run: how many rows a bulk command over ``sources`` would change now
     (``cap + 1`` means more than ``cap``)."""
-    with sessions.begin() as session:
-        count: int = session.execute(statement("count_filtered_events"), {
-            **query.params(), "sources": sources_json(sources), "cap": cap}).scalar_one()
-        return count
+    with database.begin() as session:
+        return database.events.count_filtered(session, {**query.params(), "sources": sources_json(sources), "cap": cap})
 
 
 # A bulk command by the status it sets: its audit action, its history change, the statuses it acts on.
@@ -198,43 +190,42 @@ _BULK: dict[EventStatus, tuple[str, str, frozenset[EventStatus]]] = {
 }
 
 
-def _bulk(sessions: sessionmaker[Session], query: EventQuery, *, to: EventStatus, now: datetime, as_of: datetime,
+def _bulk(database: Database, query: EventQuery, *, to: EventStatus, now: datetime, as_of: datetime,
           expected: int, actor: Actor, reason: str, cap: int, chunk: int) -> BulkResult:
     action, change, sources = _BULK[to]
     why = _clean_reason(reason)
     if why is None:
         raise QueryError("reason", f"a bulk {action.removeprefix('bulk_')} needs a reason")
     limit = max(min(expected, cap), 0)
-    with sessions.begin() as session:
-        action_id = _record(session, now=now, actor=actor, action=action, event_id=None, query=query,
+    with database.begin() as session:
+        action_id = _record(session, database, now=now, actor=actor, action=action, event_id=None, query=query,
                             count=0, reason=why)
     done, chunks, after = 0, 0, ""
     params = {**query.params(), "sources": sources_json(sources), "as_of": as_of, "now": now, "to": str(to)}
     while done < limit:
-        with sessions.begin() as session:
-            set_change_context(session, change, actor.name)
-            ids = list(session.execute(statement("change_filtered_chunk"), {
-                **params, "after_id": after, "chunk": min(chunk, limit - done),
-            }).scalars())
+        with database.begin() as session:
+            database.events.set_change_context(session, change, actor.name)
+            ids = database.events.change_filtered_chunk(session, {**params, "after_id": after,
+                                                                  "chunk": min(chunk, limit - done)})
             if not ids:
                 break
-            session.execute(statement("link_action_events"), {"action_id": action_id, "event_ids": ids})
+            database.operations.link_action_events(session, action_id, ids)
             done += len(ids)
-            session.execute(statement("set_operator_action_count"), {"id": action_id, "count": done})
+            database.operations.set_action_count(session, action_id, done)
         chunks += 1
         after = max(ids)
     return BulkResult(action_id, done, chunks)
 
 
-def bulk_reset(sessions: sessionmaker[Session], query: EventQuery, *, now: datetime, as_of: datetime,
+def bulk_reset(database: Database, query: EventQuery, *, now: datetime, as_of: datetime,
                expected: int, actor: Actor, reason: str, cap: int = BULK_CAP, chunk: int = CHUNK) -> BulkResult:
     """Reset what the dry run at ``as_of`` counted (at most ``min(expected, cap)`` ``RESETTABLE`` rows), in chunks."""
-    return _bulk(sessions, query, to=EventStatus.PENDING, now=now, as_of=as_of, expected=expected, actor=actor, reason=reason,
+    return _bulk(database, query, to=EventStatus.PENDING, now=now, as_of=as_of, expected=expected, actor=actor, reason=reason,
                  cap=cap, chunk=chunk)
 
 
-def bulk_cancel(sessions: sessionmaker[Session], query: EventQuery, *, now: datetime, as_of: datetime,
+def bulk_cancel(database: Database, query: EventQuery, *, now: datetime, as_of: datetime,
                 expected: int, actor: Actor, reason: str, cap: int = BULK_CAP, chunk: int = CHUNK) -> BulkResult:
     """Cancel what the dry run at ``as_of`` counted (at most ``min(expected, cap)`` ``CANCELLABLE`` rows), in chunks."""
-    return _bulk(sessions, query, to=EventStatus.CANCELLED, now=now, as_of=as_of, expected=expected, actor=actor, reason=reason,
+    return _bulk(database, query, to=EventStatus.CANCELLED, now=now, as_of=as_of, expected=expected, actor=actor, reason=reason,
                  cap=cap, chunk=chunk)

@@ -22,7 +22,7 @@ from typing import Any
 from sqlalchemy import RowMapping
 from sqlalchemy.orm import Session
 
-from scheduler.database.queries import statement
+from scheduler.database.events import EventRepository
 from scheduler.types import EventStatus
 
 EXACT_LIMIT = 200_000  # rows in the table (the planner's estimate) above which finished rows are estimated
@@ -45,39 +45,40 @@ class StatusCounts:
         return [str(s) for s in EventStatus if s in self.estimated]
 
 
-def indexed_count(session: Session, status: EventStatus, *, cap: int | None = None) -> int | None:
+def indexed_count(session: Session, events: EventRepository, status: EventStatus, *, cap: int | None = None) -> int | None:
     """The exact count of a status that has a partial index (pending, failed), read from it
     only; None when there are more than ``cap`` (default ``COUNT_CAP``) such rows."""
     limit = COUNT_CAP if cap is None else cap
-    count: int = session.execute(statement(_INDEXED[status]), {"cap": limit}).scalar_one()
+    count = events.count_indexed(session, _INDEXED[status], limit)
     return count if count <= limit else None
 
 
-def counted_or_estimated(session: Session, status: EventStatus, *, cap: int | None = None) -> tuple[int, bool]:
+def counted_or_estimated(session: Session, events: EventRepository, status: EventStatus, *, cap: int | None = None) -> tuple[int, bool]:
     """An indexed status's count, exact up to ``cap`` rows, else the planner's estimate: (count, estimated)."""
-    exact = indexed_count(session, status, cap=cap)
+    exact = indexed_count(session, events, status, cap=cap)
     if exact is not None:
         return exact, False
-    stats = session.execute(statement("estimate_events_by_status")).mappings().one()
+    stats = events.estimate_by_status(session)
     return _estimates(stats, [status])[status], True
 
 
-def status_counts(session: Session, *, exact_limit: int = EXACT_LIMIT, cap: int | None = None) -> StatusCounts:
+def status_counts(session: Session, events: EventRepository, *, exact_limit: int = EXACT_LIMIT,
+                  cap: int | None = None) -> StatusCounts:
     """Every status's count: exact in a table under ``exact_limit`` rows, else exact for the
     indexed statuses up to ``cap`` rows each and the planner's estimate for the others and
     for an indexed status past the cap (all marked ``estimated``)."""
-    size = session.execute(statement("estimate_events")).scalar_one()
+    size = events.estimate_size(session)
     if size is None or size < exact_limit:
-        rows = session.execute(statement("count_events_by_status"), {"statuses": [str(s) for s in EventStatus]})
-        exact = {EventStatus(status): int(count) for status, count in rows}
+        by_status = events.count_by_status(session, [str(s) for s in EventStatus])
+        exact = {EventStatus(status): count for status, count in by_status.items()}
         return StatusCounts({s: exact.get(s, 0) for s in EventStatus}, frozenset())
     counts: dict[EventStatus, int] = {}
     for status in _INDEXED:
-        found = indexed_count(session, status, cap=cap)
+        found = indexed_count(session, events, status, cap=cap)
         if found is not None:
             counts[status] = found
     estimated = [s for s in EventStatus if s not in counts]
-    stats = session.execute(statement("estimate_events_by_status")).mappings().one()
+    stats = events.estimate_by_status(session)
     for status, count in _estimates(stats, estimated).items():
         counts[status] = count
     return StatusCounts({s: counts[s] for s in EventStatus}, frozenset(estimated))

@@ -21,10 +21,9 @@ from enum import StrEnum
 from typing import Any
 
 from sqlalchemy import RowMapping
-from sqlalchemy.orm import Session, sessionmaker
 
 from scheduler.core.store import event_to_json
-from scheduler.database.queries import statement
+from scheduler.database.database import Database
 from scheduler.digits import digits_value
 from scheduler.types import EventStatus
 
@@ -234,7 +233,7 @@ class EventPage:
     next_cursor: Cursor | None
 
 
-def list_events(sessions: sessionmaker[Session], query: EventQuery,
+def list_events(database: Database, query: EventQuery,
                 order: EventOrder = EventOrder.CHANGED) -> EventPage:
     """One page of ``query`` in ``order``, continuing after ``query.cursor``.
 
@@ -248,8 +247,8 @@ def list_events(sessions: sessionmaker[Session], query: EventQuery,
         raise QueryError("status", "the due order lists pending rows only")
     params = {**query.params(), "after_at": cursor.at if cursor else None, "after_id": cursor.id if cursor else "",
               "limit": query.limit + 1}
-    with sessions.begin() as session:
-        found = list(session.execute(statement(_PAGE_STATEMENT[order]), params).mappings())
+    with database.begin() as session:
+        found = database.events.page(session, _PAGE_STATEMENT[order], params)
     more = len(found) > query.limit
     found = found[: query.limit]
     next_cursor = None
@@ -260,8 +259,8 @@ def list_events(sessions: sessionmaker[Session], query: EventQuery,
     return EventPage(rows, next_cursor)
 
 
-def get_event(sessions: sessionmaker[Session], event_id: str) -> EventRecord | None:
+def get_event(database: Database, event_id: str) -> EventRecord | None:
     """One row by id, or None."""
-    with sessions.begin() as session:
-        row = session.execute(statement("get_event"), {"id": event_id}).mappings().first()
+    with database.begin() as session:
+        row = database.events.get(session, event_id)
         return EventRecord.from_row(row) if row else None

@@ -15,11 +15,10 @@ import logging
 from collections.abc import Callable
 from datetime import datetime, timedelta
 
-from sqlalchemy.orm import Session, sessionmaker
-
 from scheduler.core import poll, store, store_batch
 from scheduler.core.expiry import ExpiryRefused, stored_expires_at
 from scheduler.core.store_batch import NewEvent, Stored
+from scheduler.database.database import Database
 from scheduler.types import (
     DigitalTwinEvent,
     Dispatcher,
@@ -48,7 +47,7 @@ store_scheduled_events = store_batch.store_events
 publish_committed = poll.publish_committed
 
 
-def dispatch_live(sessions: sessionmaker[Session], dispatcher: Dispatcher, event: DigitalTwinEvent,
+def dispatch_live(database: Database, dispatcher: Dispatcher, event: DigitalTwinEvent,
                   now: datetime, *, dispatched: Callable[[DispatchResult], None] = lambda result: None,
                   default_expiry: timedelta | None = None, traceparent: str | None = None,
                   ) -> DispatchResult:
@@ -60,7 +59,7 @@ def dispatch_live(sessions: sessionmaker[Session], dispatcher: Dispatcher, event
     An event its participant's quiet hours hold (``DEFERRED``) is stored, in the same
     transaction, as a scheduled row due at ``not_before`` with ``default_expiry``'s window
     (QUIET-7: one path, REQ-0066); the result's ``detail`` is that row as the API shows it."""
-    with sessions() as session:
+    with database() as session:
         try:
             result = checked_result(dispatcher(session, event, now))
         except NotADispatchResult as exc:
@@ -73,7 +72,8 @@ def dispatch_live(sessions: sessionmaker[Session], dispatcher: Dispatcher, event
             session.rollback()
             return result
         if result.outcome is DispatchOutcome.DEFERRED and result.not_before is not None:
-            result.detail = store.store_held_live_event(session, event, now=now, not_before=result.not_before,
+            result.detail = store.store_held_live_event(session, database.events, event, now=now,
+                                                        not_before=result.not_before,
                                                         default_expiry=default_expiry, traceparent=traceparent)
         session.commit()
     return result

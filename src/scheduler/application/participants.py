@@ -10,39 +10,38 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy.orm import Session, sessionmaker
-
 from scheduler.core import store
+from scheduler.database.database import Database
 from scheduler.database.rows import row_as_json
 from scheduler.nudging.local_time import DEFAULT_TIME_ZONE_NAME, QuietHours
 from scheduler.nudging.orchestrator import DEFAULT_MAX_PER_DAY
 
 
-def list_notifications(sessions: sessionmaker[Session], *, user_id: str | None, status: str | None,
+def list_notifications(database: Database, *, user_id: str | None, status: str | None,
                        limit: int) -> list[dict[str, Any]]:
     """Notifications, of one participant (``user_id``) or everyone's, in one status or any,
     at most ``limit``."""
-    return store.list_notifications(sessions, user_id=user_id, status=status, limit=limit)
+    return store.list_notifications(database, user_id=user_id, status=status, limit=limit)
 
 
-def set_preferences(sessions: sessionmaker[Session], user_id: str, *, enabled_kinds: Sequence[str] | None,
+def set_preferences(database: Database, user_id: str, *, enabled_kinds: Sequence[str] | None,
                     max_per_day: int, now: datetime, time_zone: str | None = None,
                     quiet_hours: QuietHours | None = None) -> dict[str, Any]:
     """Set a participant's preferences (the kinds they accept, their daily cap, their time zone
     and quiet hours, already parsed: ``parse_time_zone``, ``parse_quiet_hours``); the stored
     row as the API shows it. A change of the zone or the quiet hours releases their held rows
     (QUIET-5)."""
-    row = store.set_preferences(sessions, user_id, enabled_kinds=enabled_kinds, max_per_day=max_per_day, now=now,
+    row = store.set_preferences(database, user_id, enabled_kinds=enabled_kinds, max_per_day=max_per_day, now=now,
                                 time_zone=time_zone,
                                 quiet_start=None if quiet_hours is None else quiet_hours.start,
                                 quiet_end=None if quiet_hours is None else quiet_hours.end)
     return preferences_as_json(row)
 
 
-def get_preferences(sessions: sessionmaker[Session], user_id: str) -> dict[str, Any]:
+def get_preferences(database: Database, user_id: str) -> dict[str, Any]:
     """A participant's preferences as the API shows them; the defaults (every kind, the
     default cap, UTC, no quiet hours, ``updated_at`` null) when none were ever set."""
-    row = store.get_preferences(sessions, user_id)
+    row = store.get_preferences(database, user_id)
     if row is None:
         return {"user_id": user_id, "enabled_kinds": None, "max_per_day": DEFAULT_MAX_PER_DAY,
                 "time_zone": DEFAULT_TIME_ZONE_NAME, "quiet_hours": None, "updated_at": None}

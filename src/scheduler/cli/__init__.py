@@ -229,10 +229,6 @@ def run_command(args: argparse.Namespace) -> int:
     """Run the parsed command with settings from the environment; a bad setting is exit 2."""
     try:
         settings = Settings.from_env()
-        # every statement of the command names the scheduler's schema (DEC-SCHEMA)
-        from scheduler.database.queries import use_schema
-
-        use_schema(settings.database_schema)
         result: int = args.func(args, settings)
         return result
     except ConfigError as exc:

@@ -44,14 +44,14 @@ def _query(args: argparse.Namespace, *, limit: int = 100) -> Any:
 
 def cmd_events_list(args: argparse.Namespace, settings: Settings) -> int:
     from scheduler.application.events import EventOrder, QueryError, list_events
-    from scheduler.database.engine import make_sessionmaker
+    from scheduler.database.database import Database
 
     query = _query(args, limit=args.limit)
     if query is None:
         return 2
     engine = migrated_engine(settings)
     try:
-        page = list_events(make_sessionmaker(engine), query, EventOrder.CHANGED)
+        page = list_events(Database(engine, settings.database_schema), query, EventOrder.CHANGED)
     except QueryError as exc:
         print(terminal_safe(exc), file=sys.stderr)
         return 2
@@ -86,13 +86,13 @@ def _cli_actor(args: argparse.Namespace) -> Any:
 def cmd_events_show(args: argparse.Namespace, settings: Settings) -> int:
     from scheduler.application import audit
     from scheduler.application.events import get_event
-    from scheduler.database.engine import make_sessionmaker
+    from scheduler.database.database import Database
 
     engine = migrated_engine(settings)
-    sessions = make_sessionmaker(engine)
-    found = get_event(sessions, args.id)
-    notifications = audit.event_notifications(sessions, args.id) if found else []
-    actions = audit.event_actions(sessions, args.id) if found else []
+    database = Database(engine, settings.database_schema)
+    found = get_event(database, args.id)
+    notifications = audit.event_notifications(database, args.id) if found else []
+    actions = audit.event_actions(database, args.id) if found else []
     engine.dispose()
     if found is None:
         print(terminal_safe(f"no scheduled event with id {args.id}"), file=sys.stderr)
@@ -138,14 +138,14 @@ def _id_or_filter(args: argparse.Namespace, verb: str) -> tuple[bool, Any] | Non
     return None if query is None else (True, query)
 
 
-def _by_filter(args: argparse.Namespace, sessions: Any, clock: Any, query: Any, *, verb: str, doing: str,
+def _by_filter(args: argparse.Namespace, database: Any, clock: Any, query: Any, *, verb: str, doing: str,
                done_verb: str, sources: frozenset[Any], bulk: Any) -> int:
     """A reset or a cancel by filter, as the console's: count first (``--dry-run`` stops
     there), ``--reason`` required, then the audited command in chunks (``bulk``)."""
     from scheduler.application import commands
 
     as_of = clock.now()
-    count = commands.count_matching(sessions, query, sources, cap=args.cap)
+    count = commands.count_matching(database, query, sources, cap=args.cap)
     shown = f"more than {args.cap}" if count > args.cap else str(count)
     if args.dry_run:
         print(f"dry run: {shown} rows match; they would be {done_verb}")
@@ -155,7 +155,7 @@ def _by_filter(args: argparse.Namespace, sessions: Any, clock: Any, query: Any, 
               "--dry-run only counts", file=sys.stderr)
         return 2
     print(f"{doing} {min(count, args.cap)} rows in chunks of {commands.CHUNK} ...", file=sys.stderr)
-    done = bulk(sessions, query, now=clock.now(), as_of=as_of, expected=count, actor=_cli_actor(args),
+    done = bulk(database, query, now=clock.now(), as_of=as_of, expected=count, actor=_cli_actor(args),
                 reason=args.reason, cap=args.cap)
     print(f"{done_verb} {done.changed} rows (audit #{done.action_id})")
     return 0
@@ -164,9 +164,9 @@ def _by_filter(args: argparse.Namespace, sessions: Any, clock: Any, query: Any, 
 def _one_row_or_filter(args: argparse.Namespace, settings: Settings, *, verb: str, by_filter: dict[str, Any],
                        one_row: Any) -> int:
     """The shared frame of ``events reset`` and ``events cancel``: an ID or a filter (never
-    both), the database's clock (DEC-10), then ``one_row(sessions, now)`` or ``_by_filter``."""
+    both), the database's clock (DEC-10), then ``one_row(database, now)`` or ``_by_filter``."""
     from scheduler.core.clock import synced_database_clock
-    from scheduler.database.engine import make_sessionmaker
+    from scheduler.database.database import Database
 
     chosen = _id_or_filter(args, verb)
     if chosen is None:
@@ -179,12 +179,12 @@ def _one_row_or_filter(args: argparse.Namespace, settings: Settings, *, verb: st
         print(terminal_safe(f"dry run: would {verb} {args.id}"))
         return 0
     engine = migrated_engine(settings)
-    sessions = make_sessionmaker(engine)
+    database = Database(engine, settings.database_schema)
     try:
         clock = synced_database_clock(engine, warn_seconds=settings.clock_skew_warn_seconds)  # DEC-10
         if filtered:
-            return _by_filter(args, sessions, clock, query, verb=verb, **by_filter)
-        code: int = one_row(sessions, clock.now())
+            return _by_filter(args, database, clock, query, verb=verb, **by_filter)
+        code: int = one_row(database, clock.now())
         return code
     finally:
         engine.dispose()
@@ -193,8 +193,8 @@ def _one_row_or_filter(args: argparse.Namespace, settings: Settings, *, verb: st
 def cmd_events_reset(args: argparse.Namespace, settings: Settings) -> int:
     from scheduler.application import commands
 
-    def one_row(sessions: Any, now: Any) -> int:
-        result = commands.reset(sessions, args.id, now=now, actor=_cli_actor(args), reason=args.reason)
+    def one_row(database: Any, now: Any) -> int:
+        result = commands.reset(database, args.id, now=now, actor=_cli_actor(args), reason=args.reason)
         if result.event is None:
             print(terminal_safe(f"no scheduled event with id {args.id}"), file=sys.stderr)
             return 1
@@ -208,8 +208,8 @@ def cmd_events_reset(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_events_cancel(args: argparse.Namespace, settings: Settings) -> int:
     from scheduler.application import commands
 
-    def one_row(sessions: Any, now: Any) -> int:
-        result = commands.cancel(sessions, now=now, event_id=None if args.key else args.id,
+    def one_row(database: Any, now: Any) -> int:
+        result = commands.cancel(database, now=now, event_id=None if args.key else args.id,
                                  external_key=args.id if args.key else None, actor=_cli_actor(args))
         what = terminal_safe(f"key {args.id}" if args.key else f"id {args.id}")
         if result.event is None:
@@ -233,11 +233,11 @@ def cmd_events_cancel(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_events_history(args: argparse.Namespace, settings: Settings) -> int:
     from scheduler.application.audit import event_history
-    from scheduler.database.engine import make_sessionmaker
+    from scheduler.database.database import Database
 
     engine = migrated_engine(settings)
     try:
-        entries = event_history(make_sessionmaker(engine), args.id)
+        entries = event_history(Database(engine, settings.database_schema), args.id)
     finally:
         engine.dispose()
     if entries is None:

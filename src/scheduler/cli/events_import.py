@@ -127,7 +127,7 @@ def split_lines(data: bytes) -> list[tuple[int, bytes]]:
     return [(number, line) for number, line in enumerate(lines, start=1) if line.strip()]
 
 
-def import_lines(lines: Sequence[tuple[int, bytes]], settings: Settings, *, sessions: Any, clock: Any,
+def import_lines(lines: Sequence[tuple[int, bytes]], settings: Settings, *, database: Any, clock: Any,
                  actor: str, progress: Progress | None = None, stop: threading.Event | None = None,
                  facts_contract: Any = None) -> Summary:
     """Judge and store ``lines`` in chunks of ``settings.batch_max_events`` (one transaction
@@ -148,7 +148,7 @@ def import_lines(lines: Sequence[tuple[int, bytes]], settings: Settings, *, sess
         try:
             checked = _check_chunk(chunk, settings, first_of_key, facts_contract)
             storing = True
-            _count(summary, chunk, checked, sessions=sessions, clock=clock, actor=actor)
+            _count(summary, chunk, checked, database=database, clock=clock, actor=actor)
             storing = False
         except KeyboardInterrupt:
             summary.interrupted, summary.stopped_at = True, first
@@ -188,12 +188,12 @@ def _check_chunk(chunk: Sequence[tuple[int, bytes]], settings: Settings, first_o
             for (ok, value), item in zip(parsed, checked, strict=True)]
 
 
-def _count(summary: Summary, chunk: Sequence[tuple[int, bytes]], checked: Sequence[Any], *, sessions: Any,
+def _count(summary: Summary, chunk: Sequence[tuple[int, bytes]], checked: Sequence[Any], *, database: Any,
            clock: Any, actor: str) -> None:
     """Store the chunk's valid lines (one transaction) and count each line's result."""
     from scheduler.web.api.batch import Refusal, store_checked
 
-    results = store_checked(sessions, checked, now=clock.now(), actor=actor)
+    results = store_checked(database, checked, now=clock.now(), actor=actor)
     for (number, _), result in zip(chunk, results, strict=True):
         if isinstance(result, Refusal):
             summary.refused.append((number, _detail(result.body)))
@@ -234,7 +234,7 @@ def cmd_events_import(args: argparse.Namespace, settings: Settings) -> int:
     from scheduler.cli.events import _cli_actor
     from scheduler.cli.serve import migrated_engine
     from scheduler.core.clock import synced_database_clock
-    from scheduler.database.engine import make_sessionmaker
+    from scheduler.database.database import Database
 
     try:
         contract = None if args.facts_contract is None else load_contract(args.facts_contract)
@@ -251,7 +251,7 @@ def cmd_events_import(args: argparse.Namespace, settings: Settings) -> int:
         progress = Progress(len(lines), sys.stderr)
         try:
             clock = synced_database_clock(engine, warn_seconds=settings.clock_skew_warn_seconds)  # DEC-10
-            summary = import_lines(lines, settings, sessions=make_sessionmaker(engine), clock=clock,
+            summary = import_lines(lines, settings, database=Database(engine, settings.database_schema), clock=clock,
                                    actor=_cli_actor(args).name, progress=progress, stop=stop,
                                    facts_contract=contract)
         finally:

@@ -28,11 +28,11 @@ def add_participants_parser(sub: argparse._SubParsersAction[argparse.ArgumentPar
 
 def cmd_participants_preferences(args: argparse.Namespace, settings: Settings) -> int:
     from scheduler.application.participants import get_preferences
-    from scheduler.database.engine import make_sessionmaker
+    from scheduler.database.database import Database
 
     engine = migrated_engine(settings)
     try:
-        row = get_preferences(make_sessionmaker(engine), args.user_id)
+        row = get_preferences(Database(engine, settings.database_schema), args.user_id)
     finally:
         engine.dispose()
     if args.json:

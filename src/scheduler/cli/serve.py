@@ -27,7 +27,7 @@ def migrated_engine(settings: Settings, report: Callable[[str], None] | None = N
 
     engine = make_engine(resolve_database_url(settings), settings)
     try:
-        result = migrate(engine)
+        result = migrate(engine, schema=settings.database_schema)
     except MigrationError as exc:
         engine.dispose()
         if "unsupported startup parameter" not in str(exc.__cause__):

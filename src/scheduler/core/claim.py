@@ -19,7 +19,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from scheduler.core.trigger_range import BEFORE_EVERY_TRIGGER
-from scheduler.database import pipeline
+from scheduler.database.events import EventRepository
 from scheduler.database.participant_locks import participant_lock_key, remember_participant_locks
 from scheduler.types import ClaimedEvent, EventOutcome
 
@@ -35,8 +35,8 @@ def claim_params(now: datetime, batch_size: int) -> dict[str, Any]:
             "after_id": _BEFORE_ALL[1], "busy": []}
 
 
-def claim_rounds(session: Session, now: datetime,
-                 batch_size: int) -> tuple[list[ClaimedEvent], list[str], list[EventOutcome]]:
+def claim_rounds(session: Session, now: datetime, batch_size: int,
+                 events_repository: EventRepository) -> tuple[list[ClaimedEvent], list[str], list[EventOutcome]]:
     """Lock up to ``batch_size`` rows due at ``now``, oldest first, in ``session``'s
     transaction, never waiting for a lock; return them, the ids of the rows skipped
     because their participant was busy, and the rows the claim ended expired."""
@@ -55,10 +55,10 @@ def claim_rounds(session: Session, now: datetime,
         wanted = batch_size - len(events)
         params = {**claim_params(now, wanted), "after_trigger": after[0], "after_id": after[1],
                   "busy": sorted(busy)}
-        [returned] = pipeline.send(session, [pipeline.named("claim_due_events", params)])
+        returned = events_repository.claim(session, params)
         ended.extend(EventOutcome.expired(r["id"], r["event_type"], r["trigger_at"], r["last_error"], now)
-                     for r in returned or [] if r["expired"])
-        rows = [r for r in returned or [] if not r["expired"]]
+                     for r in returned if r["expired"])
+        rows = [r for r in returned if not r["expired"]]
         if not rows:
             break
         # the keyset is the claim's order: due_at (trigger_at, or a held row's not_before)

@@ -26,8 +26,6 @@ import time
 from collections.abc import Callable
 from datetime import datetime
 
-from sqlalchemy.orm import Session, sessionmaker
-
 from scheduler.core.claim import claim_params
 from scheduler.core.clock import ensure_ready
 from scheduler.core.pacing import (
@@ -46,7 +44,7 @@ from scheduler.core.runner import (
     Waits,
     run_to_completion,
 )
-from scheduler.database.queries import statement
+from scheduler.database.database import Database
 from scheduler.observability.observer import Observer
 from scheduler.types import (
     MAX_ERROR_LENGTH,
@@ -77,13 +75,14 @@ DUE_CHANNEL = "scheduler_due"
 class Scheduler:
     """Polls for due events and dispatches each through ``dispatcher``.
 
-    ``sessions`` gives this replica its connections; ``clock`` is the only source of
-    ``:now``; ``publisher`` receives delivered notifications after their batch commits.
+    ``database`` gives this replica its connections and its statements (the schema its
+    rows are in, DEC-DB); ``clock`` is the only source of ``:now``; ``publisher`` receives
+    delivered notifications after their batch commits.
     """
 
     def __init__(
         self,
-        sessions: sessionmaker[Session],
+        database: Database,
         dispatcher: Dispatcher,
         clock: Clock,
         *,
@@ -99,7 +98,9 @@ class Scheduler:
             self.mode = SchedulerMode(mode)
         except ValueError:
             raise ValueError(f"mode must be literal or prompt, got {mode!r}") from None
-        self.sessions = sessions
+        if not isinstance(database, Database):
+            raise TypeError(f"Scheduler takes the Database it polls (Database(engine, schema)), not {database!r}")
+        self.database, self.sessions = database, database.sessions
         self.dispatcher = dispatcher  # refused here if it is async (``dispatcher`` below)
         self.clock = clock
         self.publisher = publisher
@@ -141,7 +142,7 @@ class Scheduler:
         ensure_ready(self.clock)
         now = self.clock.now()
         self.last_claimed_at = now
-        return open_batch(self.sessions, now, self.batch_size)
+        return open_batch(self.sessions, now, self.batch_size, self.database.events)
 
     def dispatch_next(self, batch: Batch) -> EventOutcome | None:
         """Dispatch the next claimed event, isolated from the others; ``None`` when none is
@@ -226,8 +227,7 @@ class Scheduler:
     def read_next_due(self, after: datetime | None = None) -> datetime | None:
         """The earliest pending ``trigger_at`` after ``after`` (default: now), from the pending index."""
         with self.sessions.begin() as session:
-            value = session.execute(statement("next_pending_trigger"), {"now": after or self.clock.now()}).scalar()
-        return value if isinstance(value, datetime) else None
+            return self.database.events.next_pending_trigger(session, after or self.clock.now())
 
     # -- pacing and wake-ups --------------------------------------------------------------
 
@@ -320,3 +320,4 @@ class Scheduler:
     def is_stale(self, now: datetime) -> bool:
         """True when no poll completed within three poll intervals."""
         return self.health.is_stale(now, self.poll_seconds)
+

@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from scheduler.core.claim import claim_rounds
 from scheduler.core.strategies import Done, Ran, Strategy, choose_strategy, commit_outcomes
 from scheduler.database.engine import polling
+from scheduler.database.events import EventRepository
 from scheduler.types import (
     ClaimedEvent,
     Clock,
@@ -63,6 +64,9 @@ class Batch:
     # batch never dispatched commits, with the outcomes of its record if any).
     strategy: Strategy | None = None
     record: list[Done] = field(default_factory=list)  # each event's outcome and outbound, in order
+    # The statements the batch's commit sends (its outcomes, a set-based write), naming the
+    # schema of the loop's ``Database`` (the claim passes it; the default schema's otherwise).
+    events_repository: EventRepository = field(default_factory=EventRepository.of)
 
     @property
     def outcomes(self) -> list[EventOutcome]:
@@ -102,7 +106,8 @@ class Batch:
         if self.remaining == 0:
             return None
         if self.strategy is None:
-            self.strategy = choose_strategy(self.session, self.events, dispatcher, clock, name, self.stop_requested)
+            self.strategy = choose_strategy(self.session, self.events, dispatcher, clock, name, self.stop_requested,
+                                            self.events_repository)
         ran = self.strategy.run(self.session, self.events, self.position, self.stop_requested)
         self._keep(ran)
         return None if ran.stopped or not ran.done else ran.done[-1][0]
@@ -126,7 +131,7 @@ class Batch:
         self.closed = True
         try:
             if self.strategy is None:
-                commit_outcomes(self.session, self.outcomes)
+                commit_outcomes(self.session, self.outcomes, self.events_repository)
             else:
                 self._keep(self.strategy.commit(self.session, self.events, self.record, self.stop_requested))
         except BaseException:
@@ -147,19 +152,21 @@ class Batch:
             self.session.close()
 
 
-def open_batch(sessions: sessionmaker[Session], now: datetime, batch_size: int) -> Batch:
+def open_batch(sessions: sessionmaker[Session], now: datetime, batch_size: int,
+               events_repository: EventRepository) -> Batch:
     """Open a transaction and lock up to ``batch_size`` rows due at ``now``, oldest first, whose
     participants' locks are free; never wait for a lock (DEC-2, ``core.claim``)."""
     session = sessions()
     try:
         with polling():  # its connection, used a moment ago, is not pinged first
             session.connection()
-        events, skipped, ended = claim_rounds(session, now, batch_size)
+        events, skipped, ended = claim_rounds(session, now, batch_size, events_repository)
     except BaseException:
         session.rollback()
         session.close()
         raise
-    return Batch(session=session, events=events, claimed_at=now, skipped=skipped, expired=ended)
+    return Batch(session=session, events=events, claimed_at=now, skipped=skipped, expired=ended,
+                 events_repository=events_repository)
 
 
 def publish_committed(publisher: Publisher | None, messages: list[OutboundMessage], name: str) -> None:

@@ -18,11 +18,12 @@ from datetime import datetime, time, timedelta
 from typing import Any
 
 from sqlalchemy import RowMapping
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session
 
 from scheduler.core.expiry import stored_expires_at
 from scheduler.core.trigger_range import check_trigger_at
-from scheduler.database.queries import statement
+from scheduler.database.database import Database
+from scheduler.database.events import EventRepository
 from scheduler.database.rows import row_as_json
 from scheduler.types import DigitalTwinEvent
 
@@ -38,7 +39,7 @@ def event_to_json(row: Mapping[str, Any] | RowMapping) -> dict[str, Any]:
 
 
 def store_event(
-    sessions: sessionmaker[Session],
+    database: Database,
     *,
     event_type: str,
     user_id: str,
@@ -78,12 +79,13 @@ def store_event(
         "now": now,
         "traceparent": traceparent,
     }
-    with sessions.begin() as session:
-        return event_to_json(_store_in(session, params, actor=actor))
+    with database.begin() as session:
+        return event_to_json(_store_in(session, database.events, params, actor=actor))
 
 
 def store_event_in(
     session: Session,
+    events: EventRepository,
     *,
     event_type: str,
     user_id: str,
@@ -94,10 +96,10 @@ def store_event_in(
     now: datetime,
     expires_at: datetime | None,
     actor: str | None = None,
-) -> RowMapping:
+) -> dict[str, Any]:
     """``store_event``'s insert or upsert by key on the caller's ``session``, in the caller's
-    transaction (committed with its commit, gone with its rollback): a host's own code
-    scheduling beside its own rows. ``expires_at`` is the one to store (already worked out);
+    transaction (committed with its commit, gone with its rollback), with ``events`` (the
+    service's schema): a host's own code scheduling beside its own rows. ``expires_at`` is the one to store (already worked out);
 the stored row is returned as read."""
     check_trigger_at(trigger_at)  # every path that stores one keeps to the range (DEC-TRIGGER)
     params = {
@@ -112,23 +114,24 @@ the stored row is returned as read."""
         "now": now,
         "traceparent": None,
     }
-    return _store_in(session, params, actor=actor)
+    return _store_in(session, events, params, actor=actor)
 
 
-def _store_in(session: Session, params: dict[str, Any], *, actor: str | None) -> RowMapping:
+def _store_in(session: Session, events: EventRepository, params: dict[str, Any], *,
+              actor: str | None) -> dict[str, Any]:
     """The one insert, or upsert by key (REQ-0064), of every single store, in ``session``'s transaction."""
-    name = "insert_event" if params["external_key"] is None else "upsert_event_by_key"
     if params["external_key"] is not None or actor is not None:
         # the history trigger reads these; "rewritten" names the upsert's UPDATE path
-        set_change_context(session, "rewritten", actor)
+        events.set_change_context(session, "rewritten", actor)
     # a row that becomes pending is announced to prompt-mode replicas by the database
     # (the trigger ``tr_scheduled_events_announce_due``), whatever path wrote it: NOTIFY is
     # delivered when the transaction commits, and not at all when it rolls back
-    return session.execute(statement(name), params).mappings().one()
+    return events.store(session, params, by_key=params["external_key"] is not None)
 
 
-def store_held_live_event(session: Session, event: DigitalTwinEvent, *, now: datetime, not_before: datetime,
-                          default_expiry: timedelta | None = None, traceparent: str | None = None) -> dict[str, Any]:
+def store_held_live_event(session: Session, events: EventRepository, event: DigitalTwinEvent, *, now: datetime,
+                          not_before: datetime, default_expiry: timedelta | None = None,
+                          traceparent: str | None = None) -> dict[str, Any]:
     """In the live dispatch's transaction, store a live event its participant's quiet hours
     held as a scheduled row: ``trigger_at`` its arrival (``now``), due at ``not_before``, the
     same facts, the service's default expiry window (QUIET-7); the row as the API shows it."""
@@ -137,27 +140,20 @@ def store_held_live_event(session: Session, event: DigitalTwinEvent, *, now: dat
         "community_id": event.community_id, "expires_at": stored_expires_at(now, None, default_expiry),
         "facts": json.dumps(dict(event.facts)), "now": now, "traceparent": traceparent, "not_before": not_before,
     }
-    set_change_context(session, "held", None)
-    return event_to_json(session.execute(statement("insert_held_event"), params).mappings().one())
-
-
-def set_change_context(session: Session, change: str | None, actor: str | None) -> None:
-    """Name the change and who made it for the history trigger, for this transaction only."""
-    session.execute(statement("set_change_context"), {"change": change or "", "actor": actor or ""})
+    events.set_change_context(session, "held", None)
+    return event_to_json(events.store_held(session, params))
 
 
 def list_notifications(
-    sessions: sessionmaker[Session], *, user_id: str | None, status: str | None, limit: int
+    database: Database, *, user_id: str | None, status: str | None, limit: int
 ) -> list[dict[str, Any]]:
-    with sessions.begin() as session:
-        rows = session.execute(
-            statement("list_notifications"), {"user_id": user_id, "status": status, "limit": limit}
-        ).mappings().all()
+    with database.begin() as session:
+        rows = database.inbox.list_notifications(session, user_id=user_id, status=status, limit=limit)
         return [row_as_json(r) for r in rows]
 
 
 def set_preferences(
-    sessions: sessionmaker[Session],
+    database: Database,
     user_id: str,
     *,
     enabled_kinds: Sequence[str] | None,
@@ -170,24 +166,15 @@ def set_preferences(
     """Set a participant's preferences (the stored row, its columns); a change of their zone or
     quiet hours releases their held rows (``not_before`` cleared: each is decided again at the
     next claim, QUIET-5)."""
-    with sessions.begin() as session:
-        row = session.execute(
-            statement("upsert_preferences"),
-            {
-                "user_id": user_id,
-                "enabled_kinds": None if enabled_kinds is None else list(enabled_kinds),
-                "max_per_day": max_per_day,
-                "time_zone": time_zone,
-                "quiet_start": quiet_start,
-                "quiet_end": quiet_end,
-                "now": now,
-            },
-        ).mappings().one()
-        return dict(row)
+    with database.begin() as session:
+        row = database.decisions.set_preferences(session, user_id, enabled_kinds=enabled_kinds,
+                                                 max_per_day=max_per_day, now=now, time_zone=time_zone,
+                                                 quiet_start=quiet_start, quiet_end=quiet_end)
+        return row_as_json(row)
 
 
-def get_preferences(sessions: sessionmaker[Session], user_id: str) -> dict[str, Any] | None:
+def get_preferences(database: Database, user_id: str) -> dict[str, Any] | None:
     """A participant's stored preferences row (its columns), ``None`` when none was set."""
-    with sessions.begin() as session:
-        row = session.execute(statement("get_preferences"), {"user_id": user_id}).mappings().one_or_none()
-        return None if row is None else dict(row)
+    with database.begin() as session:
+        row = database.decisions.get_preferences(session, user_id)
+        return None if row is None else row_as_json(row)

@@ -22,11 +22,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy.orm import Session, sessionmaker
-
-from scheduler.core.store import event_to_json, set_change_context
+from scheduler.core.store import event_to_json
 from scheduler.core.trigger_range import check_trigger_at
-from scheduler.database.queries import statement
+from scheduler.database.database import Database
 
 STATEMENTS = 2  # set_change_context and store_events_batch, whatever the number of events
 
@@ -58,7 +56,7 @@ class RepeatedKey(ValueError):
 
 
 def store_events(
-    sessions: sessionmaker[Session],
+    database: Database,
     events: Sequence[NewEvent],
     *,
     now: datetime,
@@ -92,14 +90,11 @@ def store_events(
         })
     if not items:
         return []
-    with sessions.begin() as session:
+    with database.begin() as session:
         # the history trigger reads these, as for the single store ("rewritten" names the
         # upsert's UPDATE path; an INSERT records "stored" whatever they say)
-        set_change_context(session, "rewritten", actor)
-        rows = session.execute(
-            statement("store_events_batch"),
-            {"items": json.dumps(items), "now": now, "traceparent": traceparent},
-        ).mappings().all()
+        database.events.set_change_context(session, "rewritten", actor)
+        rows = database.events.store_many(session, items=json.dumps(items), now=now, traceparent=traceparent)
     by_key = {row["external_key"]: row for row in rows if row["external_key"] is not None}
     by_id = {row["id"]: row for row in rows}
     stored: list[Stored] = []

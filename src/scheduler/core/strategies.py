@@ -33,7 +33,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, SessionTransaction
 
 from scheduler.database import pipeline
-from scheduler.database.queries import statement
+from scheduler.database.events import EventRepository
 from scheduler.types import (
     BatchDispatcher,
     ClaimedEvent,
@@ -89,12 +89,12 @@ class Strategy(Protocol):
 
 
 def choose_strategy(session: Session, events: Sequence[ClaimedEvent], dispatcher: Dispatcher, clock: Clock,
-                    name: str, stop: Stop) -> Strategy:
+                    name: str, stop: Stop, repository: EventRepository) -> Strategy:
     """The strategy that runs a batch with ``dispatcher``, at its first dispatch: decided whole
     when it can be, else one event at a time. ``name`` (the replica's) labels the log lines."""
-    per_event = (OptimisticBatch if repeatable(dispatcher) else SavepointPerEvent)(dispatcher, clock, name)
+    per_event = (OptimisticBatch if repeatable(dispatcher) else SavepointPerEvent)(dispatcher, clock, name, repository)
     if isinstance(dispatcher, BatchDispatcher):
-        whole = SetBasedBatch.decide(session, events, dispatcher, clock, name, per_event, stop)
+        whole = SetBasedBatch.decide(session, events, dispatcher, clock, name, per_event, stop, repository)
         if whole is not None:
             return whole
     return per_event
@@ -125,19 +125,21 @@ def rollback_to_checkpoint(session: Session) -> None:
         session.expunge_all()
 
 
-def commit_outcomes(session: Session, outcomes: Sequence[EventOutcome]) -> None:
+def commit_outcomes(session: Session, outcomes: Sequence[EventOutcome], repository: EventRepository) -> None:
     """Write ``outcomes`` (``record_outcomes``, the statement that writes a row's status) and
     COMMIT, in one round trip; the checkpoint is not released first (the COMMIT ends it) and
     one never sent stays unsent."""
     if session.in_nested_transaction():
         # a savepoint the dispatcher left open: SQLAlchemy releases it before its COMMIT
         if outcomes:
-            session.execute(statement("record_outcomes"), outcome_parameters(outcomes))
+            repository.record_outcomes(session, outcome_parameters(outcomes))
         session.commit()
         return
     pipeline.discard(session)
-    steps = [pipeline.named("record_outcomes", outcome_parameters(outcomes), fetch=False)] if outcomes else []
-    pipeline.send(session, [*steps, pipeline.command("COMMIT")])
+    if outcomes:
+        repository.commit_with(session, statement="record_outcomes", params=outcome_parameters(outcomes))
+    else:
+        repository.commit_with(session)
     session.commit()  # the COMMIT went out with the outcomes: the session's sends nothing
 
 
@@ -210,14 +212,14 @@ class SavepointPerEvent:
 
     decided_whole = False
 
-    def __init__(self, dispatcher: Dispatcher, clock: Clock, name: str) -> None:
-        self.dispatcher, self.clock, self.name = dispatcher, clock, name
+    def __init__(self, dispatcher: Dispatcher, clock: Clock, name: str, repository: EventRepository) -> None:
+        self.dispatcher, self.clock, self.name, self.repository = dispatcher, clock, name, repository
 
     def run(self, session: Session, events: Sequence[ClaimedEvent], position: int, stop: Stop) -> Ran:
         return Ran(position, (dispatch_once(session, self.dispatcher, events[position], self.clock.now(), self.name),))
 
     def commit(self, session: Session, events: Sequence[ClaimedEvent], record: Sequence[Done], stop: Stop) -> Ran:
-        commit_outcomes(session, [outcome for outcome, _ in record])
+        commit_outcomes(session, [outcome for outcome, _ in record], self.repository)
         return Ran(0, tuple(record))
 
 
@@ -228,8 +230,8 @@ class OptimisticBatch(SavepointPerEvent):
     whose outbound messages leave after the commit (``safe_to_repeat``): its rolled-back
     calls leave nothing behind, so calling it again is calling it once."""
 
-    def __init__(self, dispatcher: Dispatcher, clock: Clock, name: str) -> None:
-        super().__init__(dispatcher, clock, name)
+    def __init__(self, dispatcher: Dispatcher, clock: Clock, name: str, repository: EventRepository) -> None:
+        super().__init__(dispatcher, clock, name, repository)
         # Since the checkpoint: the transaction it was taken in (``None``: no checkpoint yet),
         # the first event it covers and what the events since it became (with their times).
         self._transaction: SessionTransaction | None = None
@@ -306,15 +308,16 @@ class SetBasedBatch:
     decided_whole = True
 
     def __init__(self, planned: list[Done], write: tuple[str, dict[str, Any]], fallback: Strategy,
-                 name: str) -> None:
+                 name: str, repository: EventRepository) -> None:
         self.planned = planned  # each event's outcome and outbound, in batch order
         self.write = write  # the statement (name, parameters) that writes it all, outcomes too
         self.fallback = fallback
         self.name = name
+        self.repository = repository  # the schema's statements the write is sent as
 
     @classmethod
     def decide(cls, session: Session, events: Sequence[ClaimedEvent], dispatcher: BatchDispatcher, clock: Clock,
-               name: str, fallback: Strategy, stop: Stop) -> SetBasedBatch | None:
+               name: str, fallback: Strategy, stop: Stop, repository: EventRepository) -> SetBasedBatch | None:
         """Decide the whole batch under a fresh checkpoint; ``None`` when it could not be (the
         dispatcher has no set-based path for it, or it failed as a whole: rolled back, the batch
         runs through ``fallback``)."""
@@ -350,7 +353,7 @@ class SetBasedBatch:
                            name, error_text(exc), len(events))
             rollback_to_checkpoint(session)
             return None
-        return cls(planned, write, fallback, name)
+        return cls(planned, write, fallback, name, repository)
 
     def run(self, session: Session, events: Sequence[ClaimedEvent], position: int, stop: Stop) -> Ran:
         """The next event's decided outcome; past the events decided (a stop arrived while they
@@ -367,7 +370,7 @@ class SetBasedBatch:
         the events not reached were rolled back too, and stay pending."""
         name, params = self.write
         try:
-            pipeline.send(session, [pipeline.named(name, params, fetch=False), pipeline.command("COMMIT")])
+            self.repository.commit_with(session, statement=name, params=params)
         except Exception as exc:
             if connection_lost(exc) or not pipeline.in_failed_transaction(session):
                 raise  # the connection is gone, or the COMMIT itself failed: the poll fails whole

@@ -24,7 +24,7 @@ from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.orm import Session, sessionmaker
 
 from scheduler.config import ConfigError, Settings
-from scheduler.database.queries import statement
+from scheduler.database.queries import DEFAULT_SCHEMA, Statements, quoted
 
 if TYPE_CHECKING:
     from scheduler.database.schema import MigrationResult
@@ -147,7 +147,7 @@ def create_migrated_database(admin_url: str, name: str, settings: Settings | Non
     url = make_url(admin_url).set(database=name).render_as_string(hide_password=False)
     engine = make_engine(url, settings)
     try:
-        migrate(engine)
+        migrate(engine, schema=settings.database_schema if settings is not None else DEFAULT_SCHEMA)
     finally:
         engine.dispose()
     return url
@@ -221,6 +221,9 @@ def make_engine(url: str, settings: Settings | None = None, **kwargs: Any) -> En
         ping_when_idle(engine, settings.pool_ping_after_idle_seconds)
     if settings.transaction_pooling:
         settings_per_transaction(engine, settings, search_path=service_search_path(settings))
+    from scheduler.database.pipeline import attach
+
+    attach(engine)  # the pipeline's listeners, on this engine of the service's own (DEC-DB)
     _SERVICE_ENGINES.add(engine)
     return engine
 
@@ -240,7 +243,7 @@ def service_search_path(settings: Settings) -> str:
     schema. Every statement of the service names its schema and never needs it; it lets raw
     SQL on these sessions (an operator's script, the benchmarks' and the scenarios' checks)
     find the scheduler's tables, and a host's ``public`` tables still come first (DEC-SCHEMA)."""
-    return f"public,{settings.database_schema}"
+    return f"public,{quoted(settings.database_schema)}"
 
 
 def settings_per_transaction(engine: Engine, settings: Settings, *, search_path: str | None) -> None:
@@ -252,12 +255,14 @@ def settings_per_transaction(engine: Engine, settings: Settings, *, search_path:
     (``scheduler.database.pipeline.defer``), so a pipelined send (a poll's) carries it in its
     own message at no extra round trip, and any other statement has it run just ahead of it.
     A transaction that runs no statement sends nothing."""
-    from scheduler.database.pipeline import command, defer_on
+    from scheduler.database.pipeline import attach, command, defer_on
 
+    attach(engine)  # the deferred command needs the pipeline's listeners on this engine
     values = {"statement": str(settings.statement_timeout_ms), "lock": str(settings.lock_timeout_ms),
               "idle": str(settings.idle_in_transaction_timeout_ms), "zone": SESSION_TIME_ZONE,
               "search_path": search_path}
-    compiled = statement("set_local_settings").bindparams(**values).compile(
+    # names no table: the default schema's statements are every schema's here
+    compiled = Statements.of()["set_local_settings"].bindparams(**values).compile(
         dialect=engine.dialect, compile_kwargs={"literal_binds": True})
     step = command(str(compiled))
 
@@ -334,7 +339,7 @@ def tcp_parameters(settings: Settings) -> dict[str, Any]:
 def database_time(engine: Engine) -> datetime:
     """The database server's current time (``DatabaseClock`` measures its offset with it)."""
     with engine.connect() as conn:
-        value = conn.execute(statement("database_clock")).scalar_one()
+        value = conn.execute(Statements.of()["database_clock"]).scalar_one()  # names no table
     if not isinstance(value, datetime):
         raise TypeError(f"clock_timestamp() returned {value!r}")
     return value
@@ -344,7 +349,7 @@ def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
     return sessionmaker(engine, expire_on_commit=False)
 
 
-def migrate(engine: Engine, revision: str = "head", schema: str | None = None) -> MigrationResult:
+def migrate(engine: Engine, revision: str = "head", schema: str = DEFAULT_SCHEMA) -> MigrationResult:
     """Bring the scheduler's schema up to ``revision`` with Alembic (never ``create_all``);
     see ``scheduler.database.schema`` (Alembic is imported only then)."""
     from scheduler.database.schema import migrate as migrate_schema

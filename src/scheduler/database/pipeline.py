@@ -16,10 +16,18 @@ as the simulation's broken variants do). A database error is raised as SQLAlchem
 (a ``DBAPIError``, with ``connection_invalidated`` set and the connection invalidated when it
 is gone).
 
+The statements are the caller's (``Statements.step``: a named statement of the schema its
+``Database`` names, DEC-DB); nothing here knows a schema.
+
+The listeners that run a deferred command and drop it at the transaction's end are put on
+an engine by ``attach`` (a ``Database`` attaches them to each engine it works through: the
+service's own, or its view of a host's engine), never on SQLAlchemy's ``Engine`` or ``Pool``
+classes: a host's other engines never see them (EMB-12); ``detach`` takes them off again.
+
 ``defer`` queues a command (a ``SAVEPOINT``) to travel ahead of the next statement on the
 same connection: with the next ``send``, in the same message, or just ahead of a statement
-run any other way (``Session.execute``, a dispatcher's ORM flush), which a listener on every
-engine sees first. A command never followed by a statement is never sent (the batch's
+run any other way (``Session.execute``, a dispatcher's ORM flush), which the listener
+``attach`` put on the engine sees first. A command never followed by a statement is never sent (the batch's
 checkpoint of a dispatcher that wrote nothing costs nothing); ``discard`` drops it and says
 whether it was still unsent. The end of the transaction drops it too.
 
@@ -40,12 +48,10 @@ from typing import Any
 import psycopg
 from psycopg import pq
 from psycopg.rows import dict_row
-from sqlalchemy import Connection, Engine, event
+from sqlalchemy import Connection, Engine, TextClause, event
 from sqlalchemy.orm import Session
-from sqlalchemy.pool import Pool
 
 from scheduler.database import driver_internals
-from scheduler.database.queries import current_schema, statement
 
 logger = logging.getLogger(__name__)
 
@@ -56,19 +62,15 @@ _DEFERRED = "scheduler.database.pipeline.deferred"
 
 @dataclass(frozen=True)
 class Step:
-    """One statement of a pipeline: a named statement of ``queries.sql`` with its
-    parameters, or a raw command (``SAVEPOINT name``, no parameters); ``fetch``: its rows
-    are wanted (as dicts, in order)."""
+    """One statement of a pipeline: a named statement of ``queries.sql`` (``statement``, as
+    its ``Statements`` give it, ``Statements.step``) with its parameters, or a raw command
+    (``SAVEPOINT name``, no parameters); ``fetch``: its rows are wanted (as dicts, in order)."""
 
     name: str | None = None
     params: Mapping[str, Any] | None = None
     fetch: bool = True
     command: str | None = None
-
-
-def named(name: str, params: Mapping[str, Any], fetch: bool = True) -> Step:
-    """A named statement of ``queries.sql``."""
-    return Step(name=name, params=params, fetch=fetch)
+    statement: TextClause | None = None
 
 
 def command(sql: str) -> Step:
@@ -106,7 +108,6 @@ def discard(session: Session) -> list[Step]:
     return list(session.connection().info.pop(_DEFERRED, []))
 
 
-@event.listens_for(Engine, "before_cursor_execute")
 def _deferred_first(conn: Connection, cursor: Any, sql: str, params: Any, context: Any, executemany: bool) -> None:
     """A statement about to run outside ``send``: the commands deferred go first (popped
     before they run, so their own execution does not come back here)."""
@@ -116,21 +117,41 @@ def _deferred_first(conn: Connection, cursor: Any, sql: str, params: Any, contex
         conn.exec_driver_sql(step.command)
 
 
-@event.listens_for(Engine, "commit")
-@event.listens_for(Engine, "rollback")
 def _drop_deferred(conn: Connection) -> None:
-    """A command deferred inside a transaction belongs to it: its end drops what is unsent
-    (an invalidated connection's is dropped when the pool takes it back)."""
+    """A command deferred inside a transaction belongs to it: its end drops what is unsent.
+    Every end fires one of these events (a session closed without commit or rollback rolls
+    back through SQLAlchemy); an invalidated connection's ``info`` is cleared by the pool when
+    it reconnects."""
     if not conn.invalidated:
         conn.info.pop(_DEFERRED, None)
 
 
-@event.listens_for(Pool, "checkin")
-def _drop_deferred_on_checkin(dbapi_connection: Any, record: Any) -> None:
-    """Nor does it outlive the connection's checkout (a session closed without commit or
-    rollback: the pool's reset rolls back without SQLAlchemy's events)."""
-    if record is not None:
-        record.info.pop(_DEFERRED, None)
+# What ``attach`` puts on an engine: (event, listener).
+LISTENERS: tuple[tuple[str, Any], ...] = (
+    ("before_cursor_execute", _deferred_first),
+    ("commit", _drop_deferred),
+    ("rollback", _drop_deferred),
+)
+
+
+def attach(engine: Engine) -> None:
+    """Put the pipeline's listeners on ``engine`` (this engine object only: a view made with
+    ``execution_options()`` hears its own connections, not its parent's); twice is once."""
+    for name, listener in LISTENERS:
+        if not event.contains(engine, name, listener):
+            event.listen(engine, name, listener)
+
+
+def detach(engine: Engine) -> None:
+    """Take the pipeline's listeners off ``engine`` again."""
+    for name, listener in LISTENERS:
+        if event.contains(engine, name, listener):
+            event.remove(engine, name, listener)
+
+
+def attached(engine: Engine) -> bool:
+    """Whether ``engine`` carries the pipeline's listeners."""
+    return all(event.contains(engine, name, listener) for name, listener in LISTENERS)
 
 
 def send(session: Session, steps: Sequence[Step]) -> list[list[dict[str, Any]] | None]:
@@ -225,12 +246,19 @@ def _compiled(conn: Connection, step: Step) -> tuple[str, Any]:
     """The statement in the driver's parameter style, and its parameters."""
     if step.command is not None:
         return step.command, None
-    assert step.name is not None
-    key = (step.name, conn.dialect.name, current_schema())
-    compiled = _COMPILED.get(key)
-    if compiled is None:
-        compiled = _COMPILED[key] = statement(step.name).compile(dialect=conn.dialect)
+    assert step.statement is not None, "a step is a command or a statement (Statements.step)"
+    compiled = _compiled_statement(step.statement, conn.dialect)
     return compiled.string, compiled.construct_params(dict(step.params or {}))
+
+
+def _compiled_statement(statement: TextClause, dialect: Any) -> Any:
+    """``statement`` compiled for ``dialect``, once per statement object and dialect (a
+    ``Statements`` holds one object per named statement of its schema)."""
+    key = (id(statement), dialect.name)
+    found = _COMPILED.get(key)
+    if found is None or found[0] is not statement:
+        found = _COMPILED[key] = (statement, statement.compile(dialect=dialect))
+    return found[1]
 
 
 # The private pieces this driver lacks; any one missing sends the statements one by one.
@@ -247,9 +275,9 @@ def _warn_slow_path(driver: Any) -> None:
         logger.warning("statements sent together go one round trip each: %s (database.driver_internals)", cause)
 
 
-# Each named statement compiled once per dialect and schema (SQLAlchemy caches its own
-# executions alike).
-_COMPILED: dict[tuple[str, str, str], Any] = {}
+# Each statement object compiled once per dialect (SQLAlchemy caches its own executions
+# alike): a cache keyed by the statement object, which it keeps alive, so a key is never reused.
+_COMPILED: dict[tuple[int, str], tuple[TextClause, Any]] = {}
 
 
 def _one_by_one(conn: Connection, steps: Sequence[Step]) -> list[list[dict[str, Any]] | None]:
@@ -259,7 +287,7 @@ def _one_by_one(conn: Connection, steps: Sequence[Step]) -> list[list[dict[str, 
             conn.exec_driver_sql(step.command)
             results.append(None)
             continue
-        assert step.name is not None
-        result = conn.execute(statement(step.name), dict(step.params or {}))
+        assert step.statement is not None
+        result = conn.execute(step.statement, dict(step.params or {}))
         results.append([dict(row) for row in result.mappings()] if step.fetch else None)
     return results

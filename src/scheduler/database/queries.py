@@ -7,8 +7,10 @@ Every object of the scheduler's is named with its schema (``scheduler.scheduled_
 tables live in a PostgreSQL schema of their own (``SCHEDULER_DATABASE_SCHEMA``, DEC-SCHEMA),
 beside a host's tables of the same names, and no statement depends on a connection's
 ``search_path`` (a host's engine, a transaction pooler). The file is written with the default
-schema, ``scheduler``; a process configured with another (``use_schema``) gets every statement
-with that name instead (``in_schema``), rewritten once per statement.
+schema, ``scheduler``; ``Statements.of(schema)`` gives every statement naming ``schema``
+instead, quoted as an identifier (``"select".scheduled_events``), parsed once per schema. There
+is no schema "of the process": each ``Database`` holds the statements of its own
+(``scheduler.database.database``), so two services with two schemas share a process (DEC-DB).
 
 A block may include another by name, ``{{event_filter}}``: the named block's text (a
 fragment, such as the one WHERE clause every list and bulk command of scheduled events
@@ -18,11 +20,16 @@ shares) replaces it when the file is loaded, so a clause written once is run eve
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import TextClause, text
+
+if TYPE_CHECKING:
+    from scheduler.database.pipeline import Step
 
 SQL_FILE = Path(__file__).parent / "sql" / "queries.sql"
 
@@ -39,28 +46,23 @@ OBJECTS = (*TABLES, *SEQUENCES, *FUNCTIONS, "alembic_version")
 # for a schema.
 _QUALIFIED = re.compile(rf"\b{DEFAULT_SCHEMA}\.(?=(?:{'|'.join(OBJECTS)})\b|ix_)")
 
-_schema = DEFAULT_SCHEMA
+
+def quoted(schema: str) -> str:
+    """``schema`` as a SQL identifier, double-quoted (``"select"``): a schema named like a
+    reserved word (``select``, ``user``, ``order``, ``all``) is a name, never a keyword."""
+    return '"' + schema.replace('"', '""') + '"'
 
 
-def in_schema(sql_text: str, schema: str | None = None) -> str:
-    """``sql_text`` (written with the default schema) with ``schema`` (default: the process's)."""
-    schema = schema or _schema
-    return sql_text if schema == DEFAULT_SCHEMA else _QUALIFIED.sub(f"{schema}.", sql_text)
+def qualified(schema: str, name: str) -> str:
+    """``name`` in ``schema``, quoted, for ``to_regclass``/``to_regprocedure`` (``"a".t``)."""
+    return f"{quoted(schema)}.{name}"
 
 
-def use_schema(schema: str) -> str:
-    """Make ``schema`` the one every statement of this process names; return the previous one.
-
-    One schema per process: the service and every command call this with
-    ``Settings.database_schema`` (a name already validated as a plain lower-case identifier)."""
-    global _schema
-    previous, _schema = _schema, schema
-    return previous
+def in_schema(sql_text: str, schema: str) -> str:
+    """``sql_text`` (written with the default schema) naming ``schema`` instead, quoted."""
+    return sql_text if schema == DEFAULT_SCHEMA else _QUALIFIED.sub(f"{quoted(schema)}.", sql_text)
 
 
-def current_schema() -> str:
-    """The schema this process's statements name."""
-    return _schema
 _BLOCK = re.compile(r"^-- name: (?P<name>\w+)\n-- (?P<doc>[^\n]+)\n(?P<sql>.*?)(?=^-- name: |\Z)", re.M | re.S)
 _INCLUDE = re.compile(r"\{\{(\w+)\}\}")
 
@@ -76,10 +78,10 @@ class Query:
         return text(self.sql)
 
 
-def load_queries(path: Path = SQL_FILE, schema: str | None = None) -> dict[str, Query]:
-    """Parse the named blocks of ``path`` (naming ``schema``, default: the process's); a
-    duplicate name is an error."""
-    return _load_queries(path, schema or _schema)
+def load_queries(path: Path = SQL_FILE, schema: str = DEFAULT_SCHEMA) -> dict[str, Query]:
+    """Parse the named blocks of ``path`` naming ``schema`` (default: ``scheduler``); a
+    duplicate name is an error. Parsed once per file and schema."""
+    return _load_queries(path, schema)
 
 
 @cache
@@ -103,19 +105,52 @@ def _load_queries(path: Path, schema: str) -> dict[str, Query]:
     return {name: Query(q.name, q.description, _INCLUDE.sub(include, q.sql)) for name, q in queries.items()}
 
 
-def statement(name: str) -> TextClause:
-    """The named statement, ready to execute with bound parameters."""
-    return _statement(name, _schema)
+class Statements:
+    """Every statement of ``queries.sql`` naming one schema, by name (``statements["get_event"]``).
+
+    Built once per schema and file (``Statements.of``): a ``Database`` holds the statements of
+    its schema, and nothing else in the process changes which schema they name."""
+
+    def __init__(self, schema: str, path: Path = SQL_FILE) -> None:
+        self.schema = schema
+        self.path = path
+        self.queries = load_queries(path, schema)
+        self._texts = {name: query.statement for name, query in self.queries.items()}
+
+    @staticmethod
+    def of(schema: str = DEFAULT_SCHEMA, path: Path = SQL_FILE) -> Statements:
+        """The statements naming ``schema`` (one object per schema and file)."""
+        return _statements(schema, path)
+
+    def __getitem__(self, name: str) -> TextClause:
+        """The named statement, ready to execute with bound parameters."""
+        try:
+            return self._texts[name]
+        except KeyError:
+            raise KeyError(f"no query named {name!r} in {self.path}") from None
+
+    def sql(self, name: str) -> str:
+        """The named statement's text (for EXPLAIN and the benchmarks)."""
+        try:
+            return self.queries[name].sql
+        except KeyError:
+            raise KeyError(f"no query named {name!r} in {self.path}") from None
+
+    def step(self, name: str, params: Mapping[str, Any], fetch: bool = True) -> Step:
+        """The named statement as one step of a pipelined send (``database.pipeline``)."""
+        from scheduler.database.pipeline import Step
+
+        return Step(name=name, statement=self[name], params=params, fetch=fetch)
+
+    def __repr__(self) -> str:
+        return f"Statements(schema={self.schema!r})"
 
 
 @cache
-def _statement(name: str, schema: str) -> TextClause:
-    try:
-        return load_queries(schema=schema)[name].statement
-    except KeyError:
-        raise KeyError(f"no query named {name!r} in {SQL_FILE}") from None
+def _statements(schema: str, path: Path) -> Statements:
+    return Statements(schema, path)
 
 
-def sql(name: str) -> str:
-    """The named statement's text (for EXPLAIN and the benchmarks)."""
-    return load_queries()[name].sql
+def sql(name: str, schema: str = DEFAULT_SCHEMA) -> str:
+    """The named statement's text naming ``schema`` (for EXPLAIN and the benchmarks)."""
+    return Statements.of(schema).sql(name)

@@ -28,7 +28,12 @@ from sqlalchemy import Connection, Engine, TextClause
 from sqlalchemy.exc import DBAPIError
 
 from scheduler.config import DatabaseUnusable
-from scheduler.database.queries import current_schema, load_queries, sql, statement
+from scheduler.database.queries import (
+    DEFAULT_SCHEMA,
+    Statements,
+    qualified,
+    quoted,
+)
 
 if TYPE_CHECKING:
     from alembic.config import Config
@@ -60,13 +65,13 @@ class MigrationResult:
         return f"schema {self.schema}: upgraded from {self.before} to {self.after}"
 
 
-def alembic_config(schema: str | None = None) -> Config:
+def alembic_config(schema: str = DEFAULT_SCHEMA) -> Config:
     """Alembic's configuration for the scheduler's migrations, in ``schema``."""
     from alembic.config import Config
 
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS))
-    config.attributes["schema"] = schema or current_schema()
+    config.attributes["schema"] = schema
     return config
 
 
@@ -86,16 +91,15 @@ def head_revision(config: Config | None = None) -> str:
     return head
 
 
-def migrate(engine: Engine, revision: str = "head", schema: str | None = None) -> MigrationResult:
-    """Bring the scheduler's schema up to ``revision`` (never ``create_all``); see the module."""
+def migrate(engine: Engine, revision: str = "head", schema: str = DEFAULT_SCHEMA) -> MigrationResult:
+    """Bring the scheduler's schema ``schema`` up to ``revision`` (never ``create_all``); see the module."""
     from alembic import command
 
-    schema = schema or current_schema()
     config = alembic_config(schema)
     ours = our_revisions(config)
     try:
         with engine.begin() as conn:
-            conn.execute(statement("migration_lock"))
+            conn.execute(_statement("migration_lock"))
             before = _revision_in(conn, schema, ours)
             _ddl(conn, "create_schema_ddl", schema=schema)
             config.attributes["connection"] = conn
@@ -112,9 +116,9 @@ def migrate(engine: Engine, revision: str = "head", schema: str | None = None) -
 def _revision_in(conn: Connection, schema: str, ours: frozenset[str]) -> str | None:
     """The revision in the schema's version table (``None``: no table, or no row); one this
     code does not know is a ``MigrationError``."""
-    if not conn.execute(statement("relation_exists"), {"name": f"{schema}.alembic_version"}).scalar_one():
+    if not _exists(conn, qualified(schema, "alembic_version")):
         return None
-    revisions = list(conn.execute(_statement_in("schema_revisions", schema)).scalars())
+    revisions = list(conn.execute(_statement("schema_revisions", schema)).scalars())
     unknown = [r for r in revisions if r not in ours]
     if unknown:
         raise MigrationError(
@@ -127,10 +131,16 @@ def _revision_in(conn: Connection, schema: str, ours: frozenset[str]) -> str | N
     return revisions[0] if revisions else None
 
 
-def _statement_in(name: str, schema: str) -> TextClause:
-    """The named statement naming ``schema`` (which may not be the process's: a test migrates
-    another schema than its own)."""
-    return load_queries(schema=schema)[name].statement
+def _exists(conn: Connection, name: str, *, function: bool = False) -> bool:
+    if function:  # our trigger functions take no argument
+        return bool(conn.execute(_statement("function_exists"), {"signature": f"{name}()"}).scalar_one())
+    return bool(conn.execute(_statement("relation_exists"), {"name": name}).scalar_one())
+
+
+def _statement(name: str, schema: str = DEFAULT_SCHEMA) -> TextClause:
+    """The named statement naming ``schema`` (the statements that name none of our objects
+    read the same in every schema's)."""
+    return Statements.of(schema)[name]
 
 
 def _ddl(conn: Connection, template_name: str, /, **identifiers: str) -> None:
@@ -140,10 +150,11 @@ def _ddl(conn: Connection, template_name: str, /, **identifiers: str) -> None:
 
     parts: dict[str, Any] = {key: pgsql.Identifier(value) for key, value in identifiers.items()}
     if "schema" in identifiers:
-        parts["schema_literal"] = pgsql.Literal(identifiers["schema"])
+        # a search_path value: the name quoted as an identifier inside it ('"select"')
+        parts["schema_literal"] = pgsql.Literal(quoted(identifiers["schema"]))
     driver = conn.connection.driver_connection
     assert driver is not None
-    template = sql(template_name)
+    template = Statements.of().sql(template_name)
     driver.execute(pgsql.SQL(template).format(**{k: v for k, v in parts.items() if "{" + k + "}" in template}))
 
 

@@ -97,7 +97,10 @@ def endpoint_problem(endpoint: str, allowed: AllowedHosts) -> str | None:
         return f"must be at most {MAX_ENDPOINT_CHARS} characters"
     if not endpoint.isascii() or not endpoint.isprintable() or any(c in endpoint for c in " \\\t"):
         return "must be a URL of printable ASCII without spaces or backslashes"
-    parts = urlsplit(endpoint)
+    try:
+        parts = urlsplit(endpoint)
+    except ValueError:  # an unbalanced bracket ("Invalid IPv6 URL")
+        return "must name a host (letters, digits, hyphens and dots), with an optional :port"
     if parts.scheme != "https" or not endpoint.startswith("https://"):
         return "must be an https:// URL"
     if "@" in parts.netloc:

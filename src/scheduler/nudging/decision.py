@@ -25,8 +25,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from scheduler.database import pipeline
-from scheduler.database.participant_locks import locks_to_take
+from scheduler.database.decisions import DecisionRepository
 from scheduler.nudging.local_time import LocalTimeError, QuietHours
 from scheduler.nudging.orchestrator import (
     CAP_WINDOW,
@@ -229,7 +228,7 @@ def _json_time(value: object) -> str:
 
 
 def decide(catalogue: Catalogue, orchestrator: Orchestrator, session: Session,
-           events: Sequence[DigitalTwinEvent], now: datetime, *,
+           events: Sequence[DigitalTwinEvent], now: datetime, *, decisions: DecisionRepository,
            stop: Callable[[], bool] | None = None, check: Check | None = None) -> BatchDecisions:
     """Decide ``events`` in order at ``now``, each as if it were alone after the ones before it.
 
@@ -239,7 +238,7 @@ def decide(catalogue: Catalogue, orchestrator: Orchestrator, session: Session,
     ``check`` may fail an event after its decision (``Check``).
 
     A rule that raises fails its own event only (its result is the exception); a database
-    error propagates.
+    error propagates. ``decisions`` runs the read (the schema of the service's ``Database``).
     """
     candidates: list[Evaluated] = []
     for event in events:
@@ -249,7 +248,7 @@ def decide(catalogue: Catalogue, orchestrator: Orchestrator, session: Session,
     events = events[:len(candidates)]
     users = sorted({e.user_id for e, c in zip(events, candidates, strict=True) if isinstance(c, list) and c})
     keys = sorted({key for c in candidates if isinstance(c, list) for _, key in c})
-    state = read(session, users, keys, now)
+    state = read(session, users, keys, now, decisions)
     results: list[DispatchResult | Exception] = []
     for index, (event, event_candidates) in enumerate(zip(events, candidates, strict=True)):
         mark = state.mark()
@@ -262,16 +261,14 @@ def decide(catalogue: Catalogue, orchestrator: Orchestrator, session: Session,
     return BatchDecisions(results, state)
 
 
-def read(session: Session, users: list[str], keys: list[str], now: datetime) -> BatchState:
+def read(session: Session, users: list[str], keys: list[str], now: datetime,
+         decisions: DecisionRepository) -> BatchState:
     """The decisions' one read, after the lock of every participant this transaction does not
     hold yet (a live event's; the claim holds a batch's, DEC-2), in the same round trip."""
     if not users:
         return BatchState({}, {}, {})
-    locks = [pipeline.named("lock_participant", {"key": key}, fetch=False) for key in locks_to_take(session, users)]
-    answers = pipeline.send(session, [*locks, pipeline.named("read_batch_limits", {
-        "user_ids": users, "window_start": now - CAP_WINDOW, "window_end": now + CAP_WINDOW, "keys": keys,
-    })])
-    row = (answers[-1] or [{}])[0]
+    # every local day lies within CAP_WINDOW of now (LOCAL-5): the cap's day is counted below
+    row = decisions.read_limits(session, users, keys, now - CAP_WINDOW, now + CAP_WINDOW)
     preferences = {
         str(user): Preferences(None if kinds is None else frozenset(kinds), int(cap), zone,
                                None if start is None else QuietHours(time.fromisoformat(start), time.fromisoformat(end)))

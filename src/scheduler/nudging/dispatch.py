@@ -15,7 +15,7 @@ from datetime import datetime
 
 from sqlalchemy.orm import Session
 
-from scheduler.database import pipeline
+from scheduler.database.decisions import DecisionRepository
 from scheduler.nudging.decision import BatchDecisions, Check, decide
 from scheduler.nudging.orchestrator import Orchestrator
 from scheduler.nudging.rules import Catalogue
@@ -30,21 +30,24 @@ class NudgingPlatform:
     # back is safe, so a batch runs optimistically, with a replay after a failure (DEC-1.4).
     safe_to_repeat = True
 
-    def __init__(self, catalogue: Catalogue, orchestrator: Orchestrator | None = None) -> None:
+    def __init__(self, catalogue: Catalogue, orchestrator: Orchestrator | None = None, *,
+                 decisions: DecisionRepository | None = None) -> None:
+        """``decisions``: the reads and writes of the service's ``Database`` (its schema's;
+        ``SchedulerService`` passes its own); by default the default schema's, ``scheduler``."""
         self.catalogue = catalogue
         self.orchestrator = orchestrator or Orchestrator()
+        self.decisions = decisions if decisions is not None else DecisionRepository.of()
 
     def __call__(self, session: Session, event: DigitalTwinEvent, now: datetime) -> DispatchResult:
         """Decide one event as a batch of one and write its decision (one read, one write;
         the participant's lock first unless this transaction holds it). An evaluator's own
         error propagates."""
-        decisions = decide(self.catalogue, self.orchestrator, session, [event], now)
-        [result] = decisions.results
+        decided = decide(self.catalogue, self.orchestrator, session, [event], now, decisions=self.decisions)
+        [result] = decided.results
         if isinstance(result, Exception):
             raise result
-        if decisions.writes_anything:
-            name, params = decisions.write_statement()
-            pipeline.send(session, [pipeline.named(name, params, fetch=False)])
+        if decided.writes_anything:
+            self.decisions.write(session, *decided.write_statement())
         return result
 
     def decide_batch(self, session: Session, events: Sequence[DigitalTwinEvent], now: datetime,
@@ -52,4 +55,5 @@ class NudgingPlatform:
         """Decide a claimed batch: each event's result as ``__call__`` gives it, one after the
         other at ``now``, read in one statement; the write (``BatchDecisions.write_statement``)
         is left to the caller. ``stop`` and ``check``: see ``decision.decide``."""
-        return decide(self.catalogue, self.orchestrator, session, events, now, stop=stop, check=check)
+        return decide(self.catalogue, self.orchestrator, session, events, now, decisions=self.decisions,
+                      stop=stop, check=check)

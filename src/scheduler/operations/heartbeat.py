@@ -26,10 +26,10 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session
 
 from scheduler.core.loop import Scheduler
-from scheduler.database.queries import statement
+from scheduler.database.database import Database
 from scheduler.types import Clock
 
 logger = logging.getLogger(__name__)
@@ -47,13 +47,13 @@ class Heartbeat:
 
     def __init__(
         self,
-        sessions: sessionmaker[Session],
+        database: Database,
         clock: Clock,
         *,
         replica_id: str | None = None,
         min_interval: timedelta = MIN_INTERVAL,
     ) -> None:
-        self.sessions = sessions
+        self.database = database
         self.clock = clock
         self.replica_id = replica_id or uuid.uuid4().hex
         self.host = socket.gethostname()
@@ -84,9 +84,9 @@ class Heartbeat:
     def write(self, scheduler: Scheduler, now: datetime) -> None:
         """Upsert this replica's row now."""
         health = scheduler.health
-        with self.sessions.begin() as session:
-            session.execute(
-                statement("upsert_heartbeat"),
+        with self.database.begin() as session:
+            self.database.operations.write_heartbeat(
+                session,
                 {
                     "replica_id": self.replica_id,
                     "name": scheduler.name,
@@ -109,8 +109,8 @@ class Heartbeat:
     def forget(self) -> None:
         """Delete this replica's row (a clean stop): it leaves the list instead of going stale."""
         try:
-            with self.sessions.begin() as session:
-                session.execute(statement("delete_replica"), {"replica_id": self.replica_id})
+            with self.database.begin() as session:
+                self.database.operations.delete_replica(session, self.replica_id)
         except DBAPIError as exc:
             logger.warning("heartbeat row %s not removed on stop (%s); it will show as stale",
                            self.replica_id, type(exc).__name__)
@@ -125,18 +125,18 @@ def replica_state(row: dict[str, Any]) -> str:
     return "ok"
 
 
-def replica_rows(session: Session, now: datetime) -> list[dict[str, Any]]:
+def replica_rows(session: Session, database: Database, now: datetime) -> list[dict[str, Any]]:
     """Every replica's heartbeat, with ``stale`` and ``state`` judged at ``now``, in ``session``."""
-    rows = [dict(r) for r in session.execute(statement("list_replicas"), {"now": now}).mappings()]
+    rows = database.operations.list_replicas(session, now)
     for row in rows:
         row["state"] = replica_state(row)
     return rows
 
 
-def list_replicas(sessions: sessionmaker[Session], now: datetime) -> list[dict[str, Any]]:
+def list_replicas(database: Database, now: datetime) -> list[dict[str, Any]]:
     """Every replica's heartbeat, with ``stale`` and ``state`` judged at ``now``."""
-    with sessions.begin() as session:
-        return replica_rows(session, now)
+    with database.begin() as session:
+        return replica_rows(session, database, now)
 
 
 def replicas_json(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

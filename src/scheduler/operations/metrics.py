@@ -24,11 +24,10 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.orm import Session, sessionmaker
 
 from scheduler.application.counts import counted_or_estimated
 from scheduler.core.loop import PollReport, Scheduler
-from scheduler.database.queries import statement
+from scheduler.database.database import Database
 from scheduler.operations.heartbeat import replica_rows
 from scheduler.types import Clock, EventStatus
 
@@ -40,14 +39,14 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 REPLICA_STATES = ("ok", "failing", "stale")
 
 
-def database_gauges(sessions: sessionmaker[Session], now: datetime) -> dict[str, float]:
+def database_gauges(database: Database, now: datetime) -> dict[str, float]:
     """Backlog (due pending rows), the oldest overdue row's age in seconds, failed rows,
     and replicas by state: the heartbeats ``/admin/replicas`` lists, judged by the same
     ``replica_state`` (OBS-7)."""
-    with sessions.begin() as session:
-        backlog = session.execute(statement("backlog_gauges"), {"now": now}).mappings().one()
-        failed, _ = counted_or_estimated(session, EventStatus.FAILED)
-        replicas = Tally(str(row["state"]) for row in replica_rows(session, now))
+    with database.begin() as session:
+        backlog = database.operations.backlog(session, now)
+        failed, _ = counted_or_estimated(session, database.events, EventStatus.FAILED)
+        replicas = Tally(str(row["state"]) for row in replica_rows(session, database, now))
     oldest = backlog["oldest_trigger_at"]
     return {
         **{f"replicas_{state}": float(replicas[state]) for state in REPLICA_STATES},
@@ -71,7 +70,7 @@ class _DatabaseGauges(Collector):
             if self._cached and now - self._cached[0] < self.metrics.cache_for and now >= self._cached[0]:
                 return self._cached[1]
             try:
-                values = database_gauges(self.metrics.sessions, now)
+                values = database_gauges(self.metrics.database, now)
             except DBAPIError:
                 return None
             self._cached = (now, values)
@@ -116,7 +115,7 @@ class Metrics:
 
     def __init__(
         self,
-        sessions: sessionmaker[Session],
+        database: Database,
         clock: Clock,
         loop_alive: Callable[[], bool],
         *,
@@ -124,7 +123,7 @@ class Metrics:
         registry: CollectorRegistry | None = None,
         event_types: Iterable[str] = (),
     ) -> None:
-        self.sessions = sessions
+        self.database = database
         self.clock = clock
         self.loop_alive = loop_alive
         self.cache_for = timedelta(seconds=cache_seconds)

@@ -12,10 +12,8 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy.orm import Session, sessionmaker
-
 from scheduler.application import counts as status_counts
-from scheduler.database.queries import statement
+from scheduler.database.database import Database
 from scheduler.operations.heartbeat import list_replicas, replicas_json
 
 LATENESS_WINDOW = timedelta(hours=1)
@@ -24,22 +22,21 @@ EXACT_LIMIT = status_counts.EXACT_LIMIT  # rows in the table above which finishe
 FAILURE_SAMPLE = 10_000  # more failures than this in 24 h: the kinds are those of the latest ones
 
 
-def overview(sessions: sessionmaker[Session], now: datetime) -> dict[str, Any]:
+def overview(database: Database, now: datetime) -> dict[str, Any]:
     """Every figure of the overview at ``now`` (the injected clock's), JSON-ready."""
-    with sessions.begin() as session:
-        backlog = session.execute(statement("backlog_gauges"), {"now": now}).mappings().one()
+    operations = database.operations
+    with database.begin() as session:
+        backlog = operations.backlog(session, now)
         # Every status, cancelled included; past EXACT_LIMIT rows the finished ones are the
         # planner's estimate (named in "estimated"), never a scan every refresh.
-        counts = status_counts.status_counts(session, exact_limit=EXACT_LIMIT)
-        lateness = session.execute(
-            statement("lateness_percentiles"), {"since": now - LATENESS_WINDOW, "now": now}
-        ).mappings().one()
+        counts = status_counts.status_counts(session, database.events, exact_limit=EXACT_LIMIT)
+        lateness = operations.lateness(session, since=now - LATENESS_WINDOW, now=now)
         since = now - FAILURE_WINDOW
         failures = [
             {"kind": r["kind"] or "(empty)", "count": r["count"], "latest": r["latest"].isoformat()}
-            for r in session.execute(statement("failures_by_kind"), {"since": since, "sample": FAILURE_SAMPLE}).mappings()
+            for r in operations.failures_by_kind(session, since=since, sample=FAILURE_SAMPLE)
         ]
-        failed_in_window = session.execute(statement("count_failed_since"), {"since": since}).scalar_one()
+        failed_in_window = operations.count_failed_since(session, since)
     oldest = backlog["oldest_trigger_at"]
     return {
         "generated_at": now.isoformat(),
@@ -50,7 +47,7 @@ def overview(sessions: sessionmaker[Session], now: datetime) -> dict[str, Any]:
         "lateness": {
             "p50": lateness["p50"], "p99": lateness["p99"], "dispatched": lateness["dispatched"],
         },
-        "replicas": replicas_json(list_replicas(sessions, now)),
+        "replicas": replicas_json(list_replicas(database, now)),
         "failures": failures,
         "failures_total": failed_in_window,
         "failures_sampled": failed_in_window > FAILURE_SAMPLE,

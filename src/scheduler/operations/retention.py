@@ -33,9 +33,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Engine
-
-from scheduler.database.queries import statement
+from scheduler.database.database import Database
 from scheduler.types import Clock
 
 logger = logging.getLogger(__name__)
@@ -63,7 +61,7 @@ class Retention:
 
     def __init__(
         self,
-        engine: Engine,
+        database: Database,
         clock: Clock,
         *,
         days: int,
@@ -77,7 +75,8 @@ class Retention:
             raise ValueError("days must be 0 (keep everything) or more")
         if replicas <= timedelta(0):
             raise ValueError("replicas must be a positive window")
-        self.engine = engine
+        self.database = database
+        self.engine = database.engine
         self.clock = clock
         self.days = days
         self.replicas = replicas
@@ -109,16 +108,13 @@ class Retention:
                     conn.rollback()
                     self._checked_at = now
                     return None
-                started = conn.execute(
-                    statement("claim_maintenance_run"),
-                    {"task": TASK, "now": now, "interval_seconds": self.interval.total_seconds()},
-                ).first()
-                if started is not None:
-                    replicas_deleted = conn.execute(
-                        statement("delete_gone_replicas"), {"cutoff": now - self.replicas}).rowcount
+                started = self.database.operations.claim_maintenance_run(
+                    conn, task=TASK, now=now, interval_seconds=self.interval.total_seconds())
+                if started:
+                    replicas_deleted = self.database.operations.delete_gone_replicas(conn, now - self.replicas)
                 conn.commit()
                 self._checked_at = now
-                if started is None:
+                if not started:
                     return None  # a replica started a run within the interval
                 if replicas_deleted:
                     logger.info("%s: deleted the heartbeats of %d replicas silent since %s", self.name,
@@ -130,11 +126,10 @@ class Retention:
                 cutoff = now - timedelta(days=self.days)
             return self._delete(conn, cutoff, replicas_deleted)
 
-    @staticmethod
-    def _elected(conn: Any) -> bool:
+    def _elected(self, conn: Any) -> bool:
         """The election, for the current transaction only: a lock nobody waits for, released
         by the commit or the rollback (or the end of a dead connection's backend)."""
-        return bool(conn.execute(statement("try_retention_lock"), {"key": RETENTION_LOCK_KEY}).scalar())
+        return self.database.operations.try_retention_lock(conn, RETENTION_LOCK_KEY)
 
     def _delete(self, conn: Any, cutoff: datetime, replicas_deleted: int) -> RetentionReport:
         deleted = batches = 0
@@ -143,9 +138,7 @@ class Retention:
             while batches < self.max_batches:
                 if not self._elected(conn):
                     break  # another replica took over meanwhile: carry on next poll
-                ids = conn.execute(
-                    statement("delete_expired_events"), {"cutoff": cutoff, "batch_size": self.batch_size}
-                ).scalars().all()
+                ids = self.database.operations.delete_finished(conn, cutoff=cutoff, batch_size=self.batch_size)
                 conn.commit()
                 deleted += len(ids)
                 batches += 1

@@ -1,10 +1,11 @@
 """The composition root: ``SchedulerService`` builds the service's parts and wires them.
 
-It creates the engines, the clock, the catalogue and dispatch path, the loop and its
-LISTEN connection, the inbox hub, retention, the heartbeat and the metrics, the web sessions'
-store, then hands each product's route modules (the JSON API, the inbox, the console, built
-when first asked for) only what they use: the sessionmaker, the clock, the dispatch path, the
-token verifier, the sessions' store, the loop. No route module knows this class, so nothing
+It creates the engines and the service's ``Database`` on them (its schema, its statements and
+repositories: DEC-DB), the clock, the catalogue and dispatch path, the loop and its LISTEN
+connection, the inbox hub, retention, the heartbeat and the metrics, the web sessions' store,
+then hands each product's route modules (the JSON API, the inbox, the console, built when
+first asked for) only what they use: the database, the clock, the dispatch path, the token
+verifier, the sessions' store, the loop. No route module knows this class, so nothing
 imports back into it. ``create_app`` is the standalone service; another Starlette
 app embeds the same thing by mounting ``service.app`` and entering ``service.lifespan``
 (see README).
@@ -18,7 +19,6 @@ import functools
 import logging
 from collections.abc import AsyncIterator
 from datetime import datetime
-from functools import partial
 from typing import TYPE_CHECKING, Any, cast
 
 import anyio.to_thread
@@ -38,17 +38,15 @@ from starlette.types import ASGIApp
 from scheduler.config import ConfigError, Settings
 from scheduler.core.clock import DatabaseClock
 from scheduler.core.loop import DUE_CHANNEL, Scheduler
+from scheduler.database.database import Database
 from scheduler.database.engine import (
-    database_time,
     is_service_engine,
     make_engine,
-    make_sessionmaker,
     resolve_database_url,
     tcp_parameters,
 )
 from scheduler.database.host_engine import for_scheduler, is_async, loop_engine_like, sync_twin
 from scheduler.database.listener import Listener, conninfo_of
-from scheduler.database.queries import use_schema
 from scheduler.nudging.dispatch import NudgingPlatform
 from scheduler.nudging.facts import FactsContract
 from scheduler.nudging.publishers import LoggingPublisher
@@ -112,17 +110,21 @@ class SchedulerService:
         # The host's own facts contract replaces the built-in one wherever an event is stored
         # (the POST, the batch, ``scheduler.schedule``; DEC-FACTS-CONTRACT).
         self.facts_contract = facts_contract
-        # Every statement names the scheduler's own schema (DEC-SCHEMA): one per process.
-        use_schema(self.settings.database_schema)
         self.engine, self.loop_engine = self._engines(engine, loop_engine)
-        self.sessions = make_sessionmaker(self.engine)
+        # The service's database: every statement names its own schema (DEC-SCHEMA, DEC-DB),
+        # whatever other service shares the process; the loop's pool is the same database.
+        self.database = Database(self.engine, self.settings.database_schema)
+        self.loop_database = self.database.on(self.loop_engine)
+        self.sessions = self.database.sessions
         # One clock in production: the database server's, measured (DEC-10). An injected
         # clock (tests, the simulation) is used as it is.
-        self.clock: Clock = clock or DatabaseClock(partial(database_time, self.loop_engine),
+        self.clock: Clock = clock or DatabaseClock(self.loop_database.server_time,
                                                    warn_seconds=self.settings.clock_skew_warn_seconds)
         self._clock_task: asyncio.Task[None] | None = None
         self.catalogue = catalogue or load_catalogue(self.settings.rules_dir)
-        self.dispatcher: Dispatcher = dispatcher or NudgingPlatform(self.catalogue)
+        self.dispatcher: Dispatcher = dispatcher or NudgingPlatform(self.catalogue,
+                                                                    decisions=self.database.decisions)
+        self._check_dispatcher_schema(self.dispatcher)
         # After commit: number web notifications for the inbox stream and NOTIFY the
         # replicas, then the configured publisher (see scheduler.web.inbox.hub). The live
         # path numbers on the requests' pool, the loop on its own.
@@ -136,11 +138,11 @@ class SchedulerService:
         self._stop: asyncio.Event | None = None
         listener = self._listener()
         # The participants' live inbox: fan-out by the process's LISTEN connection.
-        self.inbox = Inbox(self.sessions, listener=listener if self.settings.listen else None)
+        self.inbox = Inbox(self.database, listener=listener if self.settings.listen else None)
         # Every open stream (the inbox's, the console's): ended at once when the server stops.
         self.streams = Streams()
         # Signed-in browsers (the console's, the inbox page's), in the database: any replica serves them.
-        self.web_sessions = SessionStore(self.sessions, self.clock, max_seconds=self.settings.session_max_seconds,
+        self.web_sessions = SessionStore(self.database, self.clock, max_seconds=self.settings.session_max_seconds,
                                          idle_seconds=self.settings.session_idle_seconds)
         # The host's own authentication when it passes one (DEC-AUTH-1), else bearer JWTs.
         self.authentication: AuthenticationBackend = authentication or JWTBackend(self.verifier)
@@ -197,13 +199,11 @@ class SchedulerService:
 
     def _loop(self, inner_publisher: Publisher) -> Scheduler:
         """The polling loop, on the loop's own pool, numbering web notifications there."""
-        loop_sessions = (make_sessionmaker(self.loop_engine) if self.loop_engine is not self.engine
-                         else self.sessions)
         return Scheduler(
-            loop_sessions,
+            self.loop_database,
             self.dispatcher,
             self.clock,
-            publisher=StreamPublisher(loop_sessions, inner_publisher),
+            publisher=StreamPublisher(self.loop_database, inner_publisher),
             batch_size=self.settings.batch_size,
             poll_seconds=self.settings.poll_seconds,
             mode=self.settings.mode,
@@ -221,12 +221,12 @@ class SchedulerService:
     def _attach_poll_hooks(self, metrics_registry: CollectorRegistry | None) -> None:
         """What runs after each poll: retention (deletes old dispatched and cancelled rows and
         the heartbeats of gone replicas, one replica, hourly), this replica's heartbeat and the metrics."""
-        self.retention = Retention(self.loop_engine, self.clock, days=self.settings.retention_days,
+        self.retention = Retention(self.loop_database, self.clock, days=self.settings.retention_days,
                                    replicas=self.settings.replica_retention)
         # On the loop's own pool: requests that hold every API connection never delay it.
-        self.heartbeat = Heartbeat(self.scheduler.sessions, self.clock)
+        self.heartbeat = Heartbeat(self.loop_database, self.clock)
         # the event types known in advance start at zero on /metrics
-        self.metrics = Metrics(self.sessions, self.clock, lambda: self.loop_alive, registry=metrics_registry,
+        self.metrics = Metrics(self.database, self.clock, lambda: self.loop_alive, registry=metrics_registry,
                                event_types=self.catalogue.scenarios())
         self.scheduler.poll_hooks.extend([self.retention, self.heartbeat, self.metrics])
 
@@ -236,19 +236,19 @@ class SchedulerService:
         self.health = HealthRoutes(scheduler=self.scheduler, clock=self.clock, listener=listener,
                                    settings=settings, loop_alive=lambda: self.loop_alive,
                                    mounted=lambda: self.app.routes, run_scheduler=lambda: self.run_scheduler)
-        self.ingest = IngestRoutes(sessions=self.sessions, clock=self.clock, dispatcher=self.dispatcher,
-                                   publisher=StreamPublisher(self.sessions, inner_publisher, name=LIVE),
+        self.ingest = IngestRoutes(database=self.database, clock=self.clock, dispatcher=self.dispatcher,
+                                   publisher=StreamPublisher(self.database, inner_publisher, name=LIVE),
                                    max_body_bytes=settings.max_body_bytes, observer=self.observer,
                                    default_expiry=settings.default_expiry, facts_contract=self.facts_contract)
-        self.batch = BatchRoutes(sessions=self.sessions, clock=self.clock, default_expiry=settings.default_expiry,
+        self.batch = BatchRoutes(database=self.database, clock=self.clock, default_expiry=settings.default_expiry,
                                  facts_contract=self.facts_contract,
                                  max_events=settings.batch_max_events,
                                  max_body_bytes=settings.batch_max_body_bytes,
                                  max_item_bytes=settings.max_body_bytes, observer=self.observer)
-        self.events = EventRoutes(sessions=self.sessions, clock=self.clock)
-        self.participants = ParticipantRoutes(sessions=self.sessions, clock=self.clock,
+        self.events = EventRoutes(database=self.database, clock=self.clock)
+        self.participants = ParticipantRoutes(database=self.database, clock=self.clock,
                                               max_body_bytes=settings.max_body_bytes)
-        self.operator = OperatorRoutes(sessions=self.sessions, clock=self.clock, metrics=self.metrics,
+        self.operator = OperatorRoutes(database=self.database, clock=self.clock, metrics=self.metrics,
                                        session_store=self.web_sessions,
                                        metrics_require_admin=settings.metrics_require_admin)
 
@@ -258,7 +258,7 @@ class SchedulerService:
         that does not mount it never imports its pieces (EMB-10)."""
         from scheduler.web.console.pages import Console
 
-        return Console(self.sessions, self.clock, self.verifier, self.web_sessions,
+        return Console(self.database, self.clock, self.verifier, self.web_sessions,
                        refresh_seconds=self.settings.console_refresh_seconds, streams=self.streams,
                        max_body_bytes=self.settings.max_body_bytes)
 
@@ -279,6 +279,21 @@ class SchedulerService:
     @listener.setter
     def listener(self, listener: Listener) -> None:
         self.health.listener = listener
+
+    def _check_dispatcher_schema(self, dispatcher: Dispatcher) -> None:
+        """A ``NudgingPlatform`` the host built for another schema would write its decisions
+        there: refused in a sentence before anything runs (DEC-DB)."""
+        decisions = getattr(dispatcher, "decisions", None) if isinstance(dispatcher, NudgingPlatform) else None
+        if decisions is not None and decisions.schema != self.database.schema:
+            self._dispose_owned()
+            raise ConfigError(
+                f"the dispatcher passed to SchedulerService decides in schema {decisions.schema!r}, the service's "
+                f"is {self.database.schema!r} (SCHEDULER_DATABASE_SCHEMA): build it with "
+                f"NudgingPlatform(catalogue, decisions=Database(engine, {self.database.schema!r}).decisions)")
+
+    def _dispose_owned(self) -> None:
+        for engine in self._owned_engines:
+            engine.dispose()
 
     def _check_security(self, host_authentication: bool) -> None:
         settings = self.settings
@@ -319,7 +334,7 @@ class SchedulerService:
             *self.batch.routes(),
             *self.events.routes(),
             *self.participants.routes(),
-            *inbox_routes(sessions=self.sessions, inbox=self.inbox, store=self.web_sessions, verifier=self.verifier,
+            *inbox_routes(database=self.database, inbox=self.inbox, store=self.web_sessions, verifier=self.verifier,
                           max_body_bytes=self.settings.max_body_bytes, streams=self.streams),
             *self.operator.routes(),
             *([_hidden(route) for route in self.console.routes] if console else []),
@@ -452,8 +467,7 @@ class SchedulerService:
                 await asyncio.wait_for(run_in_threadpool(self.heartbeat.forget), timeout=2.0)
             self._task = None
         await run_in_threadpool(self.listener.stop)
-        for engine in self._owned_engines:
-            engine.dispose()
+        self._dispose_owned()
 
     @property
     def loop_alive(self) -> bool:

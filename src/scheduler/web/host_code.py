@@ -40,6 +40,8 @@ from scheduler.web.api.batch import Refusal, check_item
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession
 
+    from scheduler.database.database import Database
+
 
 class Service(Protocol):
     """What scheduling from a host's code reads of the service the host built."""
@@ -50,6 +52,8 @@ class Service(Protocol):
     def clock(self) -> Clock: ...
     @property
     def facts_contract(self) -> FactsContract | None: ...
+    @property
+    def database(self) -> Database: ...
 
 HOST_ACTOR = "host"  # the actor a row's history and the audit trail name when the host gives none
 
@@ -106,7 +110,7 @@ def schedule(session: Session, *, service: Service, event_type: str, user_id: st
     event = _checked(service, event_type=event_type, user_id=user_id, trigger_at=trigger_at, facts=facts,
                      external_key=external_key, community_id=community_id, expires_at=expires_at)
     row = ingest.store_scheduled_event_in(
-        session, event_type=event.event_type, user_id=event.user_id, community_id=event.community_id,
+        session, service.database.events, event_type=event.event_type, user_id=event.user_id, community_id=event.community_id,
         external_key=event.external_key, trigger_at=event.trigger_at, facts=event.facts,
         expires_at=event.expires_at, now=service.clock.now(), actor=actor or HOST_ACTOR)
     return EventRecord.from_row(row)
@@ -132,7 +136,7 @@ def cancel(session: Session, *, service: Service, event_id: str | None = None,
     or failed row becomes ``cancelled``; the result says what was found (``cancelled``,
     ``already_cancelled``, ``dispatched``, ``expired``, ``missing``). The change and its audit
     entry (source ``host``) are committed with the host's commit, gone with its rollback."""
-    return commands.cancel_in(session, now=service.clock.now(), actor=Actor(actor or HOST_ACTOR, "host"),
+    return commands.cancel_in(session, service.database, now=service.clock.now(), actor=Actor(actor or HOST_ACTOR, "host"),
                               event_id=event_id, external_key=external_key, reason=reason)
 
 

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -33,6 +32,7 @@ from scheduler.application.ingest import (
     store_scheduled_events,
     stored_expires_at,
 )
+from scheduler.database.database import Database
 from scheduler.nudging.facts import FactsContract
 from scheduler.observability.observer import Observer
 from scheduler.types import Clock
@@ -118,22 +118,22 @@ def check_items(payloads: Sequence[Any], *, max_item_bytes: int, default_expiry:
     return checked
 
 
-def store_checked(sessions: sessionmaker[Session], checked: Sequence[NewEvent | Refusal], **store: Any
+def store_checked(database: Database, checked: Sequence[NewEvent | Refusal], **store: Any
                   ) -> list[Stored | Refusal]:
     """Store the valid items of ``checked`` together (``store_scheduled_events``); each item's
     result, in order."""
     valid = [item for item in checked if isinstance(item, NewEvent)]
-    stored = iter(store_scheduled_events(sessions, valid, **store))
+    stored = iter(store_scheduled_events(database, valid, **store))
     return [item if isinstance(item, Refusal) else next(stored) for item in checked]
 
 
 class BatchRoutes:
     """``POST /admin/scheduled-events/batch``."""
 
-    def __init__(self, *, sessions: sessionmaker[Session], clock: Clock, max_events: int, max_body_bytes: int,
+    def __init__(self, *, database: Database, clock: Clock, max_events: int, max_body_bytes: int,
                  max_item_bytes: int, observer: Observer | None = None,
                  default_expiry: timedelta | None = None, facts_contract: FactsContract | None = None) -> None:
-        self.sessions = sessions
+        self.database = database
         self.facts_contract = facts_contract  # the host's own (DEC-FACTS-CONTRACT), else the built-in one
         self.default_expiry = default_expiry  # SCHEDULER_DEFAULT_EXPIRY_SECONDS, as the single POST's
         self.clock = clock
@@ -161,7 +161,7 @@ class BatchRoutes:
         traceparent = self.observer.storing_traceparent(request.headers.get("traceparent"))
         with self.observer.store_batch(len(payload)) as done:
             results = await run_in_threadpool(
-                store_checked, self.sessions, checked, now=self.clock.now(), actor=actor_of(request),
+                store_checked, self.database, checked, now=self.clock.now(), actor=actor_of(request),
                 traceparent=traceparent)
             refused = sum(isinstance(result, Refusal) for result in results)
             done(len(results) - refused, refused)

@@ -12,7 +12,6 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
-from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
@@ -20,6 +19,7 @@ from starlette.routing import BaseRoute, Route
 
 from scheduler.application import ingest
 from scheduler.application.ingest import publish_committed
+from scheduler.database.database import Database
 from scheduler.nudging.facts import (
     ContractViolation,
     FactsContract,
@@ -92,10 +92,10 @@ def facts_refusal(facts: Any, contract: FactsContract | None,
 class IngestRoutes:
     """``POST /admin/scheduled-events`` and ``POST /admin/ingest-event``."""
 
-    def __init__(self, *, sessions: sessionmaker[Session], clock: Clock, dispatcher: Dispatcher,
+    def __init__(self, *, database: Database, clock: Clock, dispatcher: Dispatcher,
                  publisher: Publisher, max_body_bytes: int, observer: Observer | None = None,
                  default_expiry: timedelta | None = None, facts_contract: FactsContract | None = None) -> None:
-        self.sessions = sessions
+        self.database = database
         # the host's own facts contract (DEC-FACTS-CONTRACT), else the built-in one (REQ-0012)
         self.facts_contract = facts_contract
         self.clock = clock
@@ -121,7 +121,7 @@ class IngestRoutes:
         assert body.facts is not None
         row = await run_in_threadpool(
             self._store,
-            self.sessions,
+            self.database,
             event_type=body.event_type,
             user_id=body.user_id,
             community_id=body.community_id,
@@ -138,11 +138,11 @@ class IngestRoutes:
         return respond(ScheduledEventOut.model_validate(row), 201)
 
     @staticmethod
-    def _store(sessions: sessionmaker[Session], **fields: Any) -> dict[str, Any]:
+    def _store(database: Database, **fields: Any) -> dict[str, Any]:
         """``ingest.store_scheduled_event``; an expiry it refuses (the default window past the
         range) is a 422 naming the field, as the schema's own checks are."""
         try:
-            return ingest.store_scheduled_event(sessions, **fields)
+            return ingest.store_scheduled_event(database, **fields)
         except ingest.ExpiryRefused as exc:
             raise Unprocessable.field(exc.field, exc.problem) from None
 
@@ -186,7 +186,7 @@ class IngestRoutes:
         # observability: the live dispatch's span (its statements inside); a broken host
         # dispatcher's NotADispatchResult is a 500
         with self.observer.live_dispatch(event.event_type) as dispatched:
-            result = ingest.dispatch_live(self.sessions, self.dispatcher, event, now, dispatched=dispatched,
+            result = ingest.dispatch_live(self.database, self.dispatcher, event, now, dispatched=dispatched,
                                           default_expiry=self.default_expiry, traceparent=traceparent)
         if result.refusal is not None:
             return result

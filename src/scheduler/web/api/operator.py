@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from scheduler.application import audit
+from scheduler.database.database import Database
 from scheduler.operations.heartbeat import list_replicas
 from scheduler.operations.metrics import CONTENT_TYPE, Metrics
 from scheduler.types import Clock
@@ -34,9 +34,9 @@ class OperatorRoutes:
     """``/metrics``, ``/admin/replicas``, ``/admin/audit`` and ``/admin/sessions``: what an
     operator watches and ends, over one service's database and clock."""
 
-    def __init__(self, *, sessions: sessionmaker[Session], clock: Clock, metrics: Metrics,
+    def __init__(self, *, database: Database, clock: Clock, metrics: Metrics,
                  session_store: SessionStore, metrics_require_admin: bool) -> None:
-        self.sessions = sessions
+        self.database = database
         self.clock = clock
         self.metrics = metrics
         # The signed-in browsers (console and inbox page): ended and listed by /admin/sessions.
@@ -63,7 +63,7 @@ class OperatorRoutes:
     @declares()
     async def replicas(self, request: Request) -> Response:
         """Every replica's heartbeat, with ``stale`` (silent three poll intervals) and ``state``."""
-        rows = await run_in_threadpool(list_replicas, self.sessions, self.clock.now())
+        rows = await run_in_threadpool(list_replicas, self.database, self.clock.now())
         return respond([ReplicaOut.model_validate(row) for row in rows])
 
     @require("admin")
@@ -74,6 +74,6 @@ class OperatorRoutes:
         q = query(request)
         limit, before_id = q["limit"], q["before_id"]
         rows: list[dict[str, Any]] = await run_in_threadpool(
-            lambda: audit.list_actions(self.sessions, limit=limit, before_id=before_id))
+            lambda: audit.list_actions(self.database, limit=limit, before_id=before_id))
         return respond([OperatorActionOut.model_validate(row) for row in rows])
 

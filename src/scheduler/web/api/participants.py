@@ -5,13 +5,13 @@
 
 from __future__ import annotations
 
-from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from scheduler.application import participants
+from scheduler.database.database import Database
 from scheduler.nudging.local_time import (
     LocalTimeError,
     QuietHours,
@@ -28,8 +28,8 @@ from scheduler.web.http.schemas import NotificationOut, PreferencesIn, Preferenc
 class ParticipantRoutes:
     """``GET /admin/notifications`` and ``GET``/``PUT /admin/participants/{user_id}/preferences``."""
 
-    def __init__(self, *, sessions: sessionmaker[Session], clock: Clock, max_body_bytes: int) -> None:
-        self.sessions = sessions
+    def __init__(self, *, database: Database, clock: Clock, max_body_bytes: int) -> None:
+        self.database = database
         self.clock = clock
         self.max_body_bytes = max_body_bytes
 
@@ -47,7 +47,7 @@ class ParticipantRoutes:
         q = query(request)
         rows = await run_in_threadpool(
             participants.list_notifications,
-            self.sessions,
+            self.database,
             user_id=q["user_id"],
             status=q["status"],
             limit=q["limit"],
@@ -62,7 +62,7 @@ class ParticipantRoutes:
         zone, quiet = local_time_of(body)
         row = await run_in_threadpool(
             participants.set_preferences,
-            self.sessions,
+            self.database,
             user_id,
             enabled_kinds=body.enabled_kinds,
             max_per_day=body.max_per_day,
@@ -77,7 +77,7 @@ class ParticipantRoutes:
     async def get_preferences(self, request: Request) -> Response:
         """A participant's preferences: the defaults when none were set."""
         user_id = path_param(request, "user_id")
-        row = await run_in_threadpool(participants.get_preferences, self.sessions, user_id)
+        row = await run_in_threadpool(participants.get_preferences, self.database, user_id)
         return respond(PreferencesOut.model_validate(row))
 
 

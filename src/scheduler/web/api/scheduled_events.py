@@ -16,7 +16,6 @@ from __future__ import annotations
 from functools import partial
 from urllib.parse import urlencode
 
-from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -24,6 +23,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from scheduler.application import audit, commands, events
+from scheduler.database.database import Database
 from scheduler.types import Clock
 from scheduler.web.http.auth import actor_of, require
 from scheduler.web.http.event_filter import CURSOR, EVENT_FILTER, event_query
@@ -42,8 +42,8 @@ class EventRoutes:
     """``/admin/scheduled-events`` (GET), ``.../{event_id}`` (GET, DELETE), ``.../reset``,
     ``.../history`` and ``.../by-key/{external_key}`` (DELETE)."""
 
-    def __init__(self, *, sessions: sessionmaker[Session], clock: Clock) -> None:
-        self.sessions = sessions
+    def __init__(self, *, database: Database, clock: Clock) -> None:
+        self.database = database
         self.clock = clock
 
     def routes(self) -> list[BaseRoute]:
@@ -73,7 +73,7 @@ class EventRoutes:
 
     def _page(self, where: events.EventQuery) -> events.EventPage:
         try:
-            return events.list_events(self.sessions, where, events.EventOrder.CHANGED)
+            return events.list_events(self.database, where, events.EventOrder.CHANGED)
         except events.QueryError as exc:  # a cursor of another list
             raise Unprocessable.field(exc.field, exc.problem) from None
 
@@ -81,7 +81,7 @@ class EventRoutes:
     @declares()
     async def get_event(self, request: Request) -> Response:
         event_id = path_param(request, "event_id")
-        row = await run_in_threadpool(events.get_event, self.sessions, event_id)
+        row = await run_in_threadpool(events.get_event, self.database, event_id)
         if row is None:
             raise HTTPException(404, "no scheduled event with that id")
         return respond(_out(row))
@@ -94,7 +94,7 @@ class EventRoutes:
         event_id = path_param(request, "event_id")
         actor = commands.Actor(request.user.display_name, "api")
         result = await run_in_threadpool(
-            lambda: commands.reset(self.sessions, event_id, now=self.clock.now(), actor=actor))
+            lambda: commands.reset(self.database, event_id, now=self.clock.now(), actor=actor))
         if result.event is None:
             raise HTTPException(404, "no scheduled event with that id")
         return respond(_out(result.event))
@@ -102,7 +102,7 @@ class EventRoutes:
     async def _cancel(self, request: Request, **row: str) -> Response:
         actor = commands.Actor(actor_of(request) or "unknown", "api")
         result = await run_in_threadpool(
-            partial(commands.cancel, self.sessions, now=self.clock.now(), actor=actor, **row))
+            partial(commands.cancel, self.database, now=self.clock.now(), actor=actor, **row))
         if result.event is None:
             raise HTTPException(404, "no scheduled event with that id or key")
         if result.outcome == "dispatched":
@@ -132,7 +132,7 @@ class EventRoutes:
     async def history(self, request: Request) -> Response:
         """Every change of a row, oldest first."""
         event_id = path_param(request, "event_id")
-        entries = await run_in_threadpool(audit.event_history, self.sessions, event_id)
+        entries = await run_in_threadpool(audit.event_history, self.database, event_id)
         if entries is None:
             raise HTTPException(404, "no scheduled event with that id")
         return respond([HistoryEntryOut.model_validate(entry) for entry in entries])

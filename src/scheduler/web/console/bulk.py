@@ -11,13 +11,13 @@ from datetime import datetime
 from typing import Any, Protocol
 from urllib.parse import urlencode
 
-from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import FormData
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 
 from scheduler.application import commands, events
+from scheduler.database.database import Database
 from scheduler.types import Clock
 from scheduler.web.console.auth import CSRF_FIELD, console_session, csrf_ok
 from scheduler.web.http.params import Unprocessable, whole_number
@@ -27,7 +27,7 @@ class ConsolePages(Protocol):
     """What the bulk and cancel routes use of the console (``scheduler.web.console.pages.Console``),
     which mounts them: so these modules do not import it back."""
 
-    sessions: sessionmaker[Session]
+    database: Database
     clock: Clock
 
     def page(self, request: Request, template: str, context: dict[str, Any], status: int = 200) -> HTMLResponse: ...
@@ -40,7 +40,7 @@ class ConsolePages(Protocol):
 class BulkCommand(Protocol):
     """``commands.bulk_reset`` and ``commands.bulk_cancel``."""
 
-    def __call__(self, sessions: sessionmaker[Session], query: events.EventQuery, *, now: datetime,
+    def __call__(self, database: Database, query: events.EventQuery, *, now: datetime,
                  as_of: datetime, expected: int, actor: commands.Actor, reason: str) -> commands.BulkResult: ...
 
 
@@ -68,7 +68,7 @@ async def bulk_action(console: ConsolePages, request: Request, *, noun: str, for
         }, 422)
     actor = commands.Actor(session.subject, "console")
     result = await run_in_threadpool(lambda: command(
-        console.sessions, where, now=console.clock.now(), as_of=as_of, expected=expected,
+        console.database, where, now=console.clock.now(), as_of=as_of, expected=expected,
         actor=actor, reason=reason))
     return console.page(request, done_template, {
         "result": result, "expected": expected, "filter_query": urlencode(where.as_json())})

@@ -41,7 +41,7 @@ def cancel_routes(console: ConsolePages, guard: ConsoleGuard) -> list[Route]:
             return console.page(request, "error.html", {"message": "a cancel needs a reason"}, 422)
         actor = commands.Actor(session.subject, "console")
         done = await run_in_threadpool(lambda: commands.cancel(
-            console.sessions, now=console.clock.now(), actor=actor, event_id=event_id, reason=reason))
+            console.database, now=console.clock.now(), actor=actor, event_id=event_id, reason=reason))
         if done.outcome == "missing":
             return console.page(request, "error.html", {"message": "no scheduled event with that id"}, 404)
         if done.outcome == "dispatched":
@@ -58,7 +58,7 @@ def cancel_routes(console: ConsolePages, guard: ConsoleGuard) -> list[Route]:
         """The dry run: how many pending or failed rows match the filter, and the form to cancel them."""
         where = event_query(query(request))
         as_of = console.clock.now()
-        count = await run_in_threadpool(commands.count_matching, console.sessions, where, commands.CANCELLABLE)
+        count = await run_in_threadpool(commands.count_matching, console.database, where, commands.CANCELLABLE)
         return console.page(request, "bulk_cancel.html", {
             "f": where.as_json(), "count": count, "cap": commands.BULK_CAP, "as_of": as_of.isoformat(),
             "filter_query": urlencode(where.as_json()), "error": None, "reason": "",

@@ -24,7 +24,6 @@ from urllib.parse import unquote, urlencode, urlsplit
 import anyio
 import jwt
 from jinja2 import Environment, FileSystemLoader, select_autoescape
-from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import FormData
 from starlette.requests import Request
@@ -32,6 +31,7 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 from scheduler.application import audit, commands, events, participants
+from scheduler.database.database import Database
 from scheduler.operations.overview import duration, overview
 from scheduler.types import Clock, EventStatus
 from scheduler.web.console.auth import (
@@ -72,10 +72,10 @@ HEADERS = {
 class Console:
     """The console's routes, bound to the service's database, clock and token verifier."""
 
-    def __init__(self, sessions: sessionmaker[Session], clock: Clock, verifier: TokenVerifier, store: SessionStore,
+    def __init__(self, database: Database, clock: Clock, verifier: TokenVerifier, store: SessionStore,
                  *, refresh_seconds: float = 2.0, stream_seconds: float = 300.0,
                  streams: Streams | None = None, max_body_bytes: int = 64 * 1024) -> None:
-        self.sessions = sessions
+        self.database = database
         self.max_body_bytes = max_body_bytes
         self.streams = streams or Streams()
         self.clock = clock
@@ -204,7 +204,7 @@ class Console:
 
     @declares()
     async def overview_page(self, request: Request) -> Response:
-        data = await run_in_threadpool(overview, self.sessions, self.clock.now())
+        data = await run_in_threadpool(overview, self.database, self.clock.now())
         return self.page(request, "overview.html", {"o": data, "refresh_ms": int(self.refresh_seconds * 1000)})
 
     @declares(once=Param.flag("send one overview and end"))
@@ -219,7 +219,7 @@ class Console:
             loop = asyncio.get_running_loop()
             deadline = loop.time() + self.stream_seconds
             while True:
-                data = await run_in_threadpool(overview, self.sessions, self.clock.now())
+                data = await run_in_threadpool(overview, self.database, self.clock.now())
                 yield f"event: overview\ndata: {json.dumps(data, default=str)}\n\n"
                 if once or loop.time() >= deadline:
                     return
@@ -241,7 +241,7 @@ class Console:
         try:
             # Pending rows come next due first, on the pending index (the claim's order);
             # the others newest change first, on the (updated_at, id) indexes.
-            page = await run_in_threadpool(events.list_events, self.sessions, where, where.default_order())
+            page = await run_in_threadpool(events.list_events, self.database, where, where.default_order())
         except events.QueryError as exc:
             return self.page(request, "error.html", {"message": str(exc)}, 422)
         chosen = where.as_json()
@@ -258,20 +258,20 @@ class Console:
         row, notifications, actions = await run_in_threadpool(self._detail, event_id)
         if row is None:
             return self.page(request, "error.html", {"message": "no scheduled event with that id"}, 404)
-        changes = await run_in_threadpool(audit.event_history, self.sessions, event_id) or []
+        changes = await run_in_threadpool(audit.event_history, self.database, event_id) or []
         facts = json.dumps(row.pop("facts"), indent=2, sort_keys=True, ensure_ascii=False)
         # the participant's zone and quiet hours: why a row is held until its not_before (QUIET-1)
-        preferences = await run_in_threadpool(participants.get_preferences, self.sessions, row["user_id"])
+        preferences = await run_in_threadpool(participants.get_preferences, self.database, row["user_id"])
         return self.page(request, "event.html", {"row": row, "facts": facts, "notifications": notifications,
                                                  "actions": actions, "changes": changes,
                                                  "preferences": preferences, "done": query(request)["done"]})
 
     def _detail(self, event_id: str) -> tuple[dict[str, Any] | None, list[dict[str, Any]], list[dict[str, Any]]]:
-        found = events.get_event(self.sessions, event_id)
+        found = events.get_event(self.database, event_id)
         if found is None:
             return None, [], []
         row = {**found.as_json(), "facts": found.facts}
-        return row, audit.event_notifications(self.sessions, event_id), audit.event_actions(self.sessions, event_id)
+        return row, audit.event_notifications(self.database, event_id), audit.event_actions(self.database, event_id)
 
     @declares()
     async def reset(self, request: Request) -> Response:
@@ -282,7 +282,7 @@ class Console:
         event_id = path_param(request, "event_id")
         actor = commands.Actor(session.subject, "console")
         result = await run_in_threadpool(lambda: commands.reset(
-            self.sessions, event_id, now=self.clock.now(), actor=actor, reason=_field(form, "reason")))
+            self.database, event_id, now=self.clock.now(), actor=actor, reason=_field(form, "reason")))
         if result.event is None:
             return self.page(request, "error.html", {"message": "no scheduled event with that id"}, 404)
         return RedirectResponse(f"{base_path(request)}/console/events/{event_id}?done=reset", status_code=303)
@@ -293,7 +293,7 @@ class Console:
     async def bulk_page(self, request: Request) -> Response:
         where = event_query(query(request))
         as_of = self.clock.now()
-        count = await run_in_threadpool(commands.count_matching, self.sessions, where, commands.RESETTABLE)
+        count = await run_in_threadpool(commands.count_matching, self.database, where, commands.RESETTABLE)
         return self.page(request, "bulk_reset.html", {
             "f": where.as_json(), "count": count, "cap": commands.BULK_CAP, "as_of": as_of.isoformat(),
             "filter_query": urlencode(where.as_json()), "error": None, "reason": "",
@@ -310,7 +310,7 @@ class Console:
     @declares(before_id=Param.integer(1, 2**63 - 1, description="the previous page's last id"))
     async def audit_page(self, request: Request) -> Response:
         before_id = query(request)["before_id"]
-        rows = await run_in_threadpool(lambda: audit.list_actions(self.sessions, limit=PAGE_SIZE + 1, before_id=before_id))
+        rows = await run_in_threadpool(lambda: audit.list_actions(self.database, limit=PAGE_SIZE + 1, before_id=before_id))
         more = len(rows) > PAGE_SIZE
         rows = rows[:PAGE_SIZE]
         return self.page(request, "audit.html", {"rows": rows, "next_before": rows[-1]["id"] if more else None})

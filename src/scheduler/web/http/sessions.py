@@ -23,22 +23,20 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import json
 import secrets
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any, Literal
 
-from sqlalchemy import RowMapping
-from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from scheduler.database.queries import statement
+from scheduler.database.database import Database
 from scheduler.types import Clock
 from scheduler.web.http.auth import require
 from scheduler.web.http.params import Param, declares, query
@@ -85,7 +83,7 @@ class WebSession:
         return bool(submitted) and hmac.compare_digest(self.csrf, str(submitted))
 
 
-def _out(row: RowMapping, now: datetime) -> dict[str, Any]:
+def _out(row: Mapping[str, Any], now: datetime) -> dict[str, Any]:
     values = dict(row)
     idle_until = values["last_seen_at"] + timedelta(seconds=values["idle_seconds"])
     values["ends_at"] = min(values["expires_at"], idle_until)
@@ -95,8 +93,8 @@ def _out(row: RowMapping, now: datetime) -> dict[str, Any]:
 class SessionStore:
     """The ``web_sessions`` table, with the service's clock and lifetime settings."""
 
-    def __init__(self, sessions: sessionmaker[Session], clock: Clock, *, max_seconds: int, idle_seconds: int) -> None:
-        self.sessions = sessions
+    def __init__(self, database: Database, clock: Clock, *, max_seconds: int, idle_seconds: int) -> None:
+        self.database = database
         self.clock = clock
         self.max_seconds = max_seconds
         self.idle_seconds = idle_seconds
@@ -114,23 +112,20 @@ class SessionStore:
         secret = secrets.token_urlsafe(32)
         public_id = secrets.token_hex(12)
         expires_at = now + timedelta(seconds=int(lifetime))
-        with self.sessions.begin() as session:
-            session.execute(statement("purge_web_sessions"), {"now": now})
-            session.execute(statement("insert_web_session"), {
-                "id": public_id, "secret_hash": secret_hash(secret), "subject": subject, "kind": kind,
-                "now": now, "expires_at": expires_at, "idle_seconds": self.idle_seconds,
-                "user_agent": (user_agent or "")[:200] or None,
-            })
+        with self.database.begin() as session:
+            self.database.web_sessions.create(
+                session, public_id=public_id, secret_hash=secret_hash(secret), subject=subject, kind=kind,
+                now=now, expires_at=expires_at, idle_seconds=self.idle_seconds,
+                user_agent=(user_agent or "")[:200] or None)
         return WebSession(public_id, subject, kind, now, expires_at, now, self.idle_seconds, secret)
 
     def resolve(self, secret: str | None, kind: SessionKind) -> WebSession | None:
         """The open session of a cookie (marked seen now), or None: unknown, ended, or another kind."""
         if not secret or len(secret) > 200:
             return None
-        with self.sessions.begin() as session:
-            row = session.execute(statement("touch_web_session"), {
-                "secret_hash": secret_hash(secret), "kind": kind, "now": self.clock.now(),
-            }).mappings().first()
+        with self.database.begin() as session:
+            row = self.database.web_sessions.touch(session, secret_hash=secret_hash(secret), kind=kind,
+                                                   now=self.clock.now())
         if row is None:
             return None
         return WebSession(row["id"], row["subject"], row["kind"], row["created_at"], row["expires_at"],
@@ -140,38 +135,30 @@ class SessionStore:
         """Whether the session of a cookie is still open, without counting this as use: a
         long stream checks it as it runs, so a signed-out session's stream ends and an idle
         one is not kept alive by the stream alone."""
-        with self.sessions.begin() as session:
-            return session.execute(statement("web_session_open"), {
-                "secret_hash": secret_hash(secret), "kind": kind, "now": self.clock.now(),
-            }).first() is not None
+        with self.database.begin() as session:
+            return self.database.web_sessions.is_open(session, secret_hash=secret_hash(secret), kind=kind,
+                                                      now=self.clock.now())
 
     def sign_out(self, secret: str) -> bool:
         """Delete the session of a cookie; True if there was one."""
-        with self.sessions.begin() as session:
-            return session.execute(statement("delete_web_session_by_hash"),
-                                   {"secret_hash": secret_hash(secret)}).first() is not None
+        with self.database.begin() as session:
+            return self.database.web_sessions.delete_by_hash(session, secret_hash(secret))
 
     def end(self, session_id: str, *, actor: str, source: str) -> dict[str, Any] | None:
         """An admin ends a session by its public id, recorded in the audit trail in the same
         transaction; its row as it was, or None if unknown."""
         now = self.clock.now()
-        with self.sessions.begin() as session:
-            row = session.execute(statement("delete_web_session"), {"id": session_id}).mappings().first()
-            if row is None:
-                return None
-            # the audit trail's row (no scheduled event: the filter names the session)
-            session.execute(statement("insert_operator_action"), {
-                "now": now, "actor": actor, "source": source, "action": "end_session", "event_id": None,
-                "filter": json.dumps({"session_id": row["id"], "subject": row["subject"], "kind": row["kind"]}),
-                "count": 1, "reason": None})
-            return _out(row, now)
+        with self.database.begin() as session:
+            # the audit trail's row is written in the same transaction
+            row = self.database.web_sessions.end(session, session_id, now=now, actor=actor, source=source)
+        return None if row is None else _out(row, now)
 
     def list_open(self, *, kind: SessionKind | None = None, limit: int = 200) -> list[dict[str, Any]]:
         """The sessions that have not ended, most recently seen first."""
         now = self.clock.now()
-        with self.sessions.begin() as session:
-            rows = session.execute(statement("list_web_sessions"), {"now": now, "kind": kind, "limit": limit})
-            return [_out(r, now) for r in rows.mappings()]
+        with self.database.begin() as session:
+            rows = self.database.web_sessions.list_open(session, now=now, kind=kind, limit=limit)
+        return [_out(r, now) for r in rows]
 
 
 def session_routes(store: SessionStore) -> list[BaseRoute]:

@@ -35,11 +35,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import anyio
-from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
 from scheduler.application.ingest import publish_committed
-from scheduler.database.queries import statement
+from scheduler.database.database import Database
 from scheduler.database.rows import row_as_json
 from scheduler.types import OutboundMessage, Publisher
 from scheduler.web.http.sse import RETRY_MS
@@ -57,9 +56,9 @@ class StreamPublisher:
     core's publish path, whose logger names a failed push (CTX-DELIVERY.3): this one logs
     only the inbox's own failure, the numbering."""
 
-    def __init__(self, sessions: sessionmaker[Session], inner: Publisher | None = None,
+    def __init__(self, database: Database, inner: Publisher | None = None,
                  name: str = "scheduler") -> None:
-        self.sessions = sessions
+        self.database = database
         self.inner = inner
         self.name = name  # who publishes (the loop's name, or the live path), in a failure's log line
 
@@ -80,15 +79,11 @@ class StreamPublisher:
         """Give each notification its stream number (once) and announce the newest."""
         if not notification_ids:
             return []
-        with self.sessions.begin() as session:
-            # held until commit: numbers are committed in the order they are given
-            session.execute(statement("lock_stream_order"), {"key": STREAM_LOCK_KEY})
-            numbers = sorted(int(n) for n in session.execute(
-                statement("number_for_stream"), {"ids": notification_ids}).scalars())
-            if numbers:
-                # delivered with the commit; the payload is small, the rest is in the table
-                session.execute(statement("notify_inbox"), {"channel": CHANNEL, "payload": str(numbers[-1])})
-            return numbers
+        with self.database.begin() as session:
+            # under the stream's order lock, held until commit: numbers commit in the order
+            # they are given; the NOTIFY (the newest number) is delivered with the commit
+            return self.database.inbox.number_for_stream(session, notification_ids, lock_key=STREAM_LOCK_KEY,
+                                                         channel=CHANNEL)
 
 
 @dataclass(eq=False)
@@ -121,24 +116,19 @@ class InboxStats:
     streams_closed: int = 0
 
 
-def _read_tail(sessions: sessionmaker[Session], after: int, limit: int) -> list[dict[str, Any]]:
-    with sessions.begin() as session:
-        return [dict(r) for r in session.execute(statement("stream_tail"), {"after": after, "limit": limit}).mappings()]
+def _read_tail(database: Database, after: int, limit: int) -> list[dict[str, Any]]:
+    with database.begin() as session:
+        return database.inbox.stream_tail(session, after=after, limit=limit)
 
 
-def stream_head(sessions: sessionmaker[Session]) -> int:
-    with sessions.begin() as session:
-        return int(session.execute(statement("stream_head")).scalar_one())
+def stream_head(database: Database) -> int:
+    with database.begin() as session:
+        return database.inbox.stream_head(session)
 
 
-def _replay(sessions: sessionmaker[Session], user_id: str, after: int, limit: int) -> list[dict[str, Any]]:
-    with sessions.begin() as session:
-        return [
-            dict(r)
-            for r in session.execute(
-                statement("participant_stream_after"), {"user_id": user_id, "after": after, "limit": limit}
-            ).mappings()
-        ]
+def _replay(database: Database, user_id: str, after: int, limit: int) -> list[dict[str, Any]]:
+    with database.begin() as session:
+        return database.inbox.participant_stream_after(session, user_id=user_id, after=after, limit=limit)
 
 
 class Inbox:
@@ -146,7 +136,7 @@ class Inbox:
 
     def __init__(
         self,
-        sessions: sessionmaker[Session],
+        database: Database,
         *,
         listener: Any = None,
         queue_size: int = 100,
@@ -155,7 +145,7 @@ class Inbox:
         safety_seconds: float = 5.0,
         read_limit: int = 1000,
     ) -> None:
-        self.sessions = sessions
+        self.database = database
         self.listener = listener
         self.queue_size = queue_size
         self.heartbeat_seconds = heartbeat_seconds
@@ -212,7 +202,7 @@ class Inbox:
             self._loop, self._wake, self._task, self._starting = loop, asyncio.Event(), None, None
         await self._ensure_listening()
         if self.cursor is None:
-            self.cursor = await run_in_threadpool(stream_head, self.sessions)
+            self.cursor = await run_in_threadpool(stream_head, self.database)
         subscriber = Subscriber(user_id, asyncio.Queue(maxsize=self.queue_size))
         self.subscribers.setdefault(user_id, set()).add(subscriber)
         self.stats.streams_opened += 1
@@ -246,7 +236,7 @@ class Inbox:
         """Read every row after the cursor and offer each to its participant's streams."""
         offered = 0
         while self.subscribers and self.cursor is not None:
-            rows = await run_in_threadpool(_read_tail, self.sessions, self.cursor, self.read_limit)
+            rows = await run_in_threadpool(_read_tail, self.database, self.cursor, self.read_limit)
             self.stats.reads += 1
             for row in rows:
                 self.cursor = max(self.cursor, int(row["stream_seq"]))
@@ -286,7 +276,7 @@ async def sse_stream(inbox: Inbox, user_id: str, after: int, closing: anyio.Even
         yield f"retry: {RETRY_MS}\n: connected\n\n"
         last = after
         while not closing.is_set():  # the replay: everything after the client's last id, from the table
-            rows = await run_in_threadpool(_replay, inbox.sessions, user_id, last, REPLAY_LIMIT)
+            rows = await run_in_threadpool(_replay, inbox.database, user_id, last, REPLAY_LIMIT)
             for row in rows:
                 last = int(row["stream_seq"])
                 yield _event(row)

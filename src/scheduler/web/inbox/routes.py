@@ -16,14 +16,13 @@ import re
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from scheduler.database.queries import statement
+from scheduler.database.database import Database
 from scheduler.database.rows import row_as_json
 from scheduler.web.http.auth import CHALLENGE, PARTICIPANT, TokenVerifier, require, subject_of
 from scheduler.web.http.params import Param, declares, query, stream_id
@@ -77,10 +76,10 @@ def _whose(request: Request) -> str:
 USER_ID = Param.string("another participant's inbox (admin only)")
 
 
-def inbox_routes(*, sessions: sessionmaker[Session], inbox: Inbox, store: SessionStore, verifier: TokenVerifier,
+def inbox_routes(*, database: Database, inbox: Inbox, store: SessionStore, verifier: TokenVerifier,
                  max_body_bytes: int, streams: Streams) -> list[BaseRoute]:
     """``/me/notifications``, its stream, the ``/inbox`` page and its session, over
-    ``sessions``, the process's ``inbox`` hub, the web sessions' ``store`` and its open
+    ``database``, the process's ``inbox`` hub, the web sessions' ``store`` and its open
     ``streams`` (ended at once when the server stops)."""
 
     @require(PARTICIPANT)
@@ -93,11 +92,9 @@ def inbox_routes(*, sessions: sessionmaker[Session], inbox: Inbox, store: Sessio
         limit = query(request)["limit"]
 
         def read() -> list[dict[str, Any]]:
-            with sessions.begin() as session:
-                return [row_as_json(r) for r in session.execute(
-                    statement("participant_notifications"),
-                    {"user_id": user_id, "before_at": before_at, "before_id": before_id, "limit": limit},
-                ).mappings()]
+            with database.begin() as session:
+                return [row_as_json(r) for r in database.inbox.participant_notifications(
+                    session, user_id=user_id, before_at=before_at, before_id=before_id, limit=limit)]
 
         items = await run_in_threadpool(read)
         last = items[-1] if len(items) == limit else None
@@ -114,7 +111,7 @@ def inbox_routes(*, sessions: sessionmaker[Session], inbox: Inbox, store: Sessio
         user_id = _whose(request)
         if after is None:
             after = -1
-        head = await run_in_threadpool(stream_head, sessions)
+        head = await run_in_threadpool(stream_head, database)
         # no position: from now on; a position past the head (a restored database) would
         # hide every new notification until the numbers caught up: start from the head
         if after < 0 or after > head:
