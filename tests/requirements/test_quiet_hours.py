@@ -128,7 +128,7 @@ def _per_event(service: SchedulerService, clock: ManualClock) -> Scheduler:
     """A scheduler whose dispatcher is a plain function: the per-event path (DEC-1.4)."""
     def dispatcher(session: Any, event: DigitalTwinEvent, now: datetime) -> DispatchResult:
         return service.dispatcher(session, event, now)
-    return Scheduler(service.sessions, dispatcher, clock, name="per-event")
+    return Scheduler(service.database, dispatcher, clock, name="per-event")
 
 
 @pytest.mark.clause("QUIET-2")
@@ -216,7 +216,7 @@ def test_the_claim_takes_rows_by_due_at_so_a_held_row_waits_behind_rows_due_befo
     service.scheduler.poll_once()
     later = post_event(client, user_id="p2", trigger_at=QUIET_ENDS - timedelta(minutes=10))
     clock.set(QUIET_ENDS)
-    one = Scheduler(service.sessions, service.dispatcher, clock, batch_size=1, name="one")
+    one = Scheduler(service.database, service.dispatcher, clock, batch_size=1, name="one")
     assert [o.id for o in one.poll_once().outcomes] == [later["id"]]
     assert [o.id for o in one.poll_once().outcomes] == [held["id"]]
 
