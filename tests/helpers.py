@@ -19,7 +19,13 @@ from starlette.types import ASGIApp
 from scheduler.core.loop import Batch, EventOutcome, PollReport, Scheduler
 from scheduler.nudging.orchestrator import Delivery, DeliveryRow
 from scheduler.nudging.rules import Catalogue, load_catalogue
-from scheduler.types import DigitalTwinEvent, DispatchResult, NotificationStatus, OutboundMessage
+from scheduler.types import (
+    DeclaredDispatcher,
+    DigitalTwinEvent,
+    DispatchResult,
+    NotificationStatus,
+    OutboundMessage,
+)
 from scheduler.web.app import SchedulerService
 from tests.conftest import INGEST, T0
 
@@ -166,12 +172,12 @@ def later(hours: float = 1) -> timedelta:
     return timedelta(hours=hours)
 
 
-class FakeDispatcher:
+class FakeDispatcher(DeclaredDispatcher):
     """A fake at the dispatcher edge: fails for chosen users, records what it was handed,
     and delegates everything else to the real platform."""
 
-    # it wraps the platform and writes nothing of its own: safe to call again (DEC-1.4), so
-    # the replay tests' batches run optimistically
+    # it wraps the platform and writes nothing of its own: declared safe to call again
+    # (DEC-1.4), so the replay tests' batches run optimistically
     safe_to_repeat = True
 
     def __init__(self, real: Any, fail_for: Mapping[str, Exception] | None = None) -> None:

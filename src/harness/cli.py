@@ -126,7 +126,10 @@ def add_simulate_command(sub: argparse._SubParsersAction[argparse.ArgumentParser
     parser.set_defaults(func=cmd_simulate)
 
 
-def replay_command(args: argparse.Namespace, seed: int) -> str:
+def replay_command(args: argparse.Namespace, seed: int, host: HostDispatcher | None = None) -> str:
+    """The one command that replays the run. A loaded ``host`` names itself by what the run
+    recorded (``load_host``'s ``path`` and ``setup_path``), as the regression test does, so the
+    two never disagree; before a host is loaded, the arguments as given."""
     parts = ["scheduler simulate", f"--replicas {args.replicas}", f"--steps {args.steps}", f"--seed {seed}"]
     faults = ",".join(sorted(args.faults)) if args.faults != frozenset(FAULTS) else "all"
     if faults != "all":
@@ -135,8 +138,11 @@ def replay_command(args: argparse.Namespace, seed: int) -> str:
         value = getattr(args, name)
         if value != DEFAULTS[name]:
             parts.append(f"--{name.replace('_', '-')} {value}")
-    for name in ("dispatcher", "setup"):
-        value = getattr(args, name, None)
+    if host is None:
+        paths = {"dispatcher": getattr(args, "dispatcher", None), "setup": getattr(args, "setup", None)}
+    else:
+        paths = {"dispatcher": host.path, "setup": host.setup_path}
+    for name, value in paths.items():
         if value is not None:
             parts.append(f"--{name} {value}")
     return " ".join(parts)
@@ -206,6 +212,8 @@ def cmd_simulate(args: argparse.Namespace, settings: Settings) -> int:
     except HostImportError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return _finish(args, {**base_document, "result": "error", "message": str(exc)}, 2)
+    if host is not None:
+        replay = base_document["replay"] = replay_command(args, seed, host)
     if not args.json:
         modes = VARIANTS[args.scheduler].modes or args.modes
         who = args.scheduler if host is None else f"dispatcher {host.name}"

@@ -21,7 +21,13 @@ from scheduler.database import pipeline
 from scheduler.database.queries import DEFAULT_SCHEMA
 from scheduler.nudging.decision import BatchDecisions
 from scheduler.nudging.dispatch import NudgingPlatform
-from scheduler.types import DigitalTwinEvent, Dispatcher, DispatchResult, repeatable
+from scheduler.types import (
+    BatchDispatcher,
+    DigitalTwinEvent,
+    Dispatcher,
+    DispatchResult,
+    capabilities_of,
+)
 
 # A statement that always fails inside the database, aborting the transaction it runs in.
 FAILING_STATEMENT = text("SELECT 1 / 0 AS deliberate_division_by_zero")
@@ -43,9 +49,11 @@ def is_claim_statement(statement: str) -> bool:
     return f"FROM {DEFAULT_SCHEMA}.scheduled_events" in statement and "FOR UPDATE" in statement
 
 
-class FaultyDispatcher:
+class FaultyDispatcher(BatchDispatcher):
     """Wraps the run's dispatcher (the production platform, or a host's): runs it, records
-    the call, then applies the fault.
+    the call, then applies the fault. It declares what the dispatcher it wraps declares: safe
+    to repeat when that one is, and a batch decided whole only for the platform (its
+    ``decide_batch`` is ``None`` otherwise: the batch runs per event).
 
     The fault is applied *after* the real dispatcher decided, so a failing event always has
     effects to undo; the harness checks they vanish (and a host's own check, SIM-12, that its
@@ -60,7 +68,7 @@ class FaultyDispatcher:
         self.inner = inner
         self.replica = replica
         # called as often as the dispatcher it wraps may be (DEC-1.4)
-        self.safe_to_repeat = repeatable(inner)
+        self.safe_to_repeat = capabilities_of(inner).safe_to_repeat
         self.calls: list[dict[str, Any]] = []
         self._lock = threading.Lock()
         self.on_call: Callable[[], None] | None = None  # the run step's "stop after k"

@@ -5,11 +5,19 @@ publisher that pushes a delivered notification out of the process, the
 dispatcher that runs one stored event through the platform (with the checks of
 what it must be and return), and what a poll hands back (``ClaimedEvent``,
 ``EventOutcome``, ``PollReport``).
+
+What an implementation may do beyond its protocol is *declared*, never probed: a dispatcher
+that may be called again after a rollback, or that decides a claimed batch whole, subclasses
+``DeclaredDispatcher`` or ``BatchDispatcher``; a publisher that takes a batch's messages in one
+call subclasses ``BulkPublisher``. Anything else that has the protocol's one method (a plain
+function for a dispatcher, any object with ``publish`` for a publisher) declares nothing: it
+is called once per event, or once per message (``capabilities_of``).
 """
 
 from __future__ import annotations
 
 import inspect
+from abc import abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -80,6 +88,7 @@ class SchedulerMode(StrEnum):
     PROMPT = "prompt"
 
 
+@runtime_checkable
 class Clock(Protocol):
     """Where time comes from. Production reads the database server's clock (``DatabaseClock``,
     DEC-10); tests and the simulation inject one they control."""
@@ -115,14 +124,32 @@ class OutboundMessage:
     rule_id: str
 
 
+@runtime_checkable
 class Publisher(Protocol):
     """Pushes a committed notification out of the process (a browser, a queue).
 
     It is only ever called after the transaction that recorded the notification
-    has committed, so nothing leaves the process for work that was rolled back.
+    has committed, so nothing leaves the process for work that was rolled back. Anything with
+    ``publish(message)`` is one: it is handed a committed batch's messages one at a time, and a
+    message whose ``publish`` raises is logged alone, never retried. One that takes a whole
+    batch in one call declares it by subclassing ``BulkPublisher``.
     """
 
     def publish(self, message: OutboundMessage) -> None: ...
+
+
+class BulkPublisher(Publisher):
+    """A ``Publisher`` that declares it takes a committed batch's messages in one call (the
+    inbox's ``StreamPublisher`` numbers a whole batch in one transaction): ``publish_many`` is
+    handed them all, in order, and isolates its own per-message failures (one that escapes is
+    logged for the batch); ``publish`` is ``publish_many`` of one message unless overridden."""
+
+    @abstractmethod
+    def publish_many(self, messages: Sequence[OutboundMessage]) -> None:
+        """Push a committed batch's messages, in order."""
+
+    def publish(self, message: OutboundMessage) -> None:
+        self.publish_many([message])
 
 
 @dataclass
@@ -143,9 +170,11 @@ class DispatchResult:
     not_before: datetime | None = None
 
 
+@runtime_checkable
 class Dispatcher(Protocol):
     """Decides and records what one event becomes, inside the caller's transaction: the
-    built-in ``NudgingPlatform`` (engine and orchestrator), or a host's own.
+    built-in ``NudgingPlatform`` (engine and orchestrator), or a host's own: any callable with
+    this signature, a plain ``def`` included.
 
     The contract a host's dispatcher can rely on, and must keep (docs/embedding.md):
 
@@ -162,9 +191,10 @@ class Dispatcher(Protocol):
       the error's text, and so does returning anything else (REQ-0067).
     - **How often.** Once per event per poll, each event in a savepoint of its own: a failure
       rolls back that event's work only, and nothing is replayed. A dispatcher that declares
-      ``safe_to_repeat = True`` (every effect a row in ``session``, nothing sent from inside:
-      the built-in platform) lets a batch run optimistically, and may then be called again for
-      an event whose first call was rolled back (DEC-1, DEC-1.4).
+      itself safe to repeat (a ``DeclaredDispatcher`` with ``safe_to_repeat = True``: every
+      effect a row in ``session``, nothing sent from inside, as the built-in platform) lets a
+      batch run optimistically, and may then be called again for an event whose first call was
+      rolled back (DEC-1, DEC-1.4). A plain callable declares nothing.
     - **Side effects that leave the process** (a push, an e-mail, a call to another service)
       do not belong inside: return them as ``outbound`` messages, which a ``Publisher`` sends
       after the commit, or write an outbox row in ``session``.
@@ -173,6 +203,7 @@ class Dispatcher(Protocol):
     def __call__(self, session: Session, event: DigitalTwinEvent, now: datetime) -> DispatchResult: ...
 
 
+@runtime_checkable
 class BatchDecisions(Protocol):
     """A batch decided set-based: one result per event (the ``Exception`` its rules raised,
     for an event that fails alone), and the one write that makes them true, sent with the
@@ -187,15 +218,58 @@ class BatchDecisions(Protocol):
         ...
 
 
-@runtime_checkable
-class BatchDispatcher(Protocol):
-    """A ``Dispatcher`` that can also decide a whole claimed batch set-based (DEC-1): the
-    results must be exactly those of calling it once per event, in order, at ``now``."""
+class DeclaredDispatcher(Dispatcher):
+    """A ``Dispatcher`` that declares what the scheduler may do beyond calling it once per event
+    per poll: subclass it and say so. The declarations and their defaults:
 
+    - ``safe_to_repeat`` (default ``False``): calling it again for an event whose first call
+      was rolled back is harmless (every effect a row in the session it is handed, nothing sent
+      from inside), so a batch runs under one checkpoint with a replay after a failure (DEC-1,
+      DEC-1.4). Only exactly ``True`` declares it;
+    - deciding a claimed batch whole: subclass ``BatchDispatcher`` instead (DEC-1, DEC-1.6).
+
+    A dispatcher that is not one of these (a plain function, a host's own class) declares
+    neither: it is called once per event, in a savepoint of its own.
+    """
+
+    safe_to_repeat: bool = False
+
+    @abstractmethod
     def __call__(self, session: Session, event: DigitalTwinEvent, now: datetime) -> DispatchResult: ...
 
+
+class BatchDispatcher(DeclaredDispatcher):
+    """A ``DeclaredDispatcher`` that can also decide a whole claimed batch set-based (DEC-1): the
+    results must be exactly those of calling it once per event, in order, at ``now``. ``None``
+    (this batch has no set-based path) runs the batch per event."""
+
+    @abstractmethod
     def decide_batch(self, session: Session, events: Sequence[DigitalTwinEvent], now: datetime,
                      stop: Callable[[], bool] | None = None) -> BatchDecisions | None: ...
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a dispatcher declares (``capabilities_of``): whether it is safe to call again after a
+    rollback (DEC-1.4), and the dispatcher that decides a claimed batch whole, if it is one."""
+
+    safe_to_repeat: bool = False
+    batch: BatchDispatcher | None = None
+
+
+# What a dispatcher that is not a ``DeclaredDispatcher`` (a plain callable) declares: nothing.
+UNDECLARED = Capabilities()
+
+
+def capabilities_of(dispatcher: Dispatcher) -> Capabilities:
+    """What ``dispatcher`` declares, read from its class: a ``DeclaredDispatcher``'s
+    ``safe_to_repeat`` (exactly ``True``) and whether it is a ``BatchDispatcher``. Any other
+    dispatcher, a plain callable, declares nothing (``UNDECLARED``): an attribute or a method of
+    the same name on it is not a declaration, and is not read (DEC-1.4, DEC-1.6)."""
+    if not isinstance(dispatcher, DeclaredDispatcher):
+        return UNDECLARED
+    return Capabilities(safe_to_repeat=dispatcher.safe_to_repeat is True,
+                        batch=dispatcher if isinstance(dispatcher, BatchDispatcher) else None)
 
 
 # -- what a poll hands back ----------------------------------------------------------------
@@ -352,7 +426,7 @@ def refuse_async_dispatcher(dispatcher: object) -> None:
     # an object's own __call__, looked up on its type as the call itself does
     call = None if inspect.isroutine(dispatcher) else next(
         (vars(base)["__call__"] for base in type(dispatcher).__mro__ if "__call__" in vars(base)), None)
-    decide = getattr(dispatcher, "decide_batch", None)
+    decide = dispatcher.decide_batch if isinstance(dispatcher, BatchDispatcher) else None
     if (inspect.iscoroutinefunction(dispatcher) or inspect.iscoroutinefunction(call)
             or inspect.iscoroutinefunction(decide)):
         raise AsyncDispatcherRefused(
@@ -361,11 +435,6 @@ def refuse_async_dispatcher(dispatcher: object) -> None:
             "DispatchResult: make it a plain def (run async work after the commit, in a Publisher)")
 
 
-def repeatable(dispatcher: object) -> bool:
-    """Whether ``dispatcher`` declares that calling it again for an event whose first call was
-    rolled back is safe (a ``safe_to_repeat`` attribute that is ``True``): only such a
-    dispatcher runs a batch optimistically with a replay after a failure (DEC-1.4)."""
-    return getattr(dispatcher, "safe_to_repeat", False) is True
 # -- outbound delivery (specs/delivery.md): what a channel's Sender is handed and answers ---
 
 
@@ -374,6 +443,19 @@ class DeliveryStatus(StrEnum):
 
     DELIVERED = "delivered"
     RETRYING = "retrying"
+    UNDELIVERABLE = "undeliverable"
+
+
+class DeliveryRowStatus(StrEnum):
+    """What a row of ``deliveries`` says: an in-app row's decision (``sent``, ...) or an outbox
+    row's progress (``queued``, then ``retrying``, ``delivered`` or ``undeliverable``: DEC-OUTBOX)."""
+
+    SENT = "sent"
+    SUPPRESSED = "suppressed"
+    FAILED = "failed"
+    QUEUED = "queued"
+    RETRYING = "retrying"
+    DELIVERED = "delivered"
     UNDELIVERABLE = "undeliverable"
 
 

@@ -27,7 +27,7 @@ from starlette.testclient import TestClient
 from scheduler.nudging.dispatch import NudgingPlatform
 from scheduler.nudging.orchestrator import Orchestrator, WebChannel
 from scheduler.nudging.publishers import RecordingPublisher
-from scheduler.types import DigitalTwinEvent, DispatchOutcome, DispatchResult
+from scheduler.types import DeclaredDispatcher, DigitalTwinEvent, DispatchOutcome, DispatchResult
 from scheduler.web.app import SchedulerService
 from tests.conftest import INGEST, T0
 from tests.helpers import FakeWebPush, post_event, reminder_facts, rows
@@ -139,7 +139,7 @@ def test_the_per_event_dispatch_path_adds_two_statements_per_event_and_no_second
     service.scheduler.publisher = None
     platform = service.scheduler.dispatcher
 
-    class PerEvent:
+    class PerEvent(DeclaredDispatcher):
         """The platform without its batch decision; safe to repeat like it (DEC-1.4)."""
 
         safe_to_repeat = True

@@ -1,12 +1,13 @@
 """The batch's outcomes reach their rows by primary key, pinned (PERF-7).
 
-A batch's last statement updates its claimed rows: ``record_outcomes`` (arrays) or the
-set-based write's ``outcome`` part (a JSON document). Sent with client-side binding, the
-arrays are constants the planner can count, but a JSON document's elements are not: it
-guessed a hundred of them and hash-joined a sequential scan of the whole table, which cost
-a third of the write at a few thousand rows and would grow with the table. The write now
-names the ids as an array too. These tests EXPLAIN the exact text a poll sends (bound the
-same way) over a few thousand ANALYZEd rows and fail on any sequential scan of the table.
+A batch's last statement updates its claimed rows: ``record_outcomes`` or the set-based
+write's ``outcome`` part, both the one fragment ``write_outcomes`` over the same arrays
+(``batch_outcomes``, DEC-1.7). Sent with client-side binding, the arrays are constants the
+planner can count; a JSON document's elements are not (the write once read its outcomes from
+one: the planner guessed a hundred of them and hash-joined a sequential scan of the whole
+table, a third of the write at a few thousand rows, growing with the table). These tests
+EXPLAIN the exact text a poll sends (bound the same way) over a few thousand ANALYZEd rows and
+fail on any sequential scan of the table.
 """
 
 from __future__ import annotations
@@ -61,11 +62,11 @@ def claimed(engine: Engine) -> list[str]:
 def test_the_set_based_writes_outcomes_reach_their_rows_by_primary_key(engine: Engine, claimed: list[str]) -> None:
     """PERF-7: the set-based write's outcome update finds its twenty rows through the primary
     key among thousands, never by a sequential scan of the table."""
-    outcomes = [{"id": i, "status": "dispatched", "error": None, "at": NOW.isoformat()} for i in claimed]
-    document = {"new_keys": [], "repeated_keys": [], "notifications": [], "deliveries": [], "outcomes": outcomes}
+    document: dict[str, list[Any]] = {"new_keys": [], "repeated_keys": [], "notifications": [], "deliveries": []}
     with engine.connect() as conn:
         scans = plan_of(conn, "write_batch_decisions",
-                        {"batch": json.dumps(document), "channel": "web", "outcome_ids": claimed})
+                        {"batch": json.dumps(document), "ids": claimed, "statuses": ["dispatched"] * BATCH,
+                         "errors": [None] * BATCH, "times": [NOW] * BATCH})
     assert scans and all(s.endswith("on pk_scheduled_events") for s in scans), scans
 
 

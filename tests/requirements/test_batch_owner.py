@@ -11,7 +11,6 @@ per-event strategy, which then owns it to the commit.
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 
@@ -24,15 +23,15 @@ from scheduler.core.poll import Batch
 from scheduler.core.strategies import OptimisticBatch, SavepointPerEvent, SetBasedBatch
 from scheduler.nudging.decision import BatchDecisions, Check
 from scheduler.nudging.dispatch import NudgingPlatform
-from scheduler.types import DigitalTwinEvent, DispatchOutcome, DispatchResult
+from scheduler.types import DeclaredDispatcher, DigitalTwinEvent, DispatchOutcome, DispatchResult
 from scheduler.web.app import SchedulerService
 from tests.conftest import T0
 from tests.helpers import post_event, rows
 
 
-class FakeRecordingDispatcher:
+class FakeRecordingDispatcher(DeclaredDispatcher):
     """A fake dispatcher that writes nothing and records the events it was called for; it
-    declares ``safe_to_repeat`` only when asked to."""
+    declares ``safe_to_repeat`` only when asked to (a ``DeclaredDispatcher``)."""
 
     def __init__(self, *, safe_to_repeat: bool) -> None:
         self.safe_to_repeat = safe_to_repeat
@@ -94,10 +93,7 @@ def test_a_set_based_batch_whose_write_fails_is_handed_to_its_per_event_strategy
         assert isinstance(whole, SetBasedBatch) and batch.decided_whole
         # a database error inside the write (a time PostgreSQL cannot read), the COMMIT after it
         name, params = whole.write
-        decided = json.loads(params["batch"])
-        for outcome in decided["outcomes"]:
-            outcome["at"] = "not a time"
-        whole.write = (name, {**params, "batch": json.dumps(decided)})
+        whole.write = (name, {**params, "times": ["not a time" for _ in params["times"]]})
         service.scheduler.finish(batch)
     finally:
         service.scheduler.abort(batch)

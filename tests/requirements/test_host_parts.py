@@ -119,6 +119,46 @@ def test_a_hosts_own_authentication_decides_every_route_and_names_the_actor(
         assert client.get("/admin/scheduled-events").status_code == 401
 
 
+class FakeHostUser(BaseUser):
+    """A fake of a host's own user class: Starlette's ``BaseUser`` with a display name and no
+    ``identity`` (Starlette's property then raises ``NotImplementedError``)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    @property
+    def is_authenticated(self) -> bool:
+        return True
+
+    @property
+    def display_name(self) -> str:
+        return self.name
+
+
+class FakeHostUserBackend(AuthenticationBackend):
+    """A fake of a host's authentication that returns its own user class, admin for everyone."""
+
+    async def authenticate(self, conn: HTTPConnection) -> tuple[AuthCredentials, BaseUser] | None:
+        user = conn.headers.get("x-host-user")
+        return None if user is None else (AuthCredentials(["authenticated", "admin", "ingest"]), FakeHostUser(user))
+
+
+@pytest.mark.clause("PERM-10")
+def test_a_hosts_own_user_class_without_an_identity_is_named_by_its_display_name(
+    settings: Settings, engine: Engine, clock: ManualClock
+) -> None:
+    """PERM-10: a host's user of its own ``BaseUser`` class that defines no ``identity`` (the
+    property Starlette declares) is the actor by its display name: the action is done and the
+    audit trail names it, never a 500."""
+    service = _service(settings, engine, clock, authentication=FakeHostUserBackend())
+    ops = {"X-Host-User": "night-ops"}
+    with TestClient(service.app) as client:
+        stored = client.post("/admin/scheduled-events", headers=ops, json=event_body(user_id="anna"))
+        assert stored.status_code == 201
+        assert client.post(f"/admin/scheduled-events/{stored.json()['id']}/reset", headers=ops).status_code == 200
+        assert client.get("/admin/audit", headers=ops).json()[0]["actor"] == "night-ops"
+
+
 @pytest.mark.clause("PERM-10")
 def test_authenticated_refuses_a_permission_this_service_does_not_have() -> None:
     """PERM-10: ``authenticated`` takes only ``admin`` and ``ingest``: a host's typo is an error

@@ -26,7 +26,7 @@ from scheduler.core.loop import Scheduler
 from scheduler.database.database import Database
 from scheduler.database.participant_locks import participant_lock_key
 from scheduler.nudging.publishers import RecordingPublisher
-from scheduler.types import DigitalTwinEvent, DispatchOutcome, DispatchResult
+from scheduler.types import DeclaredDispatcher, DigitalTwinEvent, DispatchOutcome, DispatchResult
 from scheduler.web.app import SchedulerService
 from tests.conftest import T0
 from tests.helpers import FakeDispatcher, event_row, post_event, rows
@@ -78,7 +78,7 @@ def test_a_failure_mid_batch_replays_the_events_before_it_and_each_takes_effect_
         assert (row["status"], row["dispatched_at"], row["last_error"]) == ("dispatched", T0, None)
 
 
-class UpdatingProbingDispatcher:
+class UpdatingProbingDispatcher(DeclaredDispatcher):
     """A fake dispatcher that rewrites its own row inside the batch (so the claimed rows are
     updated in the part a failure rolls back), fails for one participant, and, on the first
     call after that failure (the replay), probes the batch's locks from another connection."""

@@ -28,6 +28,8 @@ from scheduler.database.database import Database
 from scheduler.nudging.publishers import RecordingPublisher
 from scheduler.types import (
     AsyncDispatcherRefused,
+    BatchDispatcher,
+    DeclaredDispatcher,
     DigitalTwinEvent,
     DispatchOutcome,
     DispatchResult,
@@ -43,7 +45,7 @@ def batch_of_five(client: TestClient) -> list[dict[str, Any]]:
     return [post_event(client, user_id=f"user-{i}", trigger_at=T0 - timedelta(minutes=10 - i)) for i in range(5)]
 
 
-class ReturnsNoneFor:
+class ReturnsNoneFor(DeclaredDispatcher):
     """A fake host dispatcher that forgets its ``return`` for chosen participants (from their
     ``after``-th call on) and raises for others; every other event goes through the real one."""
 
@@ -124,7 +126,7 @@ def test_a_dispatcher_that_returns_a_coroutine_fails_that_event_and_says_so(
     assert not [w for w in recwarn if "never awaited" in str(w.message)]
 
 
-class SetBasedReturningNone:
+class SetBasedReturningNone(BatchDispatcher):
     """A fake set-based dispatcher whose batch decision holds None for one event."""
 
     def __init__(self, victim: str) -> None:
@@ -185,8 +187,20 @@ class AsyncCallable:
         return DispatchResult(outcome=DispatchOutcome.NO_RULE_TRIGGERED)
 
 
+class AsyncDecider(BatchDispatcher):
+    """A batch dispatcher whose declared batch decision is an ``async def``."""
+
+    def __call__(self, session: Session, event: DigitalTwinEvent, now: datetime) -> DispatchResult:
+        return DispatchResult(outcome=DispatchOutcome.NO_RULE_TRIGGERED)
+
+    async def decide_batch(self, session: Session, events: Sequence[DigitalTwinEvent],  # type: ignore[override]
+                           now: datetime, stop: Any = None) -> None:
+        return None
+
+
 @pytest.mark.clause("REQ-0067.9")
-@pytest.mark.parametrize("dispatcher", [async_dispatcher, AsyncCallable()], ids=["async-def", "async-call"])
+@pytest.mark.parametrize("dispatcher", [async_dispatcher, AsyncCallable(), AsyncDecider()],
+                         ids=["async-def", "async-call", "async-decide-batch"])
 def test_an_async_dispatcher_is_refused_when_the_service_or_scheduler_is_built(
     settings: Settings, engine: Engine, clock: ManualClock, dispatcher: Any
 ) -> None:

@@ -5,7 +5,8 @@ send a push or call a service from inside) is never called twice for one event i
 each event runs in its own savepoint, a failure rolls back that event's work alone, and
 nothing is replayed (DEC-1.4). The savepoint travels ahead of the dispatcher's first
 statement, so a dispatcher that writes nothing costs no round trip; the built-in platform,
-which declares ``safe_to_repeat``, keeps the optimistic batch with its replay (DEC-1).
+which declares ``safe_to_repeat`` (a ``DeclaredDispatcher``), keeps the optimistic batch with
+its replay (DEC-1). A plain callable declares nothing, whatever attributes it carries.
 """
 
 from __future__ import annotations
@@ -19,8 +20,17 @@ from sqlalchemy import Engine, event, text
 from sqlalchemy.orm import Session
 from starlette.testclient import TestClient
 
+from scheduler.core.strategies import SavepointPerEvent
 from scheduler.nudging.dispatch import NudgingPlatform
-from scheduler.types import DigitalTwinEvent, DispatchOutcome, DispatchResult, repeatable
+from scheduler.types import (
+    UNDECLARED,
+    Capabilities,
+    DeclaredDispatcher,
+    DigitalTwinEvent,
+    DispatchOutcome,
+    DispatchResult,
+    capabilities_of,
+)
 from scheduler.web.app import SchedulerService
 from tests.conftest import T0
 from tests.helpers import post_event, rows
@@ -125,14 +135,61 @@ def test_each_event_of_a_writing_host_dispatcher_costs_one_savepoint_and_one_tha
 
 
 @pytest.mark.clause("DEC-1.4")
+@pytest.mark.clause("DEC-1.6")
 def test_only_a_dispatcher_that_declares_itself_safe_to_repeat_is_replayed() -> None:
-    """DEC-1.4: the built-in platform declares ``safe_to_repeat``; a plain function, an object
-    without the attribute, or one whose attribute is merely truthy does not."""
+    """DEC-1.4, DEC-1.6: the built-in platform declares both capabilities (a ``BatchDispatcher``
+    with ``safe_to_repeat``); a plain function, a host's class, a ``DeclaredDispatcher`` whose
+    ``safe_to_repeat`` is merely truthy, and a class that carries the attribute and the method
+    without subclassing declare neither."""
 
-    class Truthy:
-        safe_to_repeat = "yes"
+    class Truthy(DeclaredDispatcher):
+        safe_to_repeat = "yes"  # type: ignore[assignment]  # not a bool: not a declaration
 
-    assert repeatable(NudgingPlatform.__new__(NudgingPlatform))
-    assert not repeatable(lambda session, event, now: None)
-    assert not repeatable(FakeHostDispatcher())
-    assert not repeatable(Truthy())
+        def __call__(self, session: Session, event: DigitalTwinEvent, now: datetime) -> DispatchResult:
+            return DispatchResult(outcome=DispatchOutcome.NO_RULE_TRIGGERED)
+
+    platform = NudgingPlatform.__new__(NudgingPlatform)
+    assert capabilities_of(platform) == Capabilities(safe_to_repeat=True, batch=platform)
+    assert capabilities_of(lambda session, event, now: DispatchResult(outcome=DispatchOutcome.DELIVERED)) == UNDECLARED
+    assert capabilities_of(FakeHostDispatcher()) == UNDECLARED
+    assert capabilities_of(Truthy()) == UNDECLARED
+    assert capabilities_of(FakeUndeclaredDispatcher()) == UNDECLARED
+
+
+class FakeUndeclaredDispatcher(FakeHostDispatcher):
+    """A fake host dispatcher that carries ``safe_to_repeat = True`` and a ``decide_batch``
+    without subclassing ``DeclaredDispatcher``: names on a plain callable, not declarations."""
+
+    safe_to_repeat = True
+
+    def __init__(self, **kwargs: frozenset[str]) -> None:
+        super().__init__(**kwargs)
+        self.batches = 0
+
+    def decide_batch(self, session: Session, events: Any, now: datetime, stop: Any = None) -> None:
+        self.batches += 1
+        raise AssertionError("a plain callable's decide_batch is never called")
+
+
+@pytest.mark.clause("DEC-1.4")
+@pytest.mark.clause("DEC-1.6")
+def test_a_plain_callable_is_called_once_per_event_whatever_names_it_carries(
+    client: TestClient, service: SchedulerService, engine: Engine
+) -> None:
+    """DEC-1.4, DEC-1.6: a dispatcher that is not a ``DeclaredDispatcher`` declares nothing,
+    whatever attributes it has: with ``safe_to_repeat = True`` and a ``decide_batch`` on it, a
+    batch whose second event fails calls every event exactly once (no replay), never asks it to
+    decide the batch, and runs a savepoint per event."""
+    _five(client, engine)
+    host = FakeUndeclaredDispatcher(raise_for=frozenset({"user-1"}))
+    service.scheduler.dispatcher = host
+    batch = service.scheduler.claim()
+    try:
+        while service.scheduler.dispatch_next(batch) is not None:
+            pass
+        assert isinstance(batch.strategy, SavepointPerEvent) and type(batch.strategy) is SavepointPerEvent
+        report = service.scheduler.finish(batch)
+    finally:
+        service.scheduler.abort(batch)
+    assert (report.dispatched, report.failed, batch.replayed) == (4, 1, 0)
+    assert host.calls == Counter({f"user-{i}": 1 for i in range(5)}) and host.batches == 0

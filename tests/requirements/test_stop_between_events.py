@@ -23,7 +23,14 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 from starlette.testclient import TestClient
 
-from scheduler.types import DigitalTwinEvent, DispatchOutcome, DispatchResult, PollReport
+from scheduler.types import (
+    BatchDispatcher,
+    DeclaredDispatcher,
+    DigitalTwinEvent,
+    DispatchOutcome,
+    DispatchResult,
+    PollReport,
+)
 from scheduler.web.app import SchedulerService
 from tests.conftest import T0
 from tests.helpers import DEADLINE_SECONDS, event_row, post_event
@@ -31,7 +38,7 @@ from tests.helpers import DEADLINE_SECONDS, event_row, post_event
 USERS = [f"user-{i}" for i in range(5)]
 
 
-class SlowFakeDispatcher:
+class SlowFakeDispatcher(DeclaredDispatcher):
     """A fake at the dispatcher edge: from its ``slow_from``-th call on, each call says it
     started and waits until the test releases it (a deadline turns a hang into a failure);
     it raises for the participants in ``fail_for``."""
@@ -56,7 +63,7 @@ class SlowFakeDispatcher:
         return DispatchResult(outcome=DispatchOutcome.NO_RULE_TRIGGERED)
 
 
-class SlowSetBasedDispatcher(SlowFakeDispatcher):
+class SlowSetBasedDispatcher(SlowFakeDispatcher, BatchDispatcher):
     """The slow fake as a set-based dispatcher whose batch write fails (a time PostgreSQL
     cannot read), so that the batch falls back to calling it once per event."""
 

@@ -82,3 +82,40 @@ def test_a_hosts_suite_runs_the_simulation_and_the_regression_test_it_wrote(
     # A failing simulation test reports its seed and the one command that replays it.
     assert "INVARIANT VIOLATED: SIM-12" in again.stdout and "simulation seed: 1" in again.stdout
     assert "replay: SCHEDULER_SIM_SEED=1 SCHEDULER_SIM_STEPS=120 python -m pytest" in again.stdout
+
+
+SETUP_OPTION_TEST = '''
+from sqlalchemy import create_engine, text
+
+
+def test_the_hosts_tables_come_from_the_setup_option(scheduler_host, scheduler_simulation, scheduler_database_url):
+    scheduler_simulation.run(seed=3, steps=40, participants=3)  # p3 opted out: a bare factory expects none
+    engine = create_engine(scheduler_database_url)
+    with engine.connect() as conn:
+        delivered = conn.execute(text("SELECT count(*) FROM host_deliveries")).scalar_one()
+    engine.dispose()
+    assert delivered > 0
+    assert scheduler_host.setup_path == "host_app.dispatcher:create_tables"
+'''
+
+
+@pytest.mark.clause("SIM-CI-3")
+def test_the_plugins_setup_option_creates_the_hosts_tables_before_the_simulation(
+    pg_server: PgServer, tmp_path: Path
+) -> None:
+    """SIM-CI-3: a host whose ini names a bare dispatcher factory (no setup of its own) and its
+    ``scheduler_sim_setup``: ``scheduler_host`` carries that setup, so the simulation's run has
+    the host's table and its dispatcher delivers into it (ignored, every event would fail)."""
+    server = libpq_url("postgres", host=pg_server.host, port=pg_server.port, user=pg_server.user,
+                       password=pg_server.password or None)
+    project = tmp_path / "host"
+    project.mkdir()
+    (project / "pyproject.toml").write_text(
+        "[tool.pytest.ini_options]\n"
+        f"pythonpath = [{str(EXAMPLE)!r}]\n"
+        'scheduler_sim_dispatcher = "host_app.dispatcher:DeliveryDispatcher"\n'
+        'scheduler_sim_setup = "host_app.dispatcher:create_tables"\n')
+    (project / "test_setup_option.py").write_text(SETUP_OPTION_TEST)
+    done = _pytest(["--scheduler-sim-regressions", str(tmp_path / "regressions")],
+                   {**os.environ, "SCHEDULER_SIM_DATABASE_URL": server}, project)
+    assert done.returncode == 0 and "1 passed" in done.stdout, done.stdout + done.stderr

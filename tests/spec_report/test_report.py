@@ -4,7 +4,9 @@ a passing, a failing, a skipped, an xfailed and a parametrized test, and a tiny 
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -405,3 +407,21 @@ def test_without_its_options_the_plugin_writes_nothing_and_imports_nothing_of_th
     unloaded = pytester.runpytest_subprocess("-p", "no:scheduler_spec_report", "--spec-report", "out")
     assert unloaded.ret == pytest.ExitCode.USAGE_ERROR
     assert "unrecognized arguments: --spec-report" in unloaded.stderr.str()
+
+
+@pytest.mark.clause("REPORT-12")
+def test_scripts_test_runs_the_suite_when_its_report_folder_already_exists_outside_the_checkout(tmp_path: Path) -> None:
+    """REPORT-12: ``bash scripts/test`` hands pytest the report folder as one argument
+    (``--spec-report=DIR``). As two, pytest takes a folder that exists for a path to test while
+    it looks for the rootdir and the ini file (before any plugin has said what the option
+    takes): a ``SCHEDULER_SPEC_REPORT`` outside the checkout became the rootdir, and the run
+    stopped at once, finding no specs there."""
+    root = Path(__file__).resolve().parents[2]
+    folder = tmp_path / "spec-report"
+    folder.mkdir()
+    done = subprocess.run(["bash", "scripts/test", "--collect-only", "-q"], cwd=root, capture_output=True,
+                          text=True, timeout=240, check=False,
+                          env={**os.environ, "SCHEDULER_SPEC_REPORT": str(folder)})
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert re.search(r"^\d{3,} tests collected", done.stdout, re.M), done.stdout[-2000:]
+    assert (folder / "report.json").exists()

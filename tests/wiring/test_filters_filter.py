@@ -15,6 +15,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
+from sqlalchemy import text
 from starlette.testclient import TestClient
 
 from scheduler.cli import main
@@ -56,6 +57,13 @@ FILTERS: dict[tuple[str, str], Case] = {
     ("/admin/notifications", "status"): Case("suppressed", lambda r: r["status"] == "suppressed"),
     ("/admin/notifications", "user_id"): Case("ben", lambda r: r["user_id"] == "ben"),
     ("/admin/notifications", "limit"): Case("1", None),
+    # the varied rows' deliveries: anna's and ben's in-app rows, and one queued sms row of a
+    # notification of known id (``OUTBOX_NOTE``)
+    ("/admin/deliveries", "status"): Case("queued", lambda r: r["status"] == "queued"),
+    ("/admin/deliveries", "channel"): Case("web", lambda r: r["channel"] == "web"),
+    ("/admin/deliveries", "user_id"): Case("anna", lambda r: r["user_id"] == "anna"),
+    ("/admin/deliveries", "notification_id"): Case("note-outbox", lambda r: r["notification_id"] == "note-outbox"),
+    ("/admin/deliveries", "limit"): Case("1", None),
     # the varied rows' two operator actions have ids 1 and 2 (a fresh database)
     ("/admin/audit", "limit"): Case("1", None),
     ("/admin/audit", "before_id"): Case("2", lambda r: r["id"] < 2),
@@ -98,6 +106,17 @@ def varied(client: TestClient, service: SchedulerService) -> None:
     assert client.post("/admin/ingest-event", headers=INGEST, json=live).status_code == 202
     sign_in(client)
     assert client.post("/inbox/session", json={"token": token(None, subject="ben")}).status_code == 201
+    with service.engine.begin() as conn:  # an outbox row of a notification of known id
+        conn.execute(text(
+            "INSERT INTO scheduler.notifications (id, user_id, community_id, rule_id, kind, scenario, time_scope,"
+            " dedup_key, title, body, status, reason, source, created_at)"
+            " SELECT 'note-outbox', user_id, community_id, rule_id, kind, scenario, time_scope, 'key-outbox',"
+            " title, body, status, reason, source, created_at FROM scheduler.notifications"
+            " WHERE user_id = 'ben' AND status = 'sent' LIMIT 1"))
+        conn.execute(text(
+            "INSERT INTO scheduler.deliveries (notification_id, user_id, channel, status, created_at,"
+            " idempotency_key, next_attempt_at) SELECT id, user_id, 'sms', 'queued', created_at, 'key-1',"
+            " created_at FROM scheduler.notifications WHERE id = 'note-outbox'"))
 
 
 @pytest.mark.clause("WIRE-2")

@@ -218,6 +218,7 @@ def test_an_app_whose_lifespan_runs_the_loop_is_left_with_a_deadline() -> None:
 
 TIER_ORDER = [
     "tests/test_spec_map.py",  # the map of clauses to tests: source only, under a second
+    "tests/smoke",  # a few broad tests of the core path: a core bug fails here, seconds in
     "tests/requirements", "tests/application", "tests/contract", "tests/wiring",
     "tests/spec_report",  # the spec report's own tests: small pytester runs
     "tests/security",

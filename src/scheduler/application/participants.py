@@ -24,6 +24,14 @@ def list_notifications(database: Database, *, user_id: str | None, status: str |
     return store.list_notifications(database, user_id=user_id, status=status, limit=limit)
 
 
+def list_deliveries(database: Database, *, status: str | None, channel: str | None,
+                    user_id: str | None, notification_id: str | None, limit: int) -> list[dict[str, Any]]:
+    """Deliveries (the in-app log and the outbox's rows with every attempt's record), newest
+    first, filtered by status, channel, participant and notification, at most ``limit``."""
+    return store.list_deliveries(database, status=status, channel=channel, user_id=user_id,
+                                 notification_id=notification_id, limit=limit)
+
+
 def set_preferences(database: Database, user_id: str, *, enabled_kinds: Sequence[str] | None,
                     max_per_day: int, now: datetime, time_zone: str | None = None,
                     quiet_hours: QuietHours | None = None) -> dict[str, Any]:
@@ -60,4 +68,4 @@ def preferences_as_json(row: Mapping[str, Any]) -> dict[str, Any]:
     })
 
 
-__all__ = ["get_preferences", "list_notifications", "preferences_as_json", "set_preferences"]
+__all__ = ["get_preferences", "list_deliveries", "list_notifications", "preferences_as_json", "set_preferences"]

@@ -13,7 +13,7 @@ commit, publish what was delivered.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -25,6 +25,7 @@ from scheduler.core.strategies import Done, Ran, Strategy, choose_strategy, comm
 from scheduler.database.engine import polling
 from scheduler.database.events import EventRepository
 from scheduler.types import (
+    BulkPublisher,
     ClaimedEvent,
     Clock,
     Dispatcher,
@@ -169,16 +170,16 @@ def open_batch(sessions: sessionmaker[Session], now: datetime, batch_size: int,
                  events_repository=events_repository)
 
 
-def publish_committed(publisher: Publisher | None, messages: list[OutboundMessage], name: str) -> None:
-    """Push ``messages`` (their batch has committed); a failure is logged, never retried."""
+def publish_committed(publisher: Publisher | None, messages: Sequence[OutboundMessage], name: str) -> None:
+    """Push ``messages`` (their batch has committed); a failure is logged, never retried. A
+    ``BulkPublisher`` gets them in one call, any other publisher one message at a time."""
     if publisher is None or not messages:
         return
-    publish_many = getattr(publisher, "publish_many", None)
-    if publish_many is not None:
+    if isinstance(publisher, BulkPublisher):
         # One call for the batch (the inbox numbers a whole batch in one transaction);
         # it isolates its own per-message failures.
         try:
-            publish_many(messages)
+            publisher.publish_many(messages)
         except Exception:
             logger.exception("%s: publishing %d notifications failed", name, len(messages))
         return

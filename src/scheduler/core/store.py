@@ -152,6 +152,15 @@ def list_notifications(
         return [row_as_json(r) for r in rows]
 
 
+def list_deliveries(database: Database, *, status: str | None, channel: str | None,
+                    user_id: str | None, notification_id: str | None, limit: int) -> list[dict[str, Any]]:
+    """The delivery log and the outbox, newest first, each filter optional."""
+    with database.begin() as session:
+        rows = database.deliveries.list(session, status=status, channel=channel, user_id=user_id,
+                                        notification_id=notification_id, limit=limit)
+        return [row_as_json(r) for r in rows]
+
+
 def set_preferences(
     database: Database,
     user_id: str,

@@ -1,11 +1,12 @@
 """How a batch's events run and how it commits (REQ-0067, DEC-1, DEC-1.4, DEC-1.6): one
-strategy per batch, chosen at its first dispatch by what the dispatcher declares.
+strategy per batch, chosen at its first dispatch by what the dispatcher declares
+(``scheduler.types.capabilities_of``; a plain callable declares nothing).
 
-- it decides batches whole (``BatchDispatcher``): ``SetBasedBatch``, decided at the first
+- it decides batches whole (a ``BatchDispatcher``): ``SetBasedBatch``, decided at the first
   dispatch and written with the COMMIT, with a per-event strategy as its fallback (DEC-1.2,
   DEC-1.5);
-- it is safe to call again after a rollback (``safe_to_repeat``): ``OptimisticBatch``, one
-  checkpoint and a replay after a failure (DEC-1);
+- it is safe to call again after a rollback (a ``DeclaredDispatcher`` with ``safe_to_repeat``):
+  ``OptimisticBatch``, one checkpoint and a replay after a failure (DEC-1);
 - otherwise: ``SavepointPerEvent``, a savepoint per event, called once per event (DEC-1.4).
 
 Every event ends exactly as if it ran inside a SAVEPOINT of its own: whatever it raises or
@@ -43,9 +44,9 @@ from scheduler.types import (
     EventOutcome,
     NotADispatchResult,
     OutboundMessage,
+    capabilities_of,
     checked_result,
     error_text,
-    repeatable,
 )
 
 logger = logging.getLogger(__name__)
@@ -92,9 +93,10 @@ def choose_strategy(session: Session, events: Sequence[ClaimedEvent], dispatcher
                     name: str, stop: Stop, repository: EventRepository) -> Strategy:
     """The strategy that runs a batch with ``dispatcher``, at its first dispatch: decided whole
     when it can be, else one event at a time. ``name`` (the replica's) labels the log lines."""
-    per_event = (OptimisticBatch if repeatable(dispatcher) else SavepointPerEvent)(dispatcher, clock, name, repository)
-    if isinstance(dispatcher, BatchDispatcher):
-        whole = SetBasedBatch.decide(session, events, dispatcher, clock, name, per_event, stop, repository)
+    declared = capabilities_of(dispatcher)
+    per_event = (OptimisticBatch if declared.safe_to_repeat else SavepointPerEvent)(dispatcher, clock, name, repository)
+    if declared.batch is not None:
+        whole = SetBasedBatch.decide(session, events, declared.batch, clock, name, per_event, stop, repository)
         if whole is not None:
             return whole
     return per_event

@@ -13,7 +13,8 @@ The repositories run the statements of their concern on a session the caller han
 (the caller owns the transaction: a request's, the batch's): ``events`` (the claim, the
 outcomes, the next due row; storing, listing, resetting and cancelling rows, the counts), ``decisions`` (the one read and the one write of
 ``nudging.decision``), ``web_sessions`` (the browsers' sessions), ``inbox`` (the stream's
-numbers, the participants' notifications) and ``operations`` (heartbeats, metrics, the
+numbers, the participants' notifications), ``deliveries`` (the outbox: its claim, its records, its list
+and gauges, DEC-OUTBOX) and ``operations`` (heartbeats, metrics, the
 overview, retention, the audit trail). ``statements`` is every statement by name (the
 benchmarks' EXPLAIN, a test's witness); the layers above run none but through a repository.
 
@@ -33,6 +34,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from scheduler.config import ConfigError, schema_problem
 from scheduler.database import pipeline
 from scheduler.database.decisions import DecisionRepository
+from scheduler.database.deliveries import DeliveryRepository
 from scheduler.database.engine import database_time, make_sessionmaker
 from scheduler.database.events import EventRepository
 from scheduler.database.inbox import InboxRepository
@@ -61,6 +63,7 @@ class Database:
         self.web_sessions = WebSessionRepository(self.statements)
         self.inbox = InboxRepository(self.statements)
         self.operations = OperationsRepository(self.statements)
+        self.deliveries = DeliveryRepository(self.statements)
 
     def on(self, engine: Engine) -> Database:
         """The same schema and statements through another engine (the loop's own pool)."""

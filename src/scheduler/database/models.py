@@ -213,6 +213,11 @@ class Delivery(Base):
             "created_at",
             postgresql_where=text("status = 'sent'"),
         ),
+        # The outbox's due rows, in the worker's claim order (DEC-OUTBOX).
+        Index("ix_deliveries_due", "next_attempt_at", "id",
+              postgresql_where=text("status IN ('queued', 'retrying')")),
+        Index("ix_deliveries_idempotency_key", "idempotency_key", unique=True,
+              postgresql_where=text("idempotency_key IS NOT NULL")),
     )
 
     id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
@@ -224,6 +229,19 @@ class Delivery(Base):
     status: Mapped[str] = mapped_column(String(16))
     detail: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    # the outbox (DEC-OUTBOX): set for a row of a channel with a Sender
+    idempotency_key: Mapped[str | None] = mapped_column(Text)
+    message: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
+    attempts: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    next_attempt_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    lease_until: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    leased_by: Mapped[str | None] = mapped_column(String(64))
+    last_error: Mapped[str | None] = mapped_column(Text)
+    last_delay_seconds: Mapped[float | None] = mapped_column(Float)
+    delivered_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    provider_status: Mapped[int | None] = mapped_column(Integer)
+    provider_answer: Mapped[str | None] = mapped_column(Text)
+    updated_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
 
 class ParticipantPreference(Base):

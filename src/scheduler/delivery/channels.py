@@ -65,6 +65,12 @@ def vapid_key(settings: DeliverySettings) -> VapidKey | None:
     return VapidKey.parse(settings.vapid_private_key) if settings.vapid_private_key else None
 
 
+def built_in_channels(settings: DeliverySettings) -> tuple[str, ...]:
+    """The outbox channels the settings turn on (``built_in_senders``' names, without building
+    them). Web push joins when participants' subscriptions are stored (not yet)."""
+    return (WebhookSender.channel,) if settings.webhook_url else ()
+
+
 def built_in_senders(settings: DeliverySettings, *, client: httpx.AsyncClient, clock: Clock) -> dict[str, Sender]:
     """The senders the settings turn on, by channel name (``webhook``, ``web_push``), each on
     ``client`` with the per-send timeout; a host's own senders join these by name."""

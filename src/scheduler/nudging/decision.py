@@ -30,10 +30,13 @@ from scheduler.nudging.local_time import LocalTimeError, QuietHours
 from scheduler.nudging.orchestrator import (
     CAP_WINDOW,
     DEFAULT_PREFERENCES,
+    DeliveryRow,
     Orchestrator,
     Preferences,
     as_recorded,
+    idempotency_key,
     notification_row,
+    outbox_message,
 )
 from scheduler.nudging.rule_engine import Candidate, RuleRefusal, evaluate
 from scheduler.nudging.rules import Catalogue
@@ -175,12 +178,24 @@ def _decide(orchestrator: Orchestrator, state: BatchState, result: DispatchResul
     result.notifications.append(notification)
     if status == NotificationStatus.SENT:
         rows, outbound = orchestrator.deliver(notification, now)
-        state.deliveries.extend({"notification_id": notification_id, "user_id": event.user_id, "channel": r.channel,
-                                 "status": r.status, "detail": r.detail, "now": now} for r in rows)
-        # the batch's own sent notifications count for its later decisions about this participant
+        state.deliveries.extend(delivery_row(notification, r, now) for r in rows)
+        # the batch's own sent notification counts for its later decisions about this
+        # participant, as read_batch_limits counts the sent notifications (QUIET-4): the
+        # decision's own record, never a delivery's progress (DEC-OUTBOX)
         state.count_sent(event.user_id, 1)
         result.outbound.extend(outbound)
     return False
+
+
+def delivery_row(notification: dict[str, Any], row: DeliveryRow, now: datetime) -> dict[str, Any]:
+    """One delivery as the write statement takes it: an outbox row ``queued`` and due at once,
+    with its idempotency key and message (DEC-OUTBOX)."""
+    written: dict[str, Any] = {"notification_id": notification["id"], "user_id": notification["user_id"],
+                               "channel": row.channel, "status": row.status, "detail": row.detail, "now": now}
+    if row.outbox:
+        written |= {"status": "queued", "idempotency_key": idempotency_key(notification["id"], row.channel),
+                    "message": outbox_message(notification), "next_attempt_at": now}
+    return written
 
 
 @dataclass
@@ -212,12 +227,12 @@ class BatchDecisions:
                               for k, s in keys.items() if s.taken_before and s.duplicates],
             "notifications": self.state.notifications,
             "deliveries": self.state.deliveries,
-            "outcomes": [{"id": i, "status": st, "error": er, "at": at, "not_before": nb} for i, st, er, at, nb in
-                         zip(outcomes["ids"], outcomes["statuses"], outcomes["errors"], outcomes["times"],
-                             outcomes.get("not_befores") or [None] * len(outcomes["ids"]), strict=True)],
         }
-        return "write_batch_decisions", {"batch": json.dumps(document, default=_json_time),
-                                         "outcome_ids": list(outcomes["ids"])}
+        # the outcomes are record_outcomes' own arrays, written by the same fragment (DEC-1.7)
+        arrays = {name: list(outcomes[name]) for name in ("ids", "statuses", "errors", "times")}
+        # a held row's end of quiet hours (QUIET-2); None keeps the row's own
+        arrays["not_befores"] = list(outcomes.get("not_befores") or [None] * len(arrays["ids"]))
+        return "write_batch_decisions", {"batch": json.dumps(document, default=_json_time), **arrays}
 
 
 def _json_time(value: object) -> str:

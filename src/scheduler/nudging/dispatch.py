@@ -19,11 +19,13 @@ from scheduler.database.decisions import DecisionRepository
 from scheduler.nudging.decision import BatchDecisions, Check, decide
 from scheduler.nudging.orchestrator import Orchestrator
 from scheduler.nudging.rules import Catalogue
-from scheduler.types import DigitalTwinEvent, DispatchResult
+from scheduler.types import BatchDispatcher, DigitalTwinEvent, DispatchResult
 
 
-class NudgingPlatform:
-    """Engine plus orchestrator, run inside the caller's transaction."""
+class NudgingPlatform(BatchDispatcher):
+    """Engine plus orchestrator, run inside the caller's transaction. It declares both
+    capabilities (``BatchDispatcher``): it decides a claimed batch whole, and it is safe to call
+    again."""
 
     # Every effect is a row written in the session it is handed, and the outbound messages
     # leave only after the commit: calling it again for an event whose first call was rolled

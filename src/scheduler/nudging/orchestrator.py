@@ -11,6 +11,7 @@ statement writes its rows with everything else.
 from __future__ import annotations
 
 import inspect
+import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, time, timedelta, tzinfo
@@ -78,12 +79,15 @@ CAP_WINDOW = timedelta(hours=48)
 
 @dataclass(frozen=True)
 class DeliveryRow:
-    """One row of the delivery log a channel writes for a sent notification. The daily cap
-    counts sent notifications (the decision's own record), not their deliveries (QUIET-4)."""
+    """One row of the delivery log a channel writes for a sent notification. An ``outbox`` row
+    (a channel with a ``Sender``, DEC-OUTBOX) is written ``queued`` instead, for the delivery
+    worker to send: it records the delivery's progress. The daily cap counts sent
+    notifications (the decision's own record), not delivery rows (QUIET-4)."""
 
     channel: str
     status: NotificationStatus
     detail: str | None = None
+    outbox: bool = False
 
 
 @dataclass(frozen=True)
@@ -129,6 +133,39 @@ class WebChannel:
             body=notification["body"],
             rule_id=notification["rule_id"],
         )
+
+
+# The namespace of outbox idempotency keys: a delivery's key is a UUID 5 of its notification
+# and channel, so a decision replayed for the same notification (DEC-1.4) keys it the same.
+OUTBOX_KEYS = uuid.UUID("5b0c9d1e-4f57-4a55-9c55-6f75d3e1a0b7")
+
+
+def idempotency_key(notification_id: str, channel: str) -> str:
+    """The delivery's idempotency key, the same on every attempt (a webhook's ``webhook-id``)."""
+    return str(uuid.uuid5(OUTBOX_KEYS, f"{notification_id}/{channel}"))
+
+
+class OutboxChannel:
+    """A channel whose message leaves through a ``Sender`` (the webhook, a host's own): its
+    row is the outbox entry, written ``queued`` in the dispatch transaction and sent by the
+    delivery worker after the commit, at least once (DEC-OUTBOX); no message for the publisher."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"OutboxChannel({self.name!r})"
+
+    def deliver(self, notification: Mapping[str, Any], now: datetime) -> Delivery:
+        return Delivery(rows=(DeliveryRow(self.name, NotificationStatus.SENT, outbox=True),))
+
+
+def outbox_message(notification: Mapping[str, Any]) -> dict[str, Any]:
+    """What an outbox row keeps of its notification for the sender (``OutboundDelivery``'s fields)."""
+    created = notification["created_at"]
+    return {"community_id": notification["community_id"], "kind": notification["kind"],
+            "title": notification["title"], "body": notification["body"],
+            "created_at": created.isoformat() if isinstance(created, datetime) else created}
 
 
 def notification_row(event: DigitalTwinEvent, candidate: Candidate, key: str, now: datetime,

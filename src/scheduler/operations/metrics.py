@@ -26,15 +26,18 @@ from prometheus_client.registry import Collector
 from sqlalchemy.exc import DBAPIError
 
 from scheduler.application.counts import counted_or_estimated
+from scheduler.core.clock import clock_details
 from scheduler.core.loop import PollReport, Scheduler
 from scheduler.database.database import Database
+from scheduler.operations.delivery_worker import Recorded
 from scheduler.operations.heartbeat import replica_rows
-from scheduler.types import Clock, EventStatus
+from scheduler.types import Clock, DeliveryStatus, EventStatus
 
 MAX_EVENT_TYPES = 100
 POLL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 # Lateness is measured against poll intervals of seconds to minutes and backlogs of hours.
 LATENESS_BUCKETS = (1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0, 21600.0, 86400.0)
+DELIVERY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0, 3600.0, 21600.0)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 REPLICA_STATES = ("ok", "failing", "stale")
 
@@ -47,8 +50,12 @@ def database_gauges(database: Database, now: datetime) -> dict[str, float]:
         backlog = database.operations.backlog(session, now)
         failed, _ = counted_or_estimated(session, database.events, EventStatus.FAILED)
         replicas = Tally(str(row["state"]) for row in replica_rows(session, database, now))
+        outbox = database.deliveries.gauges(session, now)
     oldest = backlog["oldest_trigger_at"]
     return {
+        "deliveries_queued": float(outbox["queued"]),
+        "deliveries_retrying": float(outbox["retrying"]),
+        "oldest_queued_delivery_seconds": max(float(outbox["oldest_seconds"] or 0.0), 0.0),
         **{f"replicas_{state}": float(replicas[state]) for state in REPLICA_STATES},
         "backlog": float(backlog["backlog"]),
         "oldest_overdue_seconds": max((now - oldest).total_seconds(), 0.0) if oldest else 0.0,
@@ -80,7 +87,7 @@ class _DatabaseGauges(Collector):
         running = GaugeMetricFamily("scheduler_loop_running", "1 while this process's polling loop task runs")
         running.add_metric([], 1.0 if self.metrics.loop_alive() else 0.0)
         yield running
-        offset = getattr(self.metrics.clock, "offset_seconds", None)
+        offset = clock_details(self.metrics.clock)["offset_seconds"]
         if isinstance(offset, float):
             # Only production's clock measures one (DEC-10); an injected clock has none.
             gauge = GaugeMetricFamily("scheduler_clock_offset_seconds",
@@ -99,10 +106,17 @@ class _DatabaseGauges(Collector):
             ("scheduler_oldest_overdue_seconds", "oldest_overdue_seconds",
              "age of the oldest due pending row (0 when none)"),
             ("scheduler_failed_events", "failed", "rows in status failed (past 100,000, the planner's estimate)"),
+            ("scheduler_oldest_queued_delivery_seconds", "oldest_queued_delivery_seconds",
+             "age of the oldest outbox row not yet delivered or given up (0 when none)"),
         ):
             gauge = GaugeMetricFamily(name, doc)
             gauge.add_metric([], values[key])
             yield gauge
+        depth = GaugeMetricFamily("scheduler_deliveries_queued", "outbox rows waiting to be sent, by status",
+                                  labels=["status"])
+        for status in ("queued", "retrying"):
+            depth.add_metric([status], values[f"deliveries_{status}"])
+        yield depth
         replicas = GaugeMetricFamily("scheduler_replicas", "replicas by the state of their heartbeats "
                                      "(stale: silent for three poll intervals)", labels=["state"])
         for state in REPLICA_STATES:
@@ -145,6 +159,13 @@ class Metrics:
         self.lateness = Histogram("scheduler_event_lateness_seconds",
                                   "dispatched_at - trigger_at of each dispatched event",
                                   buckets=LATENESS_BUCKETS, registry=self.registry)
+        self.delivery_attempts = Counter("scheduler_delivery_attempts",
+                                         "outbox attempts this process recorded, by channel and outcome "
+                                         "(delivered, retrying, undeliverable)", ["channel", "outcome"],
+                                         registry=self.registry)
+        self.delivery_latency = Histogram("scheduler_delivery_latency_seconds",
+                                          "trigger_at (a live event: its notification's time) to delivered, "
+                                          "per outbox delivery", buckets=DELIVERY_BUCKETS, registry=self.registry)
         self.registry.register(_DatabaseGauges(self))
         self._seen_report: PollReport | None = None
         self._event_types: set[str] = set()
@@ -165,7 +186,7 @@ class Metrics:
     def __call__(self, scheduler: Scheduler) -> None:
         """The poll hook: one poll more; its outcomes if it committed, else one error."""
         self.polls.inc()
-        seconds = getattr(scheduler, "last_poll_seconds", None)
+        seconds = scheduler.last_poll_seconds
         if seconds is not None:
             self.poll_duration.observe(seconds)
         report = scheduler.last_report
@@ -185,6 +206,16 @@ class Metrics:
             # a row held in quiet hours (pending, QUIET-2) is neither: it is decided again later
         for ended in report.expired:  # never dispatched: no lateness observed (EXP-7)
             self.expired.labels(self._label(ended.event_type or "unknown")).inc()
+
+    def deliveries(self, recorded: list[Recorded]) -> None:
+        """The delivery worker's observer: each attempt it recorded, by channel and outcome, and
+        each delivery's trigger-to-delivered latency."""
+        for one in recorded:
+            if not one.kept:
+                continue
+            self.delivery_attempts.labels(one.claimed.delivery.channel, str(one.record.status)).inc()
+            if one.record.status == DeliveryStatus.DELIVERED:
+                self.delivery_latency.observe(max((one.at - one.claimed.triggered_at).total_seconds(), 0.0))
 
     def exposition(self) -> bytes:
         """The Prometheus text format (runs the scrape-time queries: call off the event loop)."""

@@ -16,12 +16,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import inspect
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, cast
 
 import anyio.to_thread
+import httpx
 from anyio import CapacityLimiter
 from prometheus_client import CollectorRegistry
 from sqlalchemy import Engine
@@ -47,16 +49,26 @@ from scheduler.database.engine import (
 )
 from scheduler.database.host_engine import for_scheduler, is_async, loop_engine_like, sync_twin
 from scheduler.database.listener import Listener, conninfo_of
+from scheduler.delivery.channels import built_in_channels, built_in_senders, retry_policy
 from scheduler.nudging.dispatch import NudgingPlatform
 from scheduler.nudging.facts import FactsContract
+from scheduler.nudging.orchestrator import Orchestrator, OutboxChannel, WebChannel
 from scheduler.nudging.publishers import LoggingPublisher
 from scheduler.nudging.rules import Catalogue, load_catalogue
 from scheduler.observability.observer import Observer
 from scheduler.observability.tracing import observe, observer_from_env
+from scheduler.operations.delivery_worker import DeliveryWorker
 from scheduler.operations.heartbeat import Heartbeat
 from scheduler.operations.metrics import Metrics
 from scheduler.operations.retention import Retention
-from scheduler.types import Clock, Dispatcher, Publisher, SchedulerMode, refuse_async_dispatcher
+from scheduler.types import (
+    Clock,
+    Dispatcher,
+    Publisher,
+    SchedulerMode,
+    Sender,
+    refuse_async_dispatcher,
+)
 from scheduler.web.api.batch import BatchRoutes
 from scheduler.web.api.health import HealthRoutes
 from scheduler.web.api.ingest import LIVE, IngestRoutes
@@ -103,9 +115,11 @@ class SchedulerService:
         authentication: AuthenticationBackend | None = None,
         metrics_registry: CollectorRegistry | None = None,
         facts_contract: FactsContract | None = None,
+        senders: Mapping[str, Sender] | None = None,
     ) -> None:
         if dispatcher is not None:
             refuse_async_dispatcher(dispatcher)  # before any engine is made: nothing to dispose
+        host_senders = _checked_senders(senders)
         self.settings = settings or Settings.from_env()
         # The host's own facts contract replaces the built-in one wherever an event is stored
         # (the POST, the batch, ``scheduler.schedule``; DEC-FACTS-CONTRACT).
@@ -122,9 +136,18 @@ class SchedulerService:
                                                    warn_seconds=self.settings.clock_skew_warn_seconds)
         self._clock_task: asyncio.Task[None] | None = None
         self.catalogue = catalogue or load_catalogue(self.settings.rules_dir)
-        self.dispatcher: Dispatcher = dispatcher or NudgingPlatform(self.catalogue,
-                                                                    decisions=self.database.decisions)
+        # The outbox's channels (DEC-OUTBOX): the built-in ones the settings turn on, and the
+        # host's own senders by name; the decision queues a row for each beside the in-app one.
+        self.host_senders = host_senders
+        self.outbox_channels = tuple(dict.fromkeys([*built_in_channels(self.settings), *host_senders]))
+        self.dispatcher: Dispatcher = dispatcher or NudgingPlatform(
+            self.catalogue, Orchestrator([WebChannel(), *(OutboxChannel(name) for name in self.outbox_channels)]),
+            decisions=self.database.decisions)
         self._check_dispatcher_schema(self.dispatcher)
+        self.delivery: DeliveryWorker | None = None
+        self._delivery_task: asyncio.Task[None] | None = None
+        self._delivery_stop: asyncio.Event | None = None
+        self._http: httpx.AsyncClient | None = None
         # After commit: number web notifications for the inbox stream and NOTIFY the
         # replicas, then the configured publisher (see scheduler.web.inbox.hub). The live
         # path numbers on the requests' pool, the loop on its own.
@@ -228,7 +251,26 @@ class SchedulerService:
         # the event types known in advance start at zero on /metrics
         self.metrics = Metrics(self.database, self.clock, lambda: self.loop_alive, registry=metrics_registry,
                                event_types=self.catalogue.scenarios())
-        self.scheduler.poll_hooks.extend([self.retention, self.heartbeat, self.metrics])
+        self.scheduler.poll_hooks.extend([self.retention, self.heartbeat, self.metrics, self._wake_delivery])
+
+    def _wake_delivery(self, _: Scheduler) -> None:
+        """After a poll: the batch may have queued deliveries; the worker looks now."""
+        if self.delivery is not None:
+            self.delivery.wake()
+
+    def delivery_worker(self) -> DeliveryWorker:
+        """This replica's delivery worker, with the built-in senders on a fresh HTTP client and
+        the host's (built on start; ``run_once`` steps it in a test)."""
+        if self.delivery is None:
+            self._http = httpx.AsyncClient()
+            senders = {**built_in_senders(self.settings, client=self._http, clock=self.clock), **self.host_senders}
+            self.delivery = DeliveryWorker(self.loop_database, senders, self.clock,
+                                           policy=retry_policy(self.settings),
+                                           concurrency=self.settings.delivery_concurrency,
+                                           timeout=self.settings.delivery_timeout_seconds,
+                                           worker_id=self.heartbeat.replica_id)
+            self.delivery.observers.append(self.metrics.deliveries)
+        return self.delivery
 
     def _route_modules(self, listener: Listener, inner_publisher: Publisher) -> None:
         """The route modules, each with what it uses and nothing else (ARCH-2)."""
@@ -427,6 +469,11 @@ class SchedulerService:
             await run_in_threadpool(self.listener.start)
         if not self.run_scheduler or self._task is not None:
             return
+        if self.outbox_channels and self._delivery_task is None:
+            self._delivery_stop = asyncio.Event()
+            self._delivery_task = asyncio.create_task(self.delivery_worker().run(self._delivery_stop),
+                                                      name="scheduler-delivery")
+            self._delivery_task.add_done_callback(_report_delivery_exit)
         self._stop = asyncio.Event()
         self._task = asyncio.create_task(self.scheduler.run(self._stop), name="scheduler-loop")
         self._task.add_done_callback(_report_exit)
@@ -466,8 +513,22 @@ class SchedulerService:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(run_in_threadpool(self.heartbeat.forget), timeout=2.0)
             self._task = None
+        await self._stop_delivery()
         await run_in_threadpool(self.listener.stop)
         self._dispose_owned()
+
+    async def _stop_delivery(self) -> None:
+        """Stop the delivery worker: sends in flight are cancelled (their leases run out and
+        another claim sends them again, with the same keys); close its HTTP client."""
+        if self._delivery_task is not None and self._delivery_stop is not None:
+            self._delivery_stop.set()
+            with contextlib.suppress(Exception):
+                await self._delivery_task
+            self._delivery_task = None
+        if self._http is not None:
+            await self._http.aclose()
+            self._http = None
+        self.delivery = None
 
     @property
     def loop_alive(self) -> bool:
@@ -507,6 +568,24 @@ def _weak_secret(secret: str) -> bool:
     lowered = secret.lower()
     markers = ("dev", "test", "secret", "changeme", "example", "password")
     return len(secret) < 32 or len(set(secret)) < 12 or any(m in lowered for m in markers)
+
+
+def _checked_senders(senders: Mapping[str, Sender] | None) -> dict[str, Sender]:
+    """A host's senders by channel name: each a ``Sender`` (an ``async def send``), named by a
+    channel the in-app one is not."""
+    checked: dict[str, Sender] = {}
+    for name, sender in (senders or {}).items():
+        if not isinstance(name, str) or not name or len(name) > 32 or name == WebChannel.name:
+            raise ValueError(f"a sender's channel is a name of 1 to 32 characters other than 'web', got {name!r}")
+        if not isinstance(sender, Sender) or not inspect.iscoroutinefunction(sender.send):
+            raise TypeError(f"the sender for {name!r} is not a Sender: it needs an async def send(delivery)")
+        checked[name] = sender
+    return checked
+
+
+def _report_delivery_exit(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        logger.error("delivery worker died: deliveries wait until the process restarts", exc_info=task.exception())
 
 
 def _report_exit(task: asyncio.Task[None]) -> None:

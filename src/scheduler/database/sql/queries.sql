@@ -18,24 +18,25 @@ SELECT clock_timestamp();
 -- it: the rows are locked first (exactly the rows returned: the row locks are taken under
 -- the LIMIT), then each of their participants is try-locked exactly once, and never a
 -- participant of a row the claim did not return (DEC-2)
-WITH expired AS MATERIALIZED (
+WITH outcomes AS MATERIALIZED (
     -- rows claimed after their expires_at by the injected clock: never dispatched, no
-    -- participant lock needed (their engine does not run); the history trigger records the
-    -- change at the claim's time, the moment it was claimed, and last_error says how late
-    UPDATE scheduler.scheduled_events AS e
-    SET status = 'expired', dispatched_at = NULL, updated_at = :now,
-        last_error = 'expired: claimed ' || concat_ws(' ',
+    -- participant lock needed (their engine does not run); their outcome is expired at the
+    -- claim's time, the moment it was claimed (the history trigger records it then), and
+    -- last_error says how late
+    SELECT d.id, 'expired' AS status, CAST(:now AS timestamptz) AS at, CAST(NULL AS timestamptz) AS not_before,
+           'expired: claimed ' || concat_ws(' ',
             CASE WHEN extract(day FROM d.late) > 0 THEN extract(day FROM d.late)::int || 'd' END,
             CASE WHEN extract(hour FROM d.late) > 0 THEN extract(hour FROM d.late)::int || 'h' END,
             CASE WHEN extract(minute FROM d.late) > 0 THEN extract(minute FROM d.late)::int || 'm' END,
             CASE WHEN floor(extract(second FROM d.late)) > 0 OR d.late < interval '1 minute'
                  THEN floor(extract(second FROM d.late))::int || 's' END)
-            || ' after its expires_at ' || to_char(e.expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"')
+            || ' after its expires_at ' || to_char(d.expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"')
+           AS error
     FROM (
         -- ix_scheduled_events_pending_expiry holds exactly the pending rows with an expiry;
         -- expires_at > trigger_at (a CHECK), so every one of these is due; a row held in
         -- quiet hours past its expires_at ends here too, never sent (DEC-LOCAL-TIME)
-        SELECT id, CAST(:now AS timestamptz) - expires_at AS late
+        SELECT id, expires_at, CAST(:now AS timestamptz) - expires_at AS late
         FROM scheduler.scheduled_events
         WHERE status = 'pending' AND expires_at < :now
         ORDER BY expires_at, id
@@ -45,7 +46,9 @@ WITH expired AS MATERIALIZED (
         -- a row another replica holds is its to decide
         FOR UPDATE SKIP LOCKED
     ) AS d
-    WHERE e.id = d.id
+), expired AS MATERIALIZED (
+    -- the one write of a claimed row's outcome (DEC-1.7)
+    {{write_outcomes}}
     RETURNING e.id, e.event_type, e.user_id, e.community_id, e.external_key, e.trigger_at, e.facts,
               e.status, e.last_error, e.created_at, e.updated_at, e.dispatched_at, e.traceparent,
               e.not_before, e.due_at
@@ -121,22 +124,36 @@ SELECT set_config('statement_timeout', :statement, true), set_config('lock_timeo
 -- Take one participant's advisory lock until the end of the transaction (re-entrant).
 SELECT pg_advisory_xact_lock(:key);
 
--- name: record_outcomes
--- Record a batch's outcomes at its end, one array element per event (REQ-0067).
+-- name: write_outcomes
+-- A fragment, not a statement: the one write of claimed rows' outcomes (dispatched, failed, expired: DEC-1.7; pending when held in quiet hours, QUIET-2), from the rows of the relation outcomes(id, status, error, at, not_before) its statement defines; record_outcomes, write_batch_decisions and claim_due_events include it as {{write_outcomes}}.
 UPDATE scheduler.scheduled_events AS e
 -- dispatched: the engine ran, dispatched_at is the event's own time, any earlier error is
--- cleared; failed: the reason, and no dispatched_at; pending: held in its participant's
--- quiet hours until not_before (QUIET-2), no error; a row not held keeps its not_before
+-- cleared; failed: the reason, and no dispatched_at; expired: how late it was claimed, and
+-- no dispatched_at; pending: held in its participant's quiet hours until not_before (QUIET-2),
+-- no error; a row not held keeps its not_before
 SET status = o.status,
     dispatched_at = CASE WHEN o.status = 'dispatched' THEN o.at END,
     last_error = o.error,
     not_before = coalesce(o.not_before, e.not_before),
     updated_at = o.at
--- one row per claimed event, each with its own time (lateness is measured from it)
-FROM unnest(CAST(:ids AS text[]), CAST(:statuses AS text[]), CAST(:errors AS text[]),
-            CAST(:times AS timestamptz[]), CAST(:not_befores AS timestamptz[])) AS o(id, status, error, at, not_before)
--- by primary key: only rows this batch claimed and still holds locked
-WHERE e.id = o.id;
+FROM outcomes AS o
+-- by primary key: only rows this transaction claimed and still holds locked
+WHERE e.id = o.id
+
+-- name: batch_outcomes
+-- A fragment, not a statement: a batch's outcomes as the rows write_outcomes reads, one element of each array per event, in the batch's order; record_outcomes and write_batch_decisions include it as {{batch_outcomes}}.
+-- one row per claimed event, each with its own time (lateness is measured from it); the
+-- arrays are constants the planner counts, so the rows are found by primary key (PERF-7)
+SELECT * FROM unnest(CAST(:ids AS text[]), CAST(:statuses AS text[]), CAST(:errors AS text[]),
+                     CAST(:times AS timestamptz[]), CAST(:not_befores AS timestamptz[]))
+              AS o(id, status, error, at, not_before)
+
+-- name: record_outcomes
+-- Record a batch's outcomes at its end, one array element per event (REQ-0067).
+WITH outcomes AS (
+    {{batch_outcomes}}
+)
+{{write_outcomes}};
 
 -- name: mark_dispatched
 -- One row dispatched (the benchmarks' raw-SQL ceiling and the status-first broken variant).
@@ -307,7 +324,8 @@ SELECT
 -- name: write_batch_decisions
 -- A batch's decisions in one statement (a live event is a batch of one): new keys, repeated keys, notifications, every channel's deliveries and the outcomes (none for a live event).
 -- the batch parameter is one JSON document with an array per part (one parameter to send instead of some
--- thirty arrays); the notifications and deliveries go in in batch order (their ids too).
+-- thirty arrays); the notifications and deliveries go in in batch order (their ids too); the
+-- outcomes are record_outcomes' arrays, written by the same fragment (DEC-1.7).
 -- Every part counts the rows it wrote; any difference from the lengths of those arrays
 -- (what the caller decided) fails the statement, so the COMMIT sent after it in the same
 -- round trip does not run: the scheduler rolls back to its checkpoint and decides the
@@ -350,26 +368,22 @@ WITH document AS MATERIALIZED (
 ), delivery AS (
     -- every channel's deliveries of the sent notifications, in batch order (their ids too);
     -- the foreign key to the notifications above is checked at the end of the statement
-    INSERT INTO scheduler.deliveries (notification_id, user_id, channel, status, detail, created_at)
+    -- (an outbox channel's row is queued with its idempotency key and message, due at once:
+    -- DEC-OUTBOX; the other rows have none)
+    INSERT INTO scheduler.deliveries (notification_id, user_id, channel, status, detail, created_at,
+                                      idempotency_key, message, next_attempt_at, updated_at)
     SELECT d.e->>'notification_id', d.e->>'user_id', d.e->>'channel', d.e->>'status', d.e->>'detail',
-           CAST(d.e->>'now' AS timestamptz)
+           CAST(d.e->>'now' AS timestamptz), d.e->>'idempotency_key', d.e->'message',
+           CAST(d.e->>'next_attempt_at' AS timestamptz), CAST(d.e->>'now' AS timestamptz)
     FROM document, jsonb_array_elements(document.b->'deliveries') WITH ORDINALITY AS d(e, ord)
     ORDER BY d.ord
     RETURNING id
+), outcomes AS (
+    {{batch_outcomes}}
 ), outcome AS (
-    -- as record_outcomes: dispatched with its time and no error, failed with the reason, or
-    -- pending, held until its not_before (QUIET-2)
-    UPDATE scheduler.scheduled_events AS e
-    SET status = o->>'status',
-        dispatched_at = CASE WHEN o->>'status' = 'dispatched' THEN CAST(o->>'at' AS timestamptz) END,
-        last_error = o->>'error',
-        not_before = coalesce(CAST(o->>'not_before' AS timestamptz), e.not_before),
-        updated_at = CAST(o->>'at' AS timestamptz)
-    FROM document, jsonb_array_elements(document.b->'outcomes') AS o
-    WHERE e.id = o->>'id'
-      -- the same ids as an array the planner can count: without it, it guesses a hundred
-      -- JSON elements and hash-joins a sequential scan of the whole table (PERF-7)
-      AND e.id = ANY(CAST(:outcome_ids AS text[]))
+    -- exactly record_outcomes' write: dispatched with its time and no error, or failed with
+    -- the reason, or pending, held until its not_before (QUIET-2)
+    {{write_outcomes}}
     RETURNING e.id
 ), wrote AS (
     SELECT (SELECT count(*) FROM new_keys) AS new_keys,
@@ -382,7 +396,7 @@ WITH document AS MATERIALIZED (
            jsonb_array_length(b->'repeated_keys') AS repeated_keys,
            jsonb_array_length(b->'notifications') AS notifications,
            jsonb_array_length(b->'deliveries') AS deliveries,
-           jsonb_array_length(b->'outcomes') AS outcomes
+           cardinality(CAST(:ids AS text[])) AS outcomes
     FROM document AS batch
 )
 SELECT w.*,
@@ -396,6 +410,70 @@ SELECT w.*,
                              w.notifications, w.deliveries, w.outcomes) AS integer)
        END AS differs
 FROM wrote AS w CROSS JOIN decided AS d;
+
+-- name: claim_due_deliveries
+-- Lease up to :limit due outbox rows (queued or retrying, next_attempt_at reached by :now, no live lease) to :worker until :lease_until, oldest due first, counting the attempt (DEC-OUTBOX).
+-- FOR UPDATE SKIP LOCKED: two workers claiming at once take different rows; the lease
+-- outlives the claim's short transaction, so a worker that dies with rows in hand leaves
+-- them to whoever claims after :lease_until. The attempt is counted here, before the send:
+-- an attempt cut short by a crash is counted too, so a row that kills its worker still
+-- reaches SCHEDULER_DELIVERY_MAX_ATTEMPTS. The trigger time is the scheduled event's
+-- trigger_at (the notification's created_at for a live event or a row retention deleted).
+WITH due AS MATERIALIZED (
+    SELECT id FROM scheduler.deliveries
+    WHERE status IN ('queued', 'retrying') AND next_attempt_at <= :now
+      AND (lease_until IS NULL OR lease_until <= :now)
+    ORDER BY next_attempt_at, id
+    LIMIT :limit
+    FOR UPDATE SKIP LOCKED
+), leased AS (
+    UPDATE scheduler.deliveries AS d
+    SET lease_until = :lease_until, leased_by = :worker, attempts = d.attempts + 1, updated_at = :now
+    FROM due WHERE d.id = due.id
+    RETURNING d.id, d.idempotency_key, d.channel, d.notification_id, d.user_id, d.message, d.attempts,
+              d.last_delay_seconds, d.created_at, d.next_attempt_at
+)
+SELECT l.id, l.idempotency_key, l.channel, l.notification_id, l.user_id, l.message, l.attempts,
+       l.last_delay_seconds, l.created_at, coalesce(e.trigger_at, l.created_at) AS triggered_at
+FROM leased AS l
+LEFT JOIN scheduler.notifications AS n ON n.id = l.notification_id
+LEFT JOIN scheduler.scheduled_events AS e ON e.id = n.scheduled_event_id
+ORDER BY l.next_attempt_at, l.id;
+
+-- name: record_delivery_attempts
+-- Record what attempts made of their outbox rows (delivery.record), each only while :worker still holds its lease for that attempt; the lease ends. Returns the ids recorded.
+-- a worker whose lease lapsed (another took the row over and counted another attempt) records
+-- nothing: the newer attempt's record is the row's
+UPDATE scheduler.deliveries AS d
+SET status = r->>'status', attempts = CAST(r->>'attempts' AS integer),
+    next_attempt_at = CAST(r->>'next_attempt_at' AS timestamptz), last_error = r->>'last_error',
+    last_delay_seconds = CAST(r->>'delay_seconds' AS double precision),
+    delivered_at = CAST(r->>'delivered_at' AS timestamptz),
+    provider_status = CAST(r->>'provider_status' AS integer), provider_answer = r->>'provider_answer',
+    lease_until = NULL, leased_by = NULL, updated_at = CAST(r->>'at' AS timestamptz)
+FROM jsonb_array_elements(CAST(:records AS jsonb)) AS r
+WHERE d.id = CAST(r->>'id' AS bigint) AND d.leased_by = :worker
+  AND d.attempts = CAST(r->>'attempts' AS integer)
+RETURNING d.id;
+
+-- name: list_deliveries
+-- The delivery log and the outbox for an operator, newest first, each filter optional (GET /admin/deliveries).
+SELECT id, notification_id, user_id, channel, status, detail, created_at, idempotency_key, attempts,
+       next_attempt_at, lease_until, last_error, delivered_at, provider_status, provider_answer, updated_at
+FROM scheduler.deliveries
+WHERE (CAST(:status AS text) IS NULL OR status = :status)
+  AND (CAST(:channel AS text) IS NULL OR channel = :channel)
+  AND (CAST(:user_id AS text) IS NULL OR user_id = :user_id)
+  AND (CAST(:notification_id AS text) IS NULL OR notification_id = :notification_id)
+ORDER BY created_at DESC, id DESC
+LIMIT :limit;
+
+-- name: outbox_gauges
+-- The outbox's depth by status (queued and retrying) and the age of its oldest queued row at :now, in seconds.
+SELECT (SELECT count(*) FROM scheduler.deliveries WHERE status = 'queued') AS queued,
+       (SELECT count(*) FROM scheduler.deliveries WHERE status = 'retrying') AS retrying,
+       (SELECT extract(epoch FROM CAST(:now AS timestamptz) - min(created_at))
+        FROM scheduler.deliveries WHERE status IN ('queued', 'retrying')) AS oldest_seconds;
 
 -- name: list_notifications
 -- Participants' notifications for an operator, newest first.

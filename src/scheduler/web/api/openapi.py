@@ -14,6 +14,7 @@ from scheduler.web.http.schemas import (
     BatchItemOut,
     CancelConflictOut,
     DeferredOut,
+    DeliveryOut,
     DuplicateOut,
     ErrorOut,
     FactsContractErrorOut,
@@ -44,7 +45,7 @@ MODELS: tuple[type[BaseModel], ...] = (
     IngestOut, DuplicateOut, PreferencesOut, SchedulerHealthOut, HealthOut, ErrorOut,
     ValidationErrorOut, FactsContractErrorOut, RuleRefusalOut, ReplicaOut, OperatorActionOut,
     HistoryEntryOut, CancelConflictOut, InboxNotificationOut, InboxPageOut, SchedulerHealthDetailOut,
-    WebSessionOut, InboxSignInIn, InboxSessionOut, BatchItemOut, DeferredOut,
+    WebSessionOut, InboxSignInIn, InboxSessionOut, BatchItemOut, DeferredOut, DeliveryOut,
 )
 
 
@@ -160,6 +161,10 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
     ("/admin/notifications", "get"): {
         "summary": "Participants' notifications with status and reason (permission: admin)",
         "responses": {"200": _json(NotificationOut, "notifications, newest first", many=True), **ERRORS},
+    },
+    ("/admin/deliveries", "get"): {
+        "summary": "The delivery log and the outbox, each attempt's record with it, newest first (permission: admin)",
+        "responses": {"200": _json(DeliveryOut, "deliveries, newest first", many=True), **ERRORS},
     },
     ("/admin/participants/{user_id}/preferences", "put"): {
         "summary": "Set a participant's enabled kinds, daily cap, time zone and quiet hours (permission: admin)",

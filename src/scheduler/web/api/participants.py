@@ -18,15 +18,16 @@ from scheduler.nudging.local_time import (
     parse_quiet_hours,
     parse_time_zone,
 )
-from scheduler.types import Clock, NotificationStatus
+from scheduler.types import Clock, DeliveryRowStatus, NotificationStatus
 from scheduler.web.http.auth import require
 from scheduler.web.http.params import Param, Unprocessable, declares, query
 from scheduler.web.http.plumbing import parse_body, path_param, read_json, respond
-from scheduler.web.http.schemas import NotificationOut, PreferencesIn, PreferencesOut
+from scheduler.web.http.schemas import DeliveryOut, NotificationOut, PreferencesIn, PreferencesOut
 
 
 class ParticipantRoutes:
-    """``GET /admin/notifications`` and ``GET``/``PUT /admin/participants/{user_id}/preferences``."""
+    """``GET /admin/notifications``, ``GET /admin/deliveries`` and ``GET``/``PUT
+    /admin/participants/{user_id}/preferences``."""
 
     def __init__(self, *, database: Database, clock: Clock, max_body_bytes: int) -> None:
         self.database = database
@@ -36,6 +37,7 @@ class ParticipantRoutes:
     def routes(self) -> list[BaseRoute]:
         return [
             Route("/admin/notifications", self.list_notifications, methods=["GET"]),
+            Route("/admin/deliveries", self.list_deliveries, methods=["GET"]),
             Route("/admin/participants/{user_id}/preferences", self.set_preferences, methods=["PUT"]),
             Route("/admin/participants/{user_id}/preferences", self.get_preferences, methods=["GET"]),
         ]
@@ -53,6 +55,18 @@ class ParticipantRoutes:
             limit=q["limit"],
         )
         return respond([NotificationOut.model_validate(r) for r in rows])
+
+    @require("admin")
+    @declares(status=Param.enum(DeliveryRowStatus), channel=Param.string(max_length=32),
+              user_id=Param.string(), notification_id=Param.string(max_length=64),
+              limit=Param.integer(1, 1000, default=100, description="at most this many rows"))
+    async def list_deliveries(self, request: Request) -> Response:
+        """The delivery log and the outbox, newest first (OUTBOX-6)."""
+        q = query(request)
+        rows = await run_in_threadpool(
+            participants.list_deliveries, self.database, status=q["status"], channel=q["channel"],
+            user_id=q["user_id"], notification_id=q["notification_id"], limit=q["limit"])
+        return respond([DeliveryOut.model_validate(r) for r in rows])
 
     @require("admin")
     @declares()

@@ -8,33 +8,18 @@ rows, in chunks, with a required reason, through the application layer's command
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Protocol
 from urllib.parse import urlencode
 
 from starlette.concurrency import run_in_threadpool
-from starlette.datastructures import FormData
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, Response
+from starlette.responses import Response
 
 from scheduler.application import commands, events
 from scheduler.database.database import Database
-from scheduler.types import Clock
 from scheduler.web.console.auth import CSRF_FIELD, console_session, csrf_ok
+from scheduler.web.console.view import ConsoleView
 from scheduler.web.http.params import Unprocessable, whole_number
-
-
-class ConsolePages(Protocol):
-    """What the bulk and cancel routes use of the console (``scheduler.web.console.pages.Console``),
-    which mounts them: so these modules do not import it back."""
-
-    database: Database
-    clock: Clock
-
-    def page(self, request: Request, template: str, context: dict[str, Any], status: int = 200) -> HTMLResponse: ...
-
-    def csrf_refused(self, request: Request) -> Response: ...
-
-    async def form(self, request: Request) -> FormData: ...
 
 
 class BulkCommand(Protocol):
@@ -44,7 +29,7 @@ class BulkCommand(Protocol):
                  as_of: datetime, expected: int, actor: commands.Actor, reason: str) -> commands.BulkResult: ...
 
 
-async def bulk_action(console: ConsolePages, request: Request, *, noun: str, form_template: str,
+async def bulk_action(console: ConsoleView, request: Request, *, noun: str, form_template: str,
                       done_template: str, command: BulkCommand) -> Response:
     """Handle a bulk form's POST: CSRF, the filter, the dry run's ``as_of`` and count, a reason."""
     form = await console.form(request)

@@ -19,13 +19,14 @@ from starlette.routing import Route
 
 from scheduler.application import commands
 from scheduler.web.console.auth import CSRF_FIELD, ConsoleGuard, console_session, csrf_ok
-from scheduler.web.console.bulk import ConsolePages, bulk_action
+from scheduler.web.console.bulk import bulk_action
+from scheduler.web.console.view import ConsoleView
 from scheduler.web.http.event_filter import EVENT_FILTER, event_query
 from scheduler.web.http.params import declares, query
 from scheduler.web.http.plumbing import base_path, path_param
 
 
-def cancel_routes(console: ConsolePages, guard: ConsoleGuard) -> list[Route]:
+def cancel_routes(console: ConsoleView, guard: ConsoleGuard) -> list[Route]:
     """``POST /console/events/{id}/cancel`` and ``GET``/``POST /console/bulk-cancel``."""
 
     @declares()

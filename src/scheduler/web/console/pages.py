@@ -15,24 +15,20 @@ import functools
 import json
 import secrets
 from collections.abc import AsyncIterator
-from datetime import datetime
-from importlib.resources import files
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlencode, urlsplit
 
 import anyio
 import jwt
-from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.concurrency import run_in_threadpool
-from starlette.datastructures import FormData
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
 from scheduler.application import audit, commands, events, participants
 from scheduler.database.database import Database
-from scheduler.operations.overview import duration, overview
+from scheduler.operations.overview import overview
 from scheduler.types import Clock, EventStatus
 from scheduler.web.console.auth import (
     CSRF_FIELD,
@@ -48,45 +44,32 @@ from scheduler.web.console.auth import (
 )
 from scheduler.web.console.bulk import bulk_action
 from scheduler.web.console.cancel import cancel_routes
+from scheduler.web.console.view import PACKAGE, ConsoleView
 from scheduler.web.http.auth import TokenVerifier, token_problem
 from scheduler.web.http.event_filter import CURSOR, EVENT_FILTER, event_query
 from scheduler.web.http.params import Endpoint, Param, Unprocessable, declares, query
-from scheduler.web.http.plumbing import base_path, path_param, read_form
+from scheduler.web.http.plumbing import base_path, path_param
 from scheduler.web.http.sessions import SessionStore
 from scheduler.web.http.sse import Streams, wait_or_close
 
-PACKAGE = Path(str(files("scheduler.web.console")))
 STATIC = PACKAGE / "static"
 STATIC_TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8"}
 PAGE_SIZE = 50
-HEADERS = {
-    "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
-                               "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
-    "X-Frame-Options": "DENY",
-    "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
-    "Cache-Control": "no-store",
-}
 
 
-class Console:
-    """The console's routes, bound to the service's database, clock and token verifier."""
+class Console(ConsoleView):
+    """The console's routes, bound to the service's database, clock and token verifier; its
+    rendering is ``ConsoleView``'s, which the bulk and cancel routes are handed."""
 
     def __init__(self, database: Database, clock: Clock, verifier: TokenVerifier, store: SessionStore,
                  *, refresh_seconds: float = 2.0, stream_seconds: float = 300.0,
                  streams: Streams | None = None, max_body_bytes: int = 64 * 1024) -> None:
-        self.database = database
-        self.max_body_bytes = max_body_bytes
+        super().__init__(database, clock, max_body_bytes=max_body_bytes)
         self.streams = streams or Streams()
-        self.clock = clock
         self.verifier = verifier
         self.store = store
         self.refresh_seconds = refresh_seconds
         self.stream_seconds = stream_seconds
-        self.env = Environment(loader=FileSystemLoader(PACKAGE / "templates"),
-                               autoescape=select_autoescape(default=True), auto_reload=False)
-        self.env.filters["duration"] = duration
-        self.env.filters["when"] = _when
         admin = console_admin(store)
 
         def guard(endpoint: Endpoint) -> Endpoint:
@@ -110,19 +93,7 @@ class Console:
             Route("/console/static/{name}", self.refusals_as_page(self.static), methods=["GET"]),
         ]
 
-    # -- rendering ---------------------------------------------------------------------
-
-    def page(self, request: Request, template: str, context: dict[str, Any], status: int = 200) -> HTMLResponse:
-        session = request.scope.get("console_session")
-        html = self.env.get_template(template).render(
-            base=base_path(request), session=session, csrf=session.csrf if session else None,
-            csrf_field=CSRF_FIELD, **context,
-        )
-        return HTMLResponse(html, status_code=status, headers=HEADERS)
-
-    async def form(self, request: Request) -> FormData:
-        """A posted form, bounded by SCHEDULER_MAX_BODY_BYTES before it is parsed (a 413)."""
-        return await read_form(request, self.max_body_bytes)
+    # -- rendering (``ConsoleView``: page, form, csrf_refused) ---------------------------
 
     def refusals_as_page(self, endpoint: Endpoint) -> Endpoint:
         """A malformed query parameter or path segment is the 422 error page, naming each field."""
@@ -196,9 +167,6 @@ class Console:
         response = RedirectResponse(base_path(request) + "/console/sign-in", status_code=303)
         clear_session_cookie(request, response)
         return response
-
-    def csrf_refused(self, request: Request) -> Response:
-        return self.page(request, "error.html", {"message": "missing or wrong CSRF token: reload the page and try again"}, 403)
 
     # -- overview ----------------------------------------------------------------------
 
@@ -371,12 +339,3 @@ def _safe_next(request: Request, raw: str | None) -> str:
         return console
     return raw
 
-
-def _when(value: Any) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, str):
-        value = datetime.fromisoformat(value)
-    if isinstance(value, datetime):
-        return value.strftime("%Y-%m-%d %H:%M:%S %Z").strip()
-    return str(value)

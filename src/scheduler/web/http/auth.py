@@ -240,7 +240,10 @@ def subject_of(user: BaseUser) -> str | None:
         return None
     if isinstance(user, Principal):
         return user.subject
-    identity = getattr(user, "identity", None)
+    try:
+        identity = user.identity
+    except NotImplementedError:  # BaseUser declares it; a host's user that does not define it
+        identity = ""
     return str(identity) if identity else (user.display_name or None)
 
 

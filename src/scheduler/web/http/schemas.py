@@ -24,7 +24,13 @@ from scheduler.core.trigger_range import (
     TriggerOutOfRange,
     check_trigger_at,
 )
-from scheduler.types import DispatchOutcome, EventStatus, NotificationStatus, SchedulerMode
+from scheduler.types import (
+    DeliveryRowStatus,
+    DispatchOutcome,
+    EventStatus,
+    NotificationStatus,
+    SchedulerMode,
+)
 
 # An ISO 8601 (RFC 3339) date and time with its offset, in ASCII digits.
 _INSTANT = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt ][0-9]{2}:[0-9]{2}(:[0-9]{2}(\.[0-9]{1,9})?)?([Zz]|[+-][0-9]{2}:?[0-9]{2})")
@@ -271,6 +277,27 @@ class NotificationOut(_Out):
     source: Literal["live", "scheduled"]
     scheduled_event_id: str | None
     created_at: Timestamp
+
+
+class DeliveryOut(_Out):
+    """One row of ``deliveries``: the in-app log's, or an outbox row with its attempts' record."""
+
+    id: int
+    notification_id: str
+    user_id: str
+    channel: str
+    status: DeliveryRowStatus
+    detail: str | None
+    created_at: Timestamp
+    idempotency_key: str | None
+    attempts: int
+    next_attempt_at: Timestamp | None
+    lease_until: Timestamp | None
+    last_error: str | None
+    delivered_at: Timestamp | None
+    provider_status: int | None
+    provider_answer: str | None
+    updated_at: Timestamp | None
 
 
 class IngestOut(_Out):

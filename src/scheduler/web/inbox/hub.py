@@ -30,7 +30,7 @@ import contextlib
 import hashlib
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,8 +39,9 @@ from starlette.concurrency import run_in_threadpool
 
 from scheduler.application.ingest import publish_committed
 from scheduler.database.database import Database
+from scheduler.database.listener import Listener
 from scheduler.database.rows import row_as_json
-from scheduler.types import OutboundMessage, Publisher
+from scheduler.types import BulkPublisher, OutboundMessage, Publisher
 from scheduler.web.http.sse import RETRY_MS
 
 logger = logging.getLogger(__name__)
@@ -50,11 +51,12 @@ STREAM_LOCK_KEY = int.from_bytes(hashlib.blake2b(b"nudging-inbox-stream", digest
 REPLAY_LIMIT = 500
 
 
-class StreamPublisher:
+class StreamPublisher(BulkPublisher):
     """After commit: number a delivered web notification for the stream and NOTIFY every
     replica; then hand the messages to ``inner`` (the configured publisher) through the
     core's publish path, whose logger names a failed push (CTX-DELIVERY.3): this one logs
-    only the inbox's own failure, the numbering."""
+    only the inbox's own failure, the numbering. A ``BulkPublisher``: a committed batch's
+    messages are numbered in one transaction."""
 
     def __init__(self, database: Database, inner: Publisher | None = None,
                  name: str = "scheduler") -> None:
@@ -62,10 +64,7 @@ class StreamPublisher:
         self.inner = inner
         self.name = name  # who publishes (the loop's name, or the live path), in a failure's log line
 
-    def publish(self, message: OutboundMessage) -> None:
-        self.publish_many([message])
-
-    def publish_many(self, messages: list[OutboundMessage]) -> None:
+    def publish_many(self, messages: Sequence[OutboundMessage]) -> None:
         """A whole batch's messages: numbered in one transaction, then to ``inner``."""
         try:
             self.number([m.notification_id for m in messages if m.channel == "web"])
@@ -138,7 +137,7 @@ class Inbox:
         self,
         database: Database,
         *,
-        listener: Any = None,
+        listener: Listener | None = None,
         queue_size: int = 100,
         heartbeat_seconds: float = 15.0,
         fallback_seconds: float = 0.5,
@@ -166,7 +165,7 @@ class Inbox:
         # Otherwise the first stream subscribes and starts it (see _ensure_listening), so a
         # replica no browser connects to keeps no LISTEN connection open for the inbox.
 
-    def _listen_on(self, listener: Any) -> None:
+    def _listen_on(self, listener: Listener) -> None:
         if not self._subscribed:
             listener.subscribe(CHANNEL, self._on_notify)
             self._subscribed = True
@@ -184,7 +183,7 @@ class Inbox:
 
     @property
     def listening(self) -> bool:
-        return bool(self.listener is not None and getattr(self.listener, "available", False))
+        return self.listener is not None and self.listener.available
 
     def _on_notify(self, payload: str) -> None:
         """On the listener thread: only wake the hub (quick, never blocks)."""

@@ -28,6 +28,8 @@ DEC-SCHEMA): the migration's transaction has ``search_path`` set to that schema 
   ``coalesce(not_before, trigger_at)``: its trigger_at when nothing holds it.
 - ``notifications`` (with ``stream_seq`` from ``notification_stream_seq``, the inbox stream's
   order, given after commit), ``dedup_keys``, ``deliveries``, ``participant_preferences``.
+  ``deliveries`` is the delivery log and the outbox (DEC-OUTBOX): a channel with a ``Sender``
+  writes its row ``queued``; the worker finds due rows by ``ix_deliveries_due``.
 - ``scheduler_maintenance`` (when retention last ran), ``scheduler_replicas`` (heartbeats),
   ``operator_actions`` and ``operator_action_events`` (the audit trail), ``web_sessions`` (the
   console's and the inbox page's sessions; only the SHA-256 of a session id is stored).
@@ -234,6 +236,21 @@ def upgrade() -> None:
         sa.Column("status", sa.String(16), nullable=False),
         sa.Column("detail", sa.Text(), nullable=True),
         sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+        # the outbox (DEC-OUTBOX, OUTBOX-*): a row of a channel with a Sender is written
+        # ``queued`` with its idempotency key and message; the delivery worker claims it when
+        # ``next_attempt_at`` has come and no live lease holds it, and records each attempt
+        sa.Column("idempotency_key", sa.Text(), nullable=True),
+        sa.Column("message", postgresql.JSONB(), nullable=True),
+        sa.Column("attempts", sa.Integer(), server_default=sa.text("0"), nullable=False),
+        sa.Column("next_attempt_at", sa.DateTime(timezone=True), nullable=True),
+        sa.Column("lease_until", sa.DateTime(timezone=True), nullable=True),
+        sa.Column("leased_by", sa.String(64), nullable=True),
+        sa.Column("last_error", sa.Text(), nullable=True),
+        sa.Column("last_delay_seconds", sa.Float(), nullable=True),
+        sa.Column("delivered_at", sa.DateTime(timezone=True), nullable=True),
+        sa.Column("provider_status", sa.Integer(), nullable=True),
+        sa.Column("provider_answer", sa.Text(), nullable=True),
+        sa.Column("updated_at", sa.DateTime(timezone=True), nullable=True),
         sa.ForeignKeyConstraint(["notification_id"], ["notifications.id"],
                                 name="fk_deliveries_notification_id_notifications", ondelete="CASCADE"),
         sa.PrimaryKeyConstraint("id", name="pk_deliveries"),
@@ -241,6 +258,12 @@ def upgrade() -> None:
     op.create_index("ix_deliveries_notification_id", "deliveries", ["notification_id"])
     op.create_index("ix_deliveries_sent_by_user", "deliveries", ["user_id", "created_at"],
                     postgresql_where=sa.text("status = 'sent'"))
+    # the outbox's due rows, in the order the worker claims them (partial: delivered and
+    # undeliverable rows leave it)
+    op.create_index("ix_deliveries_due", "deliveries", ["next_attempt_at", "id"],
+                    postgresql_where=sa.text("status IN ('queued', 'retrying')"))
+    op.create_index("ix_deliveries_idempotency_key", "deliveries", ["idempotency_key"], unique=True,
+                    postgresql_where=sa.text("idempotency_key IS NOT NULL"))
     op.create_table(
         "participant_preferences",
         sa.Column("user_id", sa.String(200), nullable=False),

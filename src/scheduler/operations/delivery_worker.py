@@ -1,0 +1,236 @@
+"""The delivery worker (DEC-OUTBOX, OUTBOX-*): sends the outbox's rows, at least once.
+
+The decision writes a row of ``deliveries`` with status ``queued`` for every channel with a
+``Sender`` (the webhook, a host's own), in the transaction that records the notification; a
+rolled-back decision leaves none. Every replica runs one worker, an asyncio task beside the
+loop, off the loop's thread:
+
+- **claim** (``claim_due_deliveries``, a short transaction in a worker thread): up to the free
+  send slots of due rows, ``FOR UPDATE SKIP LOCKED``, each leased to this worker until
+  ``now + lease`` and its attempt counted. A worker that dies holding rows leaves them to
+  whichever worker claims after the lease: the send is repeated, with the same idempotency key.
+- **send** (``delivery.attempt``): at most ``concurrency`` sends in flight, each bounded by the
+  per-send timeout, never raising.
+- **record** (``delivery.record.record_attempt``, then ``record_delivery_attempts``):
+  ``delivered``, ``retrying`` with ``next_attempt_at`` after the backoff, or ``undeliverable``;
+  only while the lease is still this worker's for that attempt.
+
+Time is the injected clock's (the claim's ``:now``, the lease, the record); randomness an
+injected ``random.Random``. ``run_once`` is one claim, its sends and their records (what a
+test steps); ``run`` repeats it, and between claims waits for a free slot, a wake-up
+(``wake``: a committed batch queued rows) or ``idle_seconds``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+import anyio.to_thread
+from anyio import CapacityLimiter
+
+from scheduler.database.database import Database
+from scheduler.delivery.attempt import attempt
+from scheduler.delivery.backoff import RetryPolicy
+from scheduler.delivery.record import AttemptRecord, record_attempt
+from scheduler.types import Clock, OutboundDelivery, Sender, SendResult, Undeliverable
+
+logger = logging.getLogger(__name__)
+
+IDLE_SECONDS = 1.0  # how long an idle worker waits before it looks again (other replicas' rows)
+
+
+def lease_seconds_for(timeout: float) -> float:
+    """The lease a claim takes: long past one send's timeout, so a live worker records before
+    another may take the row over (DEC-OUTBOX)."""
+    return max(30.0, 3.0 * timeout)
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """One leased outbox row: the delivery as its sender gets it, and what recording needs."""
+
+    delivery: OutboundDelivery
+    previous_delay: float | None
+    triggered_at: datetime
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """What one attempt became, for the worker's observers (metrics)."""
+
+    claimed: Claimed
+    result: SendResult
+    record: AttemptRecord
+    at: datetime
+    kept: bool  # False when the lease had passed to another worker: nothing was written
+
+
+Observer = Callable[[list[Recorded]], None]
+
+
+class DeliveryWorker:
+    """One replica's delivery worker (see the module)."""
+
+    def __init__(self, database: Database, senders: Mapping[str, Sender], clock: Clock, *,
+                 policy: RetryPolicy, concurrency: int, timeout: float, rng: random.Random | None = None,
+                 lease_seconds: float | None = None, idle_seconds: float = IDLE_SECONDS,
+                 worker_id: str | None = None) -> None:
+        if concurrency < 1:
+            raise ValueError(f"at least one send at a time, got {concurrency}")
+        self.database = database
+        self.senders = dict(senders)
+        self.clock = clock
+        self.policy = policy
+        self.concurrency = concurrency
+        self.timeout = timeout
+        self.rng = rng or random.Random()
+        self.lease = timedelta(seconds=lease_seconds if lease_seconds is not None else lease_seconds_for(timeout))
+        self.idle_seconds = idle_seconds
+        self.worker_id = worker_id or f"worker-{uuid.uuid4().hex[:12]}"
+        self.observers: list[Observer] = []
+        self._limiter = CapacityLimiter(2)  # the worker's own threads for its statements
+        self._wake: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._inflight: set[asyncio.Task[None]] = set()
+
+    # -- the steps ------------------------------------------------------------------------
+
+    def claim(self, limit: int) -> list[Claimed]:
+        """Lease up to ``limit`` due rows (synchronous: one short transaction)."""
+        now = self.clock.now()
+        with self.database.begin() as session:
+            found = self.database.deliveries.claim_due(session, now=now, lease_until=now + self.lease,
+                                                       worker=self.worker_id, limit=limit)
+        return [_claimed(row) for row in found]
+
+    async def attempt_one(self, claimed: Claimed) -> SendResult:
+        """One attempt through the row's channel (a channel without a sender is undeliverable)."""
+        sender = self.senders.get(claimed.delivery.channel)
+        if sender is None:
+            return Undeliverable(reason=f"no sender for the channel {claimed.delivery.channel!r}")
+        return await attempt(sender, claimed.delivery, timeout=self.timeout)
+
+    def record(self, outcomes: list[tuple[Claimed, SendResult]]) -> list[Recorded]:
+        """Record each attempt's result in one statement (synchronous)."""
+        if not outcomes:
+            return []
+        now = self.clock.now()
+        records = [(claimed, result, record_attempt(result, attempt=claimed.delivery.attempt, now=now,
+                                                    policy=self.policy, rng=self.rng,
+                                                    previous_delay=claimed.previous_delay))
+                   for claimed, result in outcomes]
+        document = [_record_json(claimed.delivery.delivery_id, record, now) for claimed, _, record in records]
+        with self.database.begin() as session:
+            kept = self.database.deliveries.record_attempts(session, document, worker=self.worker_id)
+        recorded = [Recorded(c, r, rec, now, c.delivery.delivery_id in kept) for c, r, rec in records]
+        for observer in self.observers:
+            try:
+                observer(recorded)
+            except Exception:
+                logger.exception("delivery worker %s: an observer failed", self.worker_id)
+        return recorded
+
+    async def run_once(self, limit: int | None = None) -> list[Recorded]:
+        """One claim (up to ``limit``, by default the concurrency), every send at once, one record."""
+        claimed = await self._thread(self.claim, limit or self.concurrency)
+        if not claimed:
+            return []
+        results = await asyncio.gather(*(self.attempt_one(c) for c in claimed))
+        recorded: list[Recorded] = await self._thread(self.record, list(zip(claimed, results, strict=True)))
+        return recorded
+
+    # -- the task ---------------------------------------------------------------------------
+
+    def wake(self) -> None:
+        """Look for due rows now (thread-safe: a committed batch queued some)."""
+        loop, event = self._loop, self._wake
+        if loop is not None and event is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(event.set)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Claim, send and record until ``stop`` is set; then cancel the sends in flight (their
+        leases run out and another claim sends them again, with the same keys)."""
+        self._loop = asyncio.get_running_loop()
+        self._wake = asyncio.Event()
+        try:
+            while not stop.is_set():
+                free = self.concurrency - len(self._inflight)
+                claimed: list[Claimed] = []
+                if free > 0:
+                    try:
+                        claimed = await self._thread(self.claim, free)
+                    except Exception:
+                        logger.exception("delivery worker %s: claim failed; trying again", self.worker_id)
+                for one in claimed:
+                    task = asyncio.create_task(self._one(one), name=f"delivery-{one.delivery.delivery_id}")
+                    self._inflight.add(task)
+                    task.add_done_callback(self._inflight.discard)
+                if claimed and len(claimed) == free:
+                    await self._wait_for_slot(stop)
+                elif not claimed:
+                    await self._idle(stop)
+        finally:
+            for task in list(self._inflight):
+                task.cancel()
+            if self._inflight:
+                await asyncio.gather(*self._inflight, return_exceptions=True)
+            self._wake = None
+
+    async def _one(self, claimed: Claimed) -> None:
+        result = await self.attempt_one(claimed)
+        try:
+            await self._thread(self.record, [(claimed, result)])
+        except Exception:
+            # the lease runs out and the row is sent again: at least once, never lost
+            logger.exception("delivery worker %s: recording delivery %s failed", self.worker_id,
+                             claimed.delivery.delivery_id)
+
+    async def _wait_for_slot(self, stop: asyncio.Event) -> None:
+        stopped = asyncio.ensure_future(stop.wait())
+        await asyncio.wait([*self._inflight, stopped], return_when=asyncio.FIRST_COMPLETED)
+        stopped.cancel()
+
+    async def _idle(self, stop: asyncio.Event) -> None:
+        assert self._wake is not None
+        waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self._wake.wait())]
+        _, pending = await asyncio.wait([*waits, *self._inflight], timeout=self.idle_seconds,
+                                        return_when=asyncio.FIRST_COMPLETED)
+        for future in waits:
+            if future in pending:
+                future.cancel()
+        self._wake.clear()
+
+    async def _thread(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return await anyio.to_thread.run_sync(fn, *args, limiter=self._limiter)
+
+
+def _claimed(row: Mapping[str, Any]) -> Claimed:
+    message = row["message"] or {}
+    created = message.get("created_at")
+    delivery = OutboundDelivery(
+        delivery_id=str(row["id"]), idempotency_key=row["idempotency_key"], channel=row["channel"],
+        notification_id=row["notification_id"], user_id=row["user_id"],
+        community_id=message.get("community_id"), kind=message.get("kind", ""),
+        title=message.get("title", ""), body=message.get("body", ""),
+        created_at=datetime.fromisoformat(created) if isinstance(created, str) else row["created_at"],
+        attempt=int(row["attempts"]),
+    )
+    return Claimed(delivery, row["last_delay_seconds"], row["triggered_at"])
+
+
+def _record_json(delivery_id: str, record: AttemptRecord, now: datetime) -> dict[str, Any]:
+    def iso(value: datetime | None) -> str | None:
+        return value.isoformat() if value is not None else None
+
+    return {"id": delivery_id, "status": str(record.status), "attempts": record.attempts,
+            "next_attempt_at": iso(record.next_attempt_at), "last_error": record.last_error,
+            "delay_seconds": record.delay_seconds, "delivered_at": iso(record.delivered_at),
+            "provider_status": record.provider_status, "provider_answer": record.provider_answer,
+            "at": iso(now)}
