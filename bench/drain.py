@@ -156,7 +156,8 @@ def _raw_same_worker(url: str, kind: str, batch: int, barrier: Barrier, out: Any
                 if rows:
                     conn.execute("SAVEPOINT bench_checkpoint")
                     conn.execute(record, {"ids": [row[0] for row in rows], "statuses": ["dispatched"] * len(rows),
-                                          "errors": [None] * len(rows), "times": [NOW] * len(rows)})
+                                          "errors": [None] * len(rows), "times": [NOW] * len(rows),
+                                          "not_befores": [None] * len(rows)})
                     conn.execute("RELEASE SAVEPOINT bench_checkpoint")
             done += len(rows)
             if not rows:

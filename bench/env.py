@@ -113,12 +113,15 @@ def bench_engine(url: str, **kwargs: Any) -> Engine:
     return make_engine(url, Settings(statement_timeout_ms=600_000, lock_timeout_ms=0, idle_in_transaction_timeout_ms=0), **kwargs)
 
 
-def load_events(engine: Engine, *, pending: int, terminal: int = 0, prefix: str = "user-") -> None:
-    """Bulk-load due pending rows (and older terminal rows), then ANALYZE."""
+def load_events(engine: Engine, *, pending: int, terminal: int = 0, prefix: str = "user-", held: int = 0) -> None:
+    """Bulk-load due pending rows (and older terminal rows, and pending rows ``held`` in quiet
+    hours until after ``NOW``), then ANALYZE."""
     params: Mapping[str, Any] = {"now": NOW, "day": DAY, "prefix": prefix}
     with engine.begin() as conn:
         if terminal:
             conn.execute(bench_sql("load_terminal_events"), {**params, "count": terminal})
+        if held:
+            conn.execute(bench_sql("load_held_events"), {**params, "count": held})
         if pending:
             conn.execute(bench_sql("load_pending_events"), {**params, "count": pending})
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:

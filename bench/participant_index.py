@@ -58,7 +58,7 @@ def measure(conn: Connection) -> dict[str, dict[str, float]]:
                         "now": NOW, "traceparent": None, "expires_at": None}))
                     times[kind]["outcome"].append(_timed(conn, "record_outcomes", {
                         "ids": ids, "statuses": ["dispatched"] * len(ids), "errors": [None] * len(ids),
-                        "times": [NOW] * len(ids)}))
+                        "times": [NOW] * len(ids), "not_befores": [None] * len(ids)}))
                 transaction.rollback()  # the index is back
     return {kind: {what: statistics.median(v) for what, v in t.items()} for kind, t in times.items()}
 

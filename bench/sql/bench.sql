@@ -26,6 +26,18 @@ SELECT gen_random_uuid()::text, 'commitment', :prefix || g, 'bench-community', N
        'pending', CAST(:now AS timestamptz) - interval '1 day', CAST(:now AS timestamptz) - interval '1 day'
 FROM generate_series(1, :count) AS g;
 
+-- name: load_held_events
+-- :count pending rows held in their participants' quiet hours (QUIET-2): due long before the due rows by trigger_at, held until eight hours after :now (not_before), so a claim ordered by trigger_at would read every one of them first.
+INSERT INTO scheduler.scheduled_events (id, event_type, user_id, community_id, external_key, trigger_at,
+                              not_before, facts, status, created_at, updated_at)
+SELECT gen_random_uuid()::text, 'commitment', 'held-' || g, 'bench-community', NULL,
+       CAST(:now AS timestamptz) - interval '2 hours' + g * interval '1 millisecond',
+       CAST(:now AS timestamptz) + interval '8 hours' + g * interval '1 millisecond',
+       jsonb_build_object('facts_version', '1', 'scenario', 'commitment_reminder',
+                          'commitment', 'run the dishwasher at noon', 'date', CAST(:day AS text)),
+       'pending', CAST(:now AS timestamptz) - interval '1 day', CAST(:now AS timestamptz) - interval '1 day'
+FROM generate_series(1, :count) AS g;
+
 -- name: count_pending
 -- Rows still pending (the drain is over when this reaches zero).
 SELECT count(*) FROM scheduler.scheduled_events WHERE status = 'pending';

@@ -65,6 +65,9 @@ class DispatchOutcome(StrEnum):
     NO_RULE_TRIGGERED = "no_rule_triggered"  # the rules ran and wanted nothing
     NO_RULE_FOR_SCENARIO = "no_rule_for_scenario"  # refused: no enabled rule claims it
     INVALID_EVENT = "invalid_event"  # refused: the facts, time scope or templates do not fit
+    # held: its participant is in quiet hours; nothing decided or written until ``not_before``
+    # (QUIET-2, DEC-LOCAL-TIME): a scheduled row stays pending, a live event becomes one
+    DEFERRED = "deferred"
 
     @property
     def refused(self) -> bool:
@@ -155,6 +158,8 @@ class DispatchResult:
 
     ``refusal`` (the text a scheduled row keeps in ``last_error``) is set exactly when
     ``outcome.refused``: the event is the sender's fault, and a scheduled event ends ``failed``.
+    ``not_before`` is set exactly when ``outcome`` is ``DEFERRED``: the instant (UTC) the
+    participant's quiet hours end, when the event is decided again (QUIET-2).
     """
 
     outcome: DispatchOutcome
@@ -162,6 +167,7 @@ class DispatchResult:
     detail: Any = None
     notifications: list[JSONObject] = field(default_factory=list)
     outbound: list[OutboundMessage] = field(default_factory=list)
+    not_before: datetime | None = None
 
 
 @runtime_checkable
@@ -288,6 +294,8 @@ class ClaimedEvent:
     trigger_at: datetime
     facts: dict[str, Any]
     traceparent: str | None = None  # the storing request's trace context (observability)
+    # held in quiet hours until this instant by an earlier claim (QUIET-2): when it was due
+    not_before: datetime | None = None
 
     def as_event(self) -> DigitalTwinEvent:
         """The stored facts become a DigitalTwinEvent, exactly as a live event would (REQ-0066)."""
@@ -305,23 +313,42 @@ class EventOutcome:
     """What one claimed event became, with what metrics need (its type and lateness)."""
 
     id: str
-    status: EventStatus  # dispatched or failed; expired for a row the claim ended (EXP-2)
+    status: EventStatus  # dispatched or failed; expired for a row the claim ended (EXP-2);
+    # pending for a row held in its participant's quiet hours until ``not_before`` (QUIET-2)
     error: str | None = None
     event_type: str = ""
     trigger_at: datetime | None = None
     finished_at: datetime | None = None  # the injected clock's time of the outcome
+    not_before: datetime | None = None  # a held row's: when it is due again (or was, once dispatched)
 
     @property
     def lateness(self) -> timedelta | None:
-        """``dispatched_at - trigger_at`` for a dispatched event (the user's measure)."""
+        """``dispatched_at - due_at`` for a dispatched event (the user's measure): from its
+        trigger_at, or from the end of the quiet hours that held it (QUIET-3)."""
         if self.status != EventStatus.DISPATCHED or self.trigger_at is None or self.finished_at is None:
             return None
-        return self.finished_at - self.trigger_at
+        return self.finished_at - (self.not_before or self.trigger_at)
 
     @classmethod
     def dispatched(cls, event: ClaimedEvent, now: datetime) -> EventOutcome:
-        """The outcome of an event its dispatcher ran through."""
-        return cls(event.id, EventStatus.DISPATCHED, None, event.event_type, event.trigger_at, now)
+        """The outcome of an event its dispatcher ran through (its row keeps its not_before)."""
+        return cls(event.id, EventStatus.DISPATCHED, None, event.event_type, event.trigger_at, now, event.not_before)
+
+    @classmethod
+    def deferred(cls, event: ClaimedEvent, not_before: datetime, now: datetime) -> EventOutcome:
+        """A row held in its participant's quiet hours: still pending, due again at ``not_before``
+        (QUIET-2); nothing else it would have written is."""
+        return cls(event.id, EventStatus.PENDING, None, event.event_type, event.trigger_at, now, not_before)
+
+    @classmethod
+    def decided(cls, event: ClaimedEvent, result: DispatchResult, now: datetime) -> EventOutcome:
+        """What a result the dispatcher handed back makes of its row: failed with a refusal,
+        held when deferred, else dispatched."""
+        if result.refusal is not None:
+            return cls.failed(event, result.refusal, now)
+        if result.outcome is DispatchOutcome.DEFERRED and result.not_before is not None:
+            return cls.deferred(event, result.not_before, now)
+        return cls.dispatched(event, now)
 
     @classmethod
     def failed(cls, event: ClaimedEvent, error: str, now: datetime) -> EventOutcome:
@@ -352,6 +379,11 @@ class PollReport:
     @property
     def failed(self) -> int:
         return sum(o.status == EventStatus.FAILED for o in self.outcomes)
+
+    @property
+    def held(self) -> int:
+        """Rows held in their participants' quiet hours, pending until their not_before (QUIET-2)."""
+        return sum(o.status == EventStatus.PENDING for o in self.outcomes)
 
 
 # -- what a dispatcher must be and return, checked where it is handed in and called ---------

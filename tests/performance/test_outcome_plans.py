@@ -66,7 +66,7 @@ def test_the_set_based_writes_outcomes_reach_their_rows_by_primary_key(engine: E
     with engine.connect() as conn:
         scans = plan_of(conn, "write_batch_decisions",
                         {"batch": json.dumps(document), "ids": claimed, "statuses": ["dispatched"] * BATCH,
-                         "errors": [None] * BATCH, "times": [NOW] * BATCH})
+                         "errors": [None] * BATCH, "times": [NOW] * BATCH, "not_befores": [None] * BATCH})
     assert scans and all(s.endswith("on pk_scheduled_events") for s in scans), scans
 
 
@@ -76,5 +76,6 @@ def test_the_recorded_outcomes_reach_their_rows_by_primary_key(engine: Engine, c
     its twenty rows through the primary key among thousands."""
     with engine.connect() as conn:
         scans = plan_of(conn, "record_outcomes", {"ids": claimed, "statuses": ["dispatched"] * BATCH,
-                                                   "errors": [None] * BATCH, "times": [NOW] * BATCH})
+                                                   "errors": [None] * BATCH, "times": [NOW] * BATCH,
+                                                   "not_befores": [None] * BATCH})
     assert scans and all(s.endswith("on pk_scheduled_events") for s in scans), scans

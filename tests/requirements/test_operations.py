@@ -48,7 +48,7 @@ from tests.helpers import FakeDispatcher, event_body, event_row, post_event, rem
 def test_every_command_explains_itself_with_help(capsys: pytest.CaptureFixture[str]) -> None:
     """OPS-1: --help works on the program and on every command and action."""
     commands = [[], ["serve"], ["migrate"], ["token"], ["events"], ["events", "list"], ["events", "reset"], ["events", "show"],
-                ["rules"], ["rules", "list"]]
+                ["rules"], ["rules", "list"], ["participants"], ["participants", "preferences"]]
     for words in commands:
         with pytest.raises(SystemExit) as done:
             build_parser().parse_args([*words, "--help"])

@@ -121,8 +121,8 @@ def test_a_statement_edited_past_one_variants_regex_fails_that_variant_alone(mon
 def test_a_claim_only_rewrite_still_fails_when_the_claim_it_targets_changes_at_run_time() -> None:
     """SIM-9: the run-time half of the guard: a claim-only rewrite that no longer matches the
     claim statement it is sent raises instead of passing the statement through unchanged."""
-    rewrite = Replace(r"ORDER BY trigger_at, id", "ORDER BY id").build()
+    rewrite = Replace(r"ORDER BY due_at, id", "ORDER BY id").build()
     claim = load_queries()["claim_due_events"].sql
     assert "ORDER BY id" in rewrite(claim, {})[0]
     with pytest.raises(VariantNoLongerApplies, match="not in the claim statement"):
-        rewrite(claim.replace("ORDER BY trigger_at, id", "ORDER BY trigger_at"), {})
+        rewrite(claim.replace("ORDER BY due_at, id", "ORDER BY due_at"), {})

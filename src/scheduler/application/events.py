@@ -206,6 +206,7 @@ class EventRecord:
     updated_at: datetime
     dispatched_at: datetime | None
     expires_at: datetime | None = None  # claimed after it, the row ends expired (EXP-2)
+    not_before: datetime | None = None  # held in quiet hours until it (QUIET-2)
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any] | RowMapping) -> EventRecord:
@@ -216,6 +217,7 @@ class EventRecord:
             created_at=row["created_at"], updated_at=row["updated_at"], dispatched_at=row["dispatched_at"],
             # the console's page statements select fewer columns than the API's
             expires_at=row.get("expires_at"),
+            not_before=row.get("not_before"),
         )
 
     def as_json(self) -> dict[str, Any]:
@@ -252,7 +254,7 @@ def list_events(database: Database, query: EventQuery,
     next_cursor = None
     if more:
         last = found[-1]
-        next_cursor = Cursor(order, last["trigger_at"] if order is EventOrder.DUE else last["updated_at"], last["id"])
+        next_cursor = Cursor(order, last["due_at"] if order is EventOrder.DUE else last["updated_at"], last["id"])
     rows = [event_to_json(r) for r in found] if order is EventOrder.CHANGED else [dict(r) for r in found]
     return EventPage(rows, next_cursor)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from scheduler.core import poll, store, store_batch
 from scheduler.core.expiry import ExpiryRefused, stored_expires_at
@@ -22,6 +22,7 @@ from scheduler.database.database import Database
 from scheduler.types import (
     DigitalTwinEvent,
     Dispatcher,
+    DispatchOutcome,
     DispatchResult,
     NotADispatchResult,
     checked_result,
@@ -48,11 +49,16 @@ publish_committed = poll.publish_committed
 
 def dispatch_live(database: Database, dispatcher: Dispatcher, event: DigitalTwinEvent,
                   now: datetime, *, dispatched: Callable[[DispatchResult], None] = lambda result: None,
+                  default_expiry: timedelta | None = None, traceparent: str | None = None,
                   ) -> DispatchResult:
     """Send a live event through the dispatch path now, in one transaction: committed with its
     notifications, or rolled back when a rule refused it. ``dispatched`` is told the result
     first (the live dispatch's span). A dispatcher that breaks its contract is a
-    ``NotADispatchResult`` (the host's bug, logged here), after a rollback."""
+    ``NotADispatchResult`` (the host's bug, logged here), after a rollback.
+
+    An event its participant's quiet hours hold (``DEFERRED``) is stored, in the same
+    transaction, as a scheduled row due at ``not_before`` with ``default_expiry``'s window
+    (QUIET-7: one path, REQ-0066); the result's ``detail`` is that row as the API shows it."""
     with database() as session:
         try:
             result = checked_result(dispatcher(session, event, now))
@@ -65,6 +71,10 @@ def dispatch_live(database: Database, dispatcher: Dispatcher, event: DigitalTwin
         if result.refusal is not None:
             session.rollback()
             return result
+        if result.outcome is DispatchOutcome.DEFERRED and result.not_before is not None:
+            result.detail = store.store_held_live_event(session, database.events, event, now=now,
+                                                        not_before=result.not_before,
+                                                        default_expiry=default_expiry, traceparent=traceparent)
         session.commit()
     return result
 

@@ -27,6 +27,7 @@ from scheduler.cli.events import (
     cmd_rules_list,
 )
 from scheduler.cli.events_import import add_import_parser
+from scheduler.cli.participants import add_participants_parser
 from scheduler.cli.serve import cmd_migrate, cmd_serve, cmd_token
 from scheduler.cli.terminal import terminal_safe
 from scheduler.cli.vapid import cmd_vapid_keys
@@ -174,6 +175,8 @@ def build_parser() -> argparse.ArgumentParser:
     ev_history.add_argument("id", type=text_argument, help="the scheduled event's id")
     ev_history.add_argument("--json", action="store_true", help="print JSON")
     ev_history.set_defaults(func=cmd_events_history)
+
+    add_participants_parser(sub)
 
     rules = sub.add_parser("rules", help="the rule catalogue", description="Inspect the loaded rule catalogue.")
     rules_sub = rules.add_subparsers(dest="rules_command", required=True, metavar="ACTION")

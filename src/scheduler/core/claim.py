@@ -61,7 +61,8 @@ def claim_rounds(session: Session, now: datetime, batch_size: int,
         rows = [r for r in returned if not r["expired"]]
         if not rows:
             break
-        after = (rows[-1]["trigger_at"], rows[-1]["id"])
+        # the keyset is the claim's order: due_at (trigger_at, or a held row's not_before)
+        after = (rows[-1]["due_at"], rows[-1]["id"])
         # the statement try-locked each participant once: remember those it got, so that
         # the events' decisions ask for none of them (participant_locks.locks_to_take)
         remember_participant_locks(session, {participant_lock_key(r["user_id"]) for r in rows if r["held"]})
@@ -81,6 +82,7 @@ def claim_rounds(session: Session, now: datetime, batch_size: int,
                     trigger_at=r["trigger_at"],
                     facts=dict(r["facts"]),
                     traceparent=r["traceparent"],
+                    not_before=r["not_before"],
                 )
             )
         # Fewer rows than asked: nothing more is due. None skipped: the batch is full.

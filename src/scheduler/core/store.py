@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Mapping, Sequence
-from datetime import datetime, timedelta
+from datetime import datetime, time, timedelta
 from typing import Any
 
 from sqlalchemy import RowMapping
@@ -25,10 +25,11 @@ from scheduler.core.trigger_range import check_trigger_at
 from scheduler.database.database import Database
 from scheduler.database.events import EventRepository
 from scheduler.database.rows import row_as_json
+from scheduler.types import DigitalTwinEvent
 
 EVENT_COLUMNS = (
     "id", "event_type", "user_id", "community_id", "external_key", "trigger_at", "expires_at", "facts",
-    "status", "last_error", "created_at", "updated_at", "dispatched_at",
+    "status", "last_error", "created_at", "updated_at", "dispatched_at", "not_before",
 )
 
 
@@ -128,6 +129,21 @@ def _store_in(session: Session, events: EventRepository, params: dict[str, Any],
     return events.store(session, params, by_key=params["external_key"] is not None)
 
 
+def store_held_live_event(session: Session, events: EventRepository, event: DigitalTwinEvent, *, now: datetime,
+                          not_before: datetime, default_expiry: timedelta | None = None,
+                          traceparent: str | None = None) -> dict[str, Any]:
+    """In the live dispatch's transaction, store a live event its participant's quiet hours
+    held as a scheduled row: ``trigger_at`` its arrival (``now``), due at ``not_before``, the
+    same facts, the service's default expiry window (QUIET-7); the row as the API shows it."""
+    params = {
+        "id": str(uuid.uuid4()), "event_type": event.event_type, "user_id": event.user_id,
+        "community_id": event.community_id, "expires_at": stored_expires_at(now, None, default_expiry),
+        "facts": json.dumps(dict(event.facts)), "now": now, "traceparent": traceparent, "not_before": not_before,
+    }
+    events.set_change_context(session, "held", None)
+    return event_to_json(events.store_held(session, params))
+
+
 def list_notifications(
     database: Database, *, user_id: str | None, status: str | None, limit: int
 ) -> list[dict[str, Any]]:
@@ -152,8 +168,22 @@ def set_preferences(
     enabled_kinds: Sequence[str] | None,
     max_per_day: int,
     now: datetime,
+    time_zone: str | None = None,
+    quiet_start: time | None = None,
+    quiet_end: time | None = None,
 ) -> dict[str, Any]:
+    """Set a participant's preferences (the stored row, its columns); a change of their zone or
+    quiet hours releases their held rows (``not_before`` cleared: each is decided again at the
+    next claim, QUIET-5)."""
     with database.begin() as session:
         row = database.decisions.set_preferences(session, user_id, enabled_kinds=enabled_kinds,
-                                                 max_per_day=max_per_day, now=now)
+                                                 max_per_day=max_per_day, now=now, time_zone=time_zone,
+                                                 quiet_start=quiet_start, quiet_end=quiet_end)
         return row_as_json(row)
+
+
+def get_preferences(database: Database, user_id: str) -> dict[str, Any] | None:
+    """A participant's stored preferences row (its columns), ``None`` when none was set."""
+    with database.begin() as session:
+        row = database.decisions.get_preferences(session, user_id)
+        return None if row is None else row_as_json(row)

@@ -152,6 +152,8 @@ def outcome_parameters(outcomes: Sequence[EventOutcome]) -> dict[str, list[Any]]
         "statuses": [o.status for o in outcomes],
         "errors": [o.error for o in outcomes],
         "times": [o.finished_at for o in outcomes],
+        # a held row's end of quiet hours (QUIET-2); None keeps the row's own
+        "not_befores": [o.not_before for o in outcomes],
     }
 
 
@@ -190,7 +192,7 @@ def dispatch_once(session: Session, dispatcher: Dispatcher, event: ClaimedEvent,
         return EventOutcome.failed(event, result.refusal, now), ()
     if not pipeline.withdraw(session, savepoint):
         pipeline.defer(session, pipeline.command(f"RELEASE SAVEPOINT {EVENT_SAVEPOINT}"))
-    return EventOutcome.dispatched(event, now), tuple(result.outbound)
+    return EventOutcome.decided(event, result, now), tuple(result.outbound)
 
 
 def _undo_event(session: Session, savepoint: pipeline.Step) -> None:
@@ -251,7 +253,7 @@ class OptimisticBatch(SavepointPerEvent):
             first_error = error_text(exc)
         else:
             if result.refusal is None:
-                done = EventOutcome.dispatched(event, now), tuple(result.outbound)
+                done = EventOutcome.decided(event, result, now), tuple(result.outbound)
                 self._since.append(done)
                 return Ran(position, (done,))
             first_error = result.refusal
@@ -344,7 +346,7 @@ class SetBasedBatch:
                 elif result.refusal is not None:
                     planned.append((EventOutcome.failed(event, result.refusal, now), ()))
                 else:
-                    planned.append((EventOutcome.dispatched(event, now), tuple(result.outbound)))
+                    planned.append((EventOutcome.decided(event, result, now), tuple(result.outbound)))
             write = decisions.write_statement(outcome_parameters([o for o, _ in planned]))
         except Exception as exc:
             if connection_lost(exc):

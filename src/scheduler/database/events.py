@@ -50,6 +50,11 @@ class EventRepository(Repository):
         name = "upsert_event_by_key" if by_key else "insert_event"
         return dict(session.execute(self.statements[name], dict(params)).mappings().one())
 
+    def store_held(self, session: Session, params: Mapping[str, Any]) -> dict[str, Any]:
+        """Store a live event its participant's quiet hours held, as a scheduled row due at
+        ``not_before`` (``insert_held_event``, QUIET-7); the row as stored."""
+        return dict(session.execute(self.statements["insert_held_event"], params).mappings().one())
+
     def store_many(self, session: Session, *, items: str, now: datetime,
                    traceparent: str | None) -> list[dict[str, Any]]:
         """Store the JSON array ``items`` in one statement (``store_events_batch``); the rows,

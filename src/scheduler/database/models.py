@@ -7,12 +7,13 @@ configured with another (``SCHEDULER_DATABASE_SCHEMA``) maps it with SQLAlchemy'
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, time
 from typing import Any
 
 from sqlalchemy import (
     BigInteger,
     CheckConstraint,
+    Computed,
     DateTime,
     Float,
     ForeignKey,
@@ -22,6 +23,7 @@ from sqlalchemy import (
     MetaData,
     String,
     Text,
+    Time,
     text,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
@@ -54,11 +56,14 @@ class ScheduledEvent(Base):
         CheckConstraint("status IN ('pending', 'dispatched', 'failed', 'cancelled', 'expired')", name="status"),
         # an expiry is an instant after the trigger (EXP-1)
         CheckConstraint("expires_at IS NULL OR expires_at > trigger_at", name="expiry_after_trigger"),
-        # The claim reads only pending rows in (trigger_at, id) order; a partial index keeps
-        # its cost independent of how many dispatched and failed rows pile up.
+        # a hold ends after the trigger: it is decided at a claim, at or after trigger_at (QUIET-2)
+        CheckConstraint("not_before IS NULL OR not_before > trigger_at", name="not_before_after_trigger"),
+        # The claim reads only pending rows in (due_at, id) order; a partial index keeps
+        # its cost independent of how many dispatched and failed rows pile up, and a row
+        # held in quiet hours sits at its not_before, past every row due before it (PERF-HELD).
         Index(
             "ix_scheduled_events_pending_due",
-            "trigger_at",
+            "due_at",
             "id",
             postgresql_where=text("status = 'pending'"),
         ),
@@ -110,6 +115,12 @@ class ScheduledEvent(Base):
     # The W3C traceparent of the request that stored the row (TRACE-1): the dispatch
     # span links to it. Never shown by the API; NULL when the request carried none.
     traceparent: Mapped[str | None] = mapped_column(String(TRACEPARENT_LENGTH))
+    # Held in its participant's quiet hours until this instant, still pending (QUIET-2,
+    # DEC-LOCAL-TIME); kept after the dispatch, cleared by a reset and a re-post by key.
+    not_before: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # When the claim takes it: not_before when held, else trigger_at (generated, never written).
+    due_at: Mapped[datetime | None] = mapped_column(
+        DateTime(timezone=True), Computed("coalesce(not_before, trigger_at)", persisted=True))
 
 
 class Notification(Base):
@@ -234,14 +245,23 @@ class Delivery(Base):
 
 
 class ParticipantPreference(Base):
-    """A participant's choices: which kinds they want (NULL: all) and their daily cap."""
+    """A participant's choices: which kinds they want (NULL: all), their daily cap, their
+    time zone (NULL: UTC) and their quiet hours (both ends or neither, LOCAL-2)."""
 
     __tablename__ = "participant_preferences"
+    __table_args__ = (
+        CheckConstraint("(quiet_hours_start IS NULL) = (quiet_hours_end IS NULL)", name="quiet_hours_both"),
+        CheckConstraint("quiet_hours_start IS NULL OR quiet_hours_start <> quiet_hours_end",
+                        name="quiet_hours_differ"),
+    )
 
     user_id: Mapped[str] = mapped_column(String(NAME_LENGTH), primary_key=True)
     enabled_kinds: Mapped[list[str] | None] = mapped_column(ARRAY(Text))
     max_per_day: Mapped[int] = mapped_column(Integer, server_default=text("3"))
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    time_zone: Mapped[str | None] = mapped_column(Text)
+    quiet_hours_start: Mapped[time | None] = mapped_column(Time)
+    quiet_hours_end: Mapped[time | None] = mapped_column(Time)
 
 
 class SchedulerReplica(Base):

@@ -20,13 +20,15 @@ import json
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import datetime, time
 from typing import Any
 
 from sqlalchemy.orm import Session
 
 from scheduler.database.decisions import DecisionRepository
+from scheduler.nudging.local_time import LocalTimeError, QuietHours
 from scheduler.nudging.orchestrator import (
+    CAP_WINDOW,
     DEFAULT_PREFERENCES,
     DeliveryRow,
     Orchestrator,
@@ -35,7 +37,6 @@ from scheduler.nudging.orchestrator import (
     idempotency_key,
     notification_row,
     outbox_message,
-    utc_day,
 )
 from scheduler.nudging.rule_engine import Candidate, RuleRefusal, evaluate
 from scheduler.nudging.rules import Catalogue
@@ -80,8 +81,10 @@ class BatchState:
     rows they write. Changes are journaled so that an event can be undone (``Check``)."""
 
     preferences: dict[str, Preferences]
-    sent_today: dict[str, int]
+    sent_today: dict[str, int]  # sent notifications in each participant's own day (QUIET-4)
     keys: dict[str, KeyState]
+    # participants whose stored zone no longer loads: their events fail, alone (QUIET-6)
+    broken_zones: dict[str, Exception] = field(default_factory=dict)
     notifications: list[dict[str, Any]] = field(default_factory=list)
     deliveries: list[dict[str, Any]] = field(default_factory=list)
     _journal: list[tuple[dict[str, Any], str, Any]] = field(default_factory=list)
@@ -129,6 +132,14 @@ def decide_event(orchestrator: Orchestrator, state: BatchState, event: DigitalTw
         return candidates
     if not candidates:
         return DispatchResult(outcome=DispatchOutcome.NO_RULE_TRIGGERED)
+    broken = state.broken_zones.get(event.user_id)
+    if broken is not None:
+        return broken
+    # In quiet hours: held before deduplication, preferences and the cap, nothing written; it
+    # is decided afresh at not_before (QUIET-2, DEC-LOCAL-TIME)
+    not_before = state.preferences_of(event.user_id).hold_until(now)
+    if not_before is not None:
+        return DispatchResult(outcome=DispatchOutcome.DEFERRED, not_before=not_before)
     result = DispatchResult(outcome=DispatchOutcome.SUPPRESSED)
     duplicates = sum(_decide(orchestrator, state, result, event, candidate, key, now) for candidate, key in candidates)
     if result.outbound:
@@ -168,9 +179,10 @@ def _decide(orchestrator: Orchestrator, state: BatchState, result: DispatchResul
     if status == NotificationStatus.SENT:
         rows, outbound = orchestrator.deliver(notification, now)
         state.deliveries.extend(delivery_row(notification, r, now) for r in rows)
-        # the batch's own sent deliveries count for its later decisions about this participant
-        # (an outbox row never does: the cap counts what was decided, DEC-OUTBOX)
-        state.count_sent(event.user_id, sum(r.counts_as_sent for r in rows))
+        # the batch's own sent notification counts for its later decisions about this
+        # participant, as read_batch_limits counts the sent notifications (QUIET-4): the
+        # decision's own record, never a delivery's progress (DEC-OUTBOX)
+        state.count_sent(event.user_id, 1)
         result.outbound.extend(outbound)
     return False
 
@@ -203,7 +215,7 @@ class BatchDecisions:
         (``record_outcomes``'s arrays; none for a live event or the per-event path): every
         part as one JSON document whose array lengths are what was decided; the statement
         fails when it writes other rows than these."""
-        outcomes = outcomes or {"ids": [], "statuses": [], "errors": [], "times": []}
+        outcomes = outcomes or {"ids": [], "statuses": [], "errors": [], "times": [], "not_befores": []}
         keys = self.state.keys
         document = {
             "new_keys": [{"key": k, "notification_id": s.notification_id, "at": s.created_at,
@@ -218,6 +230,8 @@ class BatchDecisions:
         }
         # the outcomes are record_outcomes' own arrays, written by the same fragment (DEC-1.7)
         arrays = {name: list(outcomes[name]) for name in ("ids", "statuses", "errors", "times")}
+        # a held row's end of quiet hours (QUIET-2); None keeps the row's own
+        arrays["not_befores"] = list(outcomes.get("not_befores") or [None] * len(arrays["ids"]))
         return "write_batch_decisions", {"batch": json.dumps(document, default=_json_time), **arrays}
 
 
@@ -268,13 +282,23 @@ def read(session: Session, users: list[str], keys: list[str], now: datetime,
     hold yet (a live event's; the claim holds a batch's, DEC-2), in the same round trip."""
     if not users:
         return BatchState({}, {}, {})
-    day_start, day_end = utc_day(now)
-    row = decisions.read_limits(session, users, keys, day_start, day_end)
+    # every local day lies within CAP_WINDOW of now (LOCAL-5): the cap's day is counted below
+    row = decisions.read_limits(session, users, keys, now - CAP_WINDOW, now + CAP_WINDOW)
     preferences = {
-        str(user): Preferences(None if kinds is None else frozenset(kinds), int(cap))
-        for user, kinds, cap in row["preferences"]
+        str(user): Preferences(None if kinds is None else frozenset(kinds), int(cap), zone,
+                               None if start is None else QuietHours(time.fromisoformat(start), time.fromisoformat(end)))
+        for user, kinds, cap, zone, start, end in row["preferences"]
     }
-    sent_today = {users[int(n) - 1]: int(count) for n, count in row["sent_today"]}
-    taken = {str(key): KeyState(True, duplicate_notification_id=None if dup is None else str(dup))
-             for key, dup in row["taken_keys"]}
-    return BatchState(preferences, sent_today, taken)
+    state = BatchState(preferences, {}, {str(key): KeyState(True, duplicate_notification_id=None if dup is None else str(dup))
+                                          for key, dup in row["taken_keys"]})
+    for n, sent_at in row["sent_recently"]:
+        user = users[int(n) - 1]
+        try:
+            day_start, day_end = state.preferences_of(user).day(now)
+        except LocalTimeError as exc:
+            state.broken_zones[user] = exc
+            continue
+        # the participant's own day, in Python (zoneinfo's rules, DEC-LOCAL-TIME): every one of
+        # their days lies within CAP_WINDOW of now, so the window read holds it whole
+        state.sent_today[user] = sum(day_start <= datetime.fromisoformat(t) < day_end for t in sent_at)
+    return state

@@ -14,9 +14,15 @@ import inspect
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime, time, timedelta
+from datetime import UTC, datetime, time, timedelta, tzinfo
 from typing import Any, Protocol
 
+from scheduler.nudging.local_time import (
+    QuietHours,
+    local_day_bounds,
+    quiet_hours_end,
+    zone_or_default,
+)
 from scheduler.nudging.rule_engine import Candidate
 from scheduler.types import DigitalTwinEvent, NotificationStatus, OutboundMessage
 
@@ -25,16 +31,36 @@ DEFAULT_MAX_PER_DAY = 3
 
 @dataclass(frozen=True)
 class Preferences:
-    """A participant's enabled kinds (``None``: all) and daily cap."""
+    """A participant's enabled kinds (``None``: all), daily cap, time zone (its stored name,
+    ``None``: UTC) and quiet hours (``None``: none), DEC-LOCAL-TIME."""
 
     enabled_kinds: frozenset[str] | None
     max_per_day: int
+    time_zone: str | None = None
+    quiet_hours: QuietHours | None = None
 
     def allows(self, kind: str) -> bool:
         return self.enabled_kinds is None or kind in self.enabled_kinds
 
+    def zone(self) -> tzinfo:
+        """The participant's zone; a stored name the installed tz database no longer holds
+        raises ``LocalTimeError`` (that participant's events fail, alone: QUIET-6)."""
+        return zone_or_default(self.time_zone)
 
-# A participant without a preferences row: every kind enabled, the default cap.
+    def hold_until(self, now: datetime) -> datetime | None:
+        """When the quiet hours holding ``now`` end (the row's ``not_before``), or ``None``
+        when the participant is not in quiet hours at ``now`` (QUIET-2, LOCAL-4)."""
+        if self.quiet_hours is None:
+            return None
+        return quiet_hours_end(now, self.zone(), self.quiet_hours)
+
+    def day(self, now: datetime) -> tuple[datetime, datetime]:
+        """The participant's local calendar day holding ``now``: the window the daily cap
+        counts (QUIET-4, LOCAL-5); the UTC day for the default zone (DEC-4)."""
+        return local_day_bounds(now, self.zone())
+
+
+# A participant without a preferences row: every kind enabled, the default cap, UTC, no quiet hours.
 DEFAULT_PREFERENCES = Preferences(None, DEFAULT_MAX_PER_DAY)
 
 
@@ -45,22 +71,23 @@ def utc_day(now: datetime) -> tuple[datetime, datetime]:
     return start, start + timedelta(days=1)
 
 
+# Every local day lies within this much of each of its instants (LOCAL-5): the cap reads a
+# participant's sent notifications in [now - CAP_WINDOW, now + CAP_WINDOW) and counts those in
+# their day in Python (QUIET-4).
+CAP_WINDOW = timedelta(hours=48)
+
+
 @dataclass(frozen=True)
 class DeliveryRow:
-    """One row of the delivery log a channel writes for a sent notification. A row with
-    status ``sent`` counts against the participant's daily cap. An ``outbox`` row (a channel
-    with a ``Sender``, DEC-OUTBOX) is written ``queued`` instead, for the delivery worker to
-    send: it records the delivery's progress and never counts against the cap."""
+    """One row of the delivery log a channel writes for a sent notification. An ``outbox`` row
+    (a channel with a ``Sender``, DEC-OUTBOX) is written ``queued`` instead, for the delivery
+    worker to send: it records the delivery's progress. The daily cap counts sent
+    notifications (the decision's own record), not delivery rows (QUIET-4)."""
 
     channel: str
     status: NotificationStatus
     detail: str | None = None
     outbox: bool = False
-
-    @property
-    def counts_as_sent(self) -> bool:
-        """Whether the daily cap counts this row (``status = 'sent'`` in ``read_batch_limits``)."""
-        return self.status == NotificationStatus.SENT and not self.outbox
 
 
 @dataclass(frozen=True)

@@ -201,8 +201,9 @@ class Metrics:
                 lateness = outcome.lateness
                 if lateness is not None:
                     self.lateness.observe(max(lateness.total_seconds(), 0.0))
-            else:
+            elif outcome.status == EventStatus.FAILED:
                 self.failed.labels(label).inc()
+            # a row held in quiet hours (pending, QUIET-2) is neither: it is decided again later
         for ended in report.expired:  # never dispatched: no lateness observed (EXP-7)
             self.expired.labels(self._label(ended.event_type or "unknown")).inc()
 

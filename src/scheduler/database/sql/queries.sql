@@ -23,7 +23,7 @@ WITH outcomes AS MATERIALIZED (
     -- participant lock needed (their engine does not run); their outcome is expired at the
     -- claim's time, the moment it was claimed (the history trigger records it then), and
     -- last_error says how late
-    SELECT d.id, 'expired' AS status, CAST(:now AS timestamptz) AS at,
+    SELECT d.id, 'expired' AS status, CAST(:now AS timestamptz) AS at, CAST(NULL AS timestamptz) AS not_before,
            'expired: claimed ' || concat_ws(' ',
             CASE WHEN extract(day FROM d.late) > 0 THEN extract(day FROM d.late)::int || 'd' END,
             CASE WHEN extract(hour FROM d.late) > 0 THEN extract(hour FROM d.late)::int || 'h' END,
@@ -34,7 +34,8 @@ WITH outcomes AS MATERIALIZED (
            AS error
     FROM (
         -- ix_scheduled_events_pending_expiry holds exactly the pending rows with an expiry;
-        -- expires_at > trigger_at (a CHECK), so every one of these is due
+        -- expires_at > trigger_at (a CHECK), so every one of these is due; a row held in
+        -- quiet hours past its expires_at ends here too, never sent (DEC-LOCAL-TIME)
         SELECT id, expires_at, CAST(:now AS timestamptz) - expires_at AS late
         FROM scheduler.scheduled_events
         WHERE status = 'pending' AND expires_at < :now
@@ -49,27 +50,32 @@ WITH outcomes AS MATERIALIZED (
     -- the one write of a claimed row's outcome (DEC-1.7)
     {{write_outcomes}}
     RETURNING e.id, e.event_type, e.user_id, e.community_id, e.external_key, e.trigger_at, e.facts,
-              e.status, e.last_error, e.created_at, e.updated_at, e.dispatched_at, e.traceparent
+              e.status, e.last_error, e.created_at, e.updated_at, e.dispatched_at, e.traceparent,
+              e.not_before, e.due_at
 ), claimed AS MATERIALIZED (
     SELECT id, event_type, user_id, community_id, external_key, trigger_at, facts,
-           status, last_error, created_at, updated_at, dispatched_at, traceparent
+           status, last_error, created_at, updated_at, dispatched_at, traceparent, not_before, due_at
     FROM scheduler.scheduled_events
     -- only pending rows: dispatched and failed are terminal (REQ-0065); the partial
     -- index ix_scheduled_events_pending_due holds exactly these rows
     WHERE status = 'pending'
-      -- due by the injected clock, never the database's
-      AND trigger_at <= :now
+      -- due by the injected clock, never the database's: at its trigger_at, or at the end of
+      -- the quiet hours that hold it (due_at = coalesce(not_before, trigger_at), generated);
+      -- a held row sits at its not_before in the index, so it costs the claim nothing until
+      -- then (QUIET-3, PERF-HELD)
+      AND due_at <= :now
       -- not past its expiry (those beyond the expired step's bound wait for the next claim,
       -- which ends them expired: a row claimed after its expires_at is never dispatched)
       AND (expires_at IS NULL OR expires_at >= :now)
       -- a later round of the same claim continues after the rows the earlier rounds saw
       -- (a keyset on the index order; the first round starts before every row Python can
       -- read, core.trigger_range.BEFORE_EVERY_TRIGGER)
-      AND (trigger_at, id) > (:after_trigger, :after_id)
+      AND (due_at, id) > (:after_trigger, :after_id)
       -- participants whose lock an earlier round found busy: their rows stay untouched
       AND user_id <> ALL(CAST(:busy AS text[]))
-    -- oldest first; id breaks ties so that the order is total and replayable
-    ORDER BY trigger_at, id
+    -- oldest first (by trigger_at when nothing is held: REQ-0065's order, DEC-LOCAL-TIME);
+    -- id breaks ties so that the order is total and replayable
+    ORDER BY due_at, id
     -- bounded batch (SCHEDULER_BATCH_SIZE, 20 by default, less what earlier rounds took)
     LIMIT :batch_size
     -- the lock is held until the batch commits; rows another replica holds are skipped,
@@ -88,21 +94,21 @@ WITH outcomes AS MATERIALIZED (
 )
 SELECT c.id, c.event_type, c.user_id, c.community_id, c.external_key, c.trigger_at, c.facts,
        c.status, c.last_error, c.created_at, c.updated_at, c.dispatched_at, c.traceparent,
-       c.user_id = ANY(h.users) AS held, FALSE AS expired
+       c.not_before, c.due_at, c.user_id = ANY(h.users) AS held, FALSE AS expired
 FROM claimed AS c CROSS JOIN held AS h
 -- the expired rows after the claimed ones (the claim's keyset reads the claimed rows only)
 UNION ALL
 SELECT x.id, x.event_type, x.user_id, x.community_id, x.external_key, x.trigger_at, x.facts,
        x.status, x.last_error, x.created_at, x.updated_at, x.dispatched_at, x.traceparent,
-       FALSE AS held, TRUE AS expired
+       x.not_before, x.due_at, FALSE AS held, TRUE AS expired
 FROM expired AS x
-ORDER BY expired, trigger_at, id;
+ORDER BY expired, due_at, id;
 
 -- name: next_pending_trigger
--- The earliest trigger_at of a pending row still in the future (prompt mode's next wake-up);
+-- The earliest due_at of a pending row still in the future (prompt mode's next wake-up: a trigger_at, or a held row's not_before);
 -- one step into the partial index ix_scheduled_events_pending_due.
-SELECT min(trigger_at) FROM scheduler.scheduled_events
-WHERE status = 'pending' AND trigger_at > :now;
+SELECT min(due_at) FROM scheduler.scheduled_events
+WHERE status = 'pending' AND due_at > :now;
 
 -- name: set_local_settings
 -- The service's timeouts and time zone (and, on its own engines, its search_path) for this transaction only: sent with the transaction's first statement behind a transaction-pooling proxy and on a host's engine, whose sessions are not ours to change.
@@ -119,14 +125,16 @@ SELECT set_config('statement_timeout', :statement, true), set_config('lock_timeo
 SELECT pg_advisory_xact_lock(:key);
 
 -- name: write_outcomes
--- A fragment, not a statement: the one write of claimed rows' outcomes (dispatched, failed, expired: DEC-1.7), from the rows of the relation outcomes(id, status, error, at) its statement defines; record_outcomes, write_batch_decisions and claim_due_events include it as {{write_outcomes}}.
+-- A fragment, not a statement: the one write of claimed rows' outcomes (dispatched, failed, expired: DEC-1.7; pending when held in quiet hours, QUIET-2), from the rows of the relation outcomes(id, status, error, at, not_before) its statement defines; record_outcomes, write_batch_decisions and claim_due_events include it as {{write_outcomes}}.
 UPDATE scheduler.scheduled_events AS e
 -- dispatched: the engine ran, dispatched_at is the event's own time, any earlier error is
 -- cleared; failed: the reason, and no dispatched_at; expired: how late it was claimed, and
--- no dispatched_at
+-- no dispatched_at; pending: held in its participant's quiet hours until not_before (QUIET-2),
+-- no error; a row not held keeps its not_before
 SET status = o.status,
     dispatched_at = CASE WHEN o.status = 'dispatched' THEN o.at END,
     last_error = o.error,
+    not_before = coalesce(o.not_before, e.not_before),
     updated_at = o.at
 FROM outcomes AS o
 -- by primary key: only rows this transaction claimed and still holds locked
@@ -137,7 +145,8 @@ WHERE e.id = o.id
 -- one row per claimed event, each with its own time (lateness is measured from it); the
 -- arrays are constants the planner counts, so the rows are found by primary key (PERF-7)
 SELECT * FROM unnest(CAST(:ids AS text[]), CAST(:statuses AS text[]), CAST(:errors AS text[]),
-                     CAST(:times AS timestamptz[])) AS o(id, status, error, at)
+                     CAST(:times AS timestamptz[]), CAST(:not_befores AS timestamptz[]))
+              AS o(id, status, error, at, not_before)
 
 -- name: record_outcomes
 -- Record a batch's outcomes at its end, one array element per event (REQ-0067).
@@ -160,6 +169,15 @@ VALUES (:id, :event_type, :user_id, :community_id, NULL,
         :trigger_at, :expires_at, CAST(:facts AS jsonb), 'pending', :now, :now, :traceparent)
 RETURNING *;
 
+-- name: insert_held_event
+-- Store a live event that arrived in its participant's quiet hours as a scheduled row due when they end (QUIET-7, REQ-0066): trigger_at its arrival, not_before the end.
+INSERT INTO scheduler.scheduled_events (id, event_type, user_id, community_id, external_key,
+                              trigger_at, expires_at, facts, status, created_at, updated_at, traceparent,
+                              not_before)
+VALUES (:id, :event_type, :user_id, :community_id, NULL,
+        :now, :expires_at, CAST(:facts AS jsonb), 'pending', :now, :now, :traceparent, :not_before)
+RETURNING *;
+
 -- name: rewrite_by_key
 -- A fragment, not a statement: what a post of a known external key does to its row (REQ-0064), shared by the single store and the batch so the two never drift.
 -- the unique constraint arbitrates between concurrent posts of one key; a row that a
@@ -176,6 +194,8 @@ SET event_type = EXCLUDED.event_type,
     status = 'pending',
     dispatched_at = NULL,
     last_error = NULL,
+    -- a re-post is decided afresh at its new trigger_at: no hold carries over (DEC-LOCAL-TIME)
+    not_before = NULL,
     updated_at = EXCLUDED.updated_at,
     -- the rewrite's request is the one a dispatch now links to
     traceparent = EXCLUDED.traceparent
@@ -238,39 +258,65 @@ LIMIT :limit;
 -- name: reset_event
 -- The operator's reset of one row the caller has locked: back to pending, dispatched_at and last_error cleared, if its status allows.
 UPDATE scheduler.scheduled_events
-SET status = 'pending', dispatched_at = NULL, last_error = NULL, updated_at = :now
+SET status = 'pending', dispatched_at = NULL, last_error = NULL, not_before = NULL, updated_at = :now
 -- :sources is RESETTABLE (scheduler.application.commands): the same statuses every adapter resets
 WHERE id = :id AND status = ANY(CAST(:sources AS text[]))
 RETURNING *;
 
 -- name: upsert_preferences
--- Set a participant's enabled kinds and daily cap.
-INSERT INTO scheduler.participant_preferences (user_id, enabled_kinds, max_per_day, updated_at)
-VALUES (:user_id, :enabled_kinds, :max_per_day, :now)
+-- Set a participant's enabled kinds, daily cap, time zone and quiet hours; a change of the zone or the quiet hours releases their held rows (not_before cleared: decided again at the next claim, QUIET-5).
+WITH before AS MATERIALIZED (
+    -- the row as it was (every part of this statement sees the same snapshot)
+    SELECT time_zone, quiet_hours_start, quiet_hours_end
+    FROM scheduler.participant_preferences WHERE user_id = :user_id
+), released AS (
+    UPDATE scheduler.scheduled_events AS e
+    SET not_before = NULL, updated_at = :now
+    -- ix_scheduled_events_user_id: only this participant's rows
+    WHERE e.user_id = :user_id AND e.status = 'pending' AND e.not_before IS NOT NULL
+      AND (SELECT (b.time_zone, b.quiet_hours_start, b.quiet_hours_end) FROM before AS b)
+          IS DISTINCT FROM (CAST(:time_zone AS text), CAST(:quiet_start AS time), CAST(:quiet_end AS time))
+    RETURNING e.id
+)
+INSERT INTO scheduler.participant_preferences (user_id, enabled_kinds, max_per_day, time_zone,
+                                               quiet_hours_start, quiet_hours_end, updated_at)
+VALUES (:user_id, :enabled_kinds, :max_per_day, :time_zone, :quiet_start, :quiet_end, :now)
 ON CONFLICT (user_id) DO UPDATE
 SET enabled_kinds = EXCLUDED.enabled_kinds, max_per_day = EXCLUDED.max_per_day,
-    updated_at = EXCLUDED.updated_at
-RETURNING user_id, enabled_kinds, max_per_day, updated_at;
+    time_zone = EXCLUDED.time_zone, quiet_hours_start = EXCLUDED.quiet_hours_start,
+    quiet_hours_end = EXCLUDED.quiet_hours_end, updated_at = EXCLUDED.updated_at
+RETURNING user_id, enabled_kinds, max_per_day, time_zone, quiet_hours_start, quiet_hours_end, updated_at;
+
+-- name: get_preferences
+-- One participant's preferences (no row: the defaults).
+SELECT user_id, enabled_kinds, max_per_day, time_zone, quiet_hours_start, quiet_hours_end, updated_at
+FROM scheduler.participant_preferences WHERE user_id = :user_id;
 
 -- name: read_batch_limits
--- A batch's decision inputs in one round trip (a live event is a batch of one): its participants' preferences, their sent counts per UTC day, its keys already taken.
+-- A batch's decision inputs in one round trip (a live event is a batch of one): its participants' preferences (time zone and quiet hours too), the times of their sent notifications within 48 hours of now (the decision counts those in each participant's own day, QUIET-4), its keys already taken.
 -- exact because the transaction holds every one of these participants' locks (the claim's,
--- DEC-2, or a live event's lock_participant): no other transaction adds a delivery or a key
--- of theirs until this one ends
+-- DEC-2, or a live event's lock_participant): no other transaction adds a notification or a
+-- key of theirs until this one ends
 SELECT
-    (SELECT coalesce(json_agg(json_build_array(p.user_id, p.enabled_kinds, p.max_per_day)), '[]')
+    (SELECT coalesce(json_agg(json_build_array(p.user_id, p.enabled_kinds, p.max_per_day, p.time_zone,
+                                               to_char(p.quiet_hours_start, 'HH24:MI'),
+                                               to_char(p.quiet_hours_end, 'HH24:MI'))), '[]')
      FROM scheduler.participant_preferences AS p
      WHERE p.user_id = ANY(CAST(:user_ids AS text[]))) AS preferences,
-    -- one count per participant of its sent deliveries (every channel's) in the batch's UTC
-    -- day (its events share one now), by the participant's position in the user_ids array
-    -- (ix_deliveries_sent_by_user)
+    -- per participant (by its position in the user_ids array) the times of its sent
+    -- notifications in the window around now: the decision's own record, whatever
+    -- becomes of their deliveries (ix_notifications_user_id_created_at). Every local day lies
+    -- within 48 hours of its instants, so the window holds the participant's whole day (LOCAL-5);
+    -- the day itself is zoneinfo's, in Python, never AT TIME ZONE (DEC-LOCAL-TIME)
     (SELECT coalesce(json_agg(json_build_array(
                 w.n,
-                (SELECT count(*) FROM scheduler.deliveries AS d
+                (SELECT coalesce(json_agg(to_char(d.created_at AT TIME ZONE 'UTC',
+                                                  'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"')), '[]')
+                 FROM scheduler.notifications AS d
                  WHERE d.user_id = w.user_id AND d.status = 'sent'
-                   AND d.created_at >= :day_start AND d.created_at < :day_end))), '[]')
+                   AND d.created_at >= :window_start AND d.created_at < :window_end))), '[]')
      FROM unnest(CAST(:user_ids AS text[])) WITH ORDINALITY AS w(user_id, n)
-    ) AS sent_today,
+    ) AS sent_recently,
     (SELECT coalesce(json_agg(json_build_array(k.key, k.duplicate_notification_id)), '[]')
      FROM scheduler.dedup_keys AS k
      WHERE k.key = ANY(CAST(:keys AS text[]))) AS taken_keys;
@@ -336,7 +382,7 @@ WITH document AS MATERIALIZED (
     {{batch_outcomes}}
 ), outcome AS (
     -- exactly record_outcomes' write: dispatched with its time and no error, or failed with
-    -- the reason
+    -- the reason, or pending, held until its not_before (QUIET-2)
     {{write_outcomes}}
     RETURNING e.id
 ), wrote AS (
@@ -477,12 +523,13 @@ FROM scheduler.scheduler_replicas
 ORDER BY name, host, pid, replica_id;
 
 -- name: backlog_gauges
--- Due pending rows and the oldest one's trigger_at, read from the pending partial index only.
-SELECT count(*) AS backlog, min(trigger_at) AS oldest_trigger_at
+-- Due pending rows and the oldest one's due time (its trigger_at, or a held row's not_before), read from the pending partial index only.
+SELECT count(*) AS backlog, min(due_at) AS oldest_trigger_at
 FROM scheduler.scheduled_events
--- the predicate of ix_scheduled_events_pending_due: an index-only scan, no terminal row read
+-- the predicate of ix_scheduled_events_pending_due: an index-only scan, no terminal row read;
+-- a row held in quiet hours is not due, so not backlog, until its not_before
 WHERE status = 'pending'
-  AND trigger_at <= :now;
+  AND due_at <= :now;
 
 -- name: count_failed
 -- How many rows are failed, read from the failed partial index only, at most :cap + 1 of them (past :cap the caller estimates).
@@ -501,7 +548,7 @@ SELECT count(*) FROM (
 SELECT count(*) FROM (
     SELECT 1 FROM scheduler.scheduled_events WHERE status = 'pending'
     -- the order of ix_scheduled_events_pending_due: a walk of that index, stopped at the cap
-    ORDER BY trigger_at, id
+    ORDER BY due_at, id
     -- reminders scheduled months ahead are pending too: counting stops past the cap
     LIMIT :cap + 1
 ) AS counted;
@@ -530,12 +577,12 @@ WHERE c.oid = CAST('scheduler.scheduled_events' AS regclass);
 SELECT CAST(reltuples AS bigint) FROM pg_class WHERE oid = CAST('scheduler.scheduled_events' AS regclass);
 
 -- name: lateness_percentiles
--- p50 and p99 of dispatched_at - trigger_at over the dispatches since :since.
+-- p50 and p99 of dispatched_at - due_at (trigger_at, or the end of the quiet hours that held the row) over the dispatches since :since.
 SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY lateness) AS p50,
        percentile_cont(0.99) WITHIN GROUP (ORDER BY lateness) AS p99,
        count(*) AS dispatched
 FROM (
-    SELECT extract(epoch FROM dispatched_at - trigger_at) AS lateness
+    SELECT extract(epoch FROM dispatched_at - due_at) AS lateness
     FROM scheduler.scheduled_events
     -- the window on ix_scheduled_events_updated_at: a row's updated_at is never before its
     -- dispatched_at (it is the time of its last change), so this reads only the window's rows
@@ -569,7 +616,7 @@ SELECT count(*) FROM scheduler.scheduled_events WHERE status = 'failed' AND upda
 -- name: filter_events_page
 -- One page of the console's events list: the filter, newest change first, keyset-paginated.
 SELECT id, event_type, user_id, community_id, external_key, trigger_at, status, last_error,
-       updated_at, dispatched_at
+       updated_at, dispatched_at, not_before, due_at
 FROM scheduler.scheduled_events
 WHERE {{event_filter}}
   -- keyset: strictly after the last row of the previous page (no OFFSET)
@@ -580,14 +627,14 @@ LIMIT :limit;
 -- name: filter_pending_page
 -- One page of pending rows for the console: the filter, next due first (the claim's order), keyset-paginated.
 SELECT id, event_type, user_id, community_id, external_key, trigger_at, status, last_error,
-       updated_at, dispatched_at
+       updated_at, dispatched_at, not_before, due_at
 FROM scheduler.scheduled_events
--- the pending partial index, walked in its own (trigger_at, id) order
+-- the pending partial index, walked in its own (due_at, id) order
 WHERE status = 'pending'
   AND {{event_filter}}
   -- keyset: strictly after the last row of the previous page (no OFFSET)
-  AND (CAST(:after_at AS timestamptz) IS NULL OR (trigger_at, id) > (:after_at, :after_id))
-ORDER BY trigger_at, id
+  AND (CAST(:after_at AS timestamptz) IS NULL OR (due_at, id) > (:after_at, :after_id))
+ORDER BY due_at, id
 LIMIT :limit;
 
 -- name: count_filtered_events
@@ -623,6 +670,8 @@ UPDATE scheduler.scheduled_events AS e
 SET status = CAST(:to AS text), dispatched_at = NULL,
     -- a reset clears the error; a cancel keeps it (why the row had failed stays visible)
     last_error = CASE WHEN CAST(:to AS text) = 'pending' THEN NULL ELSE e.last_error END,
+    -- a reset re-arms the row at its trigger_at: no hold carries over (DEC-LOCAL-TIME)
+    not_before = CASE WHEN CAST(:to AS text) = 'pending' THEN NULL ELSE e.not_before END,
     updated_at = :now
 FROM chunk
 WHERE e.id = chunk.id

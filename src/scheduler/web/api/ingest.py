@@ -40,6 +40,7 @@ from scheduler.web.http.auth import actor_of, require
 from scheduler.web.http.params import declares
 from scheduler.web.http.plumbing import HTTPRefusal, Unprocessable, parse_body, read_json, respond
 from scheduler.web.http.schemas import (
+    DeferredOut,
     DuplicateOut,
     IngestOut,
     LiveEventIn,
@@ -63,6 +64,8 @@ LIVE_STATUS: dict[DispatchOutcome, int] = {
     DispatchOutcome.DUPLICATE: 409,
     DispatchOutcome.NO_RULE_FOR_SCENARIO: 400,
     DispatchOutcome.INVALID_EVENT: 422,
+    # held in the participant's quiet hours: stored as a scheduled row due when they end (QUIET-7)
+    DispatchOutcome.DEFERRED: 202,
 }
 
 
@@ -151,8 +154,13 @@ class IngestRoutes:
         assert body.facts is not None
         event = DigitalTwinEvent(body.event_type, body.user_id, body.community_id, body.facts)
         now = self.clock.now()
-        result = await run_in_threadpool(self._dispatch_live, event, now)
+        traceparent = self.observer.storing_traceparent(request.headers.get("traceparent"))
+        result = await run_in_threadpool(self._dispatch_live, event, now, traceparent)
         status = LIVE_STATUS[result.outcome]
+        if result.outcome is DispatchOutcome.DEFERRED:
+            held = result.detail or {}
+            return respond(DeferredOut(outcome=result.outcome, scheduled_event_id=held["id"],
+                                       not_before=datetime.fromisoformat(held["not_before"])), status)
         if result.outcome.refused:
             return respond(RuleRefusalOut.model_validate({"detail": result.detail}), status)
         if result.outcome is DispatchOutcome.NO_RULE_TRIGGERED:
@@ -174,11 +182,12 @@ class IngestRoutes:
             body.facts = {}
         return body
 
-    def _dispatch_live(self, event: DigitalTwinEvent, now: datetime) -> DispatchResult:
+    def _dispatch_live(self, event: DigitalTwinEvent, now: datetime, traceparent: str | None) -> DispatchResult:
         # observability: the live dispatch's span (its statements inside); a broken host
         # dispatcher's NotADispatchResult is a 500
         with self.observer.live_dispatch(event.event_type) as dispatched:
-            result = ingest.dispatch_live(self.database, self.dispatcher, event, now, dispatched=dispatched)
+            result = ingest.dispatch_live(self.database, self.dispatcher, event, now, dispatched=dispatched,
+                                          default_expiry=self.default_expiry, traceparent=traceparent)
         if result.refusal is not None:
             return result
         # after the commit, through the core's publish path (its logger names a failure)

@@ -13,6 +13,7 @@ from scheduler.web.http.params import STREAM_ID_DIGITS, declared
 from scheduler.web.http.schemas import (
     BatchItemOut,
     CancelConflictOut,
+    DeferredOut,
     DeliveryOut,
     DuplicateOut,
     ErrorOut,
@@ -44,7 +45,7 @@ MODELS: tuple[type[BaseModel], ...] = (
     IngestOut, DuplicateOut, PreferencesOut, SchedulerHealthOut, HealthOut, ErrorOut,
     ValidationErrorOut, FactsContractErrorOut, RuleRefusalOut, ReplicaOut, OperatorActionOut,
     HistoryEntryOut, CancelConflictOut, InboxNotificationOut, InboxPageOut, SchedulerHealthDetailOut,
-    WebSessionOut, InboxSignInIn, InboxSessionOut, BatchItemOut, DeliveryOut,
+    WebSessionOut, InboxSignInIn, InboxSessionOut, BatchItemOut, DeferredOut, DeliveryOut,
 )
 
 
@@ -142,7 +143,9 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
         "request": LiveEventIn,
         "responses": {
             "200": _json(IngestOut, "delivered on at least one channel"),
-            "202": _json(IngestOut, "created, but every delivery suppressed"),
+            "202": _one_of((IngestOut, DeferredOut), "created, but every delivery suppressed; or deferred: the "
+                            "participant is in quiet hours, and the event is stored as a scheduled row "
+                            "due at not_before"),
             "204": {"description": "no rule triggered"},
             "400": _json(RuleRefusalOut, "no enabled rule claims the scenario at that frequency"),
             "409": _json(DuplicateOut, "every rule that would have fired was a duplicate"),
@@ -164,9 +167,13 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
         "responses": {"200": _json(DeliveryOut, "deliveries, newest first", many=True), **ERRORS},
     },
     ("/admin/participants/{user_id}/preferences", "put"): {
-        "summary": "Set a participant's enabled kinds and daily cap (permission: admin)",
+        "summary": "Set a participant's enabled kinds, daily cap, time zone and quiet hours (permission: admin)",
         "request": PreferencesIn,
         "responses": {"200": _json(PreferencesOut, "the stored preferences"), **TOO_LARGE, **ERRORS},
+    },
+    ("/admin/participants/{user_id}/preferences", "get"): {
+        "summary": "A participant's preferences, the defaults when none were set (permission: admin)",
+        "responses": {"200": _json(PreferencesOut, "the preferences"), **ERRORS},
     },
     # Metrics and the operator API (the console's HTML pages are not API operations).
     ("/metrics", "get"): {

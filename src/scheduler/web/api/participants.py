@@ -12,15 +12,22 @@ from starlette.routing import BaseRoute, Route
 
 from scheduler.application import participants
 from scheduler.database.database import Database
+from scheduler.nudging.local_time import (
+    LocalTimeError,
+    QuietHours,
+    parse_quiet_hours,
+    parse_time_zone,
+)
 from scheduler.types import Clock, DeliveryRowStatus, NotificationStatus
 from scheduler.web.http.auth import require
-from scheduler.web.http.params import Param, declares, query
+from scheduler.web.http.params import Param, Unprocessable, declares, query
 from scheduler.web.http.plumbing import parse_body, path_param, read_json, respond
 from scheduler.web.http.schemas import DeliveryOut, NotificationOut, PreferencesIn, PreferencesOut
 
 
 class ParticipantRoutes:
-    """``GET /admin/notifications``, ``GET /admin/deliveries`` and ``PUT /admin/participants/{user_id}/preferences``."""
+    """``GET /admin/notifications``, ``GET /admin/deliveries`` and ``GET``/``PUT
+    /admin/participants/{user_id}/preferences``."""
 
     def __init__(self, *, database: Database, clock: Clock, max_body_bytes: int) -> None:
         self.database = database
@@ -32,6 +39,7 @@ class ParticipantRoutes:
             Route("/admin/notifications", self.list_notifications, methods=["GET"]),
             Route("/admin/deliveries", self.list_deliveries, methods=["GET"]),
             Route("/admin/participants/{user_id}/preferences", self.set_preferences, methods=["PUT"]),
+            Route("/admin/participants/{user_id}/preferences", self.get_preferences, methods=["GET"]),
         ]
 
     @require("admin")
@@ -65,6 +73,7 @@ class ParticipantRoutes:
     async def set_preferences(self, request: Request) -> Response:
         user_id = path_param(request, "user_id")
         body = parse_body(PreferencesIn, await read_json(request, self.max_body_bytes))
+        zone, quiet = local_time_of(body)
         row = await run_in_threadpool(
             participants.set_preferences,
             self.database,
@@ -72,5 +81,33 @@ class ParticipantRoutes:
             enabled_kinds=body.enabled_kinds,
             max_per_day=body.max_per_day,
             now=self.clock.now(),
+            time_zone=zone,
+            quiet_hours=quiet,
         )
         return respond(PreferencesOut.model_validate(row))
+
+    @require("admin")
+    @declares()
+    async def get_preferences(self, request: Request) -> Response:
+        """A participant's preferences: the defaults when none were set."""
+        user_id = path_param(request, "user_id")
+        row = await run_in_threadpool(participants.get_preferences, self.database, user_id)
+        return respond(PreferencesOut.model_validate(row))
+
+
+def local_time_of(body: PreferencesIn) -> tuple[str, QuietHours | None]:
+    """The body's zone name and quiet hours, parsed strictly (LOCAL-1, LOCAL-2): every problem
+    a 422 naming its field (``time_zone``, ``quiet_hours.start``), in the shape of every 422."""
+    errors: list[dict[str, str]] = []
+    zone = quiet = None
+    try:
+        zone = parse_time_zone(body.time_zone).key
+    except LocalTimeError as exc:
+        errors.extend(exc.errors)
+    try:
+        quiet = parse_quiet_hours(body.quiet_hours)
+    except LocalTimeError as exc:
+        errors.extend(exc.errors)
+    if errors or zone is None:
+        raise Unprocessable(errors, "invalid body: " + "; ".join(f"{e['field']}: {e['message']}" for e in errors))
+    return zone, quiet

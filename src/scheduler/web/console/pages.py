@@ -26,7 +26,7 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
-from scheduler.application import audit, commands, events
+from scheduler.application import audit, commands, events, participants
 from scheduler.database.database import Database
 from scheduler.operations.overview import overview
 from scheduler.types import Clock, EventStatus
@@ -228,9 +228,11 @@ class Console(ConsoleView):
             return self.page(request, "error.html", {"message": "no scheduled event with that id"}, 404)
         changes = await run_in_threadpool(audit.event_history, self.database, event_id) or []
         facts = json.dumps(row.pop("facts"), indent=2, sort_keys=True, ensure_ascii=False)
+        # the participant's zone and quiet hours: why a row is held until its not_before (QUIET-1)
+        preferences = await run_in_threadpool(participants.get_preferences, self.database, row["user_id"])
         return self.page(request, "event.html", {"row": row, "facts": facts, "notifications": notifications,
                                                  "actions": actions, "changes": changes,
-                                                 "done": query(request)["done"]})
+                                                 "preferences": preferences, "done": query(request)["done"]})
 
     def _detail(self, event_id: str) -> tuple[dict[str, Any] | None, list[dict[str, Any]], list[dict[str, Any]]]:
         found = events.get_event(self.database, event_id)

@@ -200,6 +200,17 @@ class PreferencesIn(BaseModel):
 
     enabled_kinds: list[str] | None = Field(default=None, max_length=100, description="null: every kind")
     max_per_day: int = Field(default=3, ge=0, le=1000)
+    # parsed strictly by the route (local_time.parse_time_zone, parse_quiet_hours: LOCAL-1, LOCAL-2)
+    time_zone: Any = Field(default="UTC", json_schema_extra={"type": "string", "maxLength": 64},
+                           description="an IANA time zone name (Europe/Berlin); the daily cap counts its calendar day")
+    quiet_hours: Any = Field(
+        default=None,
+        json_schema_extra={"anyOf": [{"type": "object", "additionalProperties": False, "required": ["start", "end"],
+                                      "properties": {"start": {"type": "string", "pattern": "^([01][0-9]|2[0-3]):[0-5][0-9]$"},
+                                                     "end": {"type": "string", "pattern": "^([01][0-9]|2[0-3]):[0-5][0-9]$"}}},
+                                     {"type": "null"}]},
+        description='local {"start": "HH:MM", "end": "HH:MM"}, may wrap midnight (22:00 to 07:00); '
+                    "a reminder due inside is held until they end; null: none")
 
     @field_validator("enabled_kinds", mode="after")
     @classmethod
@@ -246,6 +257,8 @@ class ScheduledEventOut(_Out):
     created_at: Timestamp
     updated_at: Timestamp
     dispatched_at: Timestamp | None
+    not_before: Timestamp | None = Field(
+        default=None, description="held in its participant's quiet hours until this instant (UTC); null: not held")
 
 
 class NotificationOut(_Out):
@@ -294,17 +307,33 @@ class IngestOut(_Out):
     notifications: list[NotificationOut]
 
 
+class DeferredOut(_Out):
+    """202 ``deferred``: the participant is in quiet hours; the event is stored as a scheduled
+    row due when they end (QUIET-7)."""
+
+    outcome: DispatchOutcome
+    scheduled_event_id: str
+    not_before: Timestamp
+
+
 class DuplicateOut(IngestOut):
     """409: every rule that would have fired already notified for this period."""
 
     detail: str
 
 
+class QuietHoursOut(_Out):
+    start: str = Field(description="HH:MM, local")
+    end: str = Field(description="HH:MM, local; before start: the next day")
+
+
 class PreferencesOut(_Out):
     user_id: str
     enabled_kinds: list[str] | None
     max_per_day: int
-    updated_at: Timestamp
+    time_zone: str = Field(description="an IANA name; UTC when none was set")
+    quiet_hours: QuietHoursOut | None
+    updated_at: Timestamp | None = Field(description="null: never set (the defaults)")
 
 
 class WakeupsOut(_Out):

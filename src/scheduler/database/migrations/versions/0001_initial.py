@@ -5,7 +5,7 @@ DEC-SCHEMA): the migration's transaction has ``search_path`` set to that schema 
 ``env.py``), so the names below need no schema, except inside the history trigger's body.
 
 - ``scheduled_events``: the stored events. The claim reads only pending rows in
-  ``(trigger_at, id)`` order (``ix_scheduled_events_pending_due``, partial, so its cost does not
+  ``(due_at, id)`` order (``ix_scheduled_events_pending_due``, partial, so its cost does not
   grow with the finished rows); ``expires_at`` (EXP-*, ``CHECK (expires_at > trigger_at)``) is
   found by ``ix_scheduled_events_pending_expiry``; retention finds old finished rows by
   ``ix_scheduled_events_finished``; the console and the API page by ``(updated_at, id)``, over
@@ -22,8 +22,10 @@ DEC-SCHEMA): the migration's transaction has ``search_path`` set to that schema 
   a trigger function resolves names with the firing session's ``search_path``, and a host's
   session would find no history table there, or one of the host's.
 - ``tr_scheduled_events_announce_due``: every row left pending (stored, rewritten, reset) is
-  announced on the channel ``scheduler_due`` with its ``trigger_at`` (ISO 8601, UTC), delivered
-  at commit, whatever wrote it: prompt-mode replicas LISTEN (DEC-9).
+  announced on the channel ``scheduler_due`` with its ``due_at`` (ISO 8601, UTC), delivered
+  at commit, whatever wrote it: prompt-mode replicas LISTEN (DEC-9). A row held in its
+  participant's quiet hours (``not_before``, QUIET-*) is due at ``due_at``, the generated
+  ``coalesce(not_before, trigger_at)``: its trigger_at when nothing holds it.
 - ``notifications`` (with ``stream_seq`` from ``notification_stream_seq``, the inbox stream's
   order, given after commit), ``dedup_keys``, ``deliveries``, ``participant_preferences``.
   ``deliveries`` is the delivery log and the outbox (DEC-OUTBOX): a channel with a ``Sender``
@@ -52,7 +54,7 @@ LANGUAGE plpgsql AS $$
 BEGIN
     PERFORM pg_notify(
         'scheduler_due',
-        to_char(NEW.trigger_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"')
+        to_char(NEW.due_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"')
     );
     RETURN NULL;
 END
@@ -73,7 +75,10 @@ BEGIN
         -- the writer's own name for the change (rewritten, reset), else the new status
         change := coalesce(
             nullif(current_setting('scheduler.change', true), ''),
-            CASE WHEN NEW.status IS DISTINCT FROM OLD.status THEN NEW.status ELSE 'updated' END);
+            CASE WHEN NEW.status IS DISTINCT FROM OLD.status THEN NEW.status
+                 -- held in its participant's quiet hours, still pending (DEC-LOCAL-TIME)
+                 WHEN NEW.not_before IS DISTINCT FROM OLD.not_before AND NEW.not_before IS NOT NULL THEN 'held'
+                 ELSE 'updated' END);
         IF NEW.event_type IS DISTINCT FROM OLD.event_type THEN
             diff := diff || jsonb_build_object('event_type', jsonb_build_array(OLD.event_type, NEW.event_type));
         END IF;
@@ -91,6 +96,9 @@ BEGIN
         END IF;
         IF NEW.facts IS DISTINCT FROM OLD.facts THEN
             diff := diff || jsonb_build_object('facts', jsonb_build_array(OLD.facts, NEW.facts));
+        END IF;
+        IF NEW.not_before IS DISTINCT FROM OLD.not_before THEN
+            diff := diff || jsonb_build_object('not_before', jsonb_build_array(OLD.not_before, NEW.not_before));
         END IF;
         IF NEW.status IS DISTINCT FROM OLD.status THEN
             diff := diff || jsonb_build_object('status', jsonb_build_array(OLD.status, NEW.status));
@@ -131,16 +139,23 @@ def upgrade() -> None:
         sa.Column("dispatched_at", sa.DateTime(timezone=True), nullable=True),
         sa.Column("traceparent", sa.String(55), nullable=True),
         sa.Column("expires_at", sa.DateTime(timezone=True), nullable=True),
+        # held in its participant's quiet hours until this instant (QUIET-*, DEC-LOCAL-TIME)
+        sa.Column("not_before", sa.DateTime(timezone=True), nullable=True),
+        # when the claim takes it: its trigger_at, or the end of the quiet hours that hold it
+        sa.Column("due_at", sa.DateTime(timezone=True), sa.Computed("coalesce(not_before, trigger_at)", persisted=True),
+                  nullable=True),
         sa.CheckConstraint("status IN ('pending', 'dispatched', 'failed', 'cancelled', 'expired')",
                            name=op.f("ck_scheduled_events_ck_scheduled_events_status")),
         sa.CheckConstraint("expires_at IS NULL OR expires_at > trigger_at",
                            name=op.f("ck_scheduled_events_ck_scheduled_events_expiry_after_trigger")),
+        sa.CheckConstraint("not_before IS NULL OR not_before > trigger_at",
+                           name=op.f("ck_scheduled_events_ck_scheduled_events_not_before_after_trigger")),
         sa.PrimaryKeyConstraint("id", name="pk_scheduled_events"),
         sa.UniqueConstraint("external_key", name="uq_scheduled_events_external_key"),
     )
     op.execute("ALTER TABLE scheduled_events SET "
                "(autovacuum_vacuum_scale_factor = 0.01, autovacuum_vacuum_threshold = 1000)")
-    op.create_index("ix_scheduled_events_pending_due", "scheduled_events", ["trigger_at", "id"],
+    op.create_index("ix_scheduled_events_pending_due", "scheduled_events", ["due_at", "id"],
                     postgresql_where=sa.text("status = 'pending'"))
     op.create_index("ix_scheduled_events_pending_expiry", "scheduled_events", ["expires_at", "id"],
                     postgresql_where=sa.text("status = 'pending' AND expires_at IS NOT NULL"))
@@ -168,7 +183,7 @@ def upgrade() -> None:
                "FOR EACH ROW EXECUTE FUNCTION scheduled_events_history()")
     op.execute(ANNOUNCE_DUE_FUNCTION)
     op.execute("CREATE TRIGGER tr_scheduled_events_announce_due "
-               "AFTER INSERT OR UPDATE OF status, trigger_at ON scheduled_events "
+               "AFTER INSERT OR UPDATE OF status, trigger_at, not_before ON scheduled_events "
                "FOR EACH ROW WHEN (NEW.status = 'pending') EXECUTE FUNCTION scheduled_events_announce_due()")
 
     op.execute("CREATE SEQUENCE notification_stream_seq")
@@ -255,6 +270,14 @@ def upgrade() -> None:
         sa.Column("enabled_kinds", postgresql.ARRAY(sa.Text()), nullable=True),
         sa.Column("max_per_day", sa.Integer(), server_default=sa.text("3"), nullable=False),
         sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
+        # an IANA name (NULL: UTC) and local quiet hours [start, end) (both or neither: none)
+        sa.Column("time_zone", sa.Text(), nullable=True),
+        sa.Column("quiet_hours_start", sa.Time(), nullable=True),
+        sa.Column("quiet_hours_end", sa.Time(), nullable=True),
+        sa.CheckConstraint("(quiet_hours_start IS NULL) = (quiet_hours_end IS NULL)",
+                           name=op.f("ck_participant_preferences_ck_participant_preferences_quiet_hours_both")),
+        sa.CheckConstraint("quiet_hours_start IS NULL OR quiet_hours_start <> quiet_hours_end",
+                           name=op.f("ck_participant_preferences_ck_participant_preferences_quiet_hours_differ")),
         sa.PrimaryKeyConstraint("user_id", name="pk_participant_preferences"),
     )
 
