@@ -36,7 +36,6 @@ from scheduler.delivery.webpush import WebPushSender
 from scheduler.nudging import decision
 from scheduler.nudging.dispatch import NudgingPlatform
 from scheduler.nudging.publishers import LoggingPublisher, RecordingPublisher
-from scheduler.testing import push_service, webhook_receiver
 from scheduler.types import (
     UNDECLARED,
     BatchDecisions,
@@ -71,8 +70,7 @@ finally:
 # Every implementation, by protocol. The annotations are the static check: mypy --strict
 # verifies each class against its protocol's members and their types.
 CLOCKS: list[type[Clock]] = [SystemClock, ManualClock, OffsetClock, DatabaseClock,
-                             Simulation,  # the run's context tells the run's time to its actors
-                             push_service._WallClock, webhook_receiver._WallClock]  # the test fakes' own
+                             Simulation]  # the run's context tells the run's time to its actors
 PUBLISHERS: list[type[Publisher]] = [LoggingPublisher, RecordingPublisher, StreamPublisher, CountingPublisher]
 BULK_PUBLISHERS: list[type[BulkPublisher]] = [StreamPublisher]
 DISPATCHERS: list[type[Dispatcher]] = [NudgingPlatform, FaultyDispatcher, HostDispatcher, DeliveryDispatcher,

@@ -114,7 +114,7 @@ _ASCTIME = re.compile(r"(?P<wd>" + "|".join(_DAYS) + ") " + _MONTH + r" (?P<d>[ 
                       re.ASCII)
 
 
-def parse_http_date(text: str, *, now: datetime | None = None) -> datetime | None:
+def parse_http_date(text: str, *, now: datetime) -> datetime | None:
     """An HTTP-date in any of its three forms (a recipient must accept all three), matched
     whole and exactly (case, spaces, a weekday that is the date's own), as an aware UTC
     datetime; None for anything else. ``now`` places a two-digit rfc850 year: one more than
@@ -125,7 +125,7 @@ def parse_http_date(text: str, *, now: datetime | None = None) -> datetime | Non
             continue
         year = int(match["y"])
         if form is _RFC850:
-            this_year = (now or datetime.now(UTC)).year
+            this_year = now.year
             year += this_year - this_year % 100
             if year > this_year + 50:
                 year -= 100

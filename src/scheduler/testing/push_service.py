@@ -21,7 +21,7 @@ import secrets
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from types import TracebackType
 from typing import Any
 
@@ -33,6 +33,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
+from scheduler.core.clock import SystemClock
 from scheduler.testing.loopback import HANG, Answer, LoopbackServer, Reply, Request, Script
 from scheduler.types import Clock, PushTarget
 
@@ -125,18 +126,13 @@ class ReceivedPush:
         return not self.problems
 
 
-class _WallClock:
-    def now(self) -> datetime:
-        return datetime.now(UTC)
-
-
 class LocalPushService:
     """The fake push service, serving while entered (``async with LocalPushService() as push``).
     ``clock`` judges the VAPID token's ``exp`` (the wall clock by default)."""
 
     def __init__(self, *, clock: Clock | None = None) -> None:
         self._server = LoopbackServer(self._handle)
-        self._clock: Clock = clock or _WallClock()
+        self._clock: Clock = clock or SystemClock()
         self._browsers: dict[str, Browser] = {}
         self._gone: set[str] = set()
         self._script = Script(Reply.of(201, headers={"Location": "/message/1"}))

@@ -10,10 +10,10 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any
 
+from scheduler.core.clock import SystemClock
 from scheduler.delivery.signing import WebhookVerificationError, verify
 from scheduler.testing.loopback import HANG, Answer, LoopbackServer, Reply, Request, Script
 from scheduler.types import Clock
@@ -39,11 +39,6 @@ class ReceivedWebhook:
         return not self.problems
 
 
-class _WallClock:
-    def now(self) -> datetime:
-        return datetime.now(UTC)
-
-
 class LocalWebhookReceiver:
     """The fake endpoint at ``url`` while entered. With ``secret`` (a key or its ``whsec_``
     text) every message must be signed with it; without, none is checked."""
@@ -51,7 +46,7 @@ class LocalWebhookReceiver:
     def __init__(self, secret: bytes | str | None = None, *, clock: Clock | None = None) -> None:
         self._server = LoopbackServer(self._handle)
         self._secret = secret
-        self._clock: Clock = clock or _WallClock()
+        self._clock: Clock = clock or SystemClock()
         self._script = Script(Reply.of(204))
         self.received: list[ReceivedWebhook] = []
 
