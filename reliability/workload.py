@@ -134,12 +134,10 @@ def seed_backlog(engine: Engine, backlog: Backlog, now: datetime | None = None,
     sessions = Database(engine)
     with sessions.begin() as session:
         for user, cap in backlog.caps.items():
-            session.execute(STATEMENTS["upsert_preferences"],
-                            {"user_id": user, "enabled_kinds": None, "max_per_day": cap, "now": now})
+            sessions.decisions.set_preferences(session, user, enabled_kinds=None, max_per_day=cap, now=now)
         for user, kinds in backlog.disabled.items():
             enabled = sorted({"reminder", "insight", "summary"} - kinds)
-            session.execute(STATEMENTS["upsert_preferences"],
-                            {"user_id": user, "enabled_kinds": enabled, "max_per_day": 3, "now": now})
+            sessions.decisions.set_preferences(session, user, enabled_kinds=enabled, max_per_day=3, now=now)
         triggers = [now - overdue + timedelta(milliseconds=i * 10) for i in range(len(backlog.events))]
         rows = [
             {"id": e.id, "event_type": "reliability", "user_id": e.user_id, "community_id": "community-1",
