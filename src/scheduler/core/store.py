@@ -65,22 +65,13 @@ def store_event(
     service sets a window, is stored on the row (``core.expiry``; an ``ExpiryRefused`` names
     the field otherwise): claimed after it, the row ends ``expired`` (EXP-2).
     """
-    check_trigger_at(trigger_at)  # every path that stores one keeps to the range (DEC-TRIGGER)
+    check_trigger_at(trigger_at)  # before the expiry is worked out from it (DEC-TRIGGER)
     expiry = stored_expires_at(trigger_at, expires_at, default_expiry)
-    params = {
-        "id": event_id or str(uuid.uuid4()),
-        "event_type": event_type,
-        "user_id": user_id,
-        "community_id": community_id,
-        "external_key": external_key,
-        "trigger_at": trigger_at,
-        "expires_at": expiry,
-        "facts": json.dumps(facts),
-        "now": now,
-        "traceparent": traceparent,
-    }
     with database.begin() as session:
-        return event_to_json(_store_in(session, database.events, params, actor=actor))
+        return event_to_json(store_event_in(
+            session, database.events, event_type=event_type, user_id=user_id, community_id=community_id,
+            external_key=external_key, trigger_at=trigger_at, facts=facts, now=now, expires_at=expiry,
+            actor=actor, event_id=event_id, traceparent=traceparent))
 
 
 def store_event_in(
@@ -96,14 +87,17 @@ def store_event_in(
     now: datetime,
     expires_at: datetime | None,
     actor: str | None = None,
+    event_id: str | None = None,
+    traceparent: str | None = None,
 ) -> dict[str, Any]:
     """``store_event``'s insert or upsert by key on the caller's ``session``, in the caller's
     transaction (committed with its commit, gone with its rollback), with ``events`` (the
-    service's schema): a host's own code scheduling beside its own rows. ``expires_at`` is the one to store (already worked out);
-the stored row is returned as read."""
+    service's schema): a host's own code scheduling beside its own rows, and ``store_event``
+    inside its own transaction. ``expires_at`` is the one to store (already worked out); the
+    stored row is returned as read."""
     check_trigger_at(trigger_at)  # every path that stores one keeps to the range (DEC-TRIGGER)
     params = {
-        "id": str(uuid.uuid4()),
+        "id": event_id or str(uuid.uuid4()),
         "event_type": event_type,
         "user_id": user_id,
         "community_id": community_id,
@@ -112,14 +106,9 @@ the stored row is returned as read."""
         "expires_at": expires_at,
         "facts": json.dumps(facts),
         "now": now,
-        "traceparent": None,
+        "traceparent": traceparent,
     }
-    return _store_in(session, events, params, actor=actor)
-
-
-def _store_in(session: Session, events: EventRepository, params: dict[str, Any], *,
-              actor: str | None) -> dict[str, Any]:
-    """The one insert, or upsert by key (REQ-0064), of every single store, in ``session``'s transaction."""
+    # the one insert, or upsert by key (REQ-0064), of every single store
     if params["external_key"] is not None or actor is not None:
         # the history trigger reads these; "rewritten" names the upsert's UPDATE path
         events.set_change_context(session, "rewritten", actor)
