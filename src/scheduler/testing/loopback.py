@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from types import TracebackType
-from typing import Final
+from typing import Final, Self
 
 READ_SECONDS = 10.0
 STOP_SECONDS = 5.0
@@ -155,6 +155,25 @@ class LoopbackServer:
         lines += [f"{name}: {value}" for name, value in reply.headers]
         writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + reply.body)
         await asyncio.wait_for(writer.drain(), READ_SECONDS)
+
+
+class LoopbackFake:
+    """A fake that serves on a ``LoopbackServer`` of its own while entered (``async with``):
+    the push service's and the webhook receiver's shared shape; each answers in ``_handle``."""
+
+    def __init__(self) -> None:
+        self._server = LoopbackServer(self._handle)
+
+    async def _handle(self, request: Request) -> Answer:
+        raise NotImplementedError
+
+    async def __aenter__(self) -> Self:
+        await self._server.__aenter__()
+        return self
+
+    async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self._server.__aexit__(kind, exc, tb)
 
 
 @dataclass

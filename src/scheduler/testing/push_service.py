@@ -22,7 +22,6 @@ import struct
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
-from types import TracebackType
 from typing import Any
 
 import jwt
@@ -34,7 +33,7 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from scheduler.core.clock import SystemClock
-from scheduler.testing.loopback import HANG, Answer, LoopbackServer, Reply, Request, Script
+from scheduler.testing.loopback import HANG, Answer, LoopbackFake, Reply, Request, Script
 from scheduler.types import Clock, PushTarget
 
 __all__ = ["HANG", "Browser", "LocalPushService", "PushRefused", "ReceivedPush", "Reply", "decrypt_push"]
@@ -126,25 +125,17 @@ class ReceivedPush:
         return not self.problems
 
 
-class LocalPushService:
+class LocalPushService(LoopbackFake):
     """The fake push service, serving while entered (``async with LocalPushService() as push``).
     ``clock`` judges the VAPID token's ``exp`` (the wall clock by default)."""
 
     def __init__(self, *, clock: Clock | None = None) -> None:
-        self._server = LoopbackServer(self._handle)
+        super().__init__()
         self._clock: Clock = clock or SystemClock()
         self._browsers: dict[str, Browser] = {}
         self._gone: set[str] = set()
         self._script = Script(Reply.of(201, headers={"Location": "/message/1"}))
         self.received: list[ReceivedPush] = []
-
-    async def __aenter__(self) -> LocalPushService:
-        await self._server.__aenter__()
-        return self
-
-    async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None,
-                        tb: TracebackType | None) -> None:
-        await self._server.__aexit__(kind, exc, tb)
 
     @property
     def origin(self) -> str:

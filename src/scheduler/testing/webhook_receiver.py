@@ -10,12 +10,11 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Any
 
 from scheduler.core.clock import SystemClock
 from scheduler.delivery.signing import WebhookVerificationError, verify
-from scheduler.testing.loopback import HANG, Answer, LoopbackServer, Reply, Request, Script
+from scheduler.testing.loopback import HANG, Answer, LoopbackFake, Reply, Request, Script
 from scheduler.types import Clock
 
 __all__ = ["HANG", "LocalWebhookReceiver", "ReceivedWebhook", "Reply"]
@@ -39,24 +38,16 @@ class ReceivedWebhook:
         return not self.problems
 
 
-class LocalWebhookReceiver:
+class LocalWebhookReceiver(LoopbackFake):
     """The fake endpoint at ``url`` while entered. With ``secret`` (a key or its ``whsec_``
     text) every message must be signed with it; without, none is checked."""
 
     def __init__(self, secret: bytes | str | None = None, *, clock: Clock | None = None) -> None:
-        self._server = LoopbackServer(self._handle)
+        super().__init__()
         self._secret = secret
         self._clock: Clock = clock or SystemClock()
         self._script = Script(Reply.of(204))
         self.received: list[ReceivedWebhook] = []
-
-    async def __aenter__(self) -> LocalWebhookReceiver:
-        await self._server.__aenter__()
-        return self
-
-    async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None,
-                        tb: TracebackType | None) -> None:
-        await self._server.__aexit__(kind, exc, tb)
 
     @property
     def url(self) -> str:
