@@ -137,7 +137,7 @@ def lead_time(events: int, store_rate: float) -> float:
 
 
 def make_loop(engine: Engine, mode: str, poll_seconds: float) -> TimedScheduler:
-    from scheduler.nudging.dispatch import NudgingPlatform
+    from scheduler.nudging.decision import NudgingPlatform
     from scheduler.nudging.rules import load_catalogue
 
     options: dict[str, Any] = {"mode": mode} if mode != "literal" else {}

@@ -88,7 +88,7 @@ class TimedScheduler(Scheduler):
 
 def make_scheduler(engine: Engine, kind: str, batch: int, poll_seconds: float = 0.0) -> TimedScheduler:
     """The production loop wired to ``engine`` with the dispatcher ``kind`` names."""
-    from scheduler.nudging.dispatch import NudgingPlatform
+    from scheduler.nudging.decision import NudgingPlatform
     from scheduler.nudging.rules import load_catalogue
 
     dispatcher = NudgingPlatform(load_catalogue(None)) if kind == "full" else noop_dispatcher

@@ -30,7 +30,7 @@ from scheduler.core import store
 from scheduler.core.clock import ManualClock
 from scheduler.core.loop import Scheduler
 from scheduler.database.database import Database
-from scheduler.nudging.dispatch import NudgingPlatform
+from scheduler.nudging.decision import NudgingPlatform
 from scheduler.nudging.rules import load_catalogue
 from scheduler.web.app import SchedulerService
 from scheduler.web.http.auth import mint_token

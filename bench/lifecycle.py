@@ -26,7 +26,7 @@ from bench.env import NOW, Server, bench_engine, load_events, progress
 from scheduler.core.clock import ManualClock
 from scheduler.core.loop import Scheduler
 from scheduler.database.database import Database
-from scheduler.nudging.dispatch import NudgingPlatform
+from scheduler.nudging.decision import NudgingPlatform
 from scheduler.nudging.rules import load_catalogue
 from scheduler.types import Dispatcher
 from scheduler.web.inbox.hub import StreamPublisher

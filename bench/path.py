@@ -90,7 +90,7 @@ def measure(database_url: str) -> PathModules:
 
     from scheduler import ManualClock, SchedulerService, Settings
     from scheduler.database.engine import make_engine
-    from scheduler.nudging.publishers import RecordingPublisher
+    from scheduler.nudging.orchestrator import RecordingPublisher
     from scheduler.web.http.auth import mint_token
 
     secret = "path-measurement-secret-of-at-least-32-bytes"

@@ -29,7 +29,7 @@ BUCKETS = {
     "Scheduler.claim": "scheduler/core/loop.py:claim",
     "Scheduler.dispatch_next": "scheduler/core/loop.py:dispatch_next",
     "Scheduler.finish": "scheduler/core/loop.py:finish",
-    "engine evaluate (rules, templates)": "scheduler/nudging/rule_engine.py:evaluate",
+    "engine evaluate (rules, templates)": "scheduler/nudging/rules.py:evaluate",
     "the one decision (a batch, or a live event as a batch of one)": "scheduler/nudging/decision.py:decide",
 }
 

@@ -28,7 +28,7 @@ from starlette.testclient import TestClient
 from scheduler.config import Settings
 from scheduler.core.clock import ManualClock
 from scheduler.database.engine import make_engine, migrate, socket_dir_of
-from scheduler.nudging.publishers import RecordingPublisher
+from scheduler.nudging.orchestrator import RecordingPublisher
 from scheduler.web.app import SchedulerService
 from scheduler.web.http.auth import mint_token
 

@@ -19,8 +19,7 @@ from sqlalchemy.orm import Session
 
 from scheduler.database import pipeline
 from scheduler.database.queries import DEFAULT_SCHEMA
-from scheduler.nudging.decision import BatchDecisions
-from scheduler.nudging.dispatch import NudgingPlatform
+from scheduler.nudging.decision import BatchDecisions, NudgingPlatform
 from scheduler.types import (
     BatchDispatcher,
     DigitalTwinEvent,

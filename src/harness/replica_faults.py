@@ -16,7 +16,7 @@ from harness.types import RunContext
 from scheduler.core.loop import Batch
 from scheduler.database.engine import SESSION_TIME_ZONE
 from scheduler.database.queries import Statements
-from scheduler.nudging.publishers import RecordingPublisher
+from scheduler.nudging.orchestrator import RecordingPublisher
 
 # The frozen replica's bound on idling inside its transaction, in ms: production's setting
 # (SCHEDULER_IDLE_IN_TRANSACTION_TIMEOUT_MS, 10 s) shortened so that a step need not wait.

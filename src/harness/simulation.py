@@ -38,8 +38,8 @@ from harness.teardown import close_run
 from harness.types import Violation
 from scheduler.core.clock import ManualClock
 from scheduler.core.loop import Scheduler
-from scheduler.nudging.dispatch import NudgingPlatform
-from scheduler.nudging.publishers import RecordingPublisher
+from scheduler.nudging.decision import NudgingPlatform
+from scheduler.nudging.orchestrator import RecordingPublisher
 from scheduler.nudging.rules import load_catalogue
 from scheduler.types import DigitalTwinEvent, Dispatcher, SchedulerMode
 

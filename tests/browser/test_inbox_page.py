@@ -19,7 +19,7 @@ from sqlalchemy import Engine
 from scheduler.config import Settings
 from scheduler.core.clock import ManualClock
 from scheduler.database.engine import make_engine
-from scheduler.nudging.publishers import RecordingPublisher
+from scheduler.nudging.orchestrator import RecordingPublisher
 from scheduler.web.app import SchedulerService
 from tests.conftest import INGEST, T0, token
 from tests.helpers import event_body, reminder_facts, rows

@@ -30,8 +30,8 @@ from starlette.testclient import TestClient
 
 from scheduler.config import ConfigError, Settings
 from scheduler.core.clock import ManualClock
-from scheduler.nudging.dispatch import NudgingPlatform
-from scheduler.nudging.publishers import RecordingPublisher
+from scheduler.nudging.decision import NudgingPlatform
+from scheduler.nudging.orchestrator import RecordingPublisher
 from scheduler.nudging.rules import load_catalogue
 from scheduler.observability.logs import JsonFormatter, RedactingFormatter, redact
 from scheduler.observability.otel import TracingObserver

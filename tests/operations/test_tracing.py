@@ -27,7 +27,7 @@ from starlette.testclient import TestClient
 
 from scheduler.config import ConfigError, Settings
 from scheduler.core.clock import ManualClock
-from scheduler.nudging.publishers import RecordingPublisher
+from scheduler.nudging.orchestrator import RecordingPublisher
 from scheduler.observability import traceparent as w3c
 from scheduler.observability.otel import TracingObserver
 from scheduler.observability.tracing import traces_exporters

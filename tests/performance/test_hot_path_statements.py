@@ -24,9 +24,8 @@ import pytest
 from sqlalchemy import Engine, event
 from starlette.testclient import TestClient
 
-from scheduler.nudging.dispatch import NudgingPlatform
-from scheduler.nudging.orchestrator import Orchestrator, WebChannel
-from scheduler.nudging.publishers import RecordingPublisher
+from scheduler.nudging.decision import NudgingPlatform
+from scheduler.nudging.orchestrator import Orchestrator, RecordingPublisher, WebChannel
 from scheduler.types import DeclaredDispatcher, DigitalTwinEvent, DispatchOutcome, DispatchResult
 from scheduler.web.app import SchedulerService
 from tests.conftest import INGEST, T0

@@ -22,7 +22,7 @@ from starlette.testclient import TestClient
 from scheduler.config import Settings
 from scheduler.core.clock import ManualClock
 from scheduler.database.engine import make_engine
-from scheduler.nudging.publishers import RecordingPublisher
+from scheduler.nudging.orchestrator import RecordingPublisher
 from scheduler.web.app import SchedulerService
 from tests.conftest import T0
 from tests.helpers import post_event

@@ -28,7 +28,7 @@ from scheduler.core.loop import Scheduler
 from scheduler.database.database import Database
 from scheduler.database.engine import database_time
 from scheduler.database.queries import load_queries
-from scheduler.nudging.dispatch import NudgingPlatform
+from scheduler.nudging.decision import NudgingPlatform
 from scheduler.nudging.rules import load_catalogue
 from scheduler.operations.metrics import parse_exposition
 from scheduler.web.app import SchedulerService

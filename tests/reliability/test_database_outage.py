@@ -18,7 +18,7 @@ from starlette.testclient import TestClient
 from scheduler.config import Settings
 from scheduler.core.clock import ManualClock
 from scheduler.database.engine import make_engine, ping_when_idle, polling
-from scheduler.nudging.dispatch import NudgingPlatform
+from scheduler.nudging.decision import NudgingPlatform
 from scheduler.nudging.rules import load_catalogue
 from scheduler.types import DigitalTwinEvent, DispatchResult
 from scheduler.web.app import SchedulerService, create_app

@@ -19,8 +19,8 @@ from scheduler.core.clock import ManualClock
 from scheduler.core.loop import Scheduler
 from scheduler.database.database import Database
 from scheduler.database.engine import make_engine
-from scheduler.nudging.dispatch import NudgingPlatform
-from scheduler.nudging.publishers import RecordingPublisher
+from scheduler.nudging.decision import NudgingPlatform
+from scheduler.nudging.orchestrator import RecordingPublisher
 from scheduler.nudging.rules import load_catalogue
 from tests.conftest import T0
 from tests.reliability.support import notifications_by_event, statuses, store_due, wait_until

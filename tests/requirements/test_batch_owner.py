@@ -21,8 +21,7 @@ from starlette.testclient import TestClient
 
 from scheduler.core.poll import Batch
 from scheduler.core.strategies import OptimisticBatch, SavepointPerEvent, SetBasedBatch
-from scheduler.nudging.decision import BatchDecisions, Check
-from scheduler.nudging.dispatch import NudgingPlatform
+from scheduler.nudging.decision import BatchDecisions, Check, NudgingPlatform
 from scheduler.types import DeclaredDispatcher, DigitalTwinEvent, DispatchOutcome, DispatchResult
 from scheduler.web.app import SchedulerService
 from tests.conftest import T0

@@ -15,8 +15,7 @@ from pathlib import Path
 import pytest
 from starlette.testclient import TestClient
 
-from scheduler.nudging.rule_engine import RuleRefusal, evaluate
-from scheduler.nudging.rules import CatalogueError, load_catalogue
+from scheduler.nudging.rules import CatalogueError, RuleRefusal, evaluate, load_catalogue
 from scheduler.types import DigitalTwinEvent, DispatchOutcome
 from tests.conftest import INGEST
 from tests.helpers import reminder_facts

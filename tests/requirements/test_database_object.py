@@ -17,7 +17,7 @@ from scheduler.core.clock import ManualClock
 from scheduler.database import pipeline
 from scheduler.database.database import Database
 from scheduler.database.engine import make_engine, migrate
-from scheduler.nudging.dispatch import NudgingPlatform
+from scheduler.nudging.decision import NudgingPlatform
 from scheduler.nudging.rules import load_catalogue
 from scheduler.web.app import SchedulerService
 from tests.conftest import ADMIN, T0, TEST_SECRET

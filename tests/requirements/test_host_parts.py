@@ -30,7 +30,7 @@ from starlette.testclient import TestClient
 
 from scheduler.config import ConfigError, Settings
 from scheduler.core.clock import ManualClock
-from scheduler.nudging.publishers import RecordingPublisher
+from scheduler.nudging.orchestrator import RecordingPublisher
 from scheduler.web.app import PARTS, SchedulerService, part_of
 from scheduler.web.http.auth import authenticated, mint_token
 from tests.conftest import ADMIN, INGEST, TEST_SECRET

@@ -27,7 +27,7 @@ from scheduler.config import Settings
 from scheduler.core.clock import ManualClock
 from scheduler.database.database import Database
 from scheduler.database.engine import make_engine
-from scheduler.nudging.publishers import RecordingPublisher
+from scheduler.nudging.orchestrator import RecordingPublisher
 from scheduler.web.app import SchedulerService
 from scheduler.web.inbox.hub import STREAM_LOCK_KEY, Inbox, StreamPublisher, sse_stream
 from tests.conftest import ADMIN, INGEST, PARTICIPANT, bearer

@@ -36,8 +36,8 @@ from scheduler.cli import build_parser, main
 from scheduler.config import Settings
 from scheduler.core.clock import ManualClock
 from scheduler.database.engine import drop_database, ensure_database
-from scheduler.nudging.dispatch import NudgingPlatform
-from scheduler.nudging.publishers import RecordingPublisher
+from scheduler.nudging.decision import NudgingPlatform
+from scheduler.nudging.orchestrator import RecordingPublisher
 from scheduler.nudging.rules import load_catalogue
 from scheduler.web.app import SchedulerService
 from tests.conftest import T0, TEST_SECRET, bearer

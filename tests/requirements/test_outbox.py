@@ -21,7 +21,7 @@ from starlette.testclient import TestClient
 from scheduler.config import Settings
 from scheduler.core.clock import ManualClock
 from scheduler.delivery.backoff import RetryPolicy
-from scheduler.nudging.publishers import RecordingPublisher
+from scheduler.nudging.orchestrator import RecordingPublisher
 from scheduler.operations.delivery_worker import DeliveryWorker
 from scheduler.testing.webhook_receiver import LocalWebhookReceiver, Reply
 from scheduler.types import Delivered, OutboundDelivery, Retry, SendResult, Undeliverable

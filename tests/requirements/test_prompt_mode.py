@@ -30,7 +30,7 @@ from scheduler.config import ConfigError, Settings
 from scheduler.core.clock import ManualClock
 from scheduler.core.loop import Scheduler
 from scheduler.database.listener import Listener, conninfo_of
-from scheduler.nudging.publishers import RecordingPublisher
+from scheduler.nudging.orchestrator import RecordingPublisher
 from scheduler.types import SchedulerMode
 from scheduler.web.app import SchedulerService
 from tests.conftest import ADMIN, INGEST, T0, TEST_SECRET

@@ -27,8 +27,7 @@ from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 
 from scheduler.core.store import set_preferences, store_event
-from scheduler.nudging.decision import BatchDecisions, Check
-from scheduler.nudging.dispatch import NudgingPlatform
+from scheduler.nudging.decision import BatchDecisions, Check, NudgingPlatform
 from scheduler.nudging.orchestrator import Orchestrator, WebChannel
 from scheduler.types import DigitalTwinEvent, error_text
 from scheduler.web.app import SchedulerService

@@ -14,7 +14,7 @@ from sqlalchemy import Engine
 from starlette.testclient import TestClient
 
 from scheduler.core.clock import ManualClock
-from scheduler.nudging.publishers import RecordingPublisher
+from scheduler.nudging.orchestrator import RecordingPublisher
 from scheduler.web.app import SchedulerService
 from tests.conftest import ADMIN, INGEST
 from tests.helpers import FakeDispatcher, event_row, post_event, reminder_facts

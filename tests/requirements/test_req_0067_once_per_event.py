@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 from starlette.testclient import TestClient
 
 from scheduler.core.strategies import SavepointPerEvent
-from scheduler.nudging.dispatch import NudgingPlatform
+from scheduler.nudging.decision import NudgingPlatform
 from scheduler.types import (
     UNDECLARED,
     Capabilities,

@@ -25,9 +25,8 @@ from sqlalchemy.orm import Session
 from scheduler.core.store import set_preferences, store_event
 from scheduler.database.queries import load_queries
 from scheduler.nudging import decision
-from scheduler.nudging.decision import BatchDecisions
-from scheduler.nudging.dispatch import NudgingPlatform
-from scheduler.nudging.publishers import RecordingPublisher
+from scheduler.nudging.decision import BatchDecisions, NudgingPlatform
+from scheduler.nudging.orchestrator import RecordingPublisher
 from scheduler.types import DigitalTwinEvent, DispatchResult
 from scheduler.web.app import SchedulerService
 from tests.conftest import T0

@@ -13,7 +13,7 @@ from starlette.testclient import TestClient
 
 from scheduler.config import Settings
 from scheduler.core.clock import ManualClock
-from scheduler.nudging.publishers import RecordingPublisher
+from scheduler.nudging.orchestrator import RecordingPublisher
 from scheduler.nudging.rules import load_catalogue
 from scheduler.web.app import SchedulerService
 from tests.conftest import INGEST, T0, TEST_SECRET

@@ -34,8 +34,8 @@ from scheduler.core.poll import publish_committed
 from scheduler.delivery.webhook import WebhookSender
 from scheduler.delivery.webpush import WebPushSender
 from scheduler.nudging import decision
-from scheduler.nudging.dispatch import NudgingPlatform
-from scheduler.nudging.publishers import LoggingPublisher, RecordingPublisher
+from scheduler.nudging.decision import NudgingPlatform
+from scheduler.nudging.orchestrator import LoggingPublisher, RecordingPublisher
 from scheduler.types import (
     UNDECLARED,
     BatchDecisions,

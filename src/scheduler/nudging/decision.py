@@ -12,6 +12,14 @@ transaction ends (the claim took it, DEC-2, or ``decide`` takes it first), and a
 deduplication key names its participant, so nothing another transaction commits can change
 what was read. The write still counts the rows it wrote and fails on any difference from
 the decisions (the scheduler then falls back to batches of one, DEC-1.2).
+
+``NudgingPlatform`` is the production ``Dispatcher`` that runs it, the one dispatch path of
+live ingest and the scheduler (REQ-0066): the rules say what they want, the decision what is
+delivered, and the result carries the outcome in the domain's words (``DispatchOutcome``),
+the same for a live and a scheduled event; only the live route maps it to an HTTP answer. A
+live event (and an event of the scheduler's per-event path) is decided and written as a batch
+of one; a claimed batch is decided whole (``decide_batch``), its write left to the scheduler,
+who sends it with the COMMIT.
 """
 
 from __future__ import annotations
@@ -38,9 +46,14 @@ from scheduler.nudging.orchestrator import (
     notification_row,
     outbox_message,
 )
-from scheduler.nudging.rule_engine import Candidate, RuleRefusal, evaluate
-from scheduler.nudging.rules import Catalogue
-from scheduler.types import DigitalTwinEvent, DispatchOutcome, DispatchResult, NotificationStatus
+from scheduler.nudging.rules import Candidate, Catalogue, RuleRefusal, evaluate
+from scheduler.types import (
+    BatchDispatcher,
+    DigitalTwinEvent,
+    DispatchOutcome,
+    DispatchResult,
+    NotificationStatus,
+)
 
 # What an event's rules gave: its candidates with their keys, a refusal's result, or the
 # exception an evaluator raised (that event fails, alone: REQ-0067).
@@ -302,3 +315,42 @@ def read(session: Session, users: list[str], keys: list[str], now: datetime,
         # their days lies within CAP_WINDOW of now, so the window read holds it whole
         state.sent_today[user] = sum(day_start <= datetime.fromisoformat(t) < day_end for t in sent_at)
     return state
+
+
+class NudgingPlatform(BatchDispatcher):
+    """Engine plus orchestrator, run inside the caller's transaction. It declares both
+    capabilities (``BatchDispatcher``): it decides a claimed batch whole, and it is safe to call
+    again."""
+
+    # Every effect is a row written in the session it is handed, and the outbound messages
+    # leave only after the commit: calling it again for an event whose first call was rolled
+    # back is safe, so a batch runs optimistically, with a replay after a failure (DEC-1.4).
+    safe_to_repeat = True
+
+    def __init__(self, catalogue: Catalogue, orchestrator: Orchestrator | None = None, *,
+                 decisions: DecisionRepository | None = None) -> None:
+        """``decisions``: the reads and writes of the service's ``Database`` (its schema's;
+        ``SchedulerService`` passes its own); by default the default schema's, ``scheduler``."""
+        self.catalogue = catalogue
+        self.orchestrator = orchestrator or Orchestrator()
+        self.decisions = decisions if decisions is not None else DecisionRepository.of()
+
+    def __call__(self, session: Session, event: DigitalTwinEvent, now: datetime) -> DispatchResult:
+        """Decide one event as a batch of one and write its decision (one read, one write;
+        the participant's lock first unless this transaction holds it). An evaluator's own
+        error propagates."""
+        decided = decide(self.catalogue, self.orchestrator, session, [event], now, decisions=self.decisions)
+        [result] = decided.results
+        if isinstance(result, Exception):
+            raise result
+        if decided.writes_anything:
+            self.decisions.write(session, *decided.write_statement())
+        return result
+
+    def decide_batch(self, session: Session, events: Sequence[DigitalTwinEvent], now: datetime,
+                     stop: Callable[[], bool] | None = None, check: Check | None = None) -> BatchDecisions:
+        """Decide a claimed batch: each event's result as ``__call__`` gives it, one after the
+        other at ``now``, read in one statement; the write (``BatchDecisions.write_statement``)
+        is left to the caller. ``stop`` and ``check``: see ``decision.decide``."""
+        return decide(self.catalogue, self.orchestrator, session, events, now, decisions=self.decisions,
+                      stop=stop, check=check)

@@ -1,5 +1,6 @@
 """The orchestrator's vocabulary: preferences and the daily cap's day, the channels a sent
-notification is delivered through, and the rows a decision writes.
+notification is delivered through, the rows a decision writes, and the publishers that push
+its messages once its transaction has committed.
 
 The decision itself (deduplication, preferences, the cap, delivery) is ``nudging.decision``:
 one function over a batch's state, for a live event and a scheduled batch alike (REQ-0066).
@@ -11,6 +12,8 @@ statement writes its rows with everything else.
 from __future__ import annotations
 
 import inspect
+import logging
+import threading
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -23,10 +26,12 @@ from scheduler.nudging.local_time import (
     quiet_hours_end,
     zone_or_default,
 )
-from scheduler.nudging.rule_engine import Candidate
+from scheduler.nudging.rules import Candidate
 from scheduler.types import DigitalTwinEvent, NotificationStatus, OutboundMessage
 
 DEFAULT_MAX_PER_DAY = 3
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -233,3 +238,27 @@ def _check_channel(channel: Channel) -> None:
             f"channel {channel.name!r}: deliver(session, notification, now) is the old Channel protocol; "
             "a channel now returns its delivery rows and messages from deliver(notification, now) -> Delivery, "
             "and the batch's one write statement writes them (see CHANGELOG.md)")
+
+
+# -- publishers: where a delivered notification goes once its transaction has committed --
+
+
+class LoggingPublisher:
+    """The default: logs each push. A browser push channel plugs in here."""
+
+    def publish(self, message: OutboundMessage) -> None:
+        logger.info(
+            "notification %s (%s) for %s: %s", message.notification_id, message.kind, message.user_id, message.title
+        )
+
+
+class RecordingPublisher:
+    """A fake for tests and the simulation: remembers what was pushed, in order."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.messages: list[OutboundMessage] = []
+
+    def publish(self, message: OutboundMessage) -> None:
+        with self._lock:
+            self.messages.append(message)

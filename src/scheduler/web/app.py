@@ -50,10 +50,9 @@ from scheduler.database.engine import (
 from scheduler.database.host_engine import for_scheduler, is_async, loop_engine_like, sync_twin
 from scheduler.database.listener import Listener, conninfo_of
 from scheduler.delivery.channels import built_in_channels, built_in_senders, retry_policy
-from scheduler.nudging.dispatch import NudgingPlatform
+from scheduler.nudging.decision import NudgingPlatform
 from scheduler.nudging.facts import FactsContract
-from scheduler.nudging.orchestrator import Orchestrator, OutboxChannel, WebChannel
-from scheduler.nudging.publishers import LoggingPublisher
+from scheduler.nudging.orchestrator import LoggingPublisher, Orchestrator, OutboxChannel, WebChannel
 from scheduler.nudging.rules import Catalogue, load_catalogue
 from scheduler.observability.observer import Observer
 from scheduler.observability.tracing import observe, observer_from_env
