@@ -28,7 +28,7 @@ from starlette.testclient import TestClient
 from scheduler.config import ConfigError, Settings
 from scheduler.core.clock import ManualClock
 from scheduler.nudging.orchestrator import RecordingPublisher
-from scheduler.observability import traceparent as w3c
+from scheduler.observability.observer import normalized_traceparent, parse_traceparent
 from scheduler.observability.otel import TracingObserver
 from scheduler.observability.tracing import traces_exporters
 from scheduler.web.app import SchedulerService
@@ -231,7 +231,7 @@ def test_a_batch_store_is_one_span_with_its_count_and_its_rows_link_to_the_reque
     assert any(s.parent is not None and s.parent.span_id == stored.context.span_id and s.kind is SpanKind.CLIENT
                for s in spans.get_finished_spans())
     for result in response.json()[:2]:
-        kept = w3c.parse(event_row(engine, result["event"]["id"])["traceparent"])
+        kept = parse_traceparent(event_row(engine, result["event"]["id"])["traceparent"])
         assert kept is not None and (kept.trace_id, kept.span_id) == (request.context.trace_id,
                                                                       request.context.span_id)
 
@@ -257,13 +257,13 @@ def test_without_tracing_a_row_keeps_a_valid_caller_traceparent_and_ignores_an_i
 def test_the_traceparent_parser_follows_the_w3c_rules() -> None:
     """TRACE-4: version 00 is exactly four fields; a later version's extra fields are read
     past; version ff, zero ids, upper case, and overlong values are invalid."""
-    assert w3c.normalized(CALLER_TRACEPARENT) == CALLER_TRACEPARENT
-    assert w3c.normalized(f"01-{CALLER_TRACE}-{CALLER_SPAN}-00-later-field") == f"00-{CALLER_TRACE}-{CALLER_SPAN}-00"
+    assert normalized_traceparent(CALLER_TRACEPARENT) == CALLER_TRACEPARENT
+    assert normalized_traceparent(f"01-{CALLER_TRACE}-{CALLER_SPAN}-00-later-field") == f"00-{CALLER_TRACE}-{CALLER_SPAN}-00"
     for invalid in (f"{CALLER_TRACEPARENT}-extra", f"ff-{CALLER_TRACE}-{CALLER_SPAN}-01",
                     f"00-{CALLER_TRACE}-{'0' * 16}-01", f"00-{CALLER_TRACE[:-1]}-{CALLER_SPAN}-01",
                     f"01-{CALLER_TRACE}-{CALLER_SPAN}-01x", f"01-{CALLER_TRACE}-{CALLER_SPAN}-01-" + "a" * 600, "", None):
-        assert w3c.normalized(invalid) is None, invalid
-    parsed = w3c.parse(CALLER_TRACEPARENT)
+        assert normalized_traceparent(invalid) is None, invalid
+    parsed = parse_traceparent(CALLER_TRACEPARENT)
     assert parsed is not None and parsed.sampled
 
 

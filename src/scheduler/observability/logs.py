@@ -21,7 +21,7 @@ import sys
 from datetime import UTC, datetime
 from typing import Any
 
-from scheduler.observability import log_context
+from scheduler.observability.observer import current_event_id, current_replica
 
 LOG_FORMATS = ("text", "json")
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -64,10 +64,10 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "message": redact(record.getMessage()),
         }
-        event_id = getattr(record, "event_id", None) or log_context.event_id.get()
+        event_id = getattr(record, "event_id", None) or current_event_id.get()
         if event_id:
             entry["event_id"] = str(event_id)
-        replica = getattr(record, "replica", None) or log_context.replica()
+        replica = getattr(record, "replica", None) or current_replica()
         if replica:
             entry["replica"] = str(replica)
         entry.update(_trace_fields())

@@ -1,20 +1,24 @@
 """What the loop and the HTTP edge tell observability, and the default that traces nothing.
 
 ``Observer`` is the whole interface: a context around each poll and each event's dispatch
-(the loop), around a live event's dispatch (``POST /admin/ingest-event``) and a batch store, and the trace
-context a stored row keeps. This default keeps the log context only (the event id of the
-dispatch under way) and costs a context variable per event; ``otel.TracingObserver`` adds
-the spans. Standard library only: the loop imports it whether tracing is installed or not.
+(the loop), around a live event's dispatch (``POST /admin/ingest-event``) and a bulk store,
+and the trace context a stored row keeps. This default keeps the log context only and costs
+a context variable per event; ``otel.TracingObserver`` adds the spans. Standard library only:
+the loop imports it whether tracing is installed or not.
+
+Also here, as both observers use them: the log context (what a log line carries besides its
+message: the event being dispatched, the replica), and the W3C ``traceparent`` header, parsed
+strictly in one place (https://www.w3.org/TR/trace-context/#traceparent-header).
 """
 
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Callable, Iterator, Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
-
-from scheduler.observability.log_context import event_scope
-from scheduler.observability.traceparent import normalized
 
 if TYPE_CHECKING:
     from sqlalchemy import Engine
@@ -78,4 +82,88 @@ class Observer:
     def storing_traceparent(self, header: str | None) -> str | None:
         """The ``traceparent`` a row stored by the current request keeps: without tracing,
         the caller's header if it is valid (a replica that traces can still link to it)."""
-        return normalized(header)
+        return normalized_traceparent(header)
+
+
+# -- the log context: context variables, so that the loop's thread and each request see their
+# own event id (anyio copies the context into worker threads) ------------------------------
+
+current_event_id: ContextVar[str | None] = ContextVar("scheduler_event_id", default=None)
+
+# The replica this process runs as (its heartbeat's id), set once the service is built.
+_replica: list[str | None] = [None]
+
+
+def set_replica(replica_id: str | None) -> None:
+    """Name this process's replica in every later log line."""
+    _replica[0] = replica_id
+
+
+def current_replica() -> str | None:
+    return _replica[0]
+
+
+@contextlib.contextmanager
+def event_scope(scheduled_event_id: str) -> Iterator[None]:
+    """Log lines inside carry ``event_id``."""
+    token = current_event_id.set(scheduled_event_id)
+    try:
+        yield
+    finally:
+        current_event_id.reset(token)
+
+
+# -- the W3C traceparent header ------------------------------------------------------------
+
+_FIELDS = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
+MAX_HEADER_LENGTH = 512  # a future version may append fields; nothing sane is longer
+
+
+@dataclass(frozen=True)
+class TraceParent:
+    """A valid trace context: the trace, the parent span in it, and the trace flags."""
+
+    trace_id: int
+    span_id: int
+    flags: int
+
+    @property
+    def sampled(self) -> bool:
+        return bool(self.flags & 0x01)
+
+    def header(self) -> str:
+        """The version-00 header (55 characters), as stored in ``scheduled_events.traceparent``."""
+        return f"00-{self.trace_id:032x}-{self.span_id:016x}-{self.flags:02x}"
+
+
+def parse_traceparent(value: str | None) -> TraceParent | None:
+    """The trace context of a ``traceparent`` value, or ``None`` if absent or invalid: a header
+    that does not parse is ignored, as the recommendation asks (the request is served, the row
+    keeps no trace context).
+
+    Version 00 has exactly four fields; a later version may append more after a dash, and its
+    first four are read (the recommendation's forward compatibility). Version ``ff``, an
+    all-zero trace or span id, and upper-case hex are invalid.
+    """
+    if value is None:
+        return None
+    value = value.strip(" \t")
+    if len(value) > MAX_HEADER_LENGTH:
+        return None
+    match = _FIELDS.match(value)
+    if match is None:
+        return None
+    version, trace_hex, span_hex, flags_hex = match.groups()
+    rest = value[match.end():]
+    if version == "ff" or (version == "00" and rest) or (rest and not rest.startswith("-")):
+        return None
+    trace_id, span_id = int(trace_hex, 16), int(span_hex, 16)
+    if trace_id == 0 or span_id == 0:
+        return None
+    return TraceParent(trace_id, span_id, int(flags_hex, 16))
+
+
+def normalized_traceparent(value: str | None) -> str | None:
+    """The stored form of a header: its version-00 rendering, or ``None`` if invalid."""
+    parsed = parse_traceparent(value)
+    return parsed.header() if parsed else None

@@ -42,9 +42,16 @@ from sqlalchemy import Engine
 from starlette.applications import Starlette
 
 from scheduler.config import ConfigError
-from scheduler.observability import traceparent as w3c
-from scheduler.observability.log_context import event_scope
-from scheduler.observability.observer import BatchDone, DispatchDone, LiveDone, Observer, PollRecord
+from scheduler.observability.observer import (
+    BatchDone,
+    DispatchDone,
+    LiveDone,
+    Observer,
+    PollRecord,
+    TraceParent,
+    event_scope,
+    parse_traceparent,
+)
 
 if TYPE_CHECKING:
     from scheduler.types import ClaimedEvent, DispatchResult, EventOutcome, PollReport
@@ -103,7 +110,7 @@ class _StatementTracer(EngineTracer):
 
 def span_context_of(stored: str | None) -> SpanContext | None:
     """The remote span context a stored ``traceparent`` names, for a link."""
-    parsed = w3c.parse(stored)
+    parsed = parse_traceparent(stored)
     if parsed is None:
         return None
     return SpanContext(parsed.trace_id, parsed.span_id, is_remote=True, trace_flags=TraceFlags(parsed.flags))
@@ -213,7 +220,7 @@ class TracingObserver(Observer):
         context = trace.get_current_span().get_span_context()
         if not context.is_valid:
             return super().storing_traceparent(header)
-        return w3c.TraceParent(context.trace_id, context.span_id, int(context.trace_flags)).header()
+        return TraceParent(context.trace_id, context.span_id, int(context.trace_flags)).header()
 
 
 _global: list[TracerProvider] = []

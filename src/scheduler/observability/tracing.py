@@ -14,8 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from scheduler.config import ConfigError
-from scheduler.observability import log_context
-from scheduler.observability.observer import Observer
+from scheduler.observability.observer import Observer, set_replica
 
 if TYPE_CHECKING:
     from sqlalchemy import Engine
@@ -62,5 +61,5 @@ def observe(observer: Observer, *, app: Starlette | None, engines: Sequence[Engi
     tracing), and the replica id in log lines."""
     loop.observer = observer
     observer.instrument(app, engines)
-    log_context.set_replica(replica_id)
+    set_replica(replica_id)
     return observer
