@@ -13,7 +13,8 @@ from starlette.testclient import TestClient
 from scheduler.config import Settings
 from scheduler.core.clock import ManualClock
 from scheduler.web.app import SchedulerService
-from scheduler.web.http.schemas import MAX_DEPTH, MAX_STRING
+from scheduler.web.http.bodies import MAX_DEPTH
+from scheduler.web.http.params import MAX_STRING
 from tests.conftest import ADMIN, INGEST, T0, TEST_SECRET
 
 SCHEDULED = "/admin/scheduled-events"

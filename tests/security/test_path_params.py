@@ -19,7 +19,7 @@ import pytest
 from starlette.routing import Route
 
 from scheduler.web.app import SchedulerService
-from scheduler.web.http.schemas import MAX_STRING
+from scheduler.web.http.params import MAX_STRING
 from tests.security.hostile import Answer, Target, call, targets
 from tests.security.test_hostile_input import console_session
 

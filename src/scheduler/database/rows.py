@@ -1,7 +1,7 @@
 """A database row as JSON: every column as it is, its times in ISO 8601.
 
 The one conversion of a row mapping to what the API, the inbox's stream and the audit trail
-send; the models of ``scheduler.web.http.schemas`` validate the result.
+send; the models of ``scheduler.web.http.answers`` validate the result.
 """
 
 from __future__ import annotations

@@ -37,10 +37,10 @@ from scheduler.nudging.facts import FactsContract
 from scheduler.observability.observer import Observer
 from scheduler.types import Clock
 from scheduler.web.api.ingest import facts_refusal
+from scheduler.web.http.answers import BatchItemOut, HTTPRefusal, ScheduledEventOut, respond
 from scheduler.web.http.auth import actor_of, require
-from scheduler.web.http.params import declares
-from scheduler.web.http.plumbing import HTTPRefusal, Unprocessable, parse_body, read_json, respond
-from scheduler.web.http.schemas import BatchItemOut, ScheduledEventIn, ScheduledEventOut
+from scheduler.web.http.bodies import ScheduledEventIn, parse_body, read_json
+from scheduler.web.http.params import Unprocessable, declares
 
 NOT_AN_ARRAY = "body must be a JSON array of scheduled events"
 

@@ -30,10 +30,14 @@ from scheduler.core.loop import Scheduler
 from scheduler.database.listener import Listener
 from scheduler.types import Clock, SchedulerMode
 from scheduler.web.api.openapi import openapi_document
+from scheduler.web.http.answers import (
+    HealthOut,
+    SchedulerHealthDetailOut,
+    SchedulerHealthOut,
+    respond,
+)
 from scheduler.web.http.auth import require
 from scheduler.web.http.params import declares
-from scheduler.web.http.plumbing import respond
-from scheduler.web.http.schemas import HealthOut, SchedulerHealthDetailOut, SchedulerHealthOut
 
 State = Literal["running", "stale", "failing", "stopped"]
 DETAILS = "GET /admin/health/scheduler (admin) has the error"

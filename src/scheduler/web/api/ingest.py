@@ -36,19 +36,19 @@ from scheduler.types import (
     DispatchResult,
     Publisher,
 )
-from scheduler.web.http.auth import actor_of, require
-from scheduler.web.http.params import declares
-from scheduler.web.http.plumbing import HTTPRefusal, Unprocessable, parse_body, read_json, respond
-from scheduler.web.http.schemas import (
+from scheduler.web.http.answers import (
     DeferredOut,
     DuplicateOut,
+    HTTPRefusal,
     IngestOut,
-    LiveEventIn,
     NotificationOut,
     RuleRefusalOut,
-    ScheduledEventIn,
     ScheduledEventOut,
+    respond,
 )
+from scheduler.web.http.auth import actor_of, require
+from scheduler.web.http.bodies import LiveEventIn, ScheduledEventIn, parse_body, read_json
+from scheduler.web.http.params import Unprocessable, declares
 
 EventBodyT = TypeVar("EventBodyT", ScheduledEventIn, LiveEventIn)
 

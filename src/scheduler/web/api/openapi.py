@@ -9,8 +9,7 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 from starlette.routing import BaseRoute, Route
 
-from scheduler.web.http.params import STREAM_ID_DIGITS, declared
-from scheduler.web.http.schemas import (
+from scheduler.web.http.answers import (
     BatchItemOut,
     CancelConflictOut,
     DeferredOut,
@@ -23,22 +22,20 @@ from scheduler.web.http.schemas import (
     InboxNotificationOut,
     InboxPageOut,
     InboxSessionOut,
-    InboxSignInIn,
     IngestOut,
-    LiveEventIn,
     NotificationOut,
     OperatorActionOut,
-    PreferencesIn,
     PreferencesOut,
     ReplicaOut,
     RuleRefusalOut,
-    ScheduledEventIn,
     ScheduledEventOut,
     SchedulerHealthDetailOut,
     SchedulerHealthOut,
     ValidationErrorOut,
     WebSessionOut,
 )
+from scheduler.web.http.bodies import InboxSignInIn, LiveEventIn, PreferencesIn, ScheduledEventIn
+from scheduler.web.http.params import STREAM_ID_DIGITS, declared
 
 MODELS: tuple[type[BaseModel], ...] = (
     ScheduledEventIn, LiveEventIn, PreferencesIn, ScheduledEventOut, NotificationOut,

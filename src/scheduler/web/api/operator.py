@@ -21,10 +21,9 @@ from scheduler.database.database import Database
 from scheduler.operations.heartbeat import list_replicas
 from scheduler.operations.metrics import CONTENT_TYPE, Metrics
 from scheduler.types import Clock
+from scheduler.web.http.answers import OperatorActionOut, ReplicaOut, respond
 from scheduler.web.http.auth import require
 from scheduler.web.http.params import Param, declares, query
-from scheduler.web.http.plumbing import respond
-from scheduler.web.http.schemas import OperatorActionOut, ReplicaOut
 from scheduler.web.http.sessions import SessionStore, session_routes
 
 MAX_ACTION_ID = 2**63 - 1  # operator_actions.id is a bigint

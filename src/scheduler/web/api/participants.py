@@ -19,10 +19,10 @@ from scheduler.nudging.local_time import (
     parse_time_zone,
 )
 from scheduler.types import Clock, DeliveryRowStatus, NotificationStatus
+from scheduler.web.http.answers import DeliveryOut, NotificationOut, PreferencesOut, respond
 from scheduler.web.http.auth import require
-from scheduler.web.http.params import Param, Unprocessable, declares, query
-from scheduler.web.http.plumbing import parse_body, path_param, read_json, respond
-from scheduler.web.http.schemas import DeliveryOut, NotificationOut, PreferencesIn, PreferencesOut
+from scheduler.web.http.bodies import PreferencesIn, parse_body, read_json
+from scheduler.web.http.params import Param, Unprocessable, declares, path_param, query
 
 
 class ParticipantRoutes:

@@ -25,11 +25,15 @@ from starlette.routing import BaseRoute, Route
 from scheduler.application import audit, commands, events
 from scheduler.database.database import Database
 from scheduler.types import Clock
+from scheduler.web.http.answers import (
+    CancelConflictOut,
+    HistoryEntryOut,
+    ScheduledEventOut,
+    respond,
+)
 from scheduler.web.http.auth import actor_of, require
 from scheduler.web.http.event_filter import CURSOR, EVENT_FILTER, event_query
-from scheduler.web.http.params import Param, declares, query, query_pairs
-from scheduler.web.http.plumbing import Unprocessable, path_param, respond
-from scheduler.web.http.schemas import CancelConflictOut, HistoryEntryOut, ScheduledEventOut
+from scheduler.web.http.params import Param, Unprocessable, declares, path_param, query, query_pairs
 
 LIMIT = Param.integer(1, events.MAX_LIMIT, default=100, description="at most this many rows")
 

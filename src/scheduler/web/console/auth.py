@@ -25,7 +25,7 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
 from scheduler.web.http.auth import TokenVerifier
-from scheduler.web.http.plumbing import base_path
+from scheduler.web.http.params import base_path
 from scheduler.web.http.sessions import SessionStore, WebSession
 
 COOKIE = "scheduler_console"

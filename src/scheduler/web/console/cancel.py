@@ -22,8 +22,7 @@ from scheduler.web.console.auth import CSRF_FIELD, ConsoleGuard, console_session
 from scheduler.web.console.bulk import bulk_action
 from scheduler.web.console.view import ConsoleView
 from scheduler.web.http.event_filter import EVENT_FILTER, event_query
-from scheduler.web.http.params import declares, query
-from scheduler.web.http.plumbing import base_path, path_param
+from scheduler.web.http.params import base_path, declares, path_param, query
 
 
 def cancel_routes(console: ConsoleView, guard: ConsoleGuard) -> list[Route]:

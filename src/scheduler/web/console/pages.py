@@ -47,8 +47,15 @@ from scheduler.web.console.cancel import cancel_routes
 from scheduler.web.console.view import PACKAGE, ConsoleView
 from scheduler.web.http.auth import TokenVerifier, token_problem
 from scheduler.web.http.event_filter import CURSOR, EVENT_FILTER, event_query
-from scheduler.web.http.params import Endpoint, Param, Unprocessable, declares, query
-from scheduler.web.http.plumbing import base_path, path_param
+from scheduler.web.http.params import (
+    Endpoint,
+    Param,
+    Unprocessable,
+    base_path,
+    declares,
+    path_param,
+    query,
+)
 from scheduler.web.http.sessions import SessionStore
 from scheduler.web.http.sse import Streams, wait_or_close
 

@@ -23,7 +23,8 @@ from scheduler.database.database import Database
 from scheduler.operations.overview import duration
 from scheduler.types import Clock
 from scheduler.web.console.auth import CSRF_FIELD
-from scheduler.web.http.plumbing import base_path, read_form
+from scheduler.web.http.bodies import read_form
+from scheduler.web.http.params import base_path
 
 PACKAGE = Path(str(files("scheduler.web.console")))
 HEADERS = {

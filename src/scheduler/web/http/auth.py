@@ -34,7 +34,7 @@ from scheduler.config import Settings
 from scheduler.core.clock import SystemClock
 from scheduler.database.models import NAME_LENGTH
 from scheduler.types import Clock
-from scheduler.web.http.schemas import check_text
+from scheduler.web.http.params import check_text
 
 PERMISSION_SCOPES = {"ingest": "nudging.ingest", "admin": "nudging.admin"}
 # Any valid token, a participant's (no scope) included: the routes under /me, which serve

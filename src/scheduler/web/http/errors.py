@@ -17,8 +17,8 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
-from scheduler.web.http.plumbing import HTTPRefusal, Unprocessable, respond
-from scheduler.web.http.schemas import ErrorOut
+from scheduler.web.http.answers import ErrorOut, HTTPRefusal, respond
+from scheduler.web.http.params import Unprocessable
 
 logger = logging.getLogger(__name__)
 

@@ -1,4 +1,5 @@
-"""Strict parsing of what a stranger puts in a URL or a header: the one place it is done.
+"""Strict parsing of what a stranger puts in a URL or a header: the one place it is done (a
+body is ``bodies``').
 
 Every route declares its query parameters with ``@declares(name=Param, ...)``; the
 declaration validates them before the handler runs, documents them in ``/openapi.json``
@@ -12,7 +13,9 @@ and tells the fuzz what to attack. The rules (decisions DEC-PARAMS in specs/deci
 - An empty value is the same as an absent one: an HTML form sends its empty fields.
 - A number is ASCII digits only (``str.isdigit()`` accepts ``²`` and ``٣``, which ``int()``
   then refuses), of bounded length, within the field's bounds: no sign, no space, no ``_``.
-- Text is at most ``MAX_STRING`` characters, without NUL, valid Unicode.
+- Text is at most ``MAX_STRING`` characters, without NUL, valid Unicode (``check_text``, a
+  body's strings' rule too).
+- A path parameter is read as strictly, from the raw path (``path_param``).
 
 A malformed request is an ``Unprocessable`` naming every offending field (a 422 in the
 project's error shape ``{"detail", "errors": [{"field", "message"}]}``); the console renders
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import re
+import unicodedata
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -32,15 +36,20 @@ from urllib.parse import unquote_to_bytes
 
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.routing import Route
 
 from scheduler.digits import digits_value
-from scheduler.web.http.schemas import MAX_STRING, ValidationErrorOut, check_text
+from scheduler.web.http.answers import ValidationErrorOut
 
 Endpoint = Callable[..., Awaitable[Response]]
 E = TypeVar("E", bound=StrEnum)
 
+MAX_STRING = 200
 STREAM_ID_DIGITS = 18  # a bigint stream number fits: 10**18 - 1 < 2**63
 _BAD_PERCENT = re.compile(rb"%(?![0-9A-Fa-f]{2})")
+# Marks a stray "%" in a strictly decoded path: a lone surrogate that decoding never makes
+# (surrogateescape only makes U+DC80..U+DCFF, for bytes that are not UTF-8).
+_STRAY_PERCENT = "\udc25"
 
 
 class Unprocessable(Exception):
@@ -78,6 +87,16 @@ def stream_id(name: str, raw: str) -> int:
     if value is None:
         raise Unprocessable.field(name, f"must be a stream event id (up to {STREAM_ID_DIGITS} ASCII digits)")
     return value
+
+
+def check_text(value: str) -> None:
+    """Text PostgreSQL can store: no NUL, and valid Unicode (no unpaired surrogate)."""
+    if "\x00" in value:
+        raise ValueError("contains a NUL character (\\u0000), which cannot be stored")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("contains an unpaired surrogate (\\ud800-\\udfff), which is not valid Unicode") from None
 
 
 def text_param(name: str, raw: str | None, max_length: int = MAX_STRING) -> str | None:
@@ -298,3 +317,49 @@ __all__ = [
     "timestamp",
     "whole_number",
 ]
+
+
+# -- the path ------------------------------------------------------------------------------
+
+
+def base_path(request: Request) -> str:
+    """Where the app is mounted (``""`` standalone, ``/nudging`` when embedded): the prefix of
+    the links and cookie paths the console and the inbox page give a browser."""
+    return str(request.scope.get("root_path", "")).rstrip("/")
+
+
+def path_param(request: Request, name: str) -> str:
+    """A path parameter, parsed as strictly as a query parameter (DEC-PARAMS): its bytes
+    percent-decode to UTF-8 (Starlette would turn them into U+FFFD), without a stray
+    ``%``, a NUL or another control character, and bounded (see ``text_param``); else a
+    422 naming ``name``."""
+    value = str(request.path_params[name])
+    strict = _strict_value(request, name)
+    if strict is not None:
+        if _STRAY_PERCENT in strict:
+            raise Unprocessable.field(name, "invalid percent-encoding (% must be followed by two hex digits)")
+        if any("\udc80" <= c <= "\udcff" for c in strict):
+            raise Unprocessable.field(name, "not valid UTF-8 once percent-decoded")
+    text_param(name, value)
+    if any(unicodedata.category(c) == "Cc" for c in value):
+        raise Unprocessable.field(name, "contains a control character")
+    return value
+
+
+def _strict_value(request: Request, name: str) -> str | None:
+    """The parameter as the raw path spells it, decoded without losing a byte: bytes that are
+    not UTF-8 stay lone surrogates, a stray ``%`` is ``_STRAY_PERCENT``. None where the raw
+    path or the route is unknown (then the decoded value is all there is)."""
+    raw_path = request.scope.get("raw_path")
+    route = request.scope.get("route")
+    if not isinstance(raw_path, bytes) or not isinstance(route, Route):
+        return None
+    raw_path = raw_path.partition(b"?")[0]
+    decoded = _STRAY_PERCENT.join(unquote_to_bytes(part).decode("utf-8", "surrogateescape")
+                                  for part in _BAD_PERCENT.split(raw_path))
+    # The route's own pattern, unanchored at the start: an app mounted under a prefix sees
+    # the whole raw path, the route only its own tail.
+    match = re.search(route.path_regex.pattern.removeprefix("^"), decoded)
+    if match is None or name not in match.groupdict():
+        return None
+    return match.group(name)

@@ -38,10 +38,9 @@ from starlette.routing import BaseRoute, Route
 
 from scheduler.database.database import Database
 from scheduler.types import Clock
+from scheduler.web.http.answers import WebSessionOut, respond
 from scheduler.web.http.auth import require
-from scheduler.web.http.params import Param, declares, query
-from scheduler.web.http.plumbing import path_param, respond
-from scheduler.web.http.schemas import WebSessionOut
+from scheduler.web.http.params import Param, declares, path_param, query
 
 SessionKind = Literal["admin", "participant"]
 SESSION_KINDS: tuple[SessionKind, ...] = ("admin", "participant")

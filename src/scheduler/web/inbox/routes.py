@@ -24,10 +24,9 @@ from starlette.routing import BaseRoute, Route
 
 from scheduler.database.database import Database
 from scheduler.database.rows import row_as_json
+from scheduler.web.http.answers import InboxPageOut, respond
 from scheduler.web.http.auth import CHALLENGE, PARTICIPANT, TokenVerifier, require, subject_of
 from scheduler.web.http.params import Param, declares, query, stream_id
-from scheduler.web.http.plumbing import respond
-from scheduler.web.http.schemas import InboxPageOut
 from scheduler.web.http.sessions import SessionStore
 from scheduler.web.http.sse import Streams
 from scheduler.web.inbox.hub import Inbox, sse_stream, stream_head

@@ -25,10 +25,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
+from scheduler.web.http.answers import InboxSessionOut, respond
 from scheduler.web.http.auth import Endpoint, Principal, TokenVerifier, token_problem
-from scheduler.web.http.params import declares
-from scheduler.web.http.plumbing import base_path, parse_body, read_json, respond
-from scheduler.web.http.schemas import InboxSessionOut, InboxSignInIn
+from scheduler.web.http.bodies import InboxSignInIn, parse_body, read_json
+from scheduler.web.http.params import base_path, declares
 from scheduler.web.http.sessions import SessionStore, WebSession
 
 COOKIE = "scheduler_inbox"
