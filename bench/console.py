@@ -28,7 +28,7 @@ from scheduler.core.clock import ManualClock
 from scheduler.database.queries import Statements
 from scheduler.types import EventStatus
 from scheduler.web.app import SchedulerService
-from scheduler.web.console.auth import COOKIE
+from scheduler.web.console.sign_in import COOKIE
 
 # the benchmarks' and scenarios' databases are in the default schema
 STATEMENTS = Statements.of()

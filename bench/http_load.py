@@ -7,7 +7,7 @@ separate process: ``concurrency`` httpx clients on one event loop, each posting 
 phase's request count or time budget runs out. Phase ``new keys`` posts a fresh
 ``external_key`` each time (an INSERT); ``re-posted keys`` posts the same keys again
 (the ON CONFLICT rewrite of REQ-0064). With ``batch_concurrency`` the same server also
-takes ``POST /admin/scheduled-events/batch``: events per second for batches of 100 and
+takes ``POST /admin/scheduled-events/bulk``: events per second for batches of 100 and
 1,000 from one client and from eight, beside the single POST from one client measured in
 the same run (new keys throughout). Only loopback traffic; every loop is bounded.
 """
@@ -110,7 +110,7 @@ async def _batch_phase(base: str, token: str, keys: list[str], size: int, concur
                 position += size
                 bodies = [body(keys[i], i) for i in range(start, min(start + size, len(keys)))]
                 started = time.perf_counter()
-                response = await client.post("/admin/scheduled-events/batch", json=bodies)
+                response = await client.post("/admin/scheduled-events/bulk", json=bodies)
                 latencies.append((time.perf_counter() - started) * 1000)
                 statuses[response.status_code] = statuses.get(response.status_code, 0) + 1
                 if response.status_code == 200:

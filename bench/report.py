@@ -214,10 +214,10 @@ def http_table(http: dict[str, Any]) -> list[str]:
 
 
 def batch_table(phases: dict[str, Any]) -> list[str]:
-    """Events per second of POST /admin/scheduled-events/batch beside the single POST of the same run."""
+    """Events per second of POST /admin/scheduled-events/bulk beside the single POST of the same run."""
     single = phases["single POST, 1 client"]["events_per_second"]
     lines = [
-        "### Storing events in batches: POST /admin/scheduled-events/batch, beside the single POST",
+        "### Storing events in batches: POST /admin/scheduled-events/bulk, beside the single POST",
         "",
         "| route | requests | events | events/s | x single POST (1 client) | p50 ms per request | p99 ms |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",

@@ -52,7 +52,7 @@ from scheduler.database.queries import Statements, sql
 from scheduler.operations.retention import Retention
 from scheduler.types import EventStatus
 from scheduler.web.app import SchedulerService
-from scheduler.web.console.auth import COOKIE
+from scheduler.web.console.sign_in import COOKIE
 
 # the benchmarks' and scenarios' databases are in the default schema
 STATEMENTS = Statements.of()

@@ -58,7 +58,7 @@ class DbRow:
     has_dispatched_at: bool
 
 
-class Observer:
+class StateObserver:
     """Reads what is committed, who waits on which lock, and which backends are alive."""
 
     def __init__(self, url: str) -> None:

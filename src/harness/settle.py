@@ -16,7 +16,7 @@ from concurrent.futures import FIRST_COMPLETED
 from concurrent.futures import wait as wait_futures
 
 from harness.actors import Actor, Stats
-from harness.observer import Observer
+from harness.observer import StateObserver
 
 SETTLE_TIMEOUT = 60.0
 
@@ -44,7 +44,7 @@ def _reaches_a_cycle(graph: dict[int, list[int]], node: int, path: frozenset[int
 class Settler:
     """Waits for the actors of one run, through the observer's view of PostgreSQL's locks."""
 
-    def __init__(self, actors: Callable[[], list[Actor]], observer: Observer, stats: Stats,
+    def __init__(self, actors: Callable[[], list[Actor]], observer: StateObserver, stats: Stats,
                  timeout: float = SETTLE_TIMEOUT) -> None:
         self.actors = actors
         self.observer = observer

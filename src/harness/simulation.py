@@ -27,7 +27,7 @@ from harness.clocks import ClockFaults, scheduler_clock
 from harness.expectations import HostExpectations
 from harness.host import BUILTIN_FAULTS, HOST_FAULTS, Expected, HostDispatcher, host_of
 from harness.model import Call, Model
-from harness.observer import Observer
+from harness.observer import StateObserver
 from harness.oracle import Oracle
 from harness.phases import Phases
 from harness.posts import Posts
@@ -101,7 +101,7 @@ class Simulation(StepChoices):
         self.step_no = 0
         self.violation: Violation | None = None
         self.versions = 0
-        self.observer = Observer(database_url)
+        self.observer = StateObserver(database_url)
         self.settler = Settler(lambda: self.actors, self.observer, self.stats)
         self.oracle = Oracle(self)
         self.posts = Posts(self)

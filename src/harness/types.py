@@ -16,7 +16,7 @@ from harness.actors import Actor, Client, Replica, Stats
 from harness.broken import Variant
 from harness.host import Expected, HostDispatcher
 from harness.model import Call, Model
-from harness.observer import Observer
+from harness.observer import StateObserver
 from scheduler.core.loop import EventOutcome
 from scheduler.types import DigitalTwinEvent
 
@@ -51,7 +51,7 @@ class RunContext(Protocol):
     versions: int  # posts so far (each post is a new version of its row's content)
     caps: dict[str, int]
     model: Model
-    observer: Observer
+    observer: StateObserver
     replicas: list[Replica]
     clients: list[Client]
     stats: Stats

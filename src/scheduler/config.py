@@ -169,7 +169,7 @@ class Settings(BaseSettings):
         64 * 1024, "SCHEDULER_MAX_BODY_BYTES", "larger bodies are a 413", ge=1024)
     batch_max_events: int = _setting(
         1000, "SCHEDULER_BATCH_MAX_EVENTS",
-        "events one `POST /admin/scheduled-events/batch` (and one chunk of `scheduler events import`) may hold; "
+        "events one `POST /admin/scheduled-events/bulk` (and one chunk of `scheduler events import`) may hold; "
         "more is a 413", ge=1, le=10_000)
     batch_max_body_bytes: int = _setting(
         8 * 1024 * 1024, "SCHEDULER_BATCH_MAX_BODY_BYTES",

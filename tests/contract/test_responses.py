@@ -18,7 +18,7 @@ from starlette.testclient import TestClient
 
 from scheduler.cli import build_parser
 from scheduler.types import DispatchOutcome, EventStatus, NotificationStatus
-from scheduler.web.api.ingest import LIVE_STATUS
+from scheduler.web.api.intake import LIVE_STATUS
 from scheduler.web.api.openapi import openapi_document
 from scheduler.web.app import SchedulerService
 from tests.conftest import ADMIN, INGEST

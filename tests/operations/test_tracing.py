@@ -215,19 +215,19 @@ def test_a_live_ingest_is_traced_from_its_request_through_its_dispatch(
 def test_a_batch_store_is_one_span_with_its_count_and_its_rows_link_to_the_request(
     traced_client: TestClient, spans: InMemorySpanExporter, engine: Engine,
 ) -> None:
-    """BATCH-6: POST /admin/scheduled-events/batch: one ``scheduler.store_batch`` child of the
+    """BATCH-6: POST /admin/scheduled-events/bulk: one ``scheduler.store_bulk`` child of the
     request with the items counted (stored, refused), its statements under it, and every
     stored row keeping the request's trace context, as a single POST's row does."""
     items = [event_body(user_id=PARTICIPANT), event_body(external_key="k"), {"not": "an event"}]
-    response = traced_client.post("/admin/scheduled-events/batch", json=items,
+    response = traced_client.post("/admin/scheduled-events/bulk", json=items,
                                   headers={**INGEST, "traceparent": CALLER_TRACEPARENT})
     assert response.status_code == 200, response.text
-    request = one(spans, "POST /admin/scheduled-events/batch")
-    stored = one(spans, "scheduler.store_batch")
+    request = one(spans, "POST /admin/scheduled-events/bulk")
+    stored = one(spans, "scheduler.store_bulk")
     assert request.context is not None and stored.parent is not None and stored.context is not None
     assert stored.parent.span_id == request.context.span_id
-    assert dict(stored.attributes or {}) == {"scheduler.batch.count": 3, "scheduler.batch.stored": 2,
-                                             "scheduler.batch.refused": 1}
+    assert dict(stored.attributes or {}) == {"scheduler.bulk.count": 3, "scheduler.bulk.stored": 2,
+                                             "scheduler.bulk.refused": 1}
     assert any(s.parent is not None and s.parent.span_id == stored.context.span_id and s.kind is SpanKind.CLIENT
                for s in spans.get_finished_spans())
     for result in response.json()[:2]:

@@ -35,7 +35,7 @@ from scheduler.database.database import Database
 from tests.conftest import INGEST, T0
 from tests.helpers import event_body, reminder_facts, rows
 
-BATCH = "/admin/scheduled-events/batch"
+BATCH = "/admin/scheduled-events/bulk"
 SINGLE = "/admin/scheduled-events"
 JSON = {"content-type": "application/json"}
 # What the safety net behind the schemas says when the database refused a value itself.

@@ -1,4 +1,4 @@
-"""BATCH-1 to BATCH-7: many scheduled events in one request (``POST /admin/scheduled-events/batch``).
+"""BATCH-1 to BATCH-7: many scheduled events in one request (``POST /admin/scheduled-events/bulk``).
 
 Each item is judged as a single POST's body (REQ-0063), the valid ones are stored together
 in one transaction of a fixed number of statements, keys follow REQ-0064, a key repeated in
@@ -36,7 +36,7 @@ from tests.helpers import (
     wait_until_blocked_on_a_lock,
 )
 
-BATCH = "/admin/scheduled-events/batch"
+BATCH = "/admin/scheduled-events/bulk"
 SINGLE = "/admin/scheduled-events"
 
 # Items a single POST refuses, each for another reason.

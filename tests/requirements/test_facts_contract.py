@@ -81,7 +81,7 @@ def test_the_batch_route_judges_each_item_by_the_hosts_contract(contract_service
     """DEC-FACTS-CONTRACT: in a batch the valid item is stored and the other refused with the
     single POST's 422 body."""
     with TestClient(contract_service.app) as client:
-        answer = client.post("/admin/scheduled-events/batch", headers=INGEST,
+        answer = client.post("/admin/scheduled-events/bulk", headers=INGEST,
                              json=[_body(HOST_FACTS), _body({"minutes": 5})])
         single = client.post("/admin/scheduled-events", headers=INGEST, json=_body({"minutes": 5}))
     assert answer.status_code == 200, answer.text

@@ -247,7 +247,7 @@ def test_a_batch_posted_on_another_replica_wakes_this_one(
     scheduler = start(running, a)
     assert waits(scheduler)
     with TestClient(b.app) as client:
-        answer = client.post("/admin/scheduled-events/batch", headers=INGEST,
+        answer = client.post("/admin/scheduled-events/bulk", headers=INGEST,
                              json=[event_body(user_id=f"batch-{i}", trigger_at=T0) for i in range(2)])
         assert answer.status_code == 200, answer.text
     assert scheduler.wait_for(lambda: scheduler.health.dispatched == 2, DEADLINE)

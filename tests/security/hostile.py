@@ -133,7 +133,7 @@ def call(app: ASGIApp, method: str, path: str, query: bytes = b"",
 
 
 def batch_bodies(valid: dict[str, Any]) -> Iterator[tuple[str, bytes, int]]:
-    """Hostile bodies for ``POST /admin/scheduled-events/batch`` (label, bytes, the status
+    """Hostile bodies for ``POST /admin/scheduled-events/bulk`` (label, bytes, the status
     expected): an empty array, non-arrays, items of every wrong shape, more items than the
     bound, and one item past the single POST's body bound."""
     def dumped(value: Any) -> bytes:

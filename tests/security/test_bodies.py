@@ -23,7 +23,7 @@ from tests.security.test_hostile_input import console_session
 
 CHUNK = 16 * 1024
 ENDLESS = 32 * 1024 * 1024  # past every route's limit, the batch route's 8 MiB too
-BATCH = "/admin/scheduled-events/batch"
+BATCH = "/admin/scheduled-events/bulk"
 FORM = (b"content-type", b"application/x-www-form-urlencoded")
 JSON = (b"content-type", b"application/json")
 
@@ -115,7 +115,7 @@ def test_no_route_reads_more_than_the_body_limit_whether_declared_or_chunked(ser
                 "POST /console/bulk-cancel", "POST /console/events/some-id/reset",
                 "POST /console/events/some-id/cancel", "POST /console/sessions/some-id/end",
                 "POST /admin/scheduled-events", "POST /admin/ingest-event", "POST /inbox/session",
-                "POST /admin/scheduled-events/batch",
+                "POST /admin/scheduled-events/bulk",
                 "PUT /admin/participants/some-id/preferences"}
     assert expected <= set(refused), sorted(expected - set(refused))
 

@@ -42,7 +42,7 @@ CALLERS: dict[str, Mapping[str, str]] = {"admin": ADMIN, "ingest": INGEST, "part
 # Mostly admin, so that most cases reach the handlers rather than the authentication.
 CALLER_WEIGHTS = ["admin"] * 6 + ["ingest"] * 2 + ["participant", "anonymous"]
 CONTRACT_ROUTES = {"POST /admin/scheduled-events", "POST /admin/ingest-event"}
-BATCH_ROUTE = "POST /admin/scheduled-events/batch"
+BATCH_ROUTE = "POST /admin/scheduled-events/bulk"
 CONTRACT = {"facts_version": "1", "scenario": "commitment_reminder", "date": "2026-11-30", "commitment": "fuzz"}
 
 

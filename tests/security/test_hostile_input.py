@@ -308,7 +308,7 @@ def test_the_batch_route_answers_every_hostile_body_without_a_5xx(service: Sched
     """BATCH-1, BATCH-2: an empty array, a non-array, items of every wrong shape, 10,001 items
     and one huge item, sent as raw bytes: never a 5xx; every refusal JSON with a detail; an
     array within the bounds answers one result per item, each a 201 or a 422 with a detail."""
-    target = Target("POST", "/admin/scheduled-events/batch", "ingest", "/admin/scheduled-events/batch", {})
+    target = Target("POST", "/admin/scheduled-events/bulk", "ingest", "/admin/scheduled-events/bulk", {})
     for label, body, expected in batch_bodies(event_body()):
         answer = call(service.app, "POST", target.path, b"",
                       [*target.credentials(""), (b"content-type", b"application/json")], body)

@@ -231,7 +231,7 @@ def _refused_everywhere_it_is_recorded(client: TestClient, engine: Engine, subje
     answers = {
         "POST /admin/scheduled-events": client.post("/admin/scheduled-events", headers=auth(admin),
                                                     json=event_body(user_id="another")),
-        "POST /admin/scheduled-events/batch": client.post("/admin/scheduled-events/batch", headers=auth(admin),
+        "POST /admin/scheduled-events/bulk": client.post("/admin/scheduled-events/bulk", headers=auth(admin),
                                                           json=[event_body(user_id="batched")]),
         "POST /admin/scheduled-events/{id}/reset": client.post(f"/admin/scheduled-events/{event['id']}/reset",
                                                                headers=auth(admin)),

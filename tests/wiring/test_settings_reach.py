@@ -301,7 +301,7 @@ def _batch_body(count: int, padding: int = 0) -> list[dict[str, Any]]:
 def check_batch_max_events(env: Env) -> None:
     with service_from_env(env.base(SCHEDULER_BATCH_MAX_EVENTS="2")) as service, TestClient(service.app) as client:
         def post(count: int) -> int:
-            status: int = client.post("/admin/scheduled-events/batch", headers=auth(token("nudging.ingest")),
+            status: int = client.post("/admin/scheduled-events/bulk", headers=auth(token("nudging.ingest")),
                                       json=_batch_body(count)).status_code
             return status
 
@@ -313,7 +313,7 @@ def check_batch_max_body_bytes(env: Env) -> None:
     with service_from_env(env.base(SCHEDULER_BATCH_MAX_BODY_BYTES="4096")) as service, \
             TestClient(service.app) as client:
         def post(padding: int) -> int:
-            status: int = client.post("/admin/scheduled-events/batch", headers=auth(token("nudging.ingest")),
+            status: int = client.post("/admin/scheduled-events/bulk", headers=auth(token("nudging.ingest")),
                                       json=_batch_body(2, padding)).status_code
             return status
 

@@ -1,7 +1,7 @@
 """``scheduler events import FILE``: scheduled events from JSON Lines, straight to the database.
 
 Each non-blank line is one event, judged exactly as an item of ``POST
-/admin/scheduled-events/batch`` is (``scheduler.web.api.batch.check_items``: the single POST's
+/admin/scheduled-events/bulk`` is (``scheduler.web.api.bulk_store.check_items``: the single POST's
 schema and facts contract, its bound per event, a key given twice refused naming the line
 that gave it first, across the whole file) and stored by the same set-based store
 (``core.store_batch``), ``SCHEDULER_BATCH_MAX_EVENTS`` lines per transaction, with the
@@ -176,7 +176,7 @@ def _check_chunk(chunk: Sequence[tuple[int, bytes]], settings: Settings, first_o
                  facts_contract: Any = None) -> list[Any]:
     """Each line of ``chunk`` judged as a batch item (``check_items``), or refused for not
     being UTF-8 or JSON."""
-    from scheduler.web.api.batch import Refusal, check_items
+    from scheduler.web.api.bulk_store import Refusal, check_items
 
     parsed = [_parse(raw) for _, raw in chunk]
     payloads = [value if ok else None for ok, value in parsed]
@@ -191,7 +191,7 @@ def _check_chunk(chunk: Sequence[tuple[int, bytes]], settings: Settings, first_o
 def _count(summary: Summary, chunk: Sequence[tuple[int, bytes]], checked: Sequence[Any], *, database: Any,
            clock: Any, actor: str) -> None:
     """Store the chunk's valid lines (one transaction) and count each line's result."""
-    from scheduler.web.api.batch import Refusal, store_checked
+    from scheduler.web.api.bulk_store import Refusal, store_checked
 
     results = store_checked(database, checked, now=clock.now(), actor=actor)
     for (number, _), result in zip(chunk, results, strict=True):
@@ -311,7 +311,7 @@ def add_import_parser(events_sub: Any) -> None:
     parser = events_sub.add_parser(
         "import", help="store scheduled events from a JSON Lines file (or - for stdin)",
         description="Store scheduled events, one JSON object per line, each judged as an item of "
-        "POST /admin/scheduled-events/batch (the single POST's schema and facts contract; a repeated "
+        "POST /admin/scheduled-events/bulk (the single POST's schema and facts contract; a repeated "
         "external_key is refused naming the line that gave it first) and stored in transactions of "
         "SCHEDULER_BATCH_MAX_EVENTS lines; a known external_key's row is rewritten and reset to pending "
         "(REQ-0064). The lines are UTF-8 (a byte order mark before the first is skipped); a line that is "

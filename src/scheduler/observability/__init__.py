@@ -6,5 +6,5 @@ library. The hooks into the rest of the service are few and marked "observabilit
 ``observe(...)`` in the composition root (scheduler.web.app: the Starlette and SQLAlchemy
 instrumentation), a span around each poll and each event's dispatch in the loop
 (scheduler.core.loop), the ``traceparent`` a POST stores and the live ingest's span
-(scheduler.web.api.senders), and the log format (scheduler.cli).
+(scheduler.web.api.intake), and the log format (scheduler.cli).
 """

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 DispatchDone = Callable[["EventOutcome | None"], None]
 LiveDone = Callable[["DispatchResult"], None]
-BatchDone = Callable[[int, int], None]  # (stored, refused)
+BulkDone = Callable[[int, int], None]  # (stored, refused)
 
 
 def _ignore(_: object) -> None:
@@ -74,8 +74,8 @@ class Observer:
         yield _ignore
 
     @contextlib.contextmanager
-    def store_batch(self, count: int) -> Iterator[BatchDone]:
-        """Around one batch store (``POST /admin/scheduled-events/batch``) of ``count`` items;
+    def store_bulk(self, count: int) -> Iterator[BulkDone]:
+        """Around one bulk store (``POST /admin/scheduled-events/bulk``) of ``count`` items;
         call the yielded function with how many were stored and refused."""
         yield _ignore_counts
 

@@ -14,7 +14,7 @@ Spans:
 - ``scheduler.dispatch``: one claimed event, a child of its poll, with a **link** to the span
   of the request that stored it (``scheduled_events.traceparent``);
 - ``scheduler.ingest``: a live event's dispatch (``POST /admin/ingest-event``);
-- ``scheduler.store_batch``: one batch store (``POST /admin/scheduled-events/batch``), with
+- ``scheduler.store_bulk``: one bulk store (``POST /admin/scheduled-events/bulk``), with
   the number of items, stored and refused.
 
 Attributes name events by id and type, never by participant or community.
@@ -43,7 +43,7 @@ from starlette.applications import Starlette
 
 from scheduler.config import ConfigError
 from scheduler.observability.observer import (
-    BatchDone,
+    BulkDone,
     DispatchDone,
     LiveDone,
     Observer,
@@ -71,9 +71,9 @@ POLL_DISPATCHED = "scheduler.poll.dispatched"
 POLL_FAILED = "scheduler.poll.failed"
 POLL_SKIPPED = "scheduler.poll.skipped_busy"
 LINK_REASON = "scheduler.link"
-BATCH_COUNT = "scheduler.batch.count"
-BATCH_STORED = "scheduler.batch.stored"
-BATCH_REFUSED = "scheduler.batch.refused"
+BULK_COUNT = "scheduler.bulk.count"
+BULK_STORED = "scheduler.bulk.stored"
+BULK_REFUSED = "scheduler.bulk.refused"
 
 # What the HTTP instrumentation records of a URL, in its old and its stable conventions:
 # each is rewritten to the route template (paths and queries may hold participant ids).
@@ -207,10 +207,10 @@ class TracingObserver(Observer):
     # -- the store -------------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def store_batch(self, count: int) -> Iterator[BatchDone]:
-        with self.tracer.start_as_current_span("scheduler.store_batch", attributes={BATCH_COUNT: count}) as span:
+    def store_bulk(self, count: int) -> Iterator[BulkDone]:
+        with self.tracer.start_as_current_span("scheduler.store_bulk", attributes={BULK_COUNT: count}) as span:
             def done(stored: int, refused: int) -> None:
-                span.set_attributes({BATCH_STORED: stored, BATCH_REFUSED: refused})
+                span.set_attributes({BULK_STORED: stored, BULK_REFUSED: refused})
 
             yield done
 

@@ -68,9 +68,9 @@ from scheduler.types import (
     Sender,
     refuse_async_dispatcher,
 )
-from scheduler.web.api.batch import BatchRoutes
+from scheduler.web.api.bulk_store import BulkStoreRoutes
 from scheduler.web.api.health import HealthRoutes
-from scheduler.web.api.ingest import LIVE, IngestRoutes
+from scheduler.web.api.intake import LIVE, IngestRoutes
 from scheduler.web.api.operator import OperatorRoutes
 from scheduler.web.api.participants import ParticipantRoutes
 from scheduler.web.api.scheduled_events import EventRoutes
@@ -281,7 +281,7 @@ class SchedulerService:
                                    publisher=StreamPublisher(self.database, inner_publisher, name=LIVE),
                                    max_body_bytes=settings.max_body_bytes, observer=self.observer,
                                    default_expiry=settings.default_expiry, facts_contract=self.facts_contract)
-        self.batch = BatchRoutes(database=self.database, clock=self.clock, default_expiry=settings.default_expiry,
+        self.batch = BulkStoreRoutes(database=self.database, clock=self.clock, default_expiry=settings.default_expiry,
                                  facts_contract=self.facts_contract,
                                  max_events=settings.batch_max_events,
                                  max_body_bytes=settings.batch_max_body_bytes,

@@ -5,8 +5,8 @@ A host that saves a row of its own (a commitment) and its reminder wants both or
 ``Session``, in the transaction the host is in, so it is committed with the host's commit
 and gone with its rollback (River's ``InsertTx``, Oban's ``insert`` in an ``Ecto.Multi``,
 procrastinate's ``defer`` on the caller's connection). It runs exactly what a
-``POST /admin/scheduled-events`` runs: the one item check of the batch and the import
-(``web.api.batch.check_item``: the body's schema, the service's facts contract, the expiry),
+``POST /admin/scheduled-events`` runs: the one item check of the bulk store and the import
+(``web.api.bulk_store.check_item``: the body's schema, the service's facts contract, the expiry),
 then the same insert, or upsert by key (REQ-0064), through ``application.ingest``. What the
 POST would answer with a 422 raises ``InvalidEvent`` (its ``errors``: each field and
 message, and ``body``: the 422's body). A pending row is announced to prompt-mode replicas
@@ -35,7 +35,7 @@ from scheduler.application.events import EventRecord
 from scheduler.config import Settings
 from scheduler.nudging.facts import FactsContract
 from scheduler.types import Clock
-from scheduler.web.api.batch import Refusal, check_item
+from scheduler.web.api.bulk_store import Refusal, check_item
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession

@@ -1,2 +1,2 @@
-"""The JSON API: ingest, batch, scheduled events, participants, health, the operator routes
-and the OpenAPI document."""
+"""The JSON API: the intake (one event stored, or a live one sent) and the bulk store,
+scheduled events, participants, health, the operator routes and the OpenAPI document."""

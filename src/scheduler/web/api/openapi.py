@@ -10,7 +10,7 @@ from pydantic.json_schema import models_json_schema
 from starlette.routing import BaseRoute, Route
 
 from scheduler.web.http.answers import (
-    BatchItemOut,
+    BulkItemOut,
     CancelConflictOut,
     DeferredOut,
     DeliveryOut,
@@ -42,7 +42,7 @@ MODELS: tuple[type[BaseModel], ...] = (
     IngestOut, DuplicateOut, PreferencesOut, SchedulerHealthOut, HealthOut, ErrorOut,
     ValidationErrorOut, FactsContractErrorOut, RuleRefusalOut, ReplicaOut, OperatorActionOut,
     HistoryEntryOut, CancelConflictOut, InboxNotificationOut, InboxPageOut, SchedulerHealthDetailOut,
-    WebSessionOut, InboxSignInIn, InboxSessionOut, BatchItemOut, DeferredOut, DeliveryOut,
+    WebSessionOut, InboxSignInIn, InboxSessionOut, BulkItemOut, DeferredOut, DeliveryOut,
 )
 
 
@@ -107,12 +107,12 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
                       **TOO_LARGE, **ERRORS,
                       "422": _one_of((ValidationErrorOut, ErrorOut, FactsContractErrorOut), MISSING_FACTS)},
     },
-    ("/admin/scheduled-events/batch", "post"): {
+    ("/admin/scheduled-events/bulk", "post"): {
         "summary": "Store many events to dispatch later, each judged as a single POST; the valid ones in one "
                    "transaction (permission: ingest)",
         "request": ScheduledEventIn,
         "request_many": True,
-        "responses": {"200": _json(BatchItemOut, "one result per item, in the order sent: 201 with the row "
+        "responses": {"200": _json(BulkItemOut, "one result per item, in the order sent: 201 with the row "
                                                  "(rewritten: an existing key's row, reset), or 422 with the body "
                                                  "a single POST of it would get (also: larger than "
                                                  "SCHEDULER_MAX_BODY_BYTES; an external_key an earlier item gave)",

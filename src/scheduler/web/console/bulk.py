@@ -17,7 +17,7 @@ from starlette.responses import Response
 
 from scheduler.application import commands, events
 from scheduler.database.database import Database
-from scheduler.web.console.auth import CSRF_FIELD, console_session, csrf_ok
+from scheduler.web.console.sign_in import CSRF_FIELD, console_session, csrf_ok
 from scheduler.web.console.view import ConsoleView
 from scheduler.web.http.params import Unprocessable, whole_number
 

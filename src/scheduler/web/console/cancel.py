@@ -18,8 +18,8 @@ from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
 from scheduler.application import commands
-from scheduler.web.console.auth import CSRF_FIELD, ConsoleGuard, console_session, csrf_ok
 from scheduler.web.console.bulk import bulk_action
+from scheduler.web.console.sign_in import CSRF_FIELD, ConsoleGuard, console_session, csrf_ok
 from scheduler.web.console.view import ConsoleView
 from scheduler.web.http.event_filter import EVENT_FILTER, event_query
 from scheduler.web.http.params import base_path, declares, path_param, query

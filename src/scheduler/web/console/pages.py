@@ -30,7 +30,9 @@ from scheduler.application import audit, commands, events, participants
 from scheduler.database.database import Database
 from scheduler.operations.overview import overview
 from scheduler.types import Clock, EventStatus
-from scheduler.web.console.auth import (
+from scheduler.web.console.bulk import bulk_action
+from scheduler.web.console.cancel import cancel_routes
+from scheduler.web.console.sign_in import (
     CSRF_FIELD,
     NotAdmin,
     clear_session_cookie,
@@ -42,8 +44,6 @@ from scheduler.web.console.auth import (
     signin_nonce_ok,
     verify_admin,
 )
-from scheduler.web.console.bulk import bulk_action
-from scheduler.web.console.cancel import cancel_routes
 from scheduler.web.console.view import PACKAGE, ConsoleView
 from scheduler.web.http.auth import TokenVerifier, token_problem
 from scheduler.web.http.event_filter import CURSOR, EVENT_FILTER, event_query

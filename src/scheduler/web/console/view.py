@@ -22,7 +22,7 @@ from starlette.responses import HTMLResponse, Response
 from scheduler.database.database import Database
 from scheduler.operations.overview import duration
 from scheduler.types import Clock
-from scheduler.web.console.auth import CSRF_FIELD
+from scheduler.web.console.sign_in import CSRF_FIELD
 from scheduler.web.http.bodies import read_form
 from scheduler.web.http.params import base_path
 

@@ -307,8 +307,8 @@ class CancelConflictOut(_Out):
     event: ScheduledEventOut
 
 
-class BatchItemOut(_Out):
-    """One item of ``POST /admin/scheduled-events/batch``'s answer, in the order sent (BATCH-2)."""
+class BulkItemOut(_Out):
+    """One item of ``POST /admin/scheduled-events/bulk``'s answer, in the order sent (BATCH-2)."""
 
     index: int = Field(ge=0, description="the item's position in the array sent (from 0)")
     status: Literal[201, 422] = Field(description="201: stored (event); 422: refused (error), as a single POST would be")

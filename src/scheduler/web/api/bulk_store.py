@@ -1,4 +1,4 @@
-"""``POST /admin/scheduled-events/batch``: many scheduled events in one request (BATCH-*).
+"""``POST /admin/scheduled-events/bulk``: many scheduled events in one request (BATCH-*).
 
 The body is a JSON array of up to ``SCHEDULER_BATCH_MAX_EVENTS`` events (more is a 413),
 read through the one bounded reader with a bound of its own
@@ -36,8 +36,8 @@ from scheduler.database.database import Database
 from scheduler.nudging.facts import FactsContract
 from scheduler.observability.observer import Observer
 from scheduler.types import Clock
-from scheduler.web.api.ingest import facts_refusal
-from scheduler.web.http.answers import BatchItemOut, HTTPRefusal, ScheduledEventOut, respond
+from scheduler.web.api.intake import facts_refusal
+from scheduler.web.http.answers import BulkItemOut, HTTPRefusal, ScheduledEventOut, respond
 from scheduler.web.http.auth import actor_of, require
 from scheduler.web.http.bodies import ScheduledEventIn, parse_body, read_json
 from scheduler.web.http.params import Unprocessable, declares
@@ -127,8 +127,8 @@ def store_checked(database: Database, checked: Sequence[NewEvent | Refusal], **s
     return [item if isinstance(item, Refusal) else next(stored) for item in checked]
 
 
-class BatchRoutes:
-    """``POST /admin/scheduled-events/batch``."""
+class BulkStoreRoutes:
+    """``POST /admin/scheduled-events/bulk``."""
 
     def __init__(self, *, database: Database, clock: Clock, max_events: int, max_body_bytes: int,
                  max_item_bytes: int, observer: Observer | None = None,
@@ -143,23 +143,23 @@ class BatchRoutes:
         self.observer = observer or Observer()
 
     def routes(self) -> list[BaseRoute]:
-        return [Route("/admin/scheduled-events/batch", self.create_batch, methods=["POST"])]
+        return [Route("/admin/scheduled-events/bulk", self.store_many, methods=["POST"])]
 
     @require("ingest")
     @declares()
-    async def create_batch(self, request: Request) -> Response:
+    async def store_many(self, request: Request) -> Response:
         """Store many events for later: each judged as a single POST (REQ-0063), the valid
         ones stored in one transaction (REQ-0064 for keys); one result per item, in order."""
         payload = await read_json(request, self.max_body_bytes)
         if not isinstance(payload, list):
             raise Unprocessable.field("body", "must be a JSON array of scheduled events", NOT_AN_ARRAY)
         if len(payload) > self.max_events:
-            raise HTTPException(413, f"more than {self.max_events} events in one batch (SCHEDULER_BATCH_MAX_EVENTS)")
+            raise HTTPException(413, f"more than {self.max_events} events in one request (SCHEDULER_BATCH_MAX_EVENTS)")
         checked = check_items(payload, max_item_bytes=self.max_item_bytes, default_expiry=self.default_expiry,
                               facts_contract=self.facts_contract)
         # observability: the storing request's trace context, as a single POST's rows keep
         traceparent = self.observer.storing_traceparent(request.headers.get("traceparent"))
-        with self.observer.store_batch(len(payload)) as done:
+        with self.observer.store_bulk(len(payload)) as done:
             results = await run_in_threadpool(
                 store_checked, self.database, checked, now=self.clock.now(), actor=actor_of(request),
                 traceparent=traceparent)
@@ -168,8 +168,8 @@ class BatchRoutes:
         return respond([_item_out(index, result) for index, result in enumerate(results)])
 
 
-def _item_out(index: int, result: Stored | Refusal) -> BatchItemOut:
+def _item_out(index: int, result: Stored | Refusal) -> BulkItemOut:
     if isinstance(result, Refusal):
-        return BatchItemOut.model_validate({"index": index, "status": 422, "error": result.body})
-    return BatchItemOut(index=index, status=201, rewritten=result.rewritten,
+        return BulkItemOut.model_validate({"index": index, "status": 422, "error": result.body})
+    return BulkItemOut(index=index, status=201, rewritten=result.rewritten,
                         event=ScheduledEventOut.model_validate(result.row))

@@ -1,4 +1,4 @@
-"""The senders' routes: store an event for later, and send a live one now.
+"""The intake: the routes an event comes in by, to be stored for later or sent live now.
 
 ``IngestRoutes`` receives the database, the clock, the dispatch path (dispatcher and
 publisher) and the body limit; a scheduled event is validated when stored (REQ-0063), a
