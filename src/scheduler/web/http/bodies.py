@@ -44,12 +44,6 @@ ModelT = TypeVar("ModelT", bound=BaseModel)
 FORM = "application/x-www-form-urlencoded"
 MAX_FORM_FIELDS = 100  # the console's largest form has a dozen
 
-# An ISO 8601 (RFC 3339) date and time with its offset, in ASCII digits.
-_INSTANT = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt ][0-9]{2}:[0-9]{2}(:[0-9]{2}(\.[0-9]{1,9})?)?([Zz]|[+-][0-9]{2}:?[0-9]{2})")
-
-MAX_DEPTH = 32
-Name = Field(min_length=1, max_length=MAX_STRING)
-
 
 # -- reading a body -------------------------------------------------------------------------
 
@@ -137,8 +131,13 @@ def parse_body(model: type[ModelT], payload: Any) -> ModelT:
         raise Unprocessable(errors, f"invalid body: {summary}") from exc
 
 
-
 # -- the request models --------------------------------------------------------------------
+
+# An ISO 8601 (RFC 3339) date and time with its offset, in ASCII digits.
+_INSTANT = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt ][0-9]{2}:[0-9]{2}(:[0-9]{2}(\.[0-9]{1,9})?)?([Zz]|[+-][0-9]{2}:?[0-9]{2})")
+
+MAX_DEPTH = 32
+Name = Field(min_length=1, max_length=MAX_STRING)
 
 
 def _check_json(value: Any, depth: int = 0, at: str = "facts") -> None:
