@@ -2,7 +2,7 @@
 own, a start near a DST change, the broken variants, and what a claim must do (SIM-LOCAL-*).
 
 Each participant gets a seeded zone (the odd ones among them: Pacific/Kiritimati +14,
-Pacific/Pago_Pago −11, Asia/Kathmandu +05:45, Australia/Lord_Howe's half-hour DST), seeded
+Pacific/Pago_Pago -11, Asia/Kathmandu +05:45, Australia/Lord_Howe's half-hour DST), seeded
 quiet hours (some wrapping midnight, some inside a DST gap or over a repeated hour, some
 none) and a daily cap. The run starts a seeded while before a spring-forward or a fall-back
 of one of the DST zones (found by scanning the tz database, never written down), so its clock
@@ -99,15 +99,16 @@ def _clock_time(minutes: int) -> time:
 def seeded_world(rng: random.Random, participants: int) -> tuple[datetime, str, list[Participant]]:
     """The run's start, the DST change it starts before (``zone@instant``) and its participants.
 
-    Participant 0 has the zone whose change the run crosses; the others cycle through every
-    zone from a seeded place, so a run of seven participants has each of them."""
+    Participant 0 has the zone whose change the run crosses; the others cycle through the
+    other zones from a seeded place, so a run of seven participants has each zone once."""
     zone_name = rng.choice(DST_ZONES)
     change = rng.choice(transitions(zone_name))
     start = change - timedelta(minutes=rng.randrange(30, 12 * 60))
-    first = rng.randrange(len(ZONES))
+    others = [z for z in ZONES if z != zone_name]
+    first = rng.randrange(len(others))
     people: list[Participant] = []
     for i in range(participants):
-        name = zone_name if i == 0 else ZONES[(first + i) % len(ZONES)]
+        name = zone_name if i == 0 else others[(first + i - 1) % len(others)]
         quiet_choice = rng.choice(QUIET_CHOICES)
         quiet = None if quiet_choice is None else QuietHours(_clock_time(quiet_choice[0]), _clock_time(quiet_choice[1]))
         people.append(Participant(f"p{i}", name, quiet, 1 + rng.randrange(3)))

@@ -24,12 +24,18 @@ from sqlalchemy import Engine, text
 
 from harness.assembly import NO_TIMEOUTS
 from harness.faults import install_rewrites
-from harness.local_model import LocalModel, LocalRow, Participant, PollExpectation, local_variant, seeded_world
+from harness.local_model import (
+    LocalModel,
+    LocalRow,
+    Participant,
+    PollExpectation,
+    local_variant,
+    seeded_world,
+)
 from harness.types import Violation
 from scheduler.application.ingest import dispatch_live
 from scheduler.core import store
 from scheduler.core.clock import ManualClock
-from scheduler.core.loop import Scheduler
 from scheduler.database.database import Database
 from scheduler.database.engine import make_engine
 from scheduler.nudging.dispatch import NudgingPlatform
@@ -41,7 +47,8 @@ TRUNCATE = text("TRUNCATE scheduler.scheduled_events, scheduler.notifications, s
                 "scheduler.dedup_keys, scheduler.participant_preferences, scheduler.scheduled_event_history")
 ROWS = text("SELECT id, user_id, status, trigger_at, not_before, expires_at, dispatched_at "
             "FROM scheduler.scheduled_events")
-SENT = text("SELECT id, user_id, created_at FROM scheduler.notifications WHERE status = 'sent' ORDER BY created_at, id")
+SENT = text("SELECT coalesce(scheduled_event_id, 'a live event') AS source, user_id, created_at "
+            "FROM scheduler.notifications WHERE status = 'sent' ORDER BY created_at, id")
 
 
 @dataclass
@@ -223,7 +230,7 @@ class LocalTimeSimulation:
 
     def _sent(self) -> list[tuple[str, str, datetime]]:
         with self.engines[0].connect() as conn:
-            return [(str(r.id), str(r.user_id), r.created_at) for r in conn.execute(SENT)]
+            return [(str(r.source), str(r.user_id), r.created_at) for r in conn.execute(SENT)]
 
     def _rows(self) -> dict[str, Any]:
         with self.engines[0].connect() as conn:
@@ -236,11 +243,11 @@ class LocalTimeSimulation:
         per_day: Counter[tuple[str, Any]] = Counter()
         sent = self._sent()
         self.stats.sent = len(sent)
-        for notification, user, at in sent:
+        for source, user, at in sent:
             person = people[user]
             if person.quiet_at(at):
                 local = at.astimezone(person.zone)
-                raise self.fail("SIM-LOCAL-1", f"notification {notification} was sent to {person.describe()} at "
+                raise self.fail("SIM-LOCAL-1", f"a notification of {source} was sent to {person.describe()} at "
                                                f"{at:%Y-%m-%d %H:%M}Z ({local:%H:%M %Z} local), inside their quiet hours")
             per_day[(user, person.day_of(at))] += 1
         for (user, day), count in sorted(per_day.items()):

@@ -14,7 +14,12 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from scheduler.core.trigger_range import LATEST_TRIGGER, RANGE_TEXT, TriggerOutOfRange, check_trigger_at
+from scheduler.core.trigger_range import (
+    LATEST_TRIGGER,
+    RANGE_TEXT,
+    TriggerOutOfRange,
+    check_trigger_at,
+)
 
 
 class ExpiryRefused(ValueError):
