@@ -88,9 +88,9 @@ class FaultyDispatcher(BatchDispatcher):
                 result = self.inner(session, event, now)
             finally:
                 if probed is not None and self.probe is not None:
-                    self.probe.compare(probed, event.scheduled_event_id, str(planned))
+                    self.probe.compare(probed, str(event.scheduled_event_id), str(planned))
             if probed is not None and self.probe is not None:
-                self.probe.rolled_back(event.scheduled_event_id, str(planned), getattr(result, "outbound", ()))
+                self.probe.rolled_back(str(event.scheduled_event_id), str(planned), getattr(result, "outbound", ()))
             fault = self._decided(event, result, record)
             if fault == "python":
                 raise InjectedEventFault(f"injected failure of event {event.scheduled_event_id}")
