@@ -47,7 +47,7 @@ def _asyncpg(database_url: str, **kwargs: Any) -> AsyncEngine:
 
 
 def _service(engine: AsyncEngine, **kwargs: Any) -> SchedulerService:
-    return SchedulerService(Settings(jwt_secret=TEST_SECRET), engine=engine, clock=ManualClock(T0),  # type: ignore[arg-type]
+    return SchedulerService(Settings(jwt_secret=TEST_SECRET), engine=engine, clock=ManualClock(T0),
                             run_scheduler=False, **kwargs)
 
 
