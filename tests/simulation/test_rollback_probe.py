@@ -118,3 +118,35 @@ def test_a_message_of_a_rolled_back_dispatch_that_reaches_a_publisher_is_a_findi
     assert finding is not None
     assert finding.sentence().startswith("the dispatch of event event-1, rolled back on purpose (an injected "
                                          "python failure), left a message pushed by replica-0 (notification n-1)")
+
+
+@pytest.mark.clause("SIM-HOST-8")
+def test_a_window_in_which_a_replica_committed_is_inconclusive_never_a_finding(database_url: str) -> None:
+    """SIM-HOST-8: the probe reads the outbox and every table outside the scheduler's schema; a
+    row committed by a watched (replica's) engine during the window is another batch's, counted
+    as inconclusive; the same row committed by an engine of the dispatcher's own is a finding."""
+    replica = create_engine(database_url)
+    own = create_engine(database_url)
+    probe = RollbackProbe(database_url)
+    try:
+        with own.begin() as conn:
+            conn.execute(text("CREATE TABLE host_log (id bigserial PRIMARY KEY)"))
+        probe.watch([replica])
+        before = probe.snapshot()
+        assert {"public.host_log", "scheduler.deliveries"} <= set(before[1])
+        assert not any(name.startswith("scheduler.") and name != "scheduler.deliveries" for name in before[1])
+        with replica.begin() as conn:
+            conn.execute(text("INSERT INTO host_log DEFAULT VALUES"))
+        probe.compare(before, "event-1", "python")
+        assert (probe.first_finding(), probe.inconclusive, probe.windows) == (None, 1, 1)
+        before = probe.snapshot()
+        with own.begin() as conn:
+            conn.execute(text("INSERT INTO host_log DEFAULT VALUES"))
+        probe.compare(before, "event-2", "database")
+        finding = probe.first_finding()
+    finally:
+        probe.close()
+        replica.dispose()
+        own.dispose()
+    assert finding is not None and finding.event_id == "event-2"
+    assert finding.what == "a committed change in public.host_log (1 row more)"
