@@ -27,8 +27,8 @@ from starlette.testclient import TestClient
 from scheduler.nudging.dispatch import NudgingPlatform
 from scheduler.nudging.orchestrator import Orchestrator, WebChannel
 from scheduler.nudging.publishers import RecordingPublisher
+from scheduler.service import SchedulerService
 from scheduler.types import DeclaredDispatcher, DigitalTwinEvent, DispatchOutcome, DispatchResult
-from scheduler.web.app import SchedulerService
 from tests.conftest import INGEST, T0
 from tests.helpers import FakeWebPush, post_event, reminder_facts, rows
 
