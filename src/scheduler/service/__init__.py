@@ -159,7 +159,7 @@ class SchedulerService:
         self._route_modules(listener, inner_publisher)
         self.web = WebApp(sources=self._route_sources(), console=lambda: self.console.routes,
                           authentication=self.authentication, lifespan=self.lifespan, observer=self.observer,
-                          owner=self)
+                          owner=self, every_route=lambda: self.routes())
         check_security(self.settings, host_authentication=authentication is not None)
         # the loop's observer and the SQLAlchemy instrumentation (each app ``app_for`` builds
         # is instrumented as it is built)
@@ -281,6 +281,7 @@ class SchedulerService:
         return self.web.app_for(*parts)
 
     def routes(self) -> list[BaseRoute]:
+        """Every route of the service (``routes_for`` selects parts of them)."""
         return self.web.routes()
 
     def routes_for(self, *parts: str) -> list[BaseRoute]:

@@ -43,12 +43,15 @@ class WebApp:
 
     ``sources`` are the route modules' routes in the order they are matched; ``console`` builds
     the console's pages only when a part that holds them is asked for (EMB-10). ``owner`` is
-    what ``app.state.service`` names in every app built here."""
+    what ``app.state.service`` names in every app built here; ``every_route``, when given, is
+    what a part with the console selects from instead of ``routes()`` (the owner's own
+    ``routes``, which a subclass of it may extend)."""
 
     def __init__(self, *, sources: Sequence[RouteSource], console: Callable[[], Sequence[Route]],
                  authentication: AuthenticationBackend, lifespan: Lifespan, observer: Observer,
-                 owner: object) -> None:
+                 owner: object, every_route: RouteSource | None = None) -> None:
         self.sources = tuple(sources)
+        self.every_route = every_route or self.routes
         self.console = console
         self.authentication = authentication
         self.lifespan = lifespan
@@ -72,7 +75,7 @@ class WebApp:
         """The routes of ``parts`` (``PARTS``; all of them when none is named), for a host that
         adds them to its own app's routes. Without the console, its pieces are never built."""
         wanted = _checked_parts(parts)
-        every = self.routes() if "console" in wanted else self._routes(console=False)
+        every = self.every_route() if "console" in wanted else self._routes(console=False)
         return [route for route in every if part_of(route) in wanted]
 
     @functools.cached_property
