@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -159,7 +159,7 @@ class SchedulerService:
         self._route_modules(listener, inner_publisher)
         self.web = WebApp(sources=self._route_sources(), console=lambda: self.console.routes,
                           authentication=self.authentication, lifespan=self.lifespan, observer=self.observer,
-                          owner=self, every_route=lambda: self.routes())
+                          owner=self, document=self._document, every_route=lambda: self.routes())
         check_security(self.settings, host_authentication=authentication is not None)
         # the loop's observer and the SQLAlchemy instrumentation (each app ``app_for`` builds
         # is instrumented as it is built)
@@ -213,7 +213,8 @@ class SchedulerService:
         settings = self.settings
         self.health = HealthRoutes(scheduler=self.scheduler, clock=self.clock, listener=listener,
                                    settings=settings, loop_alive=lambda: self.loop_alive,
-                                   mounted=lambda: self.app.routes, run_scheduler=lambda: self.run_scheduler)
+                                   mounted=lambda: self.app.routes, run_scheduler=lambda: self.run_scheduler,
+                                   facts_contract=self.facts_contract)
         self.ingest = IngestRoutes(database=self.database, clock=self.clock, dispatcher=self.dispatcher,
                                    publisher=StreamPublisher(self.database, inner_publisher, name=LIVE),
                                    max_body_bytes=settings.max_body_bytes, observer=self.observer,
@@ -239,6 +240,13 @@ class SchedulerService:
 
         return [self.health.routes, self.ingest.routes, self.batch.routes, self.events.routes,
                 self.participants.routes, inbox, self.operator.routes]
+
+    def _document(self, routes: Sequence[BaseRoute]) -> dict[str, Any]:
+        """The API document of ``routes``, its bodies' facts by the service's contract; the
+        OpenAPI module is imported when a document is first built."""
+        from scheduler.web.api.openapi import openapi_document
+
+        return openapi_document(routes, facts_contract=self.facts_contract)
 
     @functools.cached_property
     def console(self) -> Console:

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 # What a route module hands over: its routes, built when asked for.
 RouteSource = Callable[[], Sequence[BaseRoute]]
 Lifespan = Callable[[ASGIApp | None], AbstractAsyncContextManager[None]]
+Document = Callable[[Sequence[BaseRoute]], dict[str, Any]]
 
 # The parts a host can mount on their own (``WebApp.app_for``), by path.
 PARTS = ("api", "health", "metrics", "console", "inbox")
@@ -45,11 +46,13 @@ class WebApp:
     the console's pages only when a part that holds them is asked for (EMB-10). ``owner`` is
     what ``app.state.service`` names in every app built here; ``every_route``, when given, is
     what a part with the console selects from instead of ``routes()`` (the owner's own
-    ``routes``, which a subclass of it may extend)."""
+    ``routes``, which a subclass of it may extend); ``document`` is the API document of some
+    routes (with the service's facts contract, DEC-FACTS-CONTRACT)."""
 
     def __init__(self, *, sources: Sequence[RouteSource], console: Callable[[], Sequence[Route]],
                  authentication: AuthenticationBackend, lifespan: Lifespan, observer: Observer,
-                 owner: object, every_route: RouteSource | None = None) -> None:
+                 owner: object, document: Document, every_route: RouteSource | None = None) -> None:
+        self.document = document
         self.sources = tuple(sources)
         self.every_route = every_route or self.routes
         self.console = console
@@ -106,13 +109,13 @@ class WebApp:
         builds its part of the document; a path or component both define differently is a
         ``ValueError`` when the document is first built. FastAPI is not imported here."""
         # the merge only a FastAPI host needs
-        from scheduler.web.api.openapi import merged_document, openapi_document
+        from scheduler.web.api.openapi import merged_document
 
         if not path.startswith("/") or path.endswith("/"):
             raise ValueError(f"the mount path must start with '/' and not end with one, got {path!r}")
         app.mount(path, self.app_for(*parts))
         host_openapi = app.openapi
-        ours = functools.partial(openapi_document, self.routes_for(*parts))
+        ours = functools.partial(self.document, self.routes_for(*parts))
 
         def openapi() -> dict[str, Any]:
             if app.openapi_schema is None:
