@@ -26,8 +26,8 @@ from scheduler.application.events import Cursor, EventOrder
 from scheduler.config import Settings
 from scheduler.core.clock import ManualClock
 from scheduler.database.queries import Statements
+from scheduler.service import SchedulerService
 from scheduler.types import EventStatus
-from scheduler.web.app import SchedulerService
 from scheduler.web.console.sign_in import COOKIE
 
 # the benchmarks' and scenarios' databases are in the default schema

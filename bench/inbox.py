@@ -32,7 +32,7 @@ from scheduler.core.loop import Scheduler
 from scheduler.database.database import Database
 from scheduler.nudging.decision import NudgingPlatform
 from scheduler.nudging.rules import load_catalogue
-from scheduler.web.app import SchedulerService
+from scheduler.service import SchedulerService
 from scheduler.web.http.auth import mint_token
 from scheduler.web.inbox.hub import StreamPublisher
 

@@ -50,8 +50,8 @@ from scheduler.core.clock import ManualClock
 from scheduler.database.database import Database
 from scheduler.database.queries import Statements, sql
 from scheduler.operations.retention import Retention
+from scheduler.service import SchedulerService
 from scheduler.types import EventStatus
-from scheduler.web.app import SchedulerService
 from scheduler.web.console.sign_in import COOKIE
 
 # the benchmarks' and scenarios' databases are in the default schema

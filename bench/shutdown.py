@@ -60,7 +60,7 @@ async def _async(scheduler: Scheduler) -> float:
 
 
 async def _service(url: str) -> float:
-    from scheduler.web.app import SchedulerService
+    from scheduler.service import SchedulerService
 
     settings = Settings(jwt_secret="bench-shutdown-secret-0123456789abcdef", poll_seconds=HOUR)
     engine = bench_engine(url)
@@ -88,7 +88,7 @@ def _summary(samples: list[float]) -> dict[str, Any]:
 def run(server: Server, *, repeats: int) -> dict[str, Any]:
     """Stop-to-exit times (ms) for each way of running the loop, with a one-hour interval."""
     # Each service built here warns that it runs in development mode: once is enough.
-    logging.getLogger("scheduler.web.app").setLevel(logging.ERROR)
+    logging.getLogger("scheduler.service.policy").setLevel(logging.ERROR)
     with server.fresh_database("shutdown") as url:
         engine = bench_engine(url)
         try:

@@ -29,7 +29,7 @@ from scheduler.config import Settings
 from scheduler.core.clock import ManualClock
 from scheduler.database.engine import make_engine, migrate, socket_dir_of
 from scheduler.nudging.orchestrator import RecordingPublisher
-from scheduler.web.app import SchedulerService
+from scheduler.service import SchedulerService
 from scheduler.web.http.auth import mint_token
 
 # The spec report (--spec-report DIR) and the selection by clause (--clause ID) come from the

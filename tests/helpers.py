@@ -19,6 +19,7 @@ from starlette.types import ASGIApp
 from scheduler.core.loop import Batch, EventOutcome, PollReport, Scheduler
 from scheduler.nudging.orchestrator import Delivery, DeliveryRow
 from scheduler.nudging.rules import Catalogue, load_catalogue
+from scheduler.service import SchedulerService
 from scheduler.types import (
     DeclaredDispatcher,
     DigitalTwinEvent,
@@ -26,7 +27,6 @@ from scheduler.types import (
     NotificationStatus,
     OutboundMessage,
 )
-from scheduler.web.app import SchedulerService
 from tests.conftest import INGEST, T0
 
 

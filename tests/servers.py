@@ -20,7 +20,7 @@ import uvicorn
 from starlette.applications import Starlette
 from starlette.routing import Mount
 
-from scheduler.web.app import SchedulerService
+from scheduler.service import SchedulerService
 
 # How long one read of a stream may take before the test fails: a missing event must fail
 # a test in seconds, never by the suite's 300 s per-test timeout. The service's heartbeat

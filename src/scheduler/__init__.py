@@ -14,13 +14,13 @@ if TYPE_CHECKING:
     from scheduler.core.clock import ManualClock, SystemClock
     from scheduler.core.loop import EventOutcome, PollReport, Scheduler
     from scheduler.database.database import Database
-    from scheduler.web.app import SchedulerService, create_app
+    from scheduler.service import SchedulerService, create_app
     from scheduler.web.host_code import InvalidEvent, cancel, cancel_async, schedule, schedule_async
     from scheduler.web.http.auth import authenticated
 
 _WHERE = {
-    "SchedulerService": "scheduler.web.app",
-    "create_app": "scheduler.web.app",
+    "SchedulerService": "scheduler.service",
+    "create_app": "scheduler.service",
     "ManualClock": "scheduler.core.clock",
     "SystemClock": "scheduler.core.clock",
     "Settings": "scheduler.config",

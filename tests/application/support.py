@@ -10,8 +10,8 @@ import pytest
 from starlette.testclient import TestClient
 
 from scheduler.cli import main
+from scheduler.service import SchedulerService
 from scheduler.types import EventStatus
-from scheduler.web.app import SchedulerService
 from tests.conftest import ADMIN, INGEST, T0
 from tests.helpers import drain, post_event
 

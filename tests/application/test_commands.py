@@ -21,8 +21,8 @@ from scheduler.application import commands
 from scheduler.application.events import EventQuery, EventRecord
 from scheduler.cli import build_parser, main
 from scheduler.core.clock import ManualClock
+from scheduler.service import SchedulerService
 from scheduler.types import EventStatus
-from scheduler.web.app import SchedulerService
 from tests.application.support import one_row_per_status
 from tests.conftest import ADMIN, INGEST
 from tests.helpers import event_row, rows

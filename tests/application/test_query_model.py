@@ -17,7 +17,7 @@ from starlette.testclient import TestClient
 from scheduler.application import commands
 from scheduler.application.events import EventQuery
 from scheduler.database.queries import SQL_FILE, load_queries
-from scheduler.web.app import SchedulerService
+from scheduler.service import SchedulerService
 from tests.application.support import api_ids, cli_ids, console_ids, one_row_per_status
 from tests.conftest import ADMIN, T0
 from tests.helpers import post_event

@@ -20,7 +20,7 @@ from scheduler.config import Settings
 from scheduler.core.clock import ManualClock
 from scheduler.database.engine import make_engine
 from scheduler.nudging.orchestrator import RecordingPublisher
-from scheduler.web.app import SchedulerService
+from scheduler.service import SchedulerService
 from tests.conftest import INGEST, T0, token
 from tests.helpers import event_body, reminder_facts, rows
 from tests.operations.browser import CHROMIUM_ARGS, chromium_or_skip

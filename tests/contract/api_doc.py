@@ -16,8 +16,8 @@ from sqlalchemy import create_engine
 
 from scheduler.config import Settings
 from scheduler.core.clock import ManualClock
+from scheduler.service import SchedulerService
 from scheduler.web.api.openapi import openapi_document
-from scheduler.web.app import SchedulerService
 
 API_DOC = Path(__file__).resolve().parents[2] / "docs" / "api.md"
 HEADER = "| route | status | body | when |\n| --- | --- | --- | --- |\n"

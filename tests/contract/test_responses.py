@@ -17,10 +17,10 @@ from starlette.routing import Mount
 from starlette.testclient import TestClient
 
 from scheduler.cli import build_parser
+from scheduler.service import SchedulerService
 from scheduler.types import DispatchOutcome, EventStatus, NotificationStatus
 from scheduler.web.api.intake import LIVE_STATUS
 from scheduler.web.api.openapi import openapi_document
-from scheduler.web.app import SchedulerService
 from tests.conftest import ADMIN, INGEST
 from tests.contract.api_doc import declared
 from tests.helpers import event_body, reminder_facts

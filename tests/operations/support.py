@@ -8,7 +8,7 @@ from typing import Any
 from starlette.testclient import TestClient
 
 from scheduler.operations.metrics import parse_exposition
-from scheduler.web.app import SchedulerService
+from scheduler.service import SchedulerService
 from tests.conftest import token
 
 

@@ -24,7 +24,7 @@ from scheduler.core.clock import ManualClock
 from scheduler.core.loop import Scheduler
 from scheduler.database.database import Database
 from scheduler.operations.heartbeat import Heartbeat
-from scheduler.web.app import SchedulerService
+from scheduler.service import SchedulerService
 from tests.conftest import ADMIN, T0, TEST_SECRET, token
 from tests.helpers import drain, event_row, post_event
 from tests.operations.browser import CHROMIUM_ARGS, chromium_or_skip, screenshot, serving

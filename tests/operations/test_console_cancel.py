@@ -18,8 +18,8 @@ from starlette.testclient import TestClient
 
 from scheduler.application import commands, events
 from scheduler.core.clock import ManualClock
+from scheduler.service import SchedulerService
 from scheduler.types import EventStatus
-from scheduler.web.app import SchedulerService
 from tests.conftest import ADMIN, T0
 from tests.helpers import drain, event_row, post_event, rows
 from tests.operations.support import loop_step, sign_in

@@ -21,7 +21,7 @@ from starlette.testclient import TestClient
 
 from scheduler.config import Settings
 from scheduler.core.clock import ManualClock
-from scheduler.web.app import SchedulerService
+from scheduler.service import SchedulerService
 from tests.conftest import T0, TEST_SECRET
 from tests.helpers import post_event
 from tests.operations.support import loop_step

@@ -23,7 +23,7 @@ from scheduler.core.clock import ManualClock
 from scheduler.core.loop import Scheduler
 from scheduler.database.database import Database
 from scheduler.operations.heartbeat import Heartbeat
-from scheduler.web.app import SchedulerService
+from scheduler.service import SchedulerService
 from tests.conftest import ADMIN, INGEST, T0
 from tests.helpers import FakeDispatcher, event_body, post_event, rows, running
 from tests.operations.support import loop_step, scrape
@@ -116,7 +116,7 @@ def test_a_replica_that_stops_cleanly_leaves_the_list_instead_of_going_stale(
     settings: Settings, engine: Engine, clock: ManualClock
 ) -> None:
     """OBS-2: the service's loop polls once (a heartbeat), then the app stops: its row is gone."""
-    from scheduler.web.app import create_app
+    from scheduler.service import create_app
 
     app = create_app(settings.with_(poll_seconds=3600.0), engine=engine, clock=clock)
     service = app.state.service
@@ -133,7 +133,7 @@ def test_of_two_replicas_the_one_that_stops_leaves_the_list_and_the_other_stays(
     """OBS-2: two replicas (both named `scheduler`, as replicas of one deployment are) run their
     loops on one database; each is listed. The first stops cleanly: only its own row goes; the
     other is still listed, `ok`, and goes when it stops in turn."""
-    from scheduler.web.app import create_app
+    from scheduler.service import create_app
     from tests.servers import wait_for
 
     apps = [create_app(settings.with_(poll_seconds=3600.0), engine=engine, clock=clock) for _ in range(2)]

@@ -35,7 +35,7 @@ from scheduler.nudging.orchestrator import RecordingPublisher
 from scheduler.nudging.rules import load_catalogue
 from scheduler.observability.logs import JsonFormatter, RedactingFormatter, redact
 from scheduler.observability.otel import TracingObserver
-from scheduler.web.app import SchedulerService
+from scheduler.service import SchedulerService
 from tests.conftest import T0, TEST_SECRET
 from tests.helpers import FakeDispatcher, post_event
 from tests.operations.support import loop_step
@@ -102,7 +102,7 @@ def test_a_json_line_carries_the_event_id_and_the_replica_of_a_dispatch_that_log
     assert "RuntimeError" in failure["exception"] and "\n" in failure["exception"]
     assert PASSWORD not in json.dumps(lines)  # the error's DSN is redacted in message and traceback
     assert "trace_id" not in failure  # tracing is off
-    assert all("event_id" not in line for line in lines if line["logger"] == "scheduler.web.app")
+    assert all("event_id" not in line for line in lines if line["logger"].startswith("scheduler.service"))
     # the time is UTC with milliseconds
     assert failure["time"].endswith("+00:00") and len(failure["time"]) == len("2026-11-30T09:00:00.000+00:00")
 

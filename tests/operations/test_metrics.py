@@ -21,7 +21,7 @@ from scheduler.core.loop import Scheduler
 from scheduler.database.database import Database
 from scheduler.nudging.orchestrator import RecordingPublisher
 from scheduler.operations.heartbeat import Heartbeat
-from scheduler.web.app import SchedulerService
+from scheduler.service import SchedulerService
 from tests.conftest import ADMIN, INGEST, T0
 from tests.helpers import event_body, post_event, running
 from tests.operations.support import loop_step, scrape

@@ -15,7 +15,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from scheduler.core.clock import ManualClock
-from scheduler.web.app import SchedulerService
+from scheduler.service import SchedulerService
 from tests.conftest import ADMIN, INGEST, PARTICIPANT
 
 SECRET_ERROR = ('OperationalError: (psycopg.OperationalError) connection to server at "db-7.internal.example" '

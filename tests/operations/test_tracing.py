@@ -31,7 +31,7 @@ from scheduler.nudging.orchestrator import RecordingPublisher
 from scheduler.observability.observer import normalized_traceparent, parse_traceparent
 from scheduler.observability.otel import TracingObserver
 from scheduler.observability.tracing import traces_exporters
-from scheduler.web.app import SchedulerService
+from scheduler.service import SchedulerService
 from tests.conftest import ADMIN, INGEST, T0, TEST_SECRET
 from tests.helpers import event_body, event_row, reminder_facts
 from tests.operations.support import loop_step
@@ -280,7 +280,7 @@ BUILD_AND_SERVE = """
     import sys
     from starlette.testclient import TestClient
     from scheduler.config import Settings
-    from scheduler.web.app import SchedulerService
+    from scheduler.service import SchedulerService
     service = SchedulerService(Settings.from_env(), run_scheduler=False)
     with TestClient(service.app) as client:
         assert client.get("/health").status_code == 200

@@ -26,8 +26,8 @@ from starlette.testclient import TestClient
 
 from scheduler.nudging.decision import NudgingPlatform
 from scheduler.nudging.orchestrator import Orchestrator, RecordingPublisher, WebChannel
+from scheduler.service import SchedulerService
 from scheduler.types import DeclaredDispatcher, DigitalTwinEvent, DispatchOutcome, DispatchResult
-from scheduler.web.app import SchedulerService
 from tests.conftest import INGEST, T0
 from tests.helpers import FakeWebPush, post_event, reminder_facts, rows
 

@@ -23,7 +23,7 @@ from scheduler.config import Settings
 from scheduler.core.clock import ManualClock
 from scheduler.database.engine import make_engine
 from scheduler.nudging.orchestrator import RecordingPublisher
-from scheduler.web.app import SchedulerService
+from scheduler.service import SchedulerService
 from tests.conftest import T0
 from tests.helpers import post_event
 from tests.proxy import UnixSocketProxy, running, through, unix_socket_of

@@ -31,7 +31,7 @@ from scheduler.database.queries import load_queries
 from scheduler.nudging.decision import NudgingPlatform
 from scheduler.nudging.rules import load_catalogue
 from scheduler.operations.metrics import parse_exposition
-from scheduler.web.app import SchedulerService
+from scheduler.service import SchedulerService
 from tests.conftest import TEST_SECRET
 from tests.reliability.support import statuses, store_due
 

@@ -20,8 +20,8 @@ from scheduler.core.clock import ManualClock
 from scheduler.database.engine import make_engine, ping_when_idle, polling
 from scheduler.nudging.decision import NudgingPlatform
 from scheduler.nudging.rules import load_catalogue
+from scheduler.service import SchedulerService, create_app
 from scheduler.types import DigitalTwinEvent, DispatchResult
-from scheduler.web.app import SchedulerService, create_app
 from tests.conftest import ADMIN, INGEST, T0, TEST_SECRET
 from tests.helpers import bounded, running
 from tests.reliability.support import (

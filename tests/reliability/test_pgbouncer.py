@@ -24,8 +24,8 @@ from scheduler.core.clock import ManualClock
 from scheduler.core.loop import Batch
 from scheduler.database.engine import make_engine
 from scheduler.database.listener import Listener
+from scheduler.service import SchedulerService
 from scheduler.types import SchedulerMode
-from scheduler.web.app import SchedulerService
 from tests.conftest import TEST_SECRET, PgServer
 from tests.helpers import bounded
 from tests.reliability.scenarios import run_small_scenario

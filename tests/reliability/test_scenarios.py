@@ -24,7 +24,7 @@ from sqlalchemy import Engine, text
 
 from scheduler.config import Settings
 from scheduler.core.clock import SystemClock
-from scheduler.web.app import SchedulerService
+from scheduler.service import SchedulerService
 from tests.conftest import TEST_SECRET
 from tests.helpers import drain
 from tests.reliability.scenarios import run_small_scenario, suite_pgdata

@@ -25,8 +25,8 @@ from scheduler.core.clock import DatabaseClock
 from scheduler.core.store import set_preferences, store_event
 from scheduler.database.engine import database_time, make_engine
 from scheduler.nudging.orchestrator import utc_day
+from scheduler.service import SchedulerService
 from scheduler.types import DigitalTwinEvent
-from scheduler.web.app import SchedulerService
 from tests.conftest import TEST_SECRET
 from tests.helpers import reminder_facts, rows
 

@@ -24,7 +24,7 @@ from sqlalchemy import Engine, text
 from scheduler.config import Settings
 from scheduler.core.clock import SystemClock
 from scheduler.nudging.rules import load_catalogue
-from scheduler.web.app import SchedulerService
+from scheduler.service import SchedulerService
 from tests.conftest import TEST_SECRET
 from tests.reliability.support import notifications_by_event, statuses, store_due, wait_until
 

@@ -13,7 +13,7 @@ from scheduler.config import Settings
 from scheduler.core.clock import ManualClock
 from scheduler.database.engine import make_engine
 from scheduler.database.participant_locks import participant_lock_key
-from scheduler.web.app import SchedulerService, create_app
+from scheduler.service import SchedulerService, create_app
 from tests.conftest import ADMIN, INGEST, T0, TEST_SECRET
 from tests.helpers import bounded, running
 from tests.reliability.support import (

@@ -21,7 +21,7 @@ from sqlalchemy import Engine, event, text
 from sqlalchemy.exc import DBAPIError
 from starlette.testclient import TestClient
 
-from scheduler.web.app import SchedulerService
+from scheduler.service import SchedulerService
 from scheduler.web.http.errors import wait_out_reason
 from tests.conftest import ADMIN, INGEST, T0
 from tests.helpers import post_event, reminder_facts

@@ -23,8 +23,8 @@ from starlette.testclient import TestClient
 import scheduler
 from scheduler.config import ConfigError, Settings
 from scheduler.core.clock import ManualClock
+from scheduler.service import SchedulerService
 from scheduler.types import DigitalTwinEvent, DispatchOutcome, DispatchResult
-from scheduler.web.app import SchedulerService
 from tests.conftest import T0, TEST_SECRET
 from tests.helpers import post_event, reminder_facts
 

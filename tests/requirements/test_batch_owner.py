@@ -22,8 +22,8 @@ from starlette.testclient import TestClient
 from scheduler.core.poll import Batch
 from scheduler.core.strategies import OptimisticBatch, SavepointPerEvent, SetBasedBatch
 from scheduler.nudging.decision import BatchDecisions, Check, NudgingPlatform
+from scheduler.service import SchedulerService
 from scheduler.types import DeclaredDispatcher, DigitalTwinEvent, DispatchOutcome, DispatchResult
-from scheduler.web.app import SchedulerService
 from tests.conftest import T0
 from tests.helpers import post_event, rows
 

@@ -26,7 +26,7 @@ from scheduler.config import Settings
 from scheduler.core.clock import ManualClock
 from scheduler.core.store_batch import NewEvent, store_events
 from scheduler.database.database import Database
-from scheduler.web.app import SchedulerService
+from scheduler.service import SchedulerService
 from tests.conftest import INGEST, PARTICIPANT, T0, TEST_SECRET, bearer
 from tests.helpers import (
     event_body,

@@ -20,7 +20,7 @@ from starlette.testclient import TestClient
 from scheduler.config import Settings
 from scheduler.core.clock import ManualClock
 from scheduler.nudging.orchestrator import RecordingPublisher
-from scheduler.web.app import SchedulerService
+from scheduler.service import SchedulerService
 from tests.conftest import ADMIN, INGEST
 from tests.helpers import dispatch_all, post_event, reminder_facts, rows
 

@@ -18,7 +18,7 @@ from sqlalchemy import Engine, text
 from starlette.testclient import TestClient
 
 from scheduler.nudging.facts import TimeScope, TimeScopeError, parse_time_scope
-from scheduler.web.app import SchedulerService
+from scheduler.service import SchedulerService
 from tests.conftest import INGEST, T0
 from tests.helpers import event_row, reminder_facts
 

@@ -19,7 +19,7 @@ from scheduler.database.database import Database
 from scheduler.database.engine import make_engine, migrate
 from scheduler.nudging.decision import NudgingPlatform
 from scheduler.nudging.rules import load_catalogue
-from scheduler.web.app import SchedulerService
+from scheduler.service import SchedulerService
 from tests.conftest import ADMIN, T0, TEST_SECRET
 from tests.helpers import post_event
 

@@ -11,7 +11,7 @@ from starlette.testclient import TestClient
 
 from scheduler.core.clock import ManualClock
 from scheduler.core.loop import Scheduler
-from scheduler.web.app import SchedulerService
+from scheduler.service import SchedulerService
 from tests.conftest import ADMIN, INGEST, T0
 from tests.helpers import dispatch_all, post_event, reminder_facts, rows, statuses
 

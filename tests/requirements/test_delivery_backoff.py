@@ -14,10 +14,9 @@ from hypothesis import strategies as st
 from scheduler import types
 from scheduler.delivery.attempt import attempt
 from scheduler.delivery.backoff import Jitter, RetryPolicy, backoff_seconds
-from scheduler.delivery.record import LAST_ERROR_CHARS, record_attempt
+from scheduler.delivery.record import LAST_ERROR_CHARS, DeliveryStatus, record_attempt
 from scheduler.types import (
     Delivered,
-    DeliveryStatus,
     Gone,
     OutboundDelivery,
     Retry,

@@ -18,7 +18,7 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Mount, Route
 
 from scheduler.core.clock import ManualClock
-from scheduler.web.app import SchedulerService
+from scheduler.service import SchedulerService
 from tests.conftest import ADMIN, INGEST
 from tests.helpers import event_body, running
 

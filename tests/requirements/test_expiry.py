@@ -25,8 +25,8 @@ from scheduler.cli import main
 from scheduler.config import ConfigError, Settings
 from scheduler.core.clock import ManualClock
 from scheduler.core.pacing import polls_again_at_once
+from scheduler.service import SchedulerService
 from scheduler.types import EventOutcome, PollReport, SchedulerMode
-from scheduler.web.app import SchedulerService
 from tests.conftest import ADMIN, INGEST, T0, TEST_SECRET
 from tests.helpers import event_body, event_row, later, post_event, rows, statuses
 from tests.operations.support import loop_step, scrape, sign_in

@@ -19,7 +19,7 @@ import scheduler
 from scheduler.cli import main
 from scheduler.config import Settings
 from scheduler.core.clock import ManualClock
-from scheduler.web.app import SchedulerService
+from scheduler.service import SchedulerService
 from tests.conftest import INGEST, T0, TEST_SECRET
 from tests.helpers import rows
 

@@ -21,7 +21,7 @@ from starlette.testclient import TestClient
 
 from scheduler.config import Settings
 from scheduler.core.clock import ManualClock
-from scheduler.web.app import SchedulerService
+from scheduler.service import SchedulerService
 from tests.conftest import T0, TEST_SECRET
 
 pytest.importorskip("fastapi", reason="FastAPI is a test dependency (the merged document)")

@@ -21,7 +21,7 @@ import scheduler
 from scheduler.config import Settings
 from scheduler.core.clock import ManualClock
 from scheduler.core.loop import DUE_CHANNEL
-from scheduler.web.app import SchedulerService
+from scheduler.service import SchedulerService
 from tests.conftest import INGEST, T0, TEST_SECRET
 from tests.helpers import reminder_facts
 

@@ -20,8 +20,8 @@ from starlette.testclient import TestClient
 from scheduler.config import ConfigError, Settings
 from scheduler.core.clock import ManualClock
 from scheduler.database.host_engine import HostEngineWarning
+from scheduler.service import SchedulerService
 from scheduler.types import DigitalTwinEvent, DispatchOutcome, DispatchResult
-from scheduler.web.app import SchedulerService
 from tests.conftest import ADMIN, T0, TEST_SECRET
 from tests.helpers import post_event
 

@@ -31,7 +31,8 @@ from starlette.testclient import TestClient
 from scheduler.config import ConfigError, Settings
 from scheduler.core.clock import ManualClock
 from scheduler.nudging.orchestrator import RecordingPublisher
-from scheduler.web.app import PARTS, SchedulerService, part_of
+from scheduler.service import SchedulerService
+from scheduler.web.app import PARTS, part_of
 from scheduler.web.http.auth import authenticated, mint_token
 from tests.conftest import ADMIN, INGEST, TEST_SECRET
 from tests.helpers import event_body

@@ -28,7 +28,7 @@ from scheduler.core.clock import ManualClock
 from scheduler.database.database import Database
 from scheduler.database.engine import make_engine
 from scheduler.nudging.orchestrator import RecordingPublisher
-from scheduler.web.app import SchedulerService
+from scheduler.service import SchedulerService
 from scheduler.web.inbox.hub import STREAM_LOCK_KEY, Inbox, StreamPublisher, sse_stream
 from tests.conftest import ADMIN, INGEST, PARTICIPANT, bearer
 from tests.helpers import event_body, post_event, reminder_facts, rows, wait_until_blocked_on_a_lock

@@ -22,7 +22,7 @@ from starlette.testclient import TestClient
 from scheduler.config import Settings
 from scheduler.core.clock import ManualClock
 from scheduler.database.engine import make_engine
-from scheduler.web.app import SchedulerService
+from scheduler.service import SchedulerService
 from tests.conftest import ADMIN, token
 from tests.helpers import rows
 from tests.requirements.test_inbox import deliver, open_stream

@@ -18,7 +18,7 @@ from sqlalchemy import Engine
 from starlette.testclient import TestClient
 
 from scheduler.core.clock import ManualClock
-from scheduler.web.app import SchedulerService
+from scheduler.service import SchedulerService
 from tests.conftest import ADMIN, INGEST, PARTICIPANT
 from tests.helpers import (
     event_row,

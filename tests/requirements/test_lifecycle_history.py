@@ -19,7 +19,7 @@ from starlette.testclient import TestClient
 
 from scheduler.cli import main
 from scheduler.core.clock import ManualClock
-from scheduler.web.app import SchedulerService
+from scheduler.service import SchedulerService
 from tests.conftest import ADMIN, INGEST, T0, bearer
 from tests.helpers import later, post_event, reminder_facts
 from tests.operations.support import sign_in

@@ -20,7 +20,7 @@ from starlette.testclient import TestClient
 
 from scheduler.cli import main
 from scheduler.core.clock import ManualClock
-from scheduler.web.app import SchedulerService
+from scheduler.service import SchedulerService
 from tests.conftest import ADMIN
 from tests.helpers import event_row, post_event, rows
 from tests.operations.support import sign_in

@@ -21,7 +21,7 @@ from scheduler.core.clock import ManualClock
 from scheduler.database.database import Database
 from scheduler.database.engine import make_engine
 from scheduler.operations.retention import RETENTION_LOCK_KEY, Retention
-from scheduler.web.app import SchedulerService
+from scheduler.service import SchedulerService
 from tests.conftest import ADMIN, INGEST
 from tests.helpers import later, post_event, reminder_facts, rows, statuses
 

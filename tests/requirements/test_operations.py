@@ -39,7 +39,7 @@ from scheduler.database.engine import drop_database, ensure_database
 from scheduler.nudging.decision import NudgingPlatform
 from scheduler.nudging.orchestrator import RecordingPublisher
 from scheduler.nudging.rules import load_catalogue
-from scheduler.web.app import SchedulerService
+from scheduler.service import SchedulerService
 from tests.conftest import T0, TEST_SECRET, bearer
 from tests.helpers import FakeDispatcher, event_body, event_row, post_event, reminder_facts
 

@@ -23,9 +23,9 @@ from scheduler.core.clock import ManualClock
 from scheduler.delivery.backoff import RetryPolicy
 from scheduler.nudging.orchestrator import RecordingPublisher
 from scheduler.operations.delivery_worker import DeliveryWorker
+from scheduler.service import SchedulerService
 from scheduler.testing.webhook_receiver import LocalWebhookReceiver, Reply
 from scheduler.types import Delivered, OutboundDelivery, Retry, SendResult, Undeliverable
-from scheduler.web.app import SchedulerService
 from tests.conftest import TEST_SECRET
 from tests.helpers import drain, post_event, rows, running
 

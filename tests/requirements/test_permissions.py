@@ -23,7 +23,7 @@ from starlette.testclient import TestClient
 
 from scheduler.config import Settings
 from scheduler.core.clock import ManualClock
-from scheduler.web.app import SchedulerService
+from scheduler.service import SchedulerService
 from tests.conftest import ADMIN, INGEST, PARTICIPANT, TEST_SECRET, bearer
 from tests.helpers import event_body, reminder_facts
 

@@ -31,8 +31,8 @@ from scheduler.core.clock import ManualClock
 from scheduler.core.loop import Scheduler
 from scheduler.database.listener import Listener, conninfo_of
 from scheduler.nudging.orchestrator import RecordingPublisher
+from scheduler.service import SchedulerService
 from scheduler.types import SchedulerMode
-from scheduler.web.app import SchedulerService
 from tests.conftest import ADMIN, INGEST, T0, TEST_SECRET
 from tests.helpers import event_body, post_event, rows, statuses
 

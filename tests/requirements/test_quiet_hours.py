@@ -19,8 +19,8 @@ from starlette.testclient import TestClient
 from scheduler.cli import main
 from scheduler.core.clock import ManualClock
 from scheduler.core.loop import Scheduler
+from scheduler.service import SchedulerService
 from scheduler.types import DigitalTwinEvent, DispatchResult
-from scheduler.web.app import SchedulerService
 from tests.conftest import ADMIN, INGEST, T0
 from tests.helpers import event_row, post_event, reminder_facts, rows
 from tests.operations.support import loop_step, scrape, sign_in

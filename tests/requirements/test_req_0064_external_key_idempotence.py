@@ -19,8 +19,8 @@ from sqlalchemy import Engine
 from starlette.testclient import TestClient
 
 from scheduler.core.clock import ManualClock
+from scheduler.service import SchedulerService
 from scheduler.types import DigitalTwinEvent
-from scheduler.web.app import SchedulerService
 from tests.conftest import ADMIN, INGEST, T0
 from tests.helpers import (
     event_body,

@@ -23,8 +23,8 @@ from starlette.testclient import TestClient
 from scheduler.config import Settings
 from scheduler.core.clock import ManualClock, SystemClock
 from scheduler.core.loop import Scheduler
+from scheduler.service import SchedulerService
 from scheduler.types import SchedulerMode
-from scheduler.web.app import SchedulerService
 from tests.conftest import ADMIN, T0
 from tests.helpers import (
     DEADLINE_SECONDS,

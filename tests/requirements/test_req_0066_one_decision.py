@@ -29,8 +29,8 @@ from sqlalchemy.orm import Session
 from scheduler.core.store import set_preferences, store_event
 from scheduler.nudging.decision import BatchDecisions, Check, NudgingPlatform
 from scheduler.nudging.orchestrator import Orchestrator, WebChannel
+from scheduler.service import SchedulerService
 from scheduler.types import DigitalTwinEvent, error_text
-from scheduler.web.app import SchedulerService
 from tests.conftest import T0
 from tests.helpers import FakeWebPush, catalogue_with_a_second_rule, reminder_facts, rows
 

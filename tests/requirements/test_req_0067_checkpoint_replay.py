@@ -26,8 +26,8 @@ from scheduler.core.loop import Scheduler
 from scheduler.database.database import Database
 from scheduler.database.participant_locks import participant_lock_key
 from scheduler.nudging.orchestrator import RecordingPublisher
+from scheduler.service import SchedulerService
 from scheduler.types import DeclaredDispatcher, DigitalTwinEvent, DispatchOutcome, DispatchResult
-from scheduler.web.app import SchedulerService
 from tests.conftest import T0
 from tests.helpers import FakeDispatcher, event_row, post_event, rows
 

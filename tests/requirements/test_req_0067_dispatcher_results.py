@@ -26,6 +26,7 @@ from scheduler.core.clock import ManualClock
 from scheduler.core.loop import Scheduler
 from scheduler.database.database import Database
 from scheduler.nudging.orchestrator import RecordingPublisher
+from scheduler.service import SchedulerService
 from scheduler.types import (
     AsyncDispatcherRefused,
     BatchDispatcher,
@@ -34,7 +35,6 @@ from scheduler.types import (
     DispatchOutcome,
     DispatchResult,
 )
-from scheduler.web.app import SchedulerService
 from tests.conftest import INGEST, T0
 from tests.helpers import event_body, event_row, post_event
 

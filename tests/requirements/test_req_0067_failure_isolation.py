@@ -21,8 +21,8 @@ from starlette.testclient import TestClient
 
 from scheduler.core.clock import ManualClock
 from scheduler.core.loop import Batch
+from scheduler.service import SchedulerService
 from scheduler.types import DigitalTwinEvent, DispatchResult
-from scheduler.web.app import SchedulerService
 from tests.conftest import ADMIN, T0
 from tests.helpers import (
     DEADLINE_SECONDS,

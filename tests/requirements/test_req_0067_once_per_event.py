@@ -22,6 +22,7 @@ from starlette.testclient import TestClient
 
 from scheduler.core.strategies import SavepointPerEvent
 from scheduler.nudging.decision import NudgingPlatform
+from scheduler.service import SchedulerService
 from scheduler.types import (
     UNDECLARED,
     Capabilities,
@@ -31,7 +32,6 @@ from scheduler.types import (
     DispatchResult,
     capabilities_of,
 )
-from scheduler.web.app import SchedulerService
 from tests.conftest import T0
 from tests.helpers import post_event, rows
 

@@ -14,7 +14,7 @@ import pytest
 
 from scheduler.cli import main
 from scheduler.config import ConfigError, Settings
-from scheduler.web.app import SchedulerService
+from scheduler.service import SchedulerService
 from tests.conftest import TEST_SECRET
 
 ROOT = Path(__file__).resolve().parents[2]

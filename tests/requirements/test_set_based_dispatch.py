@@ -27,8 +27,8 @@ from scheduler.database.queries import load_queries
 from scheduler.nudging import decision
 from scheduler.nudging.decision import BatchDecisions, NudgingPlatform
 from scheduler.nudging.orchestrator import RecordingPublisher
+from scheduler.service import SchedulerService
 from scheduler.types import DigitalTwinEvent, DispatchResult
-from scheduler.web.app import SchedulerService
 from tests.conftest import T0
 from tests.helpers import catalogue_with_a_second_rule, reminder_facts, rows
 

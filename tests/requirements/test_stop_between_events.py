@@ -23,6 +23,7 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 from starlette.testclient import TestClient
 
+from scheduler.service import SchedulerService
 from scheduler.types import (
     BatchDispatcher,
     DeclaredDispatcher,
@@ -31,7 +32,6 @@ from scheduler.types import (
     DispatchResult,
     PollReport,
 )
-from scheduler.web.app import SchedulerService
 from tests.conftest import T0
 from tests.helpers import DEADLINE_SECONDS, event_row, post_event
 

@@ -25,8 +25,8 @@ from starlette.testclient import TestClient
 from scheduler.core.clock import ManualClock
 from scheduler.core.store import store_event
 from scheduler.core.trigger_range import EARLIEST_TRIGGER, LATEST_TRIGGER, TriggerOutOfRange
+from scheduler.service import SchedulerService
 from scheduler.types import DigitalTwinEvent, DispatchOutcome, DispatchResult
-from scheduler.web.app import SchedulerService
 from tests.conftest import INGEST, T0
 from tests.helpers import event_body, rows
 

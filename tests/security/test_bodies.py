@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from starlette.types import Message
 
-from scheduler.web.app import SchedulerService
+from scheduler.service import SchedulerService
 from tests.security.hostile import DEADLINE, Target, call, targets
 from tests.security.test_hostile_input import console_session
 

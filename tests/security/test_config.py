@@ -11,7 +11,7 @@ from sqlalchemy import Engine
 from scheduler.cli import main
 from scheduler.config import ConfigError, Settings
 from scheduler.core.clock import ManualClock
-from scheduler.web.app import SchedulerService
+from scheduler.service import SchedulerService
 from tests.security.support import public_pem
 
 STRONG_SECRET = "Zq8kL2pW9xR4mN7bV1cT6hY3jF5gD0aS-uE_iO"  # 38 characters, no weak marker
@@ -70,7 +70,7 @@ def test_production_starts_with_a_strong_secret_or_a_public_key(
     engine: Engine, clock: ManualClock, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """SEC-9: the controls: a strong secret, or an RSA public key, start without a development warning."""
-    with caplog.at_level(logging.WARNING, logger="scheduler.web.app"):
+    with caplog.at_level(logging.WARNING, logger="scheduler.service.policy"):
         _start(Settings(environment="production", jwt_secret=STRONG_SECRET, data_dir=tmp_path), engine, clock)
         _start(Settings(environment="production", jwt_public_key=public_pem(), data_dir=tmp_path), engine, clock)
     assert "DEVELOPMENT" not in caplog.text
@@ -103,7 +103,7 @@ def test_development_mode_warns_loudly(
     engine: Engine, clock: ManualClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     """SEC-9: without SCHEDULER_ENV=production the service logs that it runs in development mode."""
-    with caplog.at_level(logging.WARNING, logger="scheduler.web.app"):
+    with caplog.at_level(logging.WARNING, logger="scheduler.service.policy"):
         _start(Settings.from_env({"SCHEDULER_JWT_SECRET": "dev"}), engine, clock)
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert any("DEVELOPMENT mode" in r.getMessage() for r in warnings)

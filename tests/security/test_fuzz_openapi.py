@@ -31,7 +31,7 @@ from schemathesis.specs.openapi.checks import (
 )
 from sqlalchemy import Engine, text
 
-from scheduler.web.app import SchedulerService
+from scheduler.service import SchedulerService
 from tests.conftest import ADMIN, INGEST, PARTICIPANT
 
 # Conformance to /openapi.json, on top of "no 5xx" (503 from /health/scheduler is documented).

@@ -18,8 +18,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from scheduler.service import SchedulerService
 from scheduler.web.api.openapi import openapi_document
-from scheduler.web.app import SchedulerService
 from scheduler.web.http.params import Param, digits_value, parse_query, whole_number
 from scheduler.web.http.params import Unprocessable as Refused
 from tests.helpers import event_body

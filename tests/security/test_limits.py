@@ -12,7 +12,7 @@ from starlette.testclient import TestClient
 
 from scheduler.config import Settings
 from scheduler.core.clock import ManualClock
-from scheduler.web.app import SchedulerService
+from scheduler.service import SchedulerService
 from scheduler.web.http.bodies import MAX_DEPTH
 from scheduler.web.http.params import MAX_STRING
 from tests.conftest import ADMIN, INGEST, T0, TEST_SECRET

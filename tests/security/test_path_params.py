@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import pytest
 from starlette.routing import Route
 
-from scheduler.web.app import SchedulerService
+from scheduler.service import SchedulerService
 from scheduler.web.http.params import MAX_STRING
 from tests.security.hostile import Answer, Target, call, targets
 from tests.security.test_hostile_input import console_session

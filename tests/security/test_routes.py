@@ -10,7 +10,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 from starlette.testclient import TestClient
 
-from scheduler.web.app import SchedulerService
+from scheduler.service import SchedulerService
 from tests.conftest import INGEST, PARTICIPANT
 from tests.security.support import PERMISSIONS, RouteEntry, app_table, spec_table
 

@@ -26,7 +26,7 @@ from sqlalchemy import Engine
 from starlette.testclient import TestClient
 
 from scheduler.core.clock import ManualClock
-from scheduler.web.app import SchedulerService
+from scheduler.service import SchedulerService
 from tests.conftest import ADMIN, token
 from tests.helpers import rows
 from tests.operations.support import sign_in as console_sign_in

@@ -15,7 +15,7 @@ from scheduler.config import Settings
 from scheduler.core.clock import ManualClock
 from scheduler.nudging.orchestrator import RecordingPublisher
 from scheduler.nudging.rules import load_catalogue
-from scheduler.web.app import SchedulerService
+from scheduler.service import SchedulerService
 from tests.conftest import INGEST, T0, TEST_SECRET
 
 # Facts a hostile sender controls: Jinja syntax, dunder walks and a format-string attack.

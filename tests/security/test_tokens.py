@@ -16,7 +16,7 @@ from starlette.testclient import TestClient
 
 from scheduler.config import Settings
 from scheduler.core.clock import ManualClock
-from scheduler.web.app import SchedulerService
+from scheduler.service import SchedulerService
 from tests.conftest import TEST_SECRET
 from tests.helpers import event_body, post_event, rows
 from tests.security.support import (

@@ -27,7 +27,7 @@ from scheduler.core.clock import ManualClock
 from scheduler.core.loop import Scheduler
 from scheduler.database.database import Database
 from scheduler.database.engine import make_engine
-from scheduler.web.app import SchedulerService
+from scheduler.service import SchedulerService
 from tests.conftest import INGEST, T0
 from tests.helpers import (
     dispatch_all,

@@ -19,12 +19,12 @@ from scheduler.config import Settings
 from scheduler.core.clock import ManualClock
 from scheduler.delivery.attempt import attempt_all
 from scheduler.delivery.channels import allowed_push_hosts, built_in_senders, retry_policy
-from scheduler.delivery.record import record_attempt
+from scheduler.delivery.record import DeliveryStatus, record_attempt
 from scheduler.delivery.signing import format_secret
 from scheduler.delivery.vapid import VapidKey
 from scheduler.testing.push_service import LocalPushService
 from scheduler.testing.webhook_receiver import HANG, LocalWebhookReceiver
-from scheduler.types import Delivered, DeliveryStatus, OutboundDelivery, Retry, SendResult
+from scheduler.types import Delivered, OutboundDelivery, Retry, SendResult
 
 NOW = datetime(2026, 5, 4, 9, 30, tzinfo=UTC)
 SECRET = format_secret(b"wiring-check-secret-0123456789ab")

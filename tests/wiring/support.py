@@ -16,7 +16,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 
 from scheduler.config import Settings
 from scheduler.core.clock import ManualClock
-from scheduler.web.app import SchedulerService
+from scheduler.service import SchedulerService
 from tests.conftest import T0
 
 

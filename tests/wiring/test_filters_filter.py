@@ -19,8 +19,8 @@ from sqlalchemy import text
 from starlette.testclient import TestClient
 
 from scheduler.cli import main
+from scheduler.service import SchedulerService
 from scheduler.web.api.openapi import openapi_document
-from scheduler.web.app import SchedulerService
 from tests.conftest import ADMIN, INGEST, T0, token
 from tests.helpers import drain, post_event, reminder_facts
 from tests.operations.support import sign_in

@@ -136,20 +136,20 @@ def test_the_cycle_check_finds_a_cycle_under_type_checking_and_names_it() -> Non
     assert "scheduler.application.commands" in graph["scheduler.web.api.scheduled_events"]
     assert "scheduler.database.database" in graph["scheduler.application.commands"]
     # a TYPE_CHECKING import and a function-level one are edges too
-    assert "scheduler.web.app" in graph["scheduler"]
-    assert "scheduler.web.app" in graph["scheduler.cli"] or "scheduler.web.app" in graph.get(
+    assert "scheduler.service" in graph["scheduler"]
+    assert "scheduler.service" in graph["scheduler.cli"] or "scheduler.service" in graph.get(
         "scheduler.cli.serve", set())
 
 
 @pytest.mark.clause("ARCH-2")
 def test_route_modules_receive_the_services_they_use_not_the_composition_root() -> None:
-    """ARCH-2: only the composition root (scheduler.web.app) names SchedulerService; every other
-    module of scheduler.web is handed its sessionmaker, clock, commands or verifier instead, and
-    the application layer imports nothing of the web edge."""
+    """ARCH-2: only the composition root (scheduler.service) names SchedulerService; no module
+    of scheduler.web names it or imports the root: each is handed its database, clock, commands
+    or verifier instead, and the application layer imports nothing of the web edge."""
     graph = import_graph()
     for name, path in modules().items():
-        if name.startswith("scheduler.web.") and name != "scheduler.web.app":
+        if name.startswith("scheduler.web"):
             assert "SchedulerService" not in path.read_text(), name
-            assert "scheduler.web.app" not in graph[name], name
+            assert not any(d.startswith("scheduler.service") for d in graph[name]), name
         if name.startswith("scheduler.application"):
             assert not any(d.startswith("scheduler.web") for d in graph[name]), name

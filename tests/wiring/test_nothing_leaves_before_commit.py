@@ -13,8 +13,8 @@ import pytest
 from sqlalchemy import Engine, text
 from starlette.testclient import TestClient
 
+from scheduler.service import SchedulerService
 from scheduler.types import OutboundMessage
-from scheduler.web.app import SchedulerService
 from tests.conftest import INGEST
 from tests.helpers import dispatch_all, eventually, post_event, reminder_facts
 

@@ -19,8 +19,8 @@ from sqlalchemy import Engine
 from scheduler.core.clock import ManualClock
 from scheduler.core.loop import Scheduler
 from scheduler.core.runner import run_to_completion
+from scheduler.service import SchedulerService
 from scheduler.types import SchedulerMode
-from scheduler.web.app import SchedulerService
 from tests.conftest import T0
 from tests.helpers import DEADLINE_SECONDS, statuses
 from tests.reliability.support import store_due

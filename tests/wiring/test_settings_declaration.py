@@ -13,6 +13,7 @@ from sqlalchemy import text
 
 from scheduler import config
 from scheduler.config import ConfigError, Settings
+from scheduler.config.readme import main, markdown_table, readme_table
 from scheduler.database.engine import make_engine
 
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -23,8 +24,8 @@ README = Path(__file__).resolve().parents[2] / "README.md"
 def test_the_readme_configuration_table_is_the_one_the_declaration_writes() -> None:
     """WIRE-10: the README's table (variable, default, meaning, in order) is exactly what
     ``python -m scheduler.config --markdown`` prints; a drift names the fix."""
-    documented = config.readme_table(README.read_text())
-    generated = config.markdown_table()
+    documented = readme_table(README.read_text())
+    generated = markdown_table()
     drift = "".join(difflib.unified_diff(documented.splitlines(True), generated.splitlines(True),
                                          "README.md", "the declaration"))
     assert documented == generated, f"run `python -m scheduler.config --write-readme`:\n{drift}"
@@ -40,12 +41,12 @@ def test_the_generator_rewrites_a_drifted_table_and_leaves_the_rest_of_the_readm
     stale = README.read_text().replace("| `SCHEDULER_BATCH_SIZE` | `20` |", "| `SCHEDULER_BATCH_SIZE` | `25` |")
     stale = stale.replace(next(line for line in stale.splitlines() if line.startswith("| `SCHEDULER_LISTEN`")) + "\n", "")
     readme.write_text(stale)
-    assert config.main(["--write-readme", str(readme)]) == 0
+    assert main(["--write-readme", str(readme)]) == 0
     assert readme.read_text() == README.read_text()
-    assert config.main(["--write-readme", str(readme)]) == 0
+    assert main(["--write-readme", str(readme)]) == 0
     assert "already up to date" in capsys.readouterr().out
-    assert config.main(["--markdown"]) == 0
-    assert capsys.readouterr().out == config.markdown_table()
+    assert main(["--markdown"]) == 0
+    assert capsys.readouterr().out == markdown_table()
 
 
 @pytest.mark.clause("WIRE-10")

@@ -19,8 +19,8 @@ from sqlalchemy.orm import Session
 from starlette.testclient import TestClient
 
 from scheduler.core.loop import Scheduler
+from scheduler.service import SchedulerService
 from scheduler.types import DigitalTwinEvent, DispatchResult, SchedulerMode
-from scheduler.web.app import SchedulerService
 from tests.helpers import DEADLINE_SECONDS, bounded, eventually, post_event, running, statuses
 
 HOUR = 3600.0
@@ -116,7 +116,7 @@ def test_the_service_lifespan_stops_its_loop_without_cancelling_it(
         with running(service.app):
             asyncio.run(eventually(lambda: service.scheduler.health.polls >= 1, "the first poll"))
 
-    with caplog.at_level(logging.WARNING, logger="scheduler.web.app"):
+    with caplog.at_level(logging.WARNING, logger="scheduler.service.tasks"):
         bounded(serve_and_stop, DEADLINE_SECONDS, "the lifespan's shutdown")
     assert "cancelled" not in caplog.text
     assert service.scheduler.health.running is False and service.loop_alive is False

@@ -48,7 +48,7 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
 
     from scheduler.cli.http_timeouts import uvicorn_options
     from scheduler.database.engine import stop_embedded_servers
-    from scheduler.web.app import create_app
+    from scheduler.service import create_app
 
     if settings.effective_jwt_secret() is None and not (settings.jwt_public_key or settings.jwks_url):
         if settings.environment == "production":

@@ -15,11 +15,20 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from enum import StrEnum
 
 from scheduler.delivery.backoff import RetryPolicy
-from scheduler.types import Delivered, DeliveryStatus, Gone, Retry, SendResult, Undeliverable
+from scheduler.types import Delivered, Gone, Retry, SendResult, Undeliverable
 
 LAST_ERROR_CHARS = 500  # what a row keeps of a reason
+
+
+class DeliveryStatus(StrEnum):
+    """A delivery's record: sent, to be tried again at ``next_attempt_at``, or given up on."""
+
+    DELIVERED = "delivered"
+    RETRYING = "retrying"
+    UNDELIVERABLE = "undeliverable"
 
 
 @dataclass(frozen=True)

@@ -29,9 +29,10 @@ from scheduler.application.counts import counted_or_estimated
 from scheduler.core.clock import clock_details
 from scheduler.core.loop import PollReport, Scheduler
 from scheduler.database.database import Database
+from scheduler.delivery.record import DeliveryStatus
 from scheduler.operations.delivery_worker import Recorded
 from scheduler.operations.heartbeat import replica_rows
-from scheduler.types import Clock, DeliveryStatus, EventStatus
+from scheduler.types import Clock, EventStatus
 
 MAX_EVENT_TYPES = 100
 POLL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)

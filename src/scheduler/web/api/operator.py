@@ -1,7 +1,7 @@
 """The operator's routes: metrics, the replicas' heartbeats, the audit trail and the open
 browser sessions.
 
-The composition root (``scheduler.web.app``) builds the heartbeat and the metrics, attaches
+The composition root (``scheduler.service``) builds the heartbeat and the metrics, attaches
 them to the loop's ``poll_hooks``, and hands ``OperatorRoutes`` the metrics, the
 sessionmaker, the clock and the web sessions' store; the console is a product of its own
 (``scheduler.web.console``), mounted beside these routes by the root.

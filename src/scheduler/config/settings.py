@@ -1,66 +1,33 @@
-"""Settings: each declared once (its variable, type, default, bounds and meaning), validated
-on every construction. A bad value is a ``ConfigError`` naming the variable.
-
-``Settings(...)`` is a value built in code (tests, embedding): the declared defaults and the
-arguments, nothing read from the environment. ``Settings.from_env()`` reads the environment
-(``scheduler serve`` and every other command do). The README's configuration table is written
-from this declaration: ``python -m scheduler.config --markdown`` prints it, ``--write-readme``
-puts it in README.md, and a test fails when the two drift.
-"""
+"""``Settings``: every setting declared once (its variable, type, default, bounds and
+meaning), validated on every construction; ``from_env`` the one place that reads the
+environment."""
 
 from __future__ import annotations
 
-import argparse
 import os
-import re
-import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, get_args
+from typing import TYPE_CHECKING, Any
 
 from pydantic import Field, JsonValue, ValidationError, ValidationInfo, field_validator
-from pydantic.fields import FieldInfo
-from pydantic_core import ErrorDetails
 from pydantic_settings import (
     BaseSettings,
-    EnvSettingsSource,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
 )
 
+from scheduler.config.checks import (
+    NAMES,
+    SCHEMA_PATTERN,
+    database_url_problem,
+    http_url_problem,
+    schema_problem,
+)
+from scheduler.config.environment import Environment, EnvironmentSource, LogFormat
+from scheduler.config.errors import ConfigError, explain
 from scheduler.delivery.hosts import DEFAULT_ALLOWED_HOSTS, AllowedHosts
 from scheduler.types import SchedulerMode
-
-Environment = Literal["development", "production"]
-LogFormat = Literal["text", "json"]
-
-
-# Space-separated names of printable ASCII but the comma (a claim's name, a scope, a role),
-# at least one: a comma-separated list is refused, never read as one name.
-_NAMES = r"^[!-+\--~]+( [!-+\--~]+)*$"
-
-
-class ConfigError(ValueError):
-    """A setting is missing or malformed; the message names the variable."""
-
-
-class DatabaseUnusable(Exception):
-    """The database cannot be used as it is (cannot be migrated, reached, or started); the
-    message says why in one sentence. The CLI prints it and exits 2."""
-
-
-def database_url_problem(url: str) -> str | None:
-    """What is wrong with ``url`` as the scheduler's ``DATABASE_URL``, as the rest of a sentence
-    that starts with the variable's name; ``None`` when it is a URL the scheduler connects with
-    (OPS-6.1): ``postgresql://`` (or ``postgres://``, ``postgresql+psycopg://``), an optional user
-    and password, one host or every libpq spelling of several (``h1:5432,h2:5432`` before the
-    database, ``?host=h1:5432,h2:5432``, repeated ``?host=``, ``?host=h1,h2&port=5432,5433``),
-    each host and port checked, a database and libpq's query options. The one parse is
-    ``scheduler.database.urls``; nothing of the URL itself is quoted: it may hold a password."""
-    from scheduler.database.urls import database_url_problem as problem
-
-    return problem(url)
 
 
 def _setting(default: Any, env: str, meaning: str, *, shown: str | None = None, **bounds: Any) -> Any:
@@ -68,25 +35,6 @@ def _setting(default: Any, env: str, meaning: str, *, shown: str | None = None, 
     "meaning" column, ``shown`` the README's default where the value itself says too little."""
     extra: dict[str, JsonValue] | None = {"readme_default": shown} if shown is not None else None
     return Field(default, validation_alias=env, description=meaning, json_schema_extra=extra, **bounds)
-
-
-# Schemas that are PostgreSQL's own (the catalogue, the SQL-standard views, TOAST storage) or
-# the host's default: never the scheduler's (DEC-SCHEMA-NAME).
-SYSTEM_SCHEMAS = frozenset({"public", "information_schema", "pg_catalog", "pg_toast"})
-SCHEMA_PATTERN = r"^[a-z_][a-z0-9_]{0,62}$"
-
-
-def schema_problem(name: str) -> str | None:
-    """Why ``name`` cannot be the scheduler's schema (``None``: it can). A plain lower-case
-    identifier of at most 63 characters that is not PostgreSQL's (``pg_*``,
-    ``information_schema``) nor ``public``; a reserved word (``select``, ``user``) is a fine
-    name: every use of it is quoted (``queries.quoted``)."""
-    if not re.fullmatch(SCHEMA_PATTERN, name):
-        return "must be a lower-case identifier: a letter or _, then letters, digits or _ (at most 63)"
-    if name in SYSTEM_SCHEMAS or name.startswith("pg_"):
-        return (f"{name} is {'the default schema of the database' if name == 'public' else 'a system schema of PostgreSQL'}"
-                "; the scheduler needs a schema of its own (e.g. scheduler)")
-    return None
 
 
 class Settings(BaseSettings):
@@ -140,14 +88,14 @@ class Settings(BaseSettings):
     jwt_scope_claims: str = _setting(
         "scope scp", "SCHEDULER_JWT_SCOPE_CLAIMS",
         "the token claims read for grants (a space-separated string or a list of strings each), "
-        "space-separated names, e.g. `roles`", pattern=_NAMES)
+        "space-separated names, e.g. `roles`", pattern=NAMES)
     jwt_admin_scopes: str = _setting(
         "nudging.admin", "SCHEDULER_JWT_ADMIN_SCOPES",
         "grant values that give `admin` (and `ingest`), space-separated, e.g. `admin nudging.admin`",
-        pattern=_NAMES)
+        pattern=NAMES)
     jwt_ingest_scopes: str = _setting(
         "nudging.ingest", "SCHEDULER_JWT_INGEST_SCOPES", "grant values that give `ingest`, space-separated",
-        pattern=_NAMES)
+        pattern=NAMES)
     jwt_leeway_seconds: float = _setting(
         60.0, "SCHEDULER_JWT_LEEWAY_SECONDS",
         "a token's `exp`, `nbf` and `iat` are judged with this much leeway for clocks that differ (an "
@@ -284,7 +232,7 @@ class Settings(BaseSettings):
             try:
                 super().__init__(**values)
             except ValidationError as exc:
-                raise ConfigError(_explain(exc)) from None
+                raise ConfigError(explain(exc, type(self).model_fields)) from None
 
     @classmethod
     def settings_customise_sources(
@@ -331,7 +279,7 @@ class Settings(BaseSettings):
     @classmethod
     def _webhook_url(cls, value: str | None) -> str | None:
         if value is not None:
-            problem = _http_url_problem(value)
+            problem = http_url_problem(value)
             if problem:
                 raise ValueError(problem)
         return value
@@ -384,7 +332,7 @@ class Settings(BaseSettings):
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         """Read settings from ``env`` (default: ``os.environ``); a blank variable is unset."""
-        return cls(**_Environment(cls, os.environ if env is None else env)())
+        return cls(**EnvironmentSource(cls, os.environ if env is None else env)())
 
     @property
     def default_expiry(self) -> timedelta | None:
@@ -414,160 +362,8 @@ class Settings(BaseSettings):
         return None
 
 
-def _http_url_problem(url: str) -> str | None:
-    """Why ``url`` is not an absolute http(s) URL the service may be configured to POST to."""
-    from urllib.parse import urlsplit
-
-    if not url.isascii() or not url.isprintable() or any(c in url for c in " \\\t"):
-        return "must be a URL of printable ASCII without spaces or backslashes"
-    try:
-        parts = urlsplit(url)
-        parts.port  # noqa: B018 - a malformed port raises here
-    except ValueError:
-        return "must be an absolute http:// or https:// URL"
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        return "must be an absolute http:// or https:// URL"
-    if "@" in parts.netloc:
-        return "must not hold a user name or password (sign with SCHEDULER_WEBHOOK_SECRET instead)"
-    if parts.fragment or "#" in url:
-        return "must not have a fragment"
-    return None
-
-
-def log_format_of(env: Mapping[str, str]) -> str:
-    """The log format to start logging in, before the settings are validated: a value that
-    is not ``text`` or ``json`` logs as text (``Settings.from_env`` then refuses it)."""
-    raw = (env.get("SCHEDULER_LOG_FORMAT") or "").strip().lower()
-    return raw if raw in get_args(LogFormat) else "text"
-
-
-class _Environment(EnvSettingsSource):
-    """pydantic-settings' environment source, over a given mapping instead of ``os.environ``
-    (tests pass their own), with blank values treated as unset."""
-
-    def __init__(self, settings_cls: type[BaseSettings], environ: Mapping[str, str]) -> None:
-        self._environ = environ
-        super().__init__(settings_cls, case_sensitive=True)
-
-    def _load_env_vars(self) -> Mapping[str, str | None]:
-        return {name: value.strip() for name, value in self._environ.items() if value and value.strip()}
-
-
 def env_name(field: str) -> str:
     """The variable a field is read from."""
     alias = Settings.model_fields[field].validation_alias
     assert isinstance(alias, str), field
     return alias
-
-
-def _explain(exc: ValidationError) -> str:
-    """pydantic's errors as one line per setting, each naming its variable."""
-    return "; ".join(_explain_one(error) for error in exc.errors())
-
-
-class _NotShown:
-    def __repr__(self) -> str:
-        return "a value not shown (a secret)"
-
-    __str__ = __repr__
-
-
-def _explain_one(error: ErrorDetails) -> str:
-    key = str(error["loc"][0]) if error["loc"] else "settings"
-    by_env = {env_name(name): name for name in Settings.model_fields}
-    field = key if key in Settings.model_fields else by_env.get(key)
-    if field is None:
-        return f"unknown setting {key!r}"
-    name, raw, kind, ctx = env_name(field), error.get("input"), error["type"], error.get("ctx", {})
-    if Settings.model_fields[field].repr is False:  # a URL with a password, a secret: never in a message
-        if kind == "value_error":
-            return f"{name} {str(error['msg']).removeprefix('Value error, ')}"
-        raw = _NotShown()
-    if kind in {"int_parsing", "int_from_float", "int_type"}:
-        return f"{name} must be a whole number, got {raw!r}"
-    if kind in {"float_parsing", "float_type"}:
-        unit = "a number of seconds" if field.endswith("_seconds") else "a number"
-        return f"{name} must be {unit}, got {raw!r}"
-    if kind in {"bool_parsing", "bool_type"}:
-        return f"{name} must be true or false, got {raw!r}"
-    if kind == "greater_than_equal":
-        return f"{name} must be at least {ctx['ge']}, got {raw}"
-    if kind == "greater_than":
-        return f"{name} must be more than {ctx['gt']}, got {raw}"
-    if kind == "less_than_equal":
-        return f"{name} must be at most {ctx['le']}, got {raw}"
-    if kind == "string_pattern_mismatch":
-        return (f"{name} must be a lower-case PostgreSQL name (letters, digits, underscores; at most 63), "
-                f"got {raw!r}")
-    if kind == "value_error":
-        return f"{name} {str(error['msg']).removeprefix('Value error, ')}, got {raw!r}"
-    if kind in {"literal_error", "enum"}:
-        choices = str(ctx.get("expected", "")).replace("'", "")
-        return f"{name} must be {choices}, got {raw!r}"
-    return f"{name}: {error['msg']}, got {raw!r}"
-
-
-# The README's configuration table.
-
-README = Path("README.md")  # run from the checkout's root
-TABLE_HEADER = "| variable | default | meaning |\n| --- | --- | --- |\n"
-
-
-def _shown_default(field: FieldInfo) -> str:
-    extra = field.json_schema_extra
-    if isinstance(extra, dict) and isinstance(extra.get("readme_default"), str):
-        return str(extra["readme_default"])
-    value = field.default
-    if value is None:
-        return "\u2013"  # an en dash, as the README shows "none"
-    if isinstance(value, bool):
-        return f"`{str(value).lower()}`"
-    if isinstance(value, float):
-        return f"`{value:g}`"
-    return f"`{value}`"
-
-
-def markdown_table() -> str:
-    """The README's configuration table, one row per declared setting, in declaration order."""
-    rows = [f"| `{env_name(name)}` | {_shown_default(field)} | {field.description} |\n"
-            for name, field in Settings.model_fields.items()]
-    return TABLE_HEADER + "".join(rows)
-
-
-def readme_table(text: str) -> str:
-    """The configuration table as it stands in the README's text (header included)."""
-    start = text.index(TABLE_HEADER, text.index("## Configuration"))
-    end = text.find("\n\n", start)
-    return text[start:end + 1]
-
-
-def write_readme(path: Path = README) -> bool:
-    """Put the generated table in the README; True when it changed."""
-    text = path.read_text()
-    old = readme_table(text)
-    new = markdown_table()
-    if old == new:
-        return False
-    path.write_text(text.replace(old, new, 1))
-    return True
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m scheduler.config``: print the configuration table, or write it into README.md."""
-    parser = argparse.ArgumentParser(prog="python -m scheduler.config",
-                                     description="The settings, from their one declaration.")
-    what = parser.add_mutually_exclusive_group(required=True)
-    what.add_argument("--markdown", action="store_true", help="print the README's configuration table")
-    what.add_argument("--write-readme", nargs="?", const=README, type=Path, metavar="PATH",
-                      help="write the table into the README (default: README.md here)")
-    args = parser.parse_args(argv)
-    if args.markdown:
-        sys.stdout.write(markdown_table())
-        return 0
-    changed = write_readme(args.write_readme)
-    print(f"{args.write_readme}: {'configuration table rewritten' if changed else 'already up to date'}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
