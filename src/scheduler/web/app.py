@@ -49,7 +49,14 @@ from scheduler.database.engine import (
 )
 from scheduler.database.host_engine import for_scheduler, is_async, loop_engine_like, sync_twin
 from scheduler.database.listener import Listener, conninfo_of
-from scheduler.delivery.channels import built_in_channels, built_in_senders, retry_policy
+from scheduler.delivery.channels import (
+    PER_SUBSCRIPTION,
+    allowed_push_hosts,
+    built_in_channels,
+    built_in_senders,
+    retry_policy,
+    vapid_key,
+)
 from scheduler.nudging.dispatch import NudgingPlatform
 from scheduler.nudging.facts import FactsContract
 from scheduler.nudging.orchestrator import Orchestrator, OutboxChannel, WebChannel
@@ -80,6 +87,7 @@ from scheduler.web.http.errors import EXCEPTION_HANDLERS
 from scheduler.web.http.sessions import SessionStore
 from scheduler.web.http.sse import Streams
 from scheduler.web.inbox.hub import Inbox, StreamPublisher
+from scheduler.web.inbox.push import push_routes
 from scheduler.web.inbox.routes import inbox_routes
 
 if TYPE_CHECKING:
@@ -139,9 +147,13 @@ class SchedulerService:
         # The outbox's channels (DEC-OUTBOX): the built-in ones the settings turn on, and the
         # host's own senders by name; the decision queues a row for each beside the in-app one.
         self.host_senders = host_senders
+        # web push (PUSH-*): the public half of the VAPID key is the inbox page's applicationServerKey
+        key = vapid_key(self.settings)
+        self.vapid_public_key: str | None = key.public_key_b64url if key is not None else None
         self.outbox_channels = tuple(dict.fromkeys([*built_in_channels(self.settings), *host_senders]))
         self.dispatcher: Dispatcher = dispatcher or NudgingPlatform(
-            self.catalogue, Orchestrator([WebChannel(), *(OutboxChannel(name) for name in self.outbox_channels)]),
+            self.catalogue, Orchestrator([WebChannel(), *(OutboxChannel(name, per_subscription=name in PER_SUBSCRIPTION)
+                                                          for name in self.outbox_channels)]),
             decisions=self.database.decisions)
         self._check_dispatcher_schema(self.dispatcher)
         self.delivery: DeliveryWorker | None = None
@@ -377,7 +389,11 @@ class SchedulerService:
             *self.events.routes(),
             *self.participants.routes(),
             *inbox_routes(database=self.database, inbox=self.inbox, store=self.web_sessions, verifier=self.verifier,
-                          max_body_bytes=self.settings.max_body_bytes, streams=self.streams),
+                          max_body_bytes=self.settings.max_body_bytes, streams=self.streams,
+                          vapid_public_key=self.vapid_public_key),
+            *push_routes(database=self.database, clock=self.clock, store=self.web_sessions,
+                         allowed=allowed_push_hosts(self.settings), web_push_on=self.vapid_public_key is not None,
+                         max_body_bytes=self.settings.max_body_bytes),
             *self.operator.routes(),
             *([_hidden(route) for route in self.console.routes] if console else []),
         ]

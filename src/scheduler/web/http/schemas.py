@@ -545,3 +545,48 @@ class InboxPageOut(_Out):
     items: list[InboxNotificationOut]
     next: str | None = Field(description="pass as ?before= for the next (older) page; null at the end")
 
+
+
+# -- web push (PUSH-*): PUT/DELETE /me/push-subscriptions --------------------------------
+# The PUT body is parsed by ``scheduler.delivery.subscription.read_subscription`` alone (the
+# one strict parse, with the endpoint's allow-list); ``PushSubscriptionIn`` describes it.
+
+
+class PushSubscriptionKeysIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    p256dh: str = Field(max_length=128, description="the base64url of the browser's 65-byte uncompressed P-256 key")
+    auth: str = Field(max_length=64, description="the base64url of its 16-byte auth secret")
+
+
+class PushSubscriptionIn(BaseModel):
+    """``PUT /me/push-subscriptions``: the W3C ``PushSubscription.toJSON()``, nothing else."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    endpoint: str = Field(max_length=2048, description="an https URL on a host of SCHEDULER_PUSH_ALLOWED_HOSTS")
+    expirationTime: int | None = Field(default=None, ge=0, description="milliseconds since the epoch, or null")
+    keys: PushSubscriptionKeysIn
+
+
+class PushUnsubscribeIn(BaseModel):
+    """``DELETE /me/push-subscriptions``: the endpoint to remove (no body: every one of the caller's)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    endpoint: str = Field(min_length=1, max_length=2048)
+
+
+class PushSubscriptionOut(_Out):
+    """A stored push subscription (never its keys)."""
+
+    id: int
+    endpoint: str
+    expiration_time: Timestamp | None
+    created_at: Timestamp
+    updated_at: Timestamp
+    evicted: int = Field(description="how many of the caller's oldest subscriptions were removed to keep the limit")
+
+
+class PushUnsubscribedOut(_Out):
+    removed: int = Field(description="how many of the caller's subscriptions were removed")
