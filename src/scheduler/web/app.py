@@ -270,11 +270,12 @@ class SchedulerService:
         if self.delivery is not None:
             self.delivery.wake()
 
-    def delivery_worker(self) -> DeliveryWorker:
-        """This replica's delivery worker, with the built-in senders on a fresh HTTP client and
-        the host's (built on start; ``run_once`` steps it in a test)."""
+    def delivery_worker(self, *, client: httpx.AsyncClient | None = None) -> DeliveryWorker:
+        """This replica's delivery worker, with the built-in senders on a fresh HTTP client (or
+        ``client``, which the service then closes when it stops) and the host's (built on start;
+        ``run_once`` steps it in a test)."""
         if self.delivery is None:
-            self._http = httpx.AsyncClient()
+            self._http = client or httpx.AsyncClient()
             senders = {**built_in_senders(self.settings, client=self._http, clock=self.clock), **self.host_senders}
             self.delivery = DeliveryWorker(self.loop_database, senders, self.clock,
                                            policy=retry_policy(self.settings),
