@@ -33,7 +33,7 @@ from scheduler.nudging.publishers import RecordingPublisher
 from scheduler.testing.push_service import Browser, LocalPushService, Reply
 from scheduler.web.app import SchedulerService
 from scheduler.web.inbox.push import MAX_SUBSCRIPTIONS
-from tests.conftest import TEST_SECRET, T0, bearer, token
+from tests.conftest import T0, TEST_SECRET, bearer, token
 from tests.helpers import drain, post_event, reminder_facts, rows
 
 PUSH_ORIGIN = "https://push.example.test"
