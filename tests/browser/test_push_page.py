@@ -62,7 +62,7 @@ def test_the_page_subscribes_this_device_and_its_service_worker_shows_the_decryp
     """PUSH-9: signed in, "Notify me on this device" registers the worker and PUTs the
     subscription (stored for the participant); a reminder is pushed, the local push service
     decrypts it, and the worker, given that payload, shows its title and body tagged by the
-    notification's id."""
+    notification's id; signing out removes the device's subscription."""
     executable = chromium_or_skip()
     from playwright import sync_api
 
@@ -140,6 +140,10 @@ def _in_chromium(executable: str, sync_api: Any, base: str, backend: str, engine
                 return bool(shown)
 
             wait_for(notifications, what="the service worker to show the push")
+            page.click("#sign-out")  # the device stops being notified for this participant
+            page.wait_for_selector("#status[data-state=signed-out]", timeout=20_000)
+            wait_for(lambda: rows(engine, "SELECT id FROM push_subscriptions") == [],
+                     what="signing out to remove this device's subscription")
             return shown
         finally:
             browser.close()

@@ -83,7 +83,11 @@ async def read_body(request: Request, limit: int) -> bytes:
 
 async def read_json(request: Request, limit: int) -> Any:
     """The body as JSON, bounded by ``read_body``."""
-    raw = await read_body(request, limit)
+    return json_of(await read_body(request, limit))
+
+
+def json_of(raw: bytes) -> Any:
+    """A body already read (``read_body``) as JSON; a 422 naming ``body`` when it is not."""
     try:
         return json.loads(raw, parse_constant=_not_json)
     except RecursionError as exc:

@@ -18,7 +18,6 @@ same browser subscribing again replaces its keys), and a participant keeps at mo
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +33,7 @@ from scheduler.delivery.subscription import SubscriptionRefused, read_subscripti
 from scheduler.types import Clock
 from scheduler.web.http.auth import CHALLENGE, PARTICIPANT, require, subject_of
 from scheduler.web.http.params import declares
-from scheduler.web.http.plumbing import Unprocessable, parse_body, read_body, read_json
+from scheduler.web.http.plumbing import Unprocessable, json_of, parse_body, read_body, read_json
 from scheduler.web.http.plumbing import respond as respond_json
 from scheduler.web.http.schemas import PushSubscriptionOut, PushUnsubscribedOut, PushUnsubscribeIn
 from scheduler.web.http.sessions import SessionStore, WebSession
@@ -112,7 +111,7 @@ def push_routes(*, database: Database, clock: Clock, store: SessionStore, allowe
         endpoint: str | None = None
         if raw:
             _check_json(request)
-            endpoint = parse_body(PushUnsubscribeIn, _json(raw)).endpoint
+            endpoint = parse_body(PushUnsubscribeIn, json_of(raw)).endpoint
 
         def delete() -> int:
             with database.begin() as session:
@@ -133,15 +132,3 @@ def push_routes(*, database: Database, clock: Clock, store: SessionStore, allowe
         Route("/inbox/service-worker.js", service_worker, methods=["GET"]),
     ]
 
-
-def _json(raw: bytes) -> Any:
-    try:
-        return json.loads(raw, parse_constant=_not_json)
-    except RecursionError:
-        raise Unprocessable.field("body", "is nested too deeply") from None
-    except ValueError as exc:
-        raise Unprocessable.field("body", f"is not valid JSON: {exc}", f"body is not valid JSON: {exc}") from None
-
-
-def _not_json(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON number")
