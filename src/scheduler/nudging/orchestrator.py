@@ -88,7 +88,7 @@ class DeliveryRow:
     status: NotificationStatus
     detail: str | None = None
     outbox: bool = False
-    # web push (PUSH-4): the write queues one outbox row per subscription of the participant
+    # web push (PUSH-6): the write queues one outbox row per subscription of the participant
     per_subscription: bool = False
 
 
@@ -154,7 +154,7 @@ class OutboxChannel:
 
     def __init__(self, name: str, *, per_subscription: bool = False) -> None:
         self.name = name
-        # web push: one row per push subscription of the participant, found by the write (PUSH-4)
+        # web push: one row per push subscription of the participant, found by the write (PUSH-6)
         self.per_subscription = per_subscription
 
     def __repr__(self) -> str:

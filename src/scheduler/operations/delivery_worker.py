@@ -15,7 +15,7 @@ loop, off the loop's thread:
   ``delivered``, ``retrying`` with ``next_attempt_at`` after the backoff, or ``undeliverable``;
   only while the lease is still this worker's for that attempt. A web push the push service
   answered 404 or 410 (``Gone``) also removes its subscription, as it was when the push was
-  sent, in the same transaction (PUSH-5).
+  sent, in the same transaction (PUSH-8).
 
 A ``web_push`` row is one subscription's: the claim reads the subscription as it is now, and a
 row whose subscription was removed meanwhile has none (its sender answers ``Undeliverable``).
@@ -139,7 +139,7 @@ class DeliveryWorker:
                 if record.remove_subscription and claimed.push_subscription is not None]
         with self.database.begin() as session:
             kept = self.database.deliveries.record_attempts(session, document, worker=self.worker_id)
-            # the push service's 404/410 is the subscription's end, whoever holds the lease (PUSH-5)
+            # the push service's 404/410 is the subscription's end, whoever holds the lease (PUSH-8)
             self.database.push_subscriptions.remove_gone(session, gone)
         recorded = [Recorded(c, r, rec, now, c.delivery.delivery_id in kept) for c, r, rec in records]
         for observer in self.observers:

@@ -379,7 +379,7 @@ WITH document AS MATERIALIZED (
     ORDER BY d.ord
     RETURNING id
 ), push_delivery AS (
-    -- web push (PUSH-4): one queued row per unexpired subscription of the notification's
+    -- web push (PUSH-6): one queued row per unexpired subscription of the notification's
     -- participant, each keyed by the notification's web_push key and the subscription; how
     -- many is the subscriptions' (none: no row), so these are not among the counts checked below
     INSERT INTO scheduler.deliveries (notification_id, user_id, channel, status, detail, created_at,
@@ -450,7 +450,7 @@ WITH due AS MATERIALIZED (
 )
 SELECT l.id, l.idempotency_key, l.channel, l.notification_id, l.user_id, l.message, l.attempts,
        l.last_delay_seconds, l.created_at, coalesce(e.trigger_at, l.created_at) AS triggered_at,
-       -- a web_push row's subscription as it is now (none once it was removed: PUSH-5)
+       -- a web_push row's subscription as it is now (none once it was removed: PUSH-8)
        s.id AS push_subscription_id, s.endpoint AS push_endpoint, s.p256dh AS push_p256dh,
        s.auth AS push_auth, s.updated_at AS push_subscribed_at
 FROM leased AS l
@@ -476,7 +476,7 @@ WHERE d.id = CAST(r->>'id' AS bigint) AND d.leased_by = :worker
 RETURNING d.id;
 
 -- name: remove_gone_push_subscriptions
--- Remove the subscriptions a push service answered 404 or 410 for (PUSH-5), each only as it was when its push was sent: a browser that subscribed again since keeps its new keys. Returns the ids removed.
+-- Remove the subscriptions a push service answered 404 or 410 for (PUSH-8), each only as it was when its push was sent: a browser that subscribed again since keeps its new keys. Returns the ids removed.
 DELETE FROM scheduler.push_subscriptions AS s
 USING jsonb_array_elements(CAST(:gone AS jsonb)) AS g
 WHERE s.id = CAST(g->>'id' AS bigint) AND s.updated_at = CAST(g->>'subscribed_at' AS timestamptz)

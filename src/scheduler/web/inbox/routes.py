@@ -89,7 +89,7 @@ def inbox_routes(*, database: Database, inbox: Inbox, store: SessionStore, verif
     """``/me/notifications``, its stream, the ``/inbox`` page and its session, over
     ``database``, the process's ``inbox`` hub, the web sessions' ``store`` and its open
     ``streams`` (ended at once when the server stops); the page offers web push with
-    ``vapid_public_key`` (PUSH-8)."""
+    ``vapid_public_key`` (PUSH-9)."""
 
     @require(PARTICIPANT)
     @declares(user_id=USER_ID, before=Param.cursor("the previous page's next"),

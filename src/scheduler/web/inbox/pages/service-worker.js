@@ -1,4 +1,4 @@
-// The inbox page's service worker (PUSH-8): each web push the scheduler sends (its payload,
+// The inbox page's service worker (PUSH-9): each web push the scheduler sends (its payload,
 // decrypted by the browser: the notification's id, kind, title, body and created_at) is shown
 // as a notification, tagged with the notification's id so that a repeated delivery replaces
 // the one shown instead of adding a second. A click opens (or focuses) the inbox page.
