@@ -352,7 +352,8 @@ def csp_of(header: str) -> dict[str, set[str]]:
 def test_the_inbox_page_sends_a_policy_as_strict_as_the_consoles_and_may_not_be_framed(client: TestClient) -> None:
     """INBOX-10: /inbox (which holds a participant's token and shows what senders wrote) sends
     a Content-Security-Policy allowing nothing the console's does not, except the hashes of its
-    own inline script and style (no 'unsafe-inline', no other host), frame-ancestors 'none' and
+    own inline script and style and its own service worker (worker-src 'self', web push: PUSH-9;
+    no 'unsafe-inline', no other host), frame-ancestors 'none' and
     X-Frame-Options: DENY; every inline script and style of the page is allowed by its hash, and
     the page has no inline event handler (which no hash allows)."""
     import base64
@@ -364,6 +365,7 @@ def test_the_inbox_page_sends_a_policy_as_strict_as_the_consoles_and_may_not_be_
     assert page.status_code == 200 and "content-security-policy" in page.headers, dict(page.headers)
     mine, theirs = csp_of(page.headers["content-security-policy"]), csp_of(console.headers["content-security-policy"])
     assert set(theirs) <= set(mine), f"missing directives: {set(theirs) - set(mine)}"
+    assert mine.pop("worker-src") == {"'self'"}  # the page's own service worker, nothing else
     for directive, sources in mine.items():
         allowed = theirs.get(directive, theirs.get("default-src", set()))
         extra = {s for s in sources if s not in allowed and not re.fullmatch(r"'sha256-[A-Za-z0-9+/]+=*'", s)}

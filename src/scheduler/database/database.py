@@ -14,7 +14,7 @@ The repositories run the statements of their concern on a session the caller han
 outcomes, the next due row; storing, listing, resetting and cancelling rows, the counts), ``decisions`` (the one read and the one write of
 ``nudging.decision``), ``web_sessions`` (the browsers' sessions), ``inbox`` (the stream's
 numbers, the participants' notifications), ``deliveries`` (the outbox: its claim, its records, its list
-and gauges, DEC-OUTBOX) and ``operations`` (heartbeats, metrics, the
+and gauges, DEC-OUTBOX), ``push_subscriptions`` (the participants' web-push subscriptions) and ``operations`` (heartbeats, metrics, the
 overview, retention, the audit trail). ``statements`` is every statement by name (the
 benchmarks' EXPLAIN, a test's witness); the layers above run none but through a repository.
 
@@ -39,6 +39,7 @@ from scheduler.database.engine import database_time, make_sessionmaker
 from scheduler.database.events import EventRepository
 from scheduler.database.inbox import InboxRepository
 from scheduler.database.operations import OperationsRepository
+from scheduler.database.push_subscriptions import PushSubscriptionRepository
 from scheduler.database.queries import DEFAULT_SCHEMA, Statements
 from scheduler.database.web_sessions import WebSessionRepository
 
@@ -64,6 +65,7 @@ class Database:
         self.inbox = InboxRepository(self.statements)
         self.operations = OperationsRepository(self.statements)
         self.deliveries = DeliveryRepository(self.statements)
+        self.push_subscriptions = PushSubscriptionRepository(self.statements)
 
     def on(self, engine: Engine) -> Database:
         """The same schema and statements through another engine (the loop's own pool)."""

@@ -20,6 +20,7 @@ from sqlalchemy import (
     Identity,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     String,
     Text,
@@ -221,6 +222,8 @@ class Delivery(Base):
               postgresql_where=text("status IN ('queued', 'retrying')")),
         Index("ix_deliveries_idempotency_key", "idempotency_key", unique=True,
               postgresql_where=text("idempotency_key IS NOT NULL")),
+        Index("ix_deliveries_push_subscription_id", "push_subscription_id",
+              postgresql_where=text("push_subscription_id IS NOT NULL")),
     )
 
     id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
@@ -245,6 +248,31 @@ class Delivery(Base):
     provider_status: Mapped[int | None] = mapped_column(Integer)
     provider_answer: Mapped[str | None] = mapped_column(Text)
     updated_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # a web_push row's subscription (migration 0002); NULL once the subscription is removed
+    push_subscription_id: Mapped[int | None] = mapped_column(
+        BigInteger, ForeignKey("push_subscriptions.id", ondelete="SET NULL"))
+
+
+class PushSubscription(Base):
+    """A participant's browser subscribed to web push (``PUT /me/push-subscriptions``, the W3C
+    ``PushSubscription``): migration 0002. Unique by endpoint; the keys as bytes."""
+
+    __tablename__ = "push_subscriptions"
+    __table_args__ = (
+        CheckConstraint("octet_length(p256dh) = 65", name="p256dh_point"),
+        CheckConstraint("octet_length(auth) = 16", name="auth_secret"),
+        CheckConstraint("char_length(endpoint) <= 2048", name="endpoint_length"),
+        Index("ix_push_subscriptions_user_id", "user_id", "id"),
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
+    user_id: Mapped[str] = mapped_column(String(NAME_LENGTH))
+    endpoint: Mapped[str] = mapped_column(Text, unique=True)
+    p256dh: Mapped[bytes] = mapped_column(LargeBinary)
+    auth: Mapped[bytes] = mapped_column(LargeBinary)
+    expiration_time: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
 
 
 class ParticipantPreference(Base):

@@ -37,7 +37,7 @@ DEFAULT_SCHEMA = "scheduler"
 # The scheduler's objects: its tables, its sequence, its trigger functions, Alembic's table.
 TABLES = ("scheduled_events", "notifications", "dedup_keys", "deliveries", "participant_preferences",
           "scheduled_event_history", "scheduler_maintenance", "scheduler_replicas", "operator_actions",
-          "operator_action_events", "web_sessions")
+          "operator_action_events", "web_sessions", "push_subscriptions")
 SEQUENCES = ("notification_stream_seq",)
 FUNCTIONS = ("scheduled_events_history", "scheduled_events_announce_due")
 OBJECTS = (*TABLES, *SEQUENCES, *FUNCTIONS, "alembic_version")

@@ -67,8 +67,13 @@ def vapid_key(settings: DeliverySettings) -> VapidKey | None:
 
 def built_in_channels(settings: DeliverySettings) -> tuple[str, ...]:
     """The outbox channels the settings turn on (``built_in_senders``' names, without building
-    them). Web push joins when participants' subscriptions are stored (not yet)."""
-    return (WebhookSender.channel,) if settings.webhook_url else ()
+    them): ``webhook`` with a URL, ``web_push`` with a VAPID key (one row per subscription of
+    the participant, PUSH-6)."""
+    return ((WebhookSender.channel,) if settings.webhook_url else ()) + (
+        (WebPushSender.channel,) if settings.vapid_private_key else ())
+
+
+PER_SUBSCRIPTION = frozenset({WebPushSender.channel})  # the channels queued once per push subscription
 
 
 def built_in_senders(settings: DeliverySettings, *, client: httpx.AsyncClient, clock: Clock) -> dict[str, Sender]:

@@ -8,6 +8,8 @@ field it refuses (``endpoint``, ``keys.p256dh``, ...) for the route's 422.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
@@ -37,6 +39,10 @@ def check_endpoint(endpoint: str, allowed: AllowedHosts) -> str:
     if problem is not None:
         raise SubscriptionRefused([{"field": "endpoint", "message": problem}])
     return endpoint
+
+
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+MAX_EXPIRATION_MS = int((datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC) - EPOCH).total_seconds()) * 1000
 
 
 class PushSubscriptionKeys(BaseModel):
@@ -75,7 +81,8 @@ class PushSubscriptionJSON(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
     endpoint: str = Field(max_length=MAX_ENDPOINT_CHARS)
-    expirationTime: int | None = Field(default=None, ge=0)
+    # milliseconds since the epoch, up to the last of year 9999 (a time Python can hold)
+    expirationTime: int | None = Field(default=None, ge=0, le=MAX_EXPIRATION_MS)
     keys: PushSubscriptionKeys
 
     @field_validator("endpoint")
@@ -90,9 +97,23 @@ class PushSubscriptionJSON(BaseModel):
         return value
 
 
+@dataclass(frozen=True)
+class Subscription:
+    """A ``PushSubscription`` as it is stored: the ``PushTarget`` and when the browser said it
+    expires (``expirationTime``; None: it did not say)."""
+
+    target: PushTarget
+    expires_at: datetime | None
+
+
 def parse_subscription(payload: Any, allowed: AllowedHosts) -> PushTarget:
     """A ``PushSubscription``'s JSON (already decoded) as the ``PushTarget`` a delivery carries;
     ``SubscriptionRefused`` naming every field that is wrong."""
+    return read_subscription(payload, allowed).target
+
+
+def read_subscription(payload: Any, allowed: AllowedHosts) -> Subscription:
+    """``parse_subscription`` with the subscription's expiry (``PUT /me/push-subscriptions``)."""
     if not isinstance(payload, dict):
         raise SubscriptionRefused([{"field": "body", "message": "must be a JSON object (a PushSubscription)"}])
     try:
@@ -102,5 +123,7 @@ def parse_subscription(payload: Any, allowed: AllowedHosts) -> PushTarget:
             {"field": ".".join(str(p) for p in error["loc"]) or "body",
              "message": str(error["msg"]).removeprefix("Value error, ")}
             for error in exc.errors(include_url=False)]) from None
-    return PushTarget(endpoint=parsed.endpoint, p256dh=b64url_decode(parsed.keys.p256dh),
-                      auth=b64url_decode(parsed.keys.auth))
+    target = PushTarget(endpoint=parsed.endpoint, p256dh=b64url_decode(parsed.keys.p256dh),
+                        auth=b64url_decode(parsed.keys.auth))
+    expires = None if parsed.expirationTime is None else EPOCH + timedelta(milliseconds=parsed.expirationTime)
+    return Subscription(target, expires)

@@ -208,6 +208,8 @@ def delivery_row(notification: dict[str, Any], row: DeliveryRow, now: datetime) 
     if row.outbox:
         written |= {"status": "queued", "idempotency_key": idempotency_key(notification["id"], row.channel),
                     "message": outbox_message(notification), "next_attempt_at": now}
+    if row.per_subscription:
+        written["per_subscription"] = True  # the write makes one row per push subscription (PUSH-6)
     return written
 
 
@@ -239,7 +241,9 @@ class BatchDecisions:
                                "notification_id": s.new_duplicate_notification_id}
                               for k, s in keys.items() if s.taken_before and s.duplicates],
             "notifications": self.state.notifications,
-            "deliveries": self.state.deliveries,
+            "deliveries": [d for d in self.state.deliveries if not d.get("per_subscription")],
+            # web push: one row per subscription of each participant, however many (PUSH-6)
+            "push_deliveries": [d for d in self.state.deliveries if d.get("per_subscription")],
         }
         # the outcomes are record_outcomes' own arrays, written by the same fragment (DEC-1.7)
         arrays = {name: list(outcomes[name]) for name in ("ids", "statuses", "errors", "times")}

@@ -93,6 +93,8 @@ class DeliveryRow:
     status: NotificationStatus
     detail: str | None = None
     outbox: bool = False
+    # web push (PUSH-6): the write queues one outbox row per subscription of the participant
+    per_subscription: bool = False
 
 
 @dataclass(frozen=True)
@@ -155,14 +157,17 @@ class OutboxChannel:
     row is the outbox entry, written ``queued`` in the dispatch transaction and sent by the
     delivery worker after the commit, at least once (DEC-OUTBOX); no message for the publisher."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, *, per_subscription: bool = False) -> None:
         self.name = name
+        # web push: one row per push subscription of the participant, found by the write (PUSH-6)
+        self.per_subscription = per_subscription
 
     def __repr__(self) -> str:
         return f"OutboxChannel({self.name!r})"
 
     def deliver(self, notification: Mapping[str, Any], now: datetime) -> Delivery:
-        return Delivery(rows=(DeliveryRow(self.name, NotificationStatus.SENT, outbox=True),))
+        return Delivery(rows=(DeliveryRow(self.name, NotificationStatus.SENT, outbox=True,
+                                          per_subscription=self.per_subscription),))
 
 
 def outbox_message(notification: Mapping[str, Any]) -> dict[str, Any]:

@@ -13,7 +13,12 @@ loop, off the loop's thread:
   per-send timeout, never raising.
 - **record** (``delivery.record.record_attempt``, then ``record_delivery_attempts``):
   ``delivered``, ``retrying`` with ``next_attempt_at`` after the backoff, or ``undeliverable``;
-  only while the lease is still this worker's for that attempt.
+  only while the lease is still this worker's for that attempt. A web push the push service
+  answered 404 or 410 (``Gone``) also removes its subscription, as it was when the push was
+  sent, in the same transaction (PUSH-8).
+
+A ``web_push`` row is one subscription's: the claim reads the subscription as it is now, and a
+row whose subscription was removed meanwhile has none (its sender answers ``Undeliverable``).
 
 Time is the injected clock's (the claim's ``:now``, the lease, the record); randomness an
 injected ``random.Random``. ``run_once`` is one claim, its sends and their records (what a
@@ -39,7 +44,7 @@ from scheduler.database.database import Database
 from scheduler.delivery.attempt import attempt
 from scheduler.delivery.backoff import RetryPolicy
 from scheduler.delivery.record import AttemptRecord, record_attempt
-from scheduler.types import Clock, OutboundDelivery, Sender, SendResult, Undeliverable
+from scheduler.types import Clock, OutboundDelivery, PushTarget, Sender, SendResult, Undeliverable
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +64,9 @@ class Claimed:
     delivery: OutboundDelivery
     previous_delay: float | None
     triggered_at: datetime
+    # a web push's subscription as the claim read it (its id, its updated_at): what a 404 or
+    # 410 removes
+    push_subscription: tuple[int, datetime] | None = None
 
 
 @dataclass(frozen=True)
@@ -127,8 +135,12 @@ class DeliveryWorker:
                                                     previous_delay=claimed.previous_delay))
                    for claimed, result in outcomes]
         document = [_record_json(claimed.delivery.delivery_id, record, now) for claimed, _, record in records]
+        gone = [claimed.push_subscription for claimed, _, record in records
+                if record.remove_subscription and claimed.push_subscription is not None]
         with self.database.begin() as session:
             kept = self.database.deliveries.record_attempts(session, document, worker=self.worker_id)
+            # the push service's 404/410 is the subscription's end, whoever holds the lease (PUSH-8)
+            self.database.push_subscriptions.remove_gone(session, gone)
         recorded = [Recorded(c, r, rec, now, c.delivery.delivery_id in kept) for c, r, rec in records]
         for observer in self.observers:
             try:
@@ -221,8 +233,20 @@ def _claimed(row: Mapping[str, Any]) -> Claimed:
         title=message.get("title", ""), body=message.get("body", ""),
         created_at=datetime.fromisoformat(created) if isinstance(created, str) else row["created_at"],
         attempt=int(row["attempts"]),
+        push=_push_target(row),
     )
-    return Claimed(delivery, row["last_delay_seconds"], row["triggered_at"])
+    subscription = row.get("push_subscription_id")
+    pushed = (int(subscription), row["push_subscribed_at"]) if subscription is not None else None
+    return Claimed(delivery, row["last_delay_seconds"], row["triggered_at"], pushed)
+
+
+def _push_target(row: Mapping[str, Any]) -> PushTarget | None:
+    """A web push row's subscription as the claim read it; None without one (removed, or
+    another channel's row)."""
+    if row.get("push_subscription_id") is None:
+        return None
+    return PushTarget(endpoint=row["push_endpoint"], p256dh=bytes(row["push_p256dh"]), auth=bytes(row["push_auth"]),
+                      subscription_id=str(row["push_subscription_id"]))
 
 
 def _record_json(delivery_id: str, record: AttemptRecord, now: datetime) -> dict[str, Any]:

@@ -35,7 +35,14 @@ from scheduler.core.loop import DUE_CHANNEL, Scheduler
 from scheduler.database.database import Database
 from scheduler.database.engine import tcp_parameters
 from scheduler.database.listener import Listener, conninfo_of
-from scheduler.delivery.channels import built_in_channels, built_in_senders, retry_policy
+from scheduler.delivery.channels import (
+    PER_SUBSCRIPTION,
+    allowed_push_hosts,
+    built_in_channels,
+    built_in_senders,
+    retry_policy,
+    vapid_key,
+)
 from scheduler.nudging.decision import NudgingPlatform
 from scheduler.nudging.facts import FactsContract
 from scheduler.nudging.orchestrator import LoggingPublisher, Orchestrator, OutboxChannel, WebChannel
@@ -68,6 +75,7 @@ from scheduler.web.http.auth import JWTBackend, TokenVerifier
 from scheduler.web.http.sessions import SessionStore
 from scheduler.web.http.sse import Streams
 from scheduler.web.inbox.hub import Inbox, StreamPublisher
+from scheduler.web.inbox.push import push_routes
 from scheduler.web.inbox.routes import inbox_routes
 
 if TYPE_CHECKING:
@@ -118,9 +126,13 @@ class SchedulerService:
         self.catalogue = catalogue or load_catalogue(self.settings.rules_dir)
         # The outbox's channels (DEC-OUTBOX): the built-in ones the settings turn on, and the
         # host's own senders by name; the decision queues a row for each beside the in-app one.
+        # web push (PUSH-*): the public half of the VAPID key is the inbox page's applicationServerKey
+        key = vapid_key(self.settings)
+        self.vapid_public_key: str | None = key.public_key_b64url if key is not None else None
         self.outbox_channels = tuple(dict.fromkeys([*built_in_channels(self.settings), *self.host_senders]))
         self.dispatcher: Dispatcher = dispatcher or NudgingPlatform(
-            self.catalogue, Orchestrator([WebChannel(), *(OutboxChannel(name) for name in self.outbox_channels)]),
+            self.catalogue, Orchestrator([WebChannel(), *(OutboxChannel(name, per_subscription=name in PER_SUBSCRIPTION)
+                                                          for name in self.outbox_channels)]),
             decisions=self.database.decisions)
         problem = dispatcher_schema_problem(self.dispatcher, self.database.schema)
         if problem is not None:
@@ -193,11 +205,12 @@ class SchedulerService:
         if self.delivery is not None:
             self.delivery.wake()
 
-    def delivery_worker(self) -> DeliveryWorker:
-        """This replica's delivery worker, with the built-in senders on a fresh HTTP client and
-        the host's (built on start; ``run_once`` steps it in a test)."""
+    def delivery_worker(self, *, client: httpx.AsyncClient | None = None) -> DeliveryWorker:
+        """This replica's delivery worker, with the built-in senders on a fresh HTTP client (or
+        ``client``, which the service then closes when it stops) and the host's (built on start;
+        ``run_once`` steps it in a test)."""
         if self.delivery is None:
-            self._http = httpx.AsyncClient()
+            self._http = client or httpx.AsyncClient()
             senders = {**built_in_senders(self.settings, client=self._http, clock=self.clock), **self.host_senders}
             self.delivery = DeliveryWorker(self.loop_database, senders, self.clock,
                                            policy=retry_policy(self.settings),
@@ -235,10 +248,15 @@ class SchedulerService:
         def inbox() -> list[BaseRoute]:
             return inbox_routes(database=self.database, inbox=self.inbox, store=self.web_sessions,
                                 verifier=self.verifier, max_body_bytes=self.settings.max_body_bytes,
-                                streams=self.streams)
+                                streams=self.streams, vapid_public_key=self.vapid_public_key)
+
+        def push() -> list[BaseRoute]:
+            return push_routes(database=self.database, clock=self.clock, store=self.web_sessions,
+                               allowed=allowed_push_hosts(self.settings), web_push_on=self.vapid_public_key is not None,
+                               max_body_bytes=self.settings.max_body_bytes)
 
         return [self.health.routes, self.ingest.routes, self.batch.routes, self.events.routes,
-                self.participants.routes, inbox, self.operator.routes]
+                self.participants.routes, inbox, push, self.operator.routes]
 
     def _document(self, routes: Sequence[BaseRoute]) -> dict[str, Any]:
         """The API document of ``routes``, its bodies' facts by the service's contract; the

@@ -12,6 +12,13 @@ with the ``cryptography`` HKDF, independently of ``scheduler.delivery``). What i
 recorded in ``received``. A push that fails a check is answered 400 (the body) or 401 (the
 VAPID token), an unknown subscription 404; one that passes gets the next of the answers it
 was told to give (``answer(...)``: any ``Reply``, or ``HANG``), else ``201 Created``.
+
+A push service's real endpoints are ``https`` URLs on a public host, which is all that
+``SCHEDULER_PUSH_ALLOWED_HOSTS`` lets a participant subscribe with. ``public_origin`` gives
+the service such a name (``LocalPushService(public_origin="https://push.example.test")``): its
+endpoints and the VAPID ``aud`` it expects are then that origin's, and ``transport()`` is an
+``httpx`` transport that carries requests for it to this loopback server (what DNS and TLS
+would do), so a test can subscribe through ``PUT /me/push-subscriptions`` and be pushed to.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+import httpx
 import jwt
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes
@@ -129,8 +137,11 @@ class LocalPushService(LoopbackFake):
     """The fake push service, serving while entered (``async with LocalPushService() as push``).
     ``clock`` judges the VAPID token's ``exp`` (the wall clock by default)."""
 
-    def __init__(self, *, clock: Clock | None = None) -> None:
+    def __init__(self, *, clock: Clock | None = None, public_origin: str | None = None) -> None:
         super().__init__()
+        if public_origin is not None and (not public_origin.startswith("https://") or public_origin.count("/") != 2):
+            raise ValueError(f"a public origin is https://host[:port], got {public_origin!r}")
+        self._public_origin = public_origin
         self._clock: Clock = clock or SystemClock()
         self._browsers: dict[str, Browser] = {}
         self._gone: set[str] = set()
@@ -139,7 +150,13 @@ class LocalPushService(LoopbackFake):
 
     @property
     def origin(self) -> str:
-        return self._server.url
+        """The origin of its endpoints: the public one when given, else the loopback URL."""
+        return self._public_origin or self._server.url
+
+    def transport(self) -> httpx.AsyncBaseTransport:
+        """An ``httpx`` transport that sends requests for ``public_origin`` to this server
+        (any other request goes out as it is)."""
+        return _ToLoopback(self)
 
     def subscribe(self, *, application_server_key: str | None = None) -> Browser:
         """A new subscription, as a browser makes it (``application_server_key``: the VAPID
@@ -229,3 +246,20 @@ class LocalPushService(LoopbackFake):
         if not isinstance(sub, str) or not sub.startswith(("mailto:", "https:")):
             problems.append("the VAPID token's sub must be a mailto: or https: contact")
         return problems, claims
+
+
+class _ToLoopback(httpx.AsyncBaseTransport):
+    """Requests for the push service's public origin, to its loopback server (DNS and TLS's part)."""
+
+    def __init__(self, service: LocalPushService) -> None:
+        self._service = service
+        self._inner = httpx.AsyncHTTPTransport()
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        public = self._service._public_origin
+        if public is not None and str(request.url).startswith(public + "/"):
+            request.url = request.url.copy_with(scheme="http", host="127.0.0.1", port=self._service._server.port)
+        return await self._inner.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()

@@ -378,6 +378,21 @@ WITH document AS MATERIALIZED (
     FROM document, jsonb_array_elements(document.b->'deliveries') WITH ORDINALITY AS d(e, ord)
     ORDER BY d.ord
     RETURNING id
+), push_delivery AS (
+    -- web push (PUSH-6): one queued row per unexpired subscription of the notification's
+    -- participant, each keyed by the notification's web_push key and the subscription; how
+    -- many is the subscriptions' (none: no row), so these are not among the counts checked below
+    INSERT INTO scheduler.deliveries (notification_id, user_id, channel, status, detail, created_at,
+                                      idempotency_key, message, next_attempt_at, updated_at, push_subscription_id)
+    SELECT p.e->>'notification_id', p.e->>'user_id', p.e->>'channel', 'queued', NULL,
+           CAST(p.e->>'now' AS timestamptz), (p.e->>'idempotency_key') || '.' || s.id, p.e->'message',
+           CAST(p.e->>'next_attempt_at' AS timestamptz), CAST(p.e->>'now' AS timestamptz), s.id
+    FROM document, jsonb_array_elements(document.b->'push_deliveries') WITH ORDINALITY AS p(e, ord)
+    JOIN scheduler.push_subscriptions AS s
+      ON s.user_id = p.e->>'user_id'
+     AND (s.expiration_time IS NULL OR s.expiration_time > CAST(p.e->>'now' AS timestamptz))
+    ORDER BY p.ord, s.id
+    RETURNING id
 ), outcomes AS (
     {{batch_outcomes}}
 ), outcome AS (
@@ -431,13 +446,17 @@ WITH due AS MATERIALIZED (
     SET lease_until = :lease_until, leased_by = :worker, attempts = d.attempts + 1, updated_at = :now
     FROM due WHERE d.id = due.id
     RETURNING d.id, d.idempotency_key, d.channel, d.notification_id, d.user_id, d.message, d.attempts,
-              d.last_delay_seconds, d.created_at, d.next_attempt_at
+              d.last_delay_seconds, d.created_at, d.next_attempt_at, d.push_subscription_id
 )
 SELECT l.id, l.idempotency_key, l.channel, l.notification_id, l.user_id, l.message, l.attempts,
-       l.last_delay_seconds, l.created_at, coalesce(e.trigger_at, l.created_at) AS triggered_at
+       l.last_delay_seconds, l.created_at, coalesce(e.trigger_at, l.created_at) AS triggered_at,
+       -- a web_push row's subscription as it is now (none once it was removed: PUSH-8)
+       s.id AS push_subscription_id, s.endpoint AS push_endpoint, s.p256dh AS push_p256dh,
+       s.auth AS push_auth, s.updated_at AS push_subscribed_at
 FROM leased AS l
 LEFT JOIN scheduler.notifications AS n ON n.id = l.notification_id
 LEFT JOIN scheduler.scheduled_events AS e ON e.id = n.scheduled_event_id
+LEFT JOIN scheduler.push_subscriptions AS s ON s.id = l.push_subscription_id
 ORDER BY l.next_attempt_at, l.id;
 
 -- name: record_delivery_attempts
@@ -455,6 +474,49 @@ FROM jsonb_array_elements(CAST(:records AS jsonb)) AS r
 WHERE d.id = CAST(r->>'id' AS bigint) AND d.leased_by = :worker
   AND d.attempts = CAST(r->>'attempts' AS integer)
 RETURNING d.id;
+
+-- name: remove_gone_push_subscriptions
+-- Remove the subscriptions a push service answered 404 or 410 for (PUSH-8), each only as it was when its push was sent: a browser that subscribed again since keeps its new keys. Returns the ids removed.
+DELETE FROM scheduler.push_subscriptions AS s
+USING jsonb_array_elements(CAST(:gone AS jsonb)) AS g
+WHERE s.id = CAST(g->>'id' AS bigint) AND s.updated_at = CAST(g->>'subscribed_at' AS timestamptz)
+RETURNING s.id;
+
+-- name: upsert_push_subscription
+-- Store a participant's push subscription by its endpoint (PUSH-2): a new row, or the same endpoint's again with its keys, expiry and owner replaced; then keep the participant's :keep most recently updated. The row, whether it is new, and how many older ones were removed.
+-- every part sees the table as it was before the statement: the row upserted is kept by its
+-- id, the others are the participant's before it
+WITH upserted AS (
+    INSERT INTO scheduler.push_subscriptions (user_id, endpoint, p256dh, auth, expiration_time, created_at, updated_at)
+    VALUES (:user_id, :endpoint, :p256dh, :auth, :expiration_time, :now, :now)
+    ON CONFLICT (endpoint) DO UPDATE
+    SET user_id = EXCLUDED.user_id, p256dh = EXCLUDED.p256dh, auth = EXCLUDED.auth,
+        expiration_time = EXCLUDED.expiration_time, updated_at = EXCLUDED.updated_at
+    RETURNING id, endpoint, expiration_time, created_at, updated_at, (xmax = 0) AS created
+), others AS (
+    SELECT id FROM scheduler.push_subscriptions
+    WHERE user_id = :user_id AND id NOT IN (SELECT id FROM upserted)
+    ORDER BY updated_at DESC, id DESC
+    OFFSET CAST(:keep AS integer) - 1
+), evicted AS (
+    DELETE FROM scheduler.push_subscriptions AS s USING others WHERE s.id = others.id RETURNING s.id
+)
+SELECT u.id, u.endpoint, u.expiration_time, u.created_at, u.updated_at, u.created,
+       (SELECT count(*) FROM evicted) AS evicted
+FROM upserted AS u;
+
+-- name: delete_push_subscriptions
+-- Remove a participant's push subscription of :endpoint, or every one of theirs when :endpoint is NULL (PUSH-3); the ids removed.
+DELETE FROM scheduler.push_subscriptions
+WHERE user_id = :user_id AND (CAST(:endpoint AS text) IS NULL OR endpoint = :endpoint)
+RETURNING id;
+
+-- name: participant_push_subscriptions
+-- A participant's push subscriptions, oldest first (no keys).
+SELECT id, endpoint, expiration_time, created_at, updated_at
+FROM scheduler.push_subscriptions
+WHERE user_id = :user_id
+ORDER BY id;
 
 -- name: list_deliveries
 -- The delivery log and the outbox for an operator, newest first, each filter optional (GET /admin/deliveries).

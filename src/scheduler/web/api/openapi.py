@@ -28,6 +28,8 @@ from scheduler.web.http.answers import (
     NotificationOut,
     OperatorActionOut,
     PreferencesOut,
+    PushSubscriptionOut,
+    PushUnsubscribedOut,
     ReplicaOut,
     RuleRefusalOut,
     ScheduledEventOut,
@@ -36,7 +38,14 @@ from scheduler.web.http.answers import (
     ValidationErrorOut,
     WebSessionOut,
 )
-from scheduler.web.http.bodies import InboxSignInIn, LiveEventIn, PreferencesIn, ScheduledEventIn
+from scheduler.web.http.bodies import (
+    InboxSignInIn,
+    LiveEventIn,
+    PreferencesIn,
+    PushSubscriptionIn,
+    PushUnsubscribeIn,
+    ScheduledEventIn,
+)
 from scheduler.web.http.params import STREAM_ID_DIGITS, declared
 
 if TYPE_CHECKING:
@@ -48,6 +57,7 @@ MODELS: tuple[type[BaseModel], ...] = (
     ValidationErrorOut, FactsContractErrorOut, RuleRefusalOut, ReplicaOut, OperatorActionOut,
     HistoryEntryOut, CancelConflictOut, InboxNotificationOut, InboxPageOut, SchedulerHealthDetailOut,
     WebSessionOut, InboxSignInIn, InboxSessionOut, BulkItemOut, DeferredOut, DeliveryOut,
+    PushSubscriptionIn, PushSubscriptionOut, PushUnsubscribeIn, PushUnsubscribedOut,
 )
 
 
@@ -274,6 +284,49 @@ OPERATIONS.update({
 })
 
 
+# A participant's web-push subscriptions and the inbox page's service worker (PUSH-*).
+_CSRF = {"X-CSRF-Token": {"type": "string", "description": "with the inbox page's session cookie only"}}
+OPERATIONS.update({
+    ("/me/push-subscriptions", "put"): {
+        "summary": "Store the caller's browser push subscription (the W3C PushSubscription JSON) by its endpoint; "
+                   "each notification sent to the caller is then pushed to it (any valid token, or the inbox "
+                   "page's cookie with X-CSRF-Token)",
+        "request": PushSubscriptionIn,
+        "headers": _CSRF,
+        "responses": {
+            **ERRORS,
+            **TOO_LARGE,
+            "201": _json(PushSubscriptionOut, "stored, new"),
+            "200": _json(PushSubscriptionOut, "stored: the same endpoint's keys and expiry replaced"),
+            "403": _json(ErrorOut, "by the cookie, without its X-CSRF-Token"),
+            "409": _json(ErrorOut, "web push is off on this service (no VAPID key)"),
+            "415": _json(ErrorOut, "the body is not sent as application/json"),
+            "422": _json(ValidationErrorOut, "not exactly a PushSubscription, or an endpoint on no allowed push "
+                                             "service host; errors names each field (endpoint, keys.p256dh, ...)"),
+        },
+    },
+    ("/me/push-subscriptions", "delete"): {
+        "summary": "Remove the caller's push subscription of the body's endpoint, or every one of theirs without a "
+                   "body (any valid token, or the inbox page's cookie with X-CSRF-Token)",
+        "request": PushUnsubscribeIn,
+        "request_optional": True,
+        "headers": _CSRF,
+        "responses": {
+            **ERRORS,
+            **TOO_LARGE,
+            "200": _json(PushUnsubscribedOut, "how many were removed"),
+            "403": _json(ErrorOut, "by the cookie, without its X-CSRF-Token"),
+            "415": _json(ErrorOut, "a body not sent as application/json"),
+        },
+    },
+    ("/inbox/service-worker.js", "get"): {
+        "summary": "The inbox page's service worker: shows each web push as a notification",
+        "responses": {"200": {"description": "JavaScript",
+                              "content": {"text/javascript": {"schema": {"type": "string"}}}}},
+    },
+})
+
+
 # The bodies whose ``facts`` a host's own facts contract judges (DEC-FACTS-CONTRACT).
 FACTS_BODIES = ("ScheduledEventIn", "LiveEventIn")
 HOST_FACTS_REFUSED = ("facts refused by the service's facts contract ({detail, errors: [{field, message}]}, "
@@ -360,7 +413,7 @@ def openapi_document(routes: Sequence[BaseRoute], root_path: str = "",
                 if spec.get("request_many"):
                     body_schema = {"type": "array", "items": body_schema}
                 operation["requestBody"] = {
-                    "required": True,
+                    "required": not spec.get("request_optional"),
                     "content": {"application/json": {"schema": body_schema}},
                 }
             if route.path_format.startswith(("/admin", "/me")):

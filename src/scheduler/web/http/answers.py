@@ -349,3 +349,21 @@ class HTTPRefusal(Exception):
         super().__init__(detail)
         self.status_code = status_code
         self.detail = detail
+
+
+# -- web push (PUSH-*): what PUT/DELETE /me/push-subscriptions answer ------------------------
+
+
+class PushSubscriptionOut(_Out):
+    """A stored push subscription (never its keys)."""
+
+    id: int
+    endpoint: str
+    expiration_time: Timestamp | None
+    created_at: Timestamp
+    updated_at: Timestamp
+    evicted: int = Field(description="how many of the caller's oldest subscriptions were removed to keep the limit")
+
+
+class PushUnsubscribedOut(_Out):
+    removed: int = Field(description="how many of the caller's subscriptions were removed")

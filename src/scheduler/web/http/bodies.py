@@ -75,7 +75,11 @@ async def read_body(request: Request, limit: int) -> bytes:
 
 async def read_json(request: Request, limit: int) -> Any:
     """The body as JSON, bounded by ``read_body``."""
-    raw = await read_body(request, limit)
+    return json_of(await read_body(request, limit))
+
+
+def json_of(raw: bytes) -> Any:
+    """A body already read (``read_body``) as JSON; a 422 naming ``body`` when it is not."""
     try:
         return json.loads(raw, parse_constant=_not_json)
     except RecursionError as exc:
@@ -318,3 +322,33 @@ class InboxSignInIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     token: str = Field(min_length=1, max_length=8192, description="a valid token; its sub is the participant")
+
+
+# -- web push (PUSH-*): PUT/DELETE /me/push-subscriptions --------------------------------
+# The PUT body is parsed by ``scheduler.delivery.subscription.read_subscription`` alone (the
+# one strict parse, with the endpoint's allow-list); ``PushSubscriptionIn`` describes it.
+
+
+class PushSubscriptionKeysIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    p256dh: str = Field(max_length=128, description="the base64url of the browser's 65-byte uncompressed P-256 key")
+    auth: str = Field(max_length=64, description="the base64url of its 16-byte auth secret")
+
+
+class PushSubscriptionIn(BaseModel):
+    """``PUT /me/push-subscriptions``: the W3C ``PushSubscription.toJSON()``, nothing else."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    endpoint: str = Field(max_length=2048, description="an https URL on a host of SCHEDULER_PUSH_ALLOWED_HOSTS")
+    expirationTime: int | None = Field(default=None, ge=0, description="milliseconds since the epoch, or null")
+    keys: PushSubscriptionKeysIn
+
+
+class PushUnsubscribeIn(BaseModel):
+    """``DELETE /me/push-subscriptions``: the endpoint to remove (no body: every one of the caller's)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    endpoint: str = Field(min_length=1, max_length=2048)

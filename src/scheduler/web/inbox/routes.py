@@ -40,7 +40,8 @@ def page_headers(html: str) -> dict[str, str]:
 
     The page signs a participant in with a token and shows text a sender wrote, so nothing but its
     own inline script and style may run (allowed by their hashes, not ``'unsafe-inline'``),
-    it talks only to its own origin, and no other site may frame it.
+    it talks only to its own origin, its only worker is its own service worker (web push,
+    ``web.inbox.push``), and no other site may frame it.
     """
 
     def hashes(tag: str) -> str:
@@ -50,7 +51,7 @@ def page_headers(html: str) -> dict[str, str]:
 
     return {
         "Content-Security-Policy": f"default-src 'none'; script-src {hashes('script')}; style-src {hashes('style')}; "
-                                   "img-src 'self'; connect-src 'self'; form-action 'self'; "
+                                   "img-src 'self'; connect-src 'self'; worker-src 'self'; form-action 'self'; "
                                    "frame-ancestors 'none'; base-uri 'none'",
         "X-Frame-Options": "DENY",
         "X-Content-Type-Options": "nosniff",
@@ -75,11 +76,19 @@ def _whose(request: Request) -> str:
 USER_ID = Param.string("another participant's inbox (admin only)")
 
 
+def page_with_push_key(html: str, vapid_public_key: str | None) -> str:
+    """The page offering web push with ``vapid_public_key`` (its ``applicationServerKey``, the
+    base64url of a P-256 point: nothing to escape), or not offering it without one."""
+    return html.replace('<meta name="vapid-public-key" content="">',
+                        f'<meta name="vapid-public-key" content="{vapid_public_key or ""}">')
+
+
 def inbox_routes(*, database: Database, inbox: Inbox, store: SessionStore, verifier: TokenVerifier,
-                 max_body_bytes: int, streams: Streams) -> list[BaseRoute]:
+                 max_body_bytes: int, streams: Streams, vapid_public_key: str | None = None) -> list[BaseRoute]:
     """``/me/notifications``, its stream, the ``/inbox`` page and its session, over
     ``database``, the process's ``inbox`` hub, the web sessions' ``store`` and its open
-    ``streams`` (ended at once when the server stops)."""
+    ``streams`` (ended at once when the server stops); the page offers web push with
+    ``vapid_public_key`` (PUSH-9)."""
 
     @require(PARTICIPANT)
     @declares(user_id=USER_ID, before=Param.cursor("the previous page's next"),
@@ -119,7 +128,7 @@ def inbox_routes(*, database: Database, inbox: Inbox, store: SessionStore, verif
         return streams.response(lambda closing: sse_stream(inbox, user_id, after, closing, check),
                                 headers={"Cache-Control": "no-cache"})
 
-    page_html = PAGE.read_text()
+    page_html = page_with_push_key(PAGE.read_text(), vapid_public_key)
     headers = page_headers(page_html)
 
     @declares()
