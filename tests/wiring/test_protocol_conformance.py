@@ -28,6 +28,7 @@ from bench.drain import CountingPublisher
 from sqlalchemy.orm import Session
 
 from harness.faults import FaultyDispatcher
+from harness.local_run import LocalTimeSimulation
 from harness.simulation import Simulation
 from scheduler.core.clock import DatabaseClock, ManualClock, OffsetClock, SystemClock
 from scheduler.core.poll import publish_committed
@@ -71,7 +72,7 @@ finally:
 # Every implementation, by protocol. The annotations are the static check: mypy --strict
 # verifies each class against its protocol's members and their types.
 CLOCKS: list[type[Clock]] = [SystemClock, ManualClock, OffsetClock, DatabaseClock,
-                             Simulation]  # the run's context tells the run's time to its actors
+                             Simulation, LocalTimeSimulation]  # a run tells its time to its actors
 PUBLISHERS: list[type[Publisher]] = [LoggingPublisher, RecordingPublisher, StreamPublisher, CountingPublisher]
 BULK_PUBLISHERS: list[type[BulkPublisher]] = [StreamPublisher]
 DISPATCHERS: list[type[Dispatcher]] = [NudgingPlatform, FaultyDispatcher, HostDispatcher, DeliveryDispatcher,
