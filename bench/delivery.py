@@ -110,10 +110,15 @@ class Receiver:
             self._process.terminate()
 
 
-def _wait_for(receiver: Receiver, events: int, *, prefix: str, deadline: float, label: str) -> dict[str, float]:
-    """Poll the receiver until ``events`` keys starting with ``prefix`` arrived; progress every 5 s."""
+def _wait_for(receiver: Receiver, events: int, *, prefix: str, deadline: float, label: str,
+              processes: list[Any] | None = None) -> dict[str, float]:
+    """Poll the receiver until ``events`` keys starting with ``prefix`` arrived; progress every
+    5 s; a worker process that died ends the wait at once."""
     shown = 0.0
     while True:
+        dead = [p.exitcode for p in processes or [] if p.exitcode not in (None, 0)]
+        if dead:
+            raise RuntimeError(f"{label}: a worker process exited with {dead}")
         first = {k: v for k, v in receiver.stats()["first"].items() if k.startswith(prefix)}
         if len(first) >= events:
             return first
@@ -248,7 +253,7 @@ def publisher(server: Server, receiver: Receiver, *, events: int, replicas: int,
             store_burst(engine, events=events, trigger_at=trigger, prefix="publisher-user-")
             engine.dispose()
             first = _wait_for(receiver, events, prefix="publisher-", deadline=trigger.timestamp() + 1800,
-                              label="publisher")
+                              label="publisher", processes=processes)
         finally:
             _collect(processes, stop_all, out)
     result = _summary(f"in-process publisher, {replicas} replicas", first, trigger.timestamp(), events)
@@ -324,7 +329,8 @@ def _peer_worker(peer: str, conninfo: str, receiver_url: str, concurrency: int, 
 
             barrier.wait()
             watcher = asyncio.create_task(watch())
-            await manager.run(batch_size=concurrency, max_concurrent_tasks=concurrency,
+            # pgqueuer wants max_concurrent_tasks at least twice its batch
+            await manager.run(batch_size=max(1, concurrency // 2), max_concurrent_tasks=concurrency,
                               mode=QueueExecutionMode.continuous,
                               dequeue_timeout=timedelta(seconds=PEER_POLL_SECONDS))
             await watcher
@@ -342,7 +348,6 @@ async def _enqueue(peer: str, conninfo: str, events: int, trigger: datetime) -> 
         app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=conninfo))
         task = app.task(name="bench_deliver", queue="bench")(_never)
         async with app.open_async():
-            await app.schema_manager.apply_schema_async()
             for start in range(0, events, 5_000):
                 size = min(5_000, events - start)
                 await task.configure(schedule_at=trigger).batch_defer_async(*({"n": start + i} for i in range(size)))
@@ -352,8 +357,6 @@ async def _enqueue(peer: str, conninfo: str, events: int, trigger: datetime) -> 
     conn, driver = await _pgqueuer_driver(conninfo)
     try:
         queries = Queries(driver)
-        with contextlib.suppress(Exception):
-            await queries.install()
         for start in range(0, events, 5_000):
             size = min(5_000, events - start)
             after = trigger - datetime.now(UTC)  # pgqueuer stores NOW() + execute_after
@@ -397,7 +400,8 @@ def peer(server: Server, receiver: Receiver, name: str, *, events: int, replicas
         processes, stop_all, out = _start(_peer_worker, (name, conninfo, receiver.url, concurrency), replicas)
         try:
             asyncio.run(_enqueue(name, conninfo, events, trigger))
-            first = _wait_for(receiver, events, prefix=f"{name}-", deadline=trigger.timestamp() + 1800, label=name)
+            first = _wait_for(receiver, events, prefix=f"{name}-", deadline=trigger.timestamp() + 1800, label=name,
+                              processes=processes)
         finally:
             _collect(processes, stop_all, out)
     result = _summary(f"{name}, {replicas} workers", first, trigger.timestamp(), events)
@@ -423,7 +427,11 @@ def run(server: Server, *, events: int, replicas: int = 2, concurrency: int = CO
         systems.append(publisher(server, receiver, events=min(publisher_events, events), replicas=replicas,
                                  target_events=events, store_rate=store_rate))
         for name in ("procrastinate", "pgqueuer"):
-            systems.append(peer(server, receiver, name, events=events, replicas=replicas, concurrency=concurrency))
+            try:
+                systems.append(peer(server, receiver, name, events=events, replicas=replicas, concurrency=concurrency))
+            except Exception as exc:  # noqa: BLE001 - one peer's failure is its row; the others still run
+                progress(f"delivery {name} FAILED: {type(exc).__name__}: {exc}")
+                systems.append({"system": name, "skipped": f"failed: {type(exc).__name__}: {str(exc).strip()[:200]}"})
     finally:
         receiver.close()
     return {"events": events, "replicas": replicas, "concurrency": concurrency, "latency_ms": latency_ms,
