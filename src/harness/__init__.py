@@ -21,6 +21,8 @@ One concept per module:
 - ``clocks``: each replica's host clock (skewed by a step) and the clock its scheduler reads;
 - ``settle``: waiting until every actor has finished or waits on a lock;
 - ``oracle``: the whole-database invariants, checked after every step;
+- ``probe``: what a host's dispatch rolled back on purpose left committed outside the
+  scheduler's transaction (a table outside its schema, the outbox, a pushed message);
 - ``teardown``: ending a run in any state, and what it suppresses;
 - ``host``: a host's own dispatcher in a run (``HostDispatcher``: its factory, table setup,
   expectation of an event and effects check) and how ``package.module:name`` paths load;
