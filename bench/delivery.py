@@ -295,9 +295,7 @@ def _peer_worker(peer: str, conninfo: str, receiver_url: str, concurrency: int, 
 
             app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=conninfo))
 
-            @app.task(name="bench_deliver", queue="bench")
-            async def bench_deliver(n: int) -> None:
-                await deliver(n)
+            app.task(name="bench_deliver", queue="bench")(deliver)
 
             async with app.open_async():
                 barrier.wait()
@@ -318,9 +316,10 @@ def _peer_worker(peer: str, conninfo: str, receiver_url: str, concurrency: int, 
             conn, driver = await _pgqueuer_driver(conninfo)
             manager = QueueManager(Queries(driver))
 
-            @manager.entrypoint("bench_deliver")
             async def bench_deliver(job: Any) -> None:
                 await deliver(int(job.payload))
+
+            manager.entrypoint("bench_deliver")(bench_deliver)
 
             async def watch() -> None:
                 while not stop_all.is_set():
