@@ -38,6 +38,10 @@ One concept per module:
 - ``pytest_plugin``: the fixtures a host's test suite gets from the wheel (``pytest11``);
   ``sim_runner``, what those fixtures do (a server, a migrated template database and a clone
   of it per test, seeded runs that shrink and write a regression test on a violation);
+- ``local_model``, ``local_run``, ``local_cli``: the local-time scenario (``--scenario
+  local-time``): participants in seeded zones and quiet hours and a start before a DST
+  change, with its model and broken variants; a run of it, its steps and the SIM-LOCAL
+  invariants; and its command;
 - ``model``, ``observer``, ``actors``, ``faults``, ``broken``, ``driver``, ``cli``: the model
   of REQ-0063 to REQ-0067, the observer's connection, the actor threads, event faults, the
   broken variants (their SQL rewrites, built when a run asks for the variant, and the guard

@@ -153,7 +153,8 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
                             "due at not_before"),
             "204": {"description": "no rule triggered"},
             "400": _json(RuleRefusalOut, "no enabled rule claims the scenario at that frequency"),
-            "409": _json(DuplicateOut, "every rule that would have fired was a duplicate"),
+            "409": _one_of((DuplicateOut, ErrorOut), "every rule that would have fired was a duplicate; or "
+                           "the participant's stored time_zone no longer loads (set their preferences again)"),
             **TOO_LARGE,
             **ERRORS,
             "422": _one_of(
