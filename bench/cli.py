@@ -51,6 +51,7 @@ class Sizes:
     scale_samples: int = 1_000
     scale_page_samples: int = 30
     scale_budget: float = 60.0
+    delivery_events: int = 10_000
 
 
 FULL = Sizes(claim_sizes=(10_000, 100_000, 1_000_000), claim_samples=300, claim_budget=10.0,
@@ -64,7 +65,8 @@ QUICK = Sizes(claim_sizes=(10_000, 100_000), claim_samples=100, claim_budget=3.0
               http_seconds=10.0, shutdown_repeats=3, memory_events=10_000, profile_events=1_000, repeats=1,
               burst_events=2_000, burst_replicas=(1, 2), burst_single_modes=("prompt",),
               console_rows=100_000, console_samples=15,
-              scale_sizes=(10_000, 100_000), scale_samples=200, scale_page_samples=10, scale_budget=10.0)
+              scale_sizes=(10_000, 100_000), scale_samples=200, scale_page_samples=10, scale_budget=10.0,
+              delivery_events=1_000)
 
 DESCRIPTIONS = {
     "claim": "claim latency (median, p90, EXPLAIN ANALYZE BUFFERS) with 1,000 due rows among 10k/100k/1M "
@@ -99,10 +101,14 @@ DESCRIPTIONS = {
              "retention, at 10k, 1M and 10M rows (--quick: 10k and 100k; --rows N ... to choose), loaded "
              "set-based and sampled side by side; ratio largest / smallest. Not part of `all`: at 10M rows "
              "it needs about 8 GB of disk and 20 minutes on two cores",
+    "delivery": "trigger to delivered (p50, p99) when N reminders (default 10,000) fall due at once, each delivered "
+                "by webhook to a local receiver answering after 100 ms: two `scheduler serve` replicas with the "
+                "outbox, beside the in-process publisher path (a few hundred, extrapolated to N), procrastinate "
+                "and pgqueuer running the same HTTP call as a job at the same concurrency. Not part of `all`",
 }
 ORDER = ("claim", "mechanics", "fullpath", "http", "shutdown", "memory", "profile", "burst", "console", "history",
          "inbox")
-EXTRA = ("scale",)  # run by name only (too big for `all`)
+EXTRA = ("scale", "delivery")  # run by name only (too big for `all`)
 
 
 def _claim(server: Any, s: Sizes, results: dict[str, Any]) -> dict[str, Any]:
@@ -221,10 +227,16 @@ def _scale(server: Any, s: Sizes, results: dict[str, Any]) -> dict[str, Any]:
                      page_samples=s.scale_page_samples)
 
 
+def _delivery(server: Any, s: Sizes, results: dict[str, Any]) -> dict[str, Any]:
+    from bench import delivery
+
+    return delivery.run(server, events=s.delivery_events)
+
+
 RUNNERS: dict[str, Callable[[Any, Sizes, dict[str, Any]], dict[str, Any]]] = {
     "claim": _claim, "mechanics": _mechanics, "fullpath": _fullpath, "http": _http,
     "shutdown": _shutdown, "memory": _memory, "profile": _profile, "burst": _burst, "console": _console,
-    "history": _history, "inbox": _inbox, "scale": _scale,
+    "history": _history, "inbox": _inbox, "scale": _scale, "delivery": _delivery,
 }
 
 
@@ -240,7 +252,7 @@ def run_benchmarks(names: Sequence[str], *, quick: bool, out: Path, database_url
     if burst_events is not None:
         if burst_events < 1:
             raise SystemExit("--events must be at least 1")
-        sizes = dataclasses.replace(sizes, burst_events=burst_events)
+        sizes = dataclasses.replace(sizes, burst_events=burst_events, delivery_events=burst_events)
     if rows:
         if min(rows) <= 1_000:
             raise SystemExit("--rows: every size must be above the 1,000 pending rows")
@@ -296,6 +308,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
             one.add_argument("--events", type=int, default=None, metavar="N",
                              help=f"reminders due at once (default {FULL.burst_events:,}; "
                                   f"--quick: {QUICK.burst_events:,})")
+        if name == "delivery":
+            one.add_argument("--events", type=int, default=None, metavar="N",
+                             help=f"reminders due at once (default {FULL.delivery_events:,}; "
+                                  f"--quick: {QUICK.delivery_events:,})")
         if name == "scale":
             one.add_argument("--rows", type=int, nargs="+", default=None, metavar="N",
                              help="table sizes to measure side by side (default "

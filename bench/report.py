@@ -351,6 +351,10 @@ def markdown(results: dict[str, Any]) -> str:
         from bench.scale import table as scale_table
 
         lines += ["", *scale_table(sections["scale"])]
+    if "delivery" in sections:
+        from bench.delivery import table as delivery_table
+
+        lines += ["", *delivery_table(sections["delivery"])]
     errors = results.get("errors") or {}
     for name, message in errors.items():
         lines += ["", f"**{name} failed**: {message}"]

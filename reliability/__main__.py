@@ -26,6 +26,8 @@ SCENARIOS = [
      "every replica stopped past the reminders' window, then started: the passed ones end expired"),
     ("failover", "failover",
      "the primary SIGKILLed under load and its standby promoted: replicas follow by a multi-host URL"),
+    ("provider-down", "provider_down",
+     "the webhook provider refuses connections, then answers 503, for 60 s under load; then back"),
     ("fuzz", "fuzz", "the nightly-style schemathesis run (a few thousand cases)"),
 ]
 

@@ -26,6 +26,11 @@ One concept per module:
 - ``teardown``: ending a run in any state, and what it suppresses;
 - ``host``: a host's own dispatcher in a run (``HostDispatcher``: its factory, table setup,
   expectation of an event and effects check) and how ``package.module:name`` paths load;
+- ``provider``: the delivery runs' fake provider (seeded latency, 503, timeouts, 410) and the
+  broken channel that sends before the commit;
+- ``delivery``: a run with the outbox and each replica's delivery worker, its steps (claim,
+  send, record, a kill between commit and send), its invariants (SIM-DELIV-*), its random
+  driver and ``python -m harness.delivery``;
 - ``shrink``: the fewest steps of a failing program that still break the same invariant;
 - ``report``: ``--json``'s one document, ``--junit-xml`` and the exit codes;
 - ``spec_report``: the spec report and the selection by clause, a pytest plugin of its own

@@ -15,7 +15,7 @@ expectation of its events, ``expectations.py``; the steps themselves, ``posts.py
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -40,7 +40,7 @@ from harness.types import Violation
 from scheduler.core.clock import ManualClock
 from scheduler.core.loop import Scheduler
 from scheduler.nudging.decision import NudgingPlatform
-from scheduler.nudging.orchestrator import RecordingPublisher
+from scheduler.nudging.orchestrator import Channel, Orchestrator, RecordingPublisher, WebChannel
 from scheduler.nudging.rules import load_catalogue
 from scheduler.types import DigitalTwinEvent, Dispatcher, SchedulerMode
 
@@ -62,6 +62,8 @@ class Simulation(StepChoices):
     (``harness.HostDispatcher``: the factory, the host's table setup, its expectation of an
     event and its effects check). With a host, SIM-6 (the built-in platform's deduplication,
     cap and preferences) is not checked and the ``refused`` fault is not posted.
+    ``outbox(replica)``: the outbox channels the built-in platform queues rows for beside the
+    in-app one (``harness.delivery`` sends them through a provider model).
     """
 
     def __init__(
@@ -80,6 +82,7 @@ class Simulation(StepChoices):
         modes: str = "literal",
         dispatcher_factory: Callable[[], Dispatcher] | None = None,
         host: HostDispatcher | None = None,
+        outbox: Callable[[int], Sequence[Channel]] | None = None,
     ) -> None:
         if replicas < 1 or clients < 1 or participants < 1:
             raise ValueError("a simulation needs at least one replica, client and participant")
@@ -126,7 +129,9 @@ class Simulation(StepChoices):
             elif self.host.setup is not None:
                 set_up_host(database_url, self.host.setup)
             for i in range(replicas):
-                inner: Dispatcher = NudgingPlatform(self.catalogue) if self.host is None else self.host.factory()
+                channels = [WebChannel(), *(outbox(i) if outbox is not None else ())]
+                inner: Dispatcher = (NudgingPlatform(self.catalogue, Orchestrator(channels)) if self.host is None
+                                     else self.host.factory())
                 self.replicas.append(new_replica(database_url, i, self.rewrites, inner, self._make_scheduler))
             for i in range(clients):
                 self.clients.append(new_client(database_url, i))

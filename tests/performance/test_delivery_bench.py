@@ -1,0 +1,63 @@
+"""``python -m bench delivery`` stays runnable: its whole path on a few reminders (PERF-10, PERF-11).
+
+The full run (10,000 reminders, two replicas, a receiver answering after 100 ms) takes
+minutes; this runs the same code on a handful, so a setting, a route or a peer's API that
+changes under it fails here instead of in the next long run. Only the shape of the results
+is checked, never a time. procrastinate and pgqueuer are optional (the ``bench`` extra, not
+installed in CI): without them their rows say so.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+import pytest
+from bench import cli, delivery, report
+from bench.env import Server
+
+from tests.conftest import PgServer, libpq_url
+
+
+@pytest.fixture
+def bench_server(pg_server: PgServer) -> Server:
+    """The test session's PostgreSQL as the benchmarks' server (fresh databases, dropped after)."""
+    return Server(libpq_url("postgres", host=pg_server.host, port=pg_server.port, user=pg_server.user,
+                            password=pg_server.password or None))
+
+
+@pytest.mark.clause("PERF-10")
+def test_the_delivery_benchmark_runs_end_to_end_on_a_few_reminders(bench_server: Server, tmp_path: Path) -> None:
+    """PERF-10: every reminder reaches the receiver through the outbox of two serve replicas and
+    through the in-process publisher (extrapolated to N); each peer's row is a measurement or
+    says why not; the table renders every row."""
+    result = delivery.run(bench_server, events=12, publisher_events=6, concurrency=4, workdir=tmp_path / "work")
+    systems: dict[str, dict[str, Any]] = {s["system"].split(",")[0]: s for s in result["systems"]}
+    assert set(systems) == {"outbox", "in-process publisher", "procrastinate", "pgqueuer"}
+    outbox, publisher = systems["outbox"], systems["in-process publisher"]
+    assert outbox["delivered"] == 12 and outbox["replicas"] == 2 and outbox["p99_s"] >= outbox["p50_s"]
+    assert publisher["delivered"] == 6 and publisher["extrapolated_to"] == 12
+    assert publisher["extrapolated_p99_s"] >= publisher["extrapolated_p50_s"] > 0
+    for name in ("procrastinate", "pgqueuer"):
+        assert systems[name].get("delivered") == 12 or systems[name].get("skipped"), systems[name]
+    results = {"started": "2026-12-01T00:00:00Z", "quick": True, "machine": {}, "benchmarks": {"delivery": result}}
+    _, md_path = report.write(results, tmp_path)
+    table = md_path.read_text()
+    assert "Trigger to delivered, 12 reminders due at once" in table
+    assert all(f"| {s['system']} |" in table for s in result["systems"])
+
+
+@pytest.mark.clause("PERF-11")
+def test_the_delivery_command_takes_its_events_and_stays_out_of_all(capsys: pytest.CaptureFixture[str]) -> None:
+    """PERF-11: ``python -m bench delivery --events N`` chooses N (default 10,000); ``--help``
+    says so; ``all`` does not run it."""
+    parser = argparse.ArgumentParser()
+    cli.configure(parser)
+    args = parser.parse_args(["delivery", "--events", "2500"])
+    assert args.bench_names == ("delivery",) and args.events == 2500
+    assert "delivery" not in parser.parse_args(["all"]).bench_names
+    assert cli.FULL.delivery_events == 10_000
+    with pytest.raises(SystemExit):
+        parser.parse_args(["delivery", "--help"])
+    assert "--events N" in capsys.readouterr().out
