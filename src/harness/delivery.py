@@ -175,12 +175,12 @@ class DeliveryRun:
         self._after()
         return True
 
-    def send(self, replica: int) -> bool:
+    def send_claimed(self, replica: int) -> bool:
         """The worker sends what it claimed to the provider, each under the per-send timeout."""
         slot = self.slots[replica]
         if not slot.claimed or slot.results is not None:
             return False
-        self._step("send", f"delivery.send({replica})")
+        self._step("send", f"delivery.send_claimed({replica})")
 
         async def all_of() -> list[SendResult]:
             return [await slot.worker.attempt_one(c) for c in slot.claimed]
@@ -250,7 +250,7 @@ class DeliveryRun:
         final equalities (SIM-DELIV-1, SIM-DELIV-2)."""
         self.sim.drain()
         for replica in range(len(self.slots)):  # what a worker holds is sent and recorded
-            self.send(replica)
+            self.send_claimed(replica)
             self.record(replica)
         for _ in range(max_rounds):
             due, next_at = self.due()
@@ -261,7 +261,7 @@ class DeliveryRun:
                 continue
             for replica in range(len(self.slots)):
                 if self.claim_deliveries(replica) and self.slots[replica].claimed:
-                    self.send(replica)
+                    self.send_claimed(replica)
                     self.record(replica)
         self.check_final()
 
@@ -310,7 +310,7 @@ def delivery_choices(run: DeliveryRun, rng: random.Random, faults: frozenset[str
         if not slot.claimed:  # a claim with nothing due is taken now and then, and changes nothing
             steps.append((6 if due else 1, "claim_deliveries", partial(run.claim_deliveries, replica)))
         elif slot.results is None:
-            steps.append((8, "send", partial(run.send, replica)))
+            steps.append((8, "send", partial(run.send_claimed, replica)))
         else:
             steps.append((8, "record", partial(run.record, replica)))
         if slot.claimed and "kill" in faults:

@@ -24,11 +24,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from bench.delivery import BlockingWebhookPublisher
 from bench.drain import CountingPublisher
 from sqlalchemy.orm import Session
 
 from harness.faults import FaultyDispatcher
 from harness.local_run import LocalTimeSimulation
+from harness.provider import ProviderModel
 from harness.simulation import Simulation
 from scheduler.core.clock import DatabaseClock, ManualClock, OffsetClock, SystemClock
 from scheduler.core.poll import publish_committed
@@ -73,13 +75,14 @@ finally:
 # verifies each class against its protocol's members and their types.
 CLOCKS: list[type[Clock]] = [SystemClock, ManualClock, OffsetClock, DatabaseClock,
                              Simulation, LocalTimeSimulation]  # a run tells its time to its actors
-PUBLISHERS: list[type[Publisher]] = [LoggingPublisher, RecordingPublisher, StreamPublisher, CountingPublisher]
+PUBLISHERS: list[type[Publisher]] = [LoggingPublisher, RecordingPublisher, StreamPublisher, CountingPublisher,
+                                     BlockingWebhookPublisher]
 BULK_PUBLISHERS: list[type[BulkPublisher]] = [StreamPublisher]
 DISPATCHERS: list[type[Dispatcher]] = [NudgingPlatform, FaultyDispatcher, HostDispatcher, DeliveryDispatcher,
                                        RefusingDispatcher, OutsideTransactionDispatcher, OwnConnectionDispatcher]
 BATCH_DISPATCHERS: list[type[BatchDispatcher]] = [NudgingPlatform, FaultyDispatcher]
 BATCH_DECISIONS: list[type[BatchDecisions]] = [decision.BatchDecisions]
-SENDERS: list[type[Sender]] = [WebhookSender, WebPushSender]
+SENDERS: list[type[Sender]] = [WebhookSender, WebPushSender, ProviderModel]
 
 TABLES: dict[type, list[Any]] = {
     Clock: CLOCKS, Publisher: PUBLISHERS, BulkPublisher: BULK_PUBLISHERS, Dispatcher: DISPATCHERS,
