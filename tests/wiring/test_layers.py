@@ -38,8 +38,8 @@ WEB_REACHES_CORE = {
     ("web/api/health.py", "scheduler.core.clock"): "the health routes show the clock's state (DEC-10)",
     ("web/http/auth.py", "scheduler.core.clock"): "tokens are judged by a clock: the system's when "
                                                   "the service gives none",
-    ("web/http/schemas.py", "scheduler.core.trigger_range"): "a body's trigger_at is refused by the one "
-                                                             "storable range the store keeps to (DEC-TRIGGER)",
+    ("web/http/schemas.py", "scheduler.core.store"): "a body's trigger_at is refused by the one storable "
+                                                     "range the store keeps to (DEC-TRIGGER)",
 }
 
 

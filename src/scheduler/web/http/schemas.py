@@ -18,7 +18,7 @@ from pydantic import (
     field_validator,
 )
 
-from scheduler.core.trigger_range import (
+from scheduler.core.store import (
     OFFSET_TEXT,
     RANGE_TEXT,
     TriggerOutOfRange,
