@@ -39,9 +39,8 @@ from typing import Any
 from sqlalchemy import RowMapping
 from sqlalchemy.orm import Session
 
-from scheduler.database.database import Database
+from scheduler.database.database import Database, row_as_json
 from scheduler.database.events import EventRepository
-from scheduler.database.rows import row_as_json
 from scheduler.types import DigitalTwinEvent
 
 # -- what may be stored: the range of a trigger_at, an expiry (DEC-TRIGGER, DEC-EXPIRY) --
