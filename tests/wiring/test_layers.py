@@ -1,6 +1,6 @@
 """ARCH-5: dependencies between the packages of ``scheduler`` run one way.
 
-The layers, lowest first: the leaves every layer may use (``types``, ``digits``, ``delivery``
+The layers, lowest first: the leaves every layer may use (``types``, ``whole_numbers``, ``delivery``
 (the channels, which ``config`` validates its settings with), ``config``), then ``database``, ``core``, ``nudging``, ``application``, ``observability``, ``operations``,
 ``web``, ``testing`` (the fakes a test suite uses, which nothing of the service imports), and the entry points (``extensions``, ``cli``, ``__main__``, the package itself). A module may import its own package and any lower layer; an import of a
 higher layer is an arrow the wrong way, allowed only where ``ALLOWED`` names it with the
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "scheduler"
-LAYERS = ["types", "digits", "delivery", "config", "database", "core", "nudging", "application",
+LAYERS = ["types", "whole_numbers", "delivery", "config", "database", "core", "nudging", "application",
           "observability", "operations", "web", "testing", "extensions", "cli", "__main__", "scheduler"]
 # (importing package, imported package): why the arrow points up
 ALLOWED = {

@@ -298,7 +298,7 @@ class Scheduler:
                 if waits.stopped():
                     break
                 if polls_again_at_once(self.mode, self.batch_size, report):
-                    await waits.breathe()
+                    await waits.yield_to_loop()
                     continue
                 real_deadline = time.monotonic() + interval_after(self.mode, self.poll_seconds, report)
                 while not waits.stopped():

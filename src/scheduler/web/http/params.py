@@ -33,8 +33,8 @@ from urllib.parse import unquote_to_bytes
 from starlette.requests import Request
 from starlette.responses import Response
 
-from scheduler.digits import digits_value
 from scheduler.web.http.schemas import MAX_STRING, ValidationErrorOut, check_text
+from scheduler.whole_numbers import digits_value
 
 Endpoint = Callable[..., Awaitable[Response]]
 E = TypeVar("E", bound=StrEnum)

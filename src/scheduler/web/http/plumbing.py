@@ -22,11 +22,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from scheduler.digits import digits_value
 from scheduler.web.http.params import (
     Unprocessable as Unprocessable,  # re-exported: the 422 every module raises
 )
 from scheduler.web.http.params import text_param
+from scheduler.whole_numbers import digits_value
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
