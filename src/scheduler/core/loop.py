@@ -134,10 +134,9 @@ class Scheduler:
     # -- the poll's phases ----------------------------------------------------------------
 
     def claim(self) -> Batch:
-        """Open a transaction and lock up to ``batch_size`` due pending rows, oldest first,
-        whose participants' locks are free; never wait for a lock (DEC-2, ``core.poll.claim_rounds``).
-        "Due" is judged by the database's clock in production: before production's clock has
-        read it once, the claim refuses (the poll fails and is retried, DEC-10)."""
+        """The poll's first phase: the batch ``core.poll.open_batch`` claims at the clock's now
+        (DEC-2). "Due" is judged by the database's clock in production: before production's
+        clock has read it once, the claim refuses (the poll fails and is retried, DEC-10)."""
         ensure_ready(self.clock)
         now = self.clock.now()
         self.last_claimed_at = now

@@ -110,6 +110,23 @@ def claim_rounds(session: Session, now: datetime, batch_size: int,
     return events, skipped, ended
 
 
+def open_batch(sessions: sessionmaker[Session], now: datetime, batch_size: int,
+               events_repository: EventRepository) -> Batch:
+    """The claim's transaction (its connection, used a moment ago, not pinged first) holding
+    the rows ``claim_rounds`` locked, as the poll's ``Batch``; rolled back if the claim fails."""
+    session = sessions()
+    try:
+        with polling():
+            session.connection()
+        events, skipped, ended = claim_rounds(session, now, batch_size, events_repository)
+    except BaseException:
+        session.rollback()
+        session.close()
+        raise
+    return Batch(session=session, events=events, claimed_at=now, skipped=skipped, expired=ended,
+                 events_repository=events_repository)
+
+
 @dataclass(eq=False)
 class Batch:
     """An open poll: a transaction holding the claimed rows' locks, and what its events became.
@@ -223,23 +240,6 @@ class Batch:
             self.session.rollback()
         finally:
             self.session.close()
-
-
-def open_batch(sessions: sessionmaker[Session], now: datetime, batch_size: int,
-               events_repository: EventRepository) -> Batch:
-    """Open a transaction and lock up to ``batch_size`` rows due at ``now``, oldest first, whose
-    participants' locks are free; never wait for a lock (DEC-2, ``claim_rounds``)."""
-    session = sessions()
-    try:
-        with polling():  # its connection, used a moment ago, is not pinged first
-            session.connection()
-        events, skipped, ended = claim_rounds(session, now, batch_size, events_repository)
-    except BaseException:
-        session.rollback()
-        session.close()
-        raise
-    return Batch(session=session, events=events, claimed_at=now, skipped=skipped, expired=ended,
-                 events_repository=events_repository)
 
 
 def publish_committed(publisher: Publisher | None, messages: Sequence[OutboundMessage], name: str) -> None:
