@@ -793,6 +793,16 @@ SET stream_seq = nextval('scheduler.notification_stream_seq')
 WHERE id = ANY(CAST(:ids AS text[])) AND stream_seq IS NULL
 RETURNING stream_seq;
 
+-- name: unnumbered_for_stream
+-- Sent notifications left without a stream number (their numbering failed after the commit), oldest first.
+-- (the service's every sent notification is delivered in-app: the web channel is always on;
+-- the partial index ix_notifications_unnumbered holds only these rows, so this is cheap when
+-- there are none, as there almost always are)
+SELECT id FROM scheduler.notifications
+WHERE stream_seq IS NULL AND status = 'sent'
+ORDER BY created_at, id
+LIMIT :limit;
+
 -- name: notify_inbox
 -- Wake every replica's inbox (LISTEN scheduler_inbox); the payload is the stream number.
 SELECT pg_notify(:channel, :payload);
