@@ -122,6 +122,23 @@ def stored_expires_at(trigger_at: datetime, expires_at: datetime | None,
     return default
 
 
+# The last instant the storable range holds (``LATEST_TRIGGER`` is the first one past it).
+LAST_STORABLE = LATEST_TRIGGER - timedelta(microseconds=1)
+
+
+def held_expires_at(arrived_at: datetime, default_window: timedelta | None) -> datetime | None:
+    """The ``expires_at`` of a live event its participant's quiet hours held (QUIET-7): its
+    arrival plus the default window, or the last storable instant when the window reaches
+    past the range (QUIET-9). The sender sent no time to correct, so nothing is refused:
+    no claim inside the range can come after either."""
+    if default_window is None:
+        return None
+    try:
+        return stored_expires_at(arrived_at, None, default_window)
+    except ExpiryRefused:
+        return LAST_STORABLE
+
+
 # -- storing --
 
 EVENT_COLUMNS = (
@@ -220,10 +237,11 @@ def store_held_live_event(session: Session, events: EventRepository, event: Digi
                           traceparent: str | None = None) -> dict[str, Any]:
     """In the live dispatch's transaction, store a live event its participant's quiet hours
     held as a scheduled row: ``trigger_at`` its arrival (``now``), due at ``not_before``, the
-    same facts, the service's default expiry window (QUIET-7); the row as the API shows it."""
+    same facts, the service's default expiry window, kept to the storable range (QUIET-7,
+    QUIET-9); the row as the API shows it."""
     params = {
         "id": str(uuid.uuid4()), "event_type": event.event_type, "user_id": event.user_id,
-        "community_id": event.community_id, "expires_at": stored_expires_at(now, None, default_expiry),
+        "community_id": event.community_id, "expires_at": held_expires_at(now, default_expiry),
         "facts": json.dumps(dict(event.facts)), "now": now, "traceparent": traceparent, "not_before": not_before,
     }
     events.set_change_context(session, "held", None)

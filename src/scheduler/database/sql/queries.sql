@@ -70,7 +70,7 @@ WITH outcomes AS MATERIALIZED (
       -- a later round of the same claim continues after the rows the earlier rounds saw
       -- (a keyset on the index order; the first round starts before every row Python can
       -- read, core.store.BEFORE_EVERY_TRIGGER)
-      AND (due_at, id) > (:after_trigger, :after_id)
+      AND (due_at, id) > (:after_due, :after_id)
       -- participants whose lock an earlier round found busy: their rows stay untouched
       AND user_id <> ALL(CAST(:busy AS text[]))
     -- oldest first (by trigger_at when nothing is held: REQ-0065's order, DEC-LOCAL-TIME);
