@@ -45,8 +45,8 @@ from bench.env import DAY, NOW, Server, bench_engine, bench_sql, checkpoint, pro
 from scheduler.application.counts import COUNT_CAP
 from scheduler.application.events import EventQuery
 from scheduler.config import Settings
-from scheduler.core.claim import claim_params
 from scheduler.core.clock import ManualClock
+from scheduler.core.poll import claim_params
 from scheduler.database.database import Database
 from scheduler.database.queries import Statements, sql
 from scheduler.operations.retention import Retention

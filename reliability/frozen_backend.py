@@ -20,7 +20,7 @@ from typing import Any
 from sqlalchemy import Engine, text
 
 from reliability.cluster import ScenarioError
-from scheduler.database.participant_locks import participant_lock_key
+from scheduler.database.events import participant_lock_key
 from scheduler.database.queries import load_queries
 
 # linux/sock_diag.h, linux/unix_diag.h, linux/netlink.h

@@ -37,7 +37,7 @@ from reliability.cluster import ScenarioError, cluster, drain_and_check, log, wa
 from reliability.report import report
 from reliability.traffic import Clients, HealthMonitor, check_clients, client_rows
 from reliability.workload import audit_backlog, joined, pending_count, plan_backlog, seed_backlog
-from scheduler.database.participant_locks import participant_lock_key
+from scheduler.database.events import participant_lock_key
 
 LOCK_TIMEOUT_MS = 500
 STATEMENT_TIMEOUT_MS = 1500

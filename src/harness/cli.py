@@ -27,7 +27,7 @@ from harness.simulation import MODES, Simulation
 from harness.types import Violation
 from scheduler.config import Settings
 from scheduler.database.engine import drop_database
-from scheduler.digits import digits_value
+from scheduler.whole_numbers import digits_value
 
 DEFAULTS = {"replicas": 4, "clients": 2, "batch_size": 20, "participants": 4, "faults": "all", "scheduler": "correct",
             "modes": "literal"}
@@ -52,7 +52,7 @@ def parse_faults(raw: str) -> frozenset[str]:
 
 def _positive(name: str, low: int, high: int) -> Any:
     def parse(raw: str) -> int:
-        # ASCII digits only, as every number a stranger writes (scheduler.digits): int() alone
+        # ASCII digits only, as every number a stranger writes (scheduler.whole_numbers): int() alone
         # takes signs, spaces, "_" and digits of other scripts
         value = digits_value(raw, 40)
         if value is None:

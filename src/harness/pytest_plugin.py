@@ -63,7 +63,7 @@ def _number(config: pytest.Config, option: str, env: str, default: int | None) -
     raw = config.getoption(option) or os.environ.get(env) or None
     if raw is None:
         return default
-    from scheduler.digits import digits_value
+    from scheduler.whole_numbers import digits_value
 
     value = digits_value(str(raw), 20)
     if value is None:

@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[2]
 API_DOC = ROOT / "docs" / "api.md"
 HTTP_STATUSES = {200, 201, 202, 204, 400, 401, 403, 404, 409, 413, 422, 500, 503}
 DOMAIN_MODULES = ("nudging/rules.py", "nudging/decision.py", "nudging/orchestrator.py", "core/loop.py", "types.py",
-                  "database/participant_locks.py")
+                  "database/events.py")
 
 
 def _schema(service: SchedulerService, name: str) -> dict[str, Any]:

@@ -25,7 +25,7 @@ from reliability.frozen_backend import (
 )
 from sqlalchemy import Engine, text
 
-from scheduler.database.participant_locks import participant_lock_key
+from scheduler.database.events import participant_lock_key
 from tests.conftest import T0
 from tests.reliability.scenarios import run_small_scenario
 from tests.reliability.support import store_due, wait_until

@@ -23,7 +23,7 @@ from sqlalchemy import Engine, text
 from sqlalchemy.exc import DBAPIError
 
 from scheduler.config import Settings
-from scheduler.core.claim import claim_rounds
+from scheduler.core.poll import claim_rounds
 from scheduler.core.strategies import commit_outcomes
 from scheduler.database.database import Database
 from scheduler.database.engine import make_engine

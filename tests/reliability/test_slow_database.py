@@ -12,7 +12,7 @@ from starlette.testclient import TestClient
 from scheduler.config import Settings
 from scheduler.core.clock import ManualClock
 from scheduler.database.engine import make_engine
-from scheduler.database.participant_locks import participant_lock_key
+from scheduler.database.events import participant_lock_key
 from scheduler.service import SchedulerService, create_app
 from tests.conftest import ADMIN, INGEST, T0, TEST_SECRET
 from tests.helpers import bounded, running

@@ -4,7 +4,7 @@ check, naming the field, so no item can make the batch's statement fail.
 The set-based store sends every item of a batch in one statement (``store_events_batch``):
 one value PostgreSQL refuses there (an offset of 16 hours, a JSON number like ``1e400`` that
 Python reads as infinity) would fail the statement, and with it every valid item of the
-request. So the one shared item check (``ScheduledEventIn``, ``core.trigger_range``) refuses
+request. So the one shared item check (``ScheduledEventIn``, ``core.store``) refuses
 each such value first: the single POST, each batch item and each imported line answer the
 same 422 naming the field. The Hypothesis property below sends hostile items (non-ASCII,
 surrogates, NUL, huge and tiny numbers, odd offsets) to the real PostgreSQL of the fixtures.
@@ -28,9 +28,8 @@ from scheduler.cli import main
 from scheduler.cli.events_import import import_lines
 from scheduler.config import Settings
 from scheduler.core.clock import ManualClock
-from scheduler.core.store import store_event
+from scheduler.core.store import TriggerOutOfRange, store_event
 from scheduler.core.store_batch import NewEvent, store_events
-from scheduler.core.trigger_range import TriggerOutOfRange
 from scheduler.database.database import Database
 from tests.conftest import INGEST, T0
 from tests.helpers import event_body, reminder_facts, rows

@@ -30,7 +30,7 @@ from scheduler.core.clock import ManualClock
 from scheduler.core.loop import DUE_CHANNEL
 from scheduler.core.poll import Batch
 from scheduler.database.engine import make_engine
-from scheduler.database.participant_locks import participant_lock_key
+from scheduler.database.events import participant_lock_key
 from scheduler.service import SchedulerService
 from scheduler.types import PollReport
 from tests.conftest import T0, TEST_SECRET

@@ -17,7 +17,7 @@ from starlette.testclient import TestClient
 
 from scheduler.config import Settings
 from scheduler.core.clock import ManualClock
-from scheduler.core.trigger_range import EARLIEST_TRIGGER, LATEST_TRIGGER
+from scheduler.core.store import EARLIEST_TRIGGER, LATEST_TRIGGER
 from scheduler.service import SchedulerService
 from tests.conftest import ADMIN, INGEST, TEST_SECRET
 from tests.helpers import event_row, reminder_facts, rows

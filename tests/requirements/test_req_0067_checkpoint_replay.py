@@ -24,7 +24,7 @@ from starlette.testclient import TestClient
 
 from scheduler.core.loop import Scheduler
 from scheduler.database.database import Database
-from scheduler.database.participant_locks import participant_lock_key
+from scheduler.database.events import participant_lock_key
 from scheduler.nudging.orchestrator import RecordingPublisher
 from scheduler.service import SchedulerService
 from scheduler.types import DeclaredDispatcher, DigitalTwinEvent, DispatchOutcome, DispatchResult

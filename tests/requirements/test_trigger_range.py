@@ -23,8 +23,7 @@ from sqlalchemy.orm import Session
 from starlette.testclient import TestClient
 
 from scheduler.core.clock import ManualClock
-from scheduler.core.store import store_event
-from scheduler.core.trigger_range import EARLIEST_TRIGGER, LATEST_TRIGGER, TriggerOutOfRange
+from scheduler.core.store import EARLIEST_TRIGGER, LATEST_TRIGGER, TriggerOutOfRange, store_event
 from scheduler.service import SchedulerService
 from scheduler.types import DigitalTwinEvent, DispatchOutcome, DispatchResult
 from tests.conftest import INGEST, T0

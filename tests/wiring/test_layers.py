@@ -1,6 +1,6 @@
 """ARCH-5: dependencies between the packages of ``scheduler`` run one way.
 
-The layers, lowest first: the leaves every layer may use (``types``, ``digits``, ``delivery``
+The layers, lowest first: the leaves every layer may use (``types``, ``whole_numbers``, ``delivery``
 (the channels, which ``config`` validates its settings with), ``config``), then ``database``,
 ``core``, ``nudging``, ``application``, ``observability``, ``operations``, ``web``, ``testing``
 (the fakes a test suite uses, which nothing of the service imports), ``service`` (the
@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "scheduler"
-LAYERS = ["types", "digits", "delivery", "config", "database", "core", "nudging", "application",
+LAYERS = ["types", "whole_numbers", "delivery", "config", "database", "core", "nudging", "application",
           "observability", "operations", "web", "testing", "service", "extensions", "cli", "__main__", "scheduler"]
 # (importing package, imported package): why the arrow points up
 ALLOWED = {
@@ -38,7 +38,7 @@ WEB_REACHES_CORE = {
     ("web/api/health.py", "scheduler.core.clock"): "the health routes show the clock's state (DEC-10)",
     ("web/http/auth.py", "scheduler.core.clock"): "tokens are judged by a clock: the system's when "
                                                   "the service gives none",
-    ("web/http/bodies.py", "scheduler.core.trigger_range"): "a body's trigger_at is refused by the one "
+    ("web/http/bodies.py", "scheduler.core.store"): "a body's trigger_at is refused by the one "
                                                              "storable range the store keeps to (DEC-TRIGGER)",
 }
 

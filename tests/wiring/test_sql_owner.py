@@ -18,7 +18,7 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "scheduler"
 EDGES = ("web", "nudging")
 # Modules that run SQL, or hand out what does.
 SQL_MODULES = ("scheduler.database.queries", "scheduler.database.pipeline", "scheduler.database.schema",
-               "scheduler.database.driver_internals", "sqlalchemy.sql")
+               "sqlalchemy.sql")
 # Names that run SQL, or build a statement to run, wherever they are imported from.
 SQL_NAMES = {"text", "statement", "TextClause", "Statements", "database_time", "send", "load_queries", "sql"}
 # Calls that run SQL on a session or a connection.

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from scheduler.database.database import Database
-from scheduler.database.rows import row_as_json
+from scheduler.database.database import Database, row_as_json
 
 
 def list_actions(database: Database, *, limit: int = 100, before_id: int | None = None) -> list[dict[str, Any]]:

@@ -24,8 +24,8 @@ from sqlalchemy import RowMapping
 
 from scheduler.core.store import event_to_json
 from scheduler.database.database import Database
-from scheduler.digits import digits_value
 from scheduler.types import EventStatus
+from scheduler.whole_numbers import digits_value
 
 MAX_TEXT = 200
 MAX_LIMIT = 1000

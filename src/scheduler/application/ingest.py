@@ -16,7 +16,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from scheduler.core import poll, store, store_batch
-from scheduler.core.expiry import ExpiryRefused, stored_expires_at
+from scheduler.core.store import ExpiryRefused, stored_expires_at
 from scheduler.core.store_batch import NewEvent, Stored
 from scheduler.database.database import Database
 from scheduler.types import (

@@ -11,8 +11,7 @@ from datetime import datetime
 from typing import Any
 
 from scheduler.core import store
-from scheduler.database.database import Database
-from scheduler.database.rows import row_as_json
+from scheduler.database.database import Database, row_as_json
 from scheduler.nudging.local_time import DEFAULT_TIME_ZONE_NAME, QuietHours
 from scheduler.nudging.orchestrator import DEFAULT_MAX_PER_DAY
 

@@ -32,8 +32,8 @@ from scheduler.cli.serve import cmd_migrate, cmd_serve, cmd_token
 from scheduler.cli.terminal import terminal_safe
 from scheduler.cli.vapid import cmd_vapid_keys
 from scheduler.config import ConfigError, DatabaseUnusable, Settings, log_format_of
-from scheduler.digits import digits_value
 from scheduler.observability.logs import configure_logging
+from scheduler.whole_numbers import digits_value
 
 Command = Callable[[argparse.Namespace, Settings], int]
 

@@ -5,8 +5,8 @@ A poll is ``claim`` → ``dispatch_next`` (once per claimed event) → ``finish`
 Production runs them back to back (``poll_once``); the simulation interleaves them across
 replicas. Three modules make a poll, read top to bottom:
 
-- ``core.poll``: the claim's batch (``core.claim`` takes its rows, DEC-2), its record of
-  what the events became, its commit and what leaves the process after it;
+- ``core.poll``: the claim (DEC-2) and its batch, its record of what the events became,
+  its commit and what leaves the process after it;
 - ``core.strategies``: how the batch's events run, each isolated as if in its own savepoint
   (set-based, optimistic, a savepoint per event: DEC-1, DEC-1.4, DEC-1.6), returning what
   they became;
@@ -26,7 +26,6 @@ import time
 from collections.abc import Callable
 from datetime import datetime
 
-from scheduler.core.claim import claim_params
 from scheduler.core.clock import ensure_ready
 from scheduler.core.pacing import (
     BUSY_RETRY_SECONDS,
@@ -35,7 +34,7 @@ from scheduler.core.pacing import (
     is_full,
     polls_again_at_once,
 )
-from scheduler.core.poll import Batch, SchedulerHealth, open_batch, publish_committed
+from scheduler.core.poll import Batch, SchedulerHealth, claim_params, open_batch, publish_committed
 from scheduler.core.runner import (
     STOP_SLICE_SECONDS,
     AsyncioWaits,
@@ -135,10 +134,9 @@ class Scheduler:
     # -- the poll's phases ----------------------------------------------------------------
 
     def claim(self) -> Batch:
-        """Open a transaction and lock up to ``batch_size`` due pending rows, oldest first,
-        whose participants' locks are free; never wait for a lock (DEC-2, ``core.claim``).
-        "Due" is judged by the database's clock in production: before production's clock has
-        read it once, the claim refuses (the poll fails and is retried, DEC-10)."""
+        """The poll's first phase: the batch ``core.poll.open_batch`` claims at the clock's now
+        (DEC-2). "Due" is judged by the database's clock in production: before production's
+        clock has read it once, the claim refuses (the poll fails and is retried, DEC-10)."""
         ensure_ready(self.clock)
         now = self.clock.now()
         self.last_claimed_at = now
@@ -299,7 +297,7 @@ class Scheduler:
                 if waits.stopped():
                     break
                 if polls_again_at_once(self.mode, self.batch_size, report):
-                    await waits.breathe()
+                    await waits.yield_to_loop()
                     continue
                 real_deadline = time.monotonic() + interval_after(self.mode, self.poll_seconds, report)
                 while not waits.stopped():

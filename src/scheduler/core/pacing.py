@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from datetime import datetime
 
-from scheduler.core.trigger_range import BEFORE_EVERY_TRIGGER
+from scheduler.core.store import BEFORE_EVERY_TRIGGER
 from scheduler.types import Clock, PollReport, SchedulerMode
 
 # Prompt mode: how soon to look again after a poll left rows of busy participants behind.

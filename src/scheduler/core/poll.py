@@ -1,7 +1,15 @@
 """One poll (REQ-0065 to REQ-0067): claim, dispatch each event through the batch's strategy,
 commit, publish what was delivered.
 
-- ``open_batch``: the claim's transaction, holding the due rows it locked (``core.claim``);
+- ``claim_rounds``: lock up to a batch of due pending rows whose participants are free
+  (DEC-2). A row whose participant's advisory lock is held elsewhere (another batch, a live
+  event, an operator) is left exactly as it is: still pending, no error, no effect; the claim
+  takes a further round past such rows, so a busy participant at the head of the queue does
+  not empty the batch. One round is one statement, the row locks and the participants'
+  try-locks together (``claim_due_events``), sent with the transaction's BEGIN in one round
+  trip (DEC-1, ``database.pipeline``); it ends rows claimed after their ``expires_at``
+  ``expired`` (EXP-2): they come back marked, take no batch slot, and are never dispatched;
+- ``open_batch``: the claim's transaction, holding the rows it locked;
 - ``Batch``: the poll's private object, the claim and the record of what its events became;
   its strategy (``core.strategies``) returns what each step did and the batch keeps it, and
   the batch alone asks the poll's stop (``stop_requested``, DEC-7.1);
@@ -20,7 +28,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from scheduler.core.claim import claim_rounds
+from scheduler.core.store import BEFORE_EVERY_TRIGGER
 from scheduler.core.strategies import Done, Ran, Strategy, choose_strategy, commit_outcomes
 from scheduler.database.engine import polling
 from scheduler.database.events import EventRepository
@@ -36,6 +44,87 @@ from scheduler.types import (
 )
 
 logger = logging.getLogger(__name__)
+
+# The start of the claim's keyset: before every row, whatever its trigger_at (the storable
+# range starts long after it, and no row Python can read sorts before it), so every due row
+# is claimable (DEC-TRIGGER).
+_BEFORE_ALL = (BEFORE_EVERY_TRIGGER, "")
+
+
+def claim_params(now: datetime, batch_size: int) -> dict[str, Any]:
+    """The bind parameters of a claim's first round (benchmarks and plan tests use them too)."""
+    return {"now": now, "batch_size": batch_size, "after_due": _BEFORE_ALL[0],
+            "after_id": _BEFORE_ALL[1], "busy": []}
+
+
+def claim_rounds(session: Session, now: datetime, batch_size: int,
+                 events_repository: EventRepository) -> tuple[list[ClaimedEvent], list[str], list[EventOutcome]]:
+    """Lock up to ``batch_size`` rows due at ``now``, oldest first, in ``session``'s
+    transaction, never waiting for a lock; return them, the ids of the rows skipped
+    because their participant was busy, and the rows the claim ended expired."""
+    busy: set[str] = set()
+    events: list[ClaimedEvent] = []
+    skipped: list[str] = []
+    ended: list[EventOutcome] = []
+    after = _BEFORE_ALL
+    # Rounds go on until the batch is full or nothing more is due: however many participants
+    # are busy at the head of the queue, the rest of the batch goes ahead (BUSY-1, DEC-2).
+    # This ends: each further round starts after the last row seen (no row is read twice) and
+    # follows a round that skipped rows, i.e. found at least one participant busy for the first
+    # time (rows of known busy participants are excluded), so a poll takes at most one round
+    # per busy participant, plus one.
+    while True:
+        wanted = batch_size - len(events)
+        params = {**claim_params(now, wanted), "after_due": after[0], "after_id": after[1],
+                  "busy": sorted(busy)}
+        returned = events_repository.claim(session, params)
+        ended.extend(EventOutcome.expired(r["id"], r["event_type"], r["trigger_at"], r["last_error"], now)
+                     for r in returned if r["expired"])
+        rows = [r for r in returned if not r["expired"]]
+        if not rows:
+            break
+        # the keyset is the claim's order: due_at (trigger_at, or a held row's not_before)
+        after = (rows[-1]["due_at"], rows[-1]["id"])
+        round_skipped = 0
+        for r in rows:
+            if not r["held"]:
+                busy.add(r["user_id"])
+                skipped.append(r["id"])
+                round_skipped += 1
+                continue
+            events.append(
+                ClaimedEvent(
+                    id=r["id"],
+                    event_type=r["event_type"],
+                    user_id=r["user_id"],
+                    community_id=r["community_id"],
+                    trigger_at=r["trigger_at"],
+                    facts=dict(r["facts"]),
+                    traceparent=r["traceparent"],
+                    not_before=r["not_before"],
+                )
+            )
+        # Fewer rows than asked: nothing more is due. None skipped: the batch is full.
+        if len(rows) < wanted or round_skipped == 0:
+            break
+    return events, skipped, ended
+
+
+def open_batch(sessions: sessionmaker[Session], now: datetime, batch_size: int,
+               events_repository: EventRepository) -> Batch:
+    """The claim's transaction (its connection, used a moment ago, not pinged first) holding
+    the rows ``claim_rounds`` locked, as the poll's ``Batch``; rolled back if the claim fails."""
+    session = sessions()
+    try:
+        with polling():
+            session.connection()
+        events, skipped, ended = claim_rounds(session, now, batch_size, events_repository)
+    except BaseException:
+        session.rollback()
+        session.close()
+        raise
+    return Batch(session=session, events=events, claimed_at=now, skipped=skipped, expired=ended,
+                 events_repository=events_repository)
 
 
 @dataclass(eq=False)
@@ -151,23 +240,6 @@ class Batch:
             self.session.rollback()
         finally:
             self.session.close()
-
-
-def open_batch(sessions: sessionmaker[Session], now: datetime, batch_size: int,
-               events_repository: EventRepository) -> Batch:
-    """Open a transaction and lock up to ``batch_size`` rows due at ``now``, oldest first, whose
-    participants' locks are free; never wait for a lock (DEC-2, ``core.claim``)."""
-    session = sessions()
-    try:
-        with polling():  # its connection, used a moment ago, is not pinged first
-            session.connection()
-        events, skipped, ended = claim_rounds(session, now, batch_size, events_repository)
-    except BaseException:
-        session.rollback()
-        session.close()
-        raise
-    return Batch(session=session, events=events, claimed_at=now, skipped=skipped, expired=ended,
-                 events_repository=events_repository)
 
 
 def publish_committed(publisher: Publisher | None, messages: Sequence[OutboundMessage], name: str) -> None:

@@ -57,8 +57,8 @@ class Waits(Protocol):
 
     async def poll(self, poll: Poll) -> PollReport | None: ...
 
-    async def breathe(self) -> None:
-        """Between two polls with no wait between them."""
+    async def yield_to_loop(self) -> None:
+        """Between two polls with no wait between them: let whatever shares the loop run."""
 
     async def wait(self, seconds: float) -> bool:
         """Wait until stop, an interrupt, or ``seconds``; False when the time ran out."""
@@ -88,8 +88,8 @@ class AsyncioWaits:
     async def poll(self, poll: Poll) -> PollReport | None:
         return await anyio.to_thread.run_sync(poll, self.stop.is_set, limiter=self._limiter)
 
-    async def breathe(self) -> None:
-        await asyncio.sleep(0)  # let the event loop breathe between batches
+    async def yield_to_loop(self) -> None:
+        await asyncio.sleep(0)  # the event loop's other tasks run between two batches
 
     async def wait(self, seconds: float) -> bool:
         waiters = {asyncio.ensure_future(self.stop.wait()), asyncio.ensure_future(self._wake.wait())}
@@ -129,8 +129,8 @@ class ThreadWaits:
     async def poll(self, poll: Poll) -> PollReport | None:
         return poll(self.stop.is_set)
 
-    async def breathe(self) -> None:
-        return None
+    async def yield_to_loop(self) -> None:
+        return None  # a thread of its own shares no event loop
 
     async def wait(self, seconds: float) -> bool:
         if self._mode() is SchedulerMode.LITERAL:

@@ -1,11 +1,30 @@
-"""The core's writes and reads of a sender's and a participant's rows: a scheduled event
-stored (inserted, or its key's row rewritten, REQ-0064), a participant's preferences,
-their notifications; and the change context the history trigger reads.
+"""What may be stored, and storing it: a scheduled event (inserted, or its key's row
+rewritten, REQ-0064), a participant's preferences, their notifications; and the change
+context the history trigger reads.
 
-The adapters reach these through ``scheduler.application`` (``ingest``, ``participants``);
+What may be stored:
+
+- a ``trigger_at`` is an aware instant from 2000-01-01 up to (not including) 9999-01-01, UTC,
+  with an offset PostgreSQL reads (DEC-TRIGGER). PostgreSQL's ``timestamptz`` reaches far past
+  Python's ``datetime`` (years 1 to 9999, in the zone it is read in), so a time near either end
+  would be stored and then unreadable in some session zone, or sort before the claim's keyset
+  start: stored, never claimed. Nothing a reminder needs lies before 2000, and the zero times
+  senders send when they forgot the time (Go's ``0001-01-01T00:00:00Z``, Unix time 0) are
+  refused as the mistakes they are. The offset stays under 16 hours either side of UTC
+  (``+15:59`` is read, ``+16:00`` refused); every real zone is within 14. Every path that
+  stores one checks it here: the API's schema (a 422 naming the field) and ``store_event``
+  (the simulation's posts, an embedding host's code).
+- an ``expires_at`` is an aware instant after ``trigger_at``, in the same range (EXP-1, EXP-5,
+  DEC-EXPIRY): claimed after it (by the service's clock, the ``:now`` the claim binds), the
+  row is not dispatched but ends ``expired`` (``claim_due_events``). A row without one gets
+  the service's default window (``SCHEDULER_DEFAULT_EXPIRY_SECONDS``) when one is set,
+  measured from its ``trigger_at`` (never from when it was stored: a delayed reminder is not
+  born expired), the sum kept to the same range. The result is stored on the row, so a
+  later change of the setting rewrites nothing.
+
+The adapters reach the stores through ``scheduler.application`` (``ingest``, ``participants``);
 what operators do to stored rows (list, reset, cancel) is ``scheduler.application``'s too.
-
-Each function runs in its own short transaction and binds ``now`` from the caller's clock,
+Each store runs in its own short transaction and binds ``now`` from the caller's clock,
 except ``store_event_in``, which runs in the caller's (a host's own code, ``scheduler.schedule``).
 """
 
@@ -14,18 +33,113 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Mapping, Sequence
-from datetime import datetime, time, timedelta
+from datetime import UTC, datetime, time, timedelta
 from typing import Any
 
 from sqlalchemy import RowMapping
 from sqlalchemy.orm import Session
 
-from scheduler.core.expiry import held_expires_at, stored_expires_at
-from scheduler.core.trigger_range import check_trigger_at
-from scheduler.database.database import Database
+from scheduler.database.database import Database, row_as_json
 from scheduler.database.events import EventRepository
-from scheduler.database.rows import row_as_json
 from scheduler.types import DigitalTwinEvent
+
+# -- what may be stored: the range of a trigger_at, an expiry (DEC-TRIGGER, DEC-EXPIRY) --
+
+EARLIEST_TRIGGER = datetime(2000, 1, 1, tzinfo=UTC)  # the first storable instant
+LATEST_TRIGGER = datetime(9999, 1, 1, tzinfo=UTC)  # the first instant past the range
+
+# Before every row the table can hold that Python can read (the earliest aware UTC instant):
+# where the claim's keyset starts, and what a wake-up without a time stands for ("look now").
+BEFORE_EVERY_TRIGGER = datetime.min.replace(tzinfo=UTC)
+
+# PostgreSQL's timestamptz input refuses a displacement of 16 hours or more ("time zone
+# displacement out of range"): the set-based store sends its instants as text.
+OFFSET_BOUND = timedelta(hours=16)
+OFFSET_TEXT = "within \u00b115:59 of UTC (what PostgreSQL reads)"
+
+RANGE_TEXT = f"{EARLIEST_TRIGGER:%Y-%m-%dT%H:%M:%SZ} (included) to {LATEST_TRIGGER:%Y-%m-%dT%H:%M:%SZ} (excluded)"
+
+
+class TriggerOutOfRange(ValueError):
+    """A ``trigger_at`` outside the storable range, not an aware datetime, or with an offset
+    PostgreSQL does not read."""
+
+
+def check_trigger_at(value: datetime) -> datetime:
+    """``value`` if it is an aware instant in the storable range, with an offset PostgreSQL
+    reads; else ``TriggerOutOfRange`` saying what the range is."""
+    offset = value.utcoffset() if value.tzinfo is not None else None
+    if offset is None:
+        raise TriggerOutOfRange("must be an ISO 8601 instant with its offset (a naive time is ambiguous)")
+    if abs(offset) >= OFFSET_BOUND:
+        raise TriggerOutOfRange(f"must have an offset {OFFSET_TEXT}, got {value.isoformat()}")
+    try:
+        utc = value.astimezone(UTC)
+    except OverflowError:  # 9999-12-31T23:59-12:00 is year 10000 in UTC
+        utc = LATEST_TRIGGER
+    if not EARLIEST_TRIGGER <= utc < LATEST_TRIGGER:
+        raise TriggerOutOfRange(f"must be from {RANGE_TEXT}, got {value.isoformat()}")
+    return value
+
+
+class ExpiryRefused(ValueError):
+    """An ``expires_at`` that cannot be stored; ``field`` names the field the 422 names."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"{field}: {problem}")
+        self.field = field
+        self.problem = problem
+
+
+def check_expires_at(trigger_at: datetime, expires_at: datetime) -> datetime:
+    """``expires_at`` if it is an aware instant in the storable range after ``trigger_at``;
+    else ``ExpiryRefused`` naming ``expires_at``."""
+    try:
+        check_trigger_at(expires_at)
+    except TriggerOutOfRange as exc:
+        raise ExpiryRefused("expires_at", str(exc)) from None
+    if expires_at <= trigger_at:
+        raise ExpiryRefused("expires_at", f"must be after trigger_at ({trigger_at.isoformat()}), "
+                                          f"got {expires_at.isoformat()}")
+    return expires_at
+
+
+def stored_expires_at(trigger_at: datetime, expires_at: datetime | None,
+                      default_window: timedelta | None) -> datetime | None:
+    """The ``expires_at`` a row is stored with: the sender's (checked), else ``trigger_at``
+    plus the default window when one is set, else none (REQ-0065's literal behaviour)."""
+    if expires_at is not None:
+        return check_expires_at(trigger_at, expires_at)
+    if default_window is None:
+        return None
+    try:
+        default = trigger_at + default_window
+        check_trigger_at(default)
+    except (OverflowError, TriggerOutOfRange):
+        raise ExpiryRefused("trigger_at", f"with the service's default expiry window ({default_window}) its "
+                                          f"expires_at would fall outside {RANGE_TEXT}; send an earlier "
+                                          "trigger_at or an expires_at of its own") from None
+    return default
+
+
+# The last instant the storable range holds (``LATEST_TRIGGER`` is the first one past it).
+LAST_STORABLE = LATEST_TRIGGER - timedelta(microseconds=1)
+
+
+def held_expires_at(arrived_at: datetime, default_window: timedelta | None) -> datetime | None:
+    """The ``expires_at`` of a live event its participant's quiet hours held (QUIET-7): its
+    arrival plus the default window, or the last storable instant when the window reaches
+    past the range (QUIET-9). The sender sent no time to correct, so nothing is refused:
+    no claim inside the range can come after either."""
+    if default_window is None:
+        return None
+    try:
+        return stored_expires_at(arrived_at, None, default_window)
+    except ExpiryRefused:
+        return LAST_STORABLE
+
+
+# -- storing --
 
 EVENT_COLUMNS = (
     "id", "event_type", "user_id", "community_id", "external_key", "trigger_at", "expires_at", "facts",
@@ -60,9 +174,9 @@ def store_event(
     ids so that a replayed run claims rows in the same ``(trigger_at, id)`` order.
     ``actor`` (a token's subject) is recorded in the row's history. ``traceparent`` (W3C,
     already validated) is the storing request's trace context, which the dispatch links to.
-    A ``trigger_at`` outside the storable range is a ``TriggerOutOfRange`` (``core.trigger_range``).
+    A ``trigger_at`` outside the storable range is a ``TriggerOutOfRange``.
     ``expires_at`` (after ``trigger_at``), else ``trigger_at + default_expiry`` when the
-    service sets a window, is stored on the row (``core.expiry``; an ``ExpiryRefused`` names
+    service sets a window, is stored on the row (an ``ExpiryRefused`` names
     the field otherwise): claimed after it, the row ends ``expired`` (EXP-2).
     """
     check_trigger_at(trigger_at)  # before the expiry is worked out from it (DEC-TRIGGER)

@@ -22,8 +22,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from scheduler.core.store import event_to_json
-from scheduler.core.trigger_range import check_trigger_at
+from scheduler.core.store import check_trigger_at, event_to_json
 from scheduler.database.database import Database
 
 STATEMENTS = 2  # set_change_context and store_events_batch, whatever the number of events

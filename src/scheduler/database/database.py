@@ -19,16 +19,19 @@ overview, retention, the audit trail). ``statements`` is every statement by name
 benchmarks' EXPLAIN, a test's witness); the layers above run none but through a repository.
 
 A ``Database`` is also what those layers open sessions with: ``database.begin()`` and
-``database()`` are its sessionmaker's.
+``database()`` are its sessionmaker's. What its repositories return, the API, the inbox's
+stream and the audit trail send as JSON through the one conversion, ``row_as_json`` (the
+models of ``scheduler.web.http.schemas`` validate the result).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Engine
+from sqlalchemy import Engine, RowMapping
 from sqlalchemy.orm import Session, sessionmaker
 
 from scheduler.config import ConfigError, schema_problem
@@ -90,3 +93,9 @@ class Database:
 
     def __repr__(self) -> str:
         return f"Database({self.engine!r}, schema={self.schema!r})"
+
+
+def row_as_json(row: Mapping[str, Any] | RowMapping) -> dict[str, Any]:
+    """``row`` as a dict of JSON-ready values: every column as it is, a ``datetime`` as its
+    ISO 8601 text."""
+    return {k: (v.isoformat() if isinstance(v, datetime) else v) for k, v in row.items()}

@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from scheduler.database import pipeline
-from scheduler.database.participant_locks import locks_to_take
+from scheduler.database.events import locks_to_take
 from scheduler.database.repository import Repository
 
 # The statements a decision's write may name (``BatchDecisions.write_statement``).

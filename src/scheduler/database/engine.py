@@ -189,7 +189,7 @@ def make_engine(url: str, settings: Settings | None = None, **kwargs: Any) -> En
 
     Every session runs with ``TimeZone`` UTC (DEC-UTC), whatever the server's or the
     database's default, so times read back (``clock_timestamp()``, a row's ``trigger_at``) are
-    UTC and every instant of the storable range reads back (``core.trigger_range``); behind
+    UTC and every instant of the storable range reads back (``core.store``); behind
     the pooler it travels per transaction with the timeouts.
 
     A frozen peer holds nothing for long (DEC-11): PostgreSQL ends a session that

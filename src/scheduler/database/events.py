@@ -1,9 +1,20 @@
-"""The scheduled events' statements the loop runs: the claim, the batch's outcomes with its
-COMMIT, the next pending trigger (``core``)."""
+"""The scheduled events' statements: the claim, the batch's outcomes with its COMMIT, the
+next pending trigger (``core``); storing, listing, changing and counting rows.
+
+And the participants' locks: transaction-level advisory locks, one per participant. Every
+decision about one participant (deduplication, preferences, the daily cap) happens under
+that participant's lock, so the cap is exact across replicas. A claim only *tries* the
+locks of the participants it claims, in its own statement, leaves a busy participant's rows
+alone (DEC-2) and remembers those it got; the one decision (``nudging.decision``, through
+``DecisionRepository.read_limits``) takes, waiting, those its transaction does not hold yet
+(a live event's), so an event of a claimed batch asks for none. The key is defined here
+(the claim's SQL computes the same), below both peers that share it (ARCH-5).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import hashlib
+from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
@@ -13,13 +24,58 @@ from scheduler.database import pipeline
 from scheduler.database.repository import Repository
 
 
+def participant_lock_key(user_id: str) -> int:
+    """A stable signed 64-bit advisory-lock key for one participant: the first 8 bytes of
+    ``sha256("nudging-participant:" + user_id)``, which the claim computes in SQL
+    (``{{participant_lock_key}}`` in ``queries.sql``), so it try-locks in its own statement."""
+    digest = hashlib.sha256(f"nudging-participant:{user_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)
+
+
+# Where a session remembers the participant locks its current transaction holds at its
+# top level (outside any savepoint), so that an event does not ask for them again.
+_HELD_LOCKS = "scheduler.database.events.participant_locks"
+
+
+def remember_participant_locks(session: Session, keys: Iterable[int]) -> None:
+    """Note that the current transaction holds the advisory locks ``keys`` to its end.
+
+    Only locks taken at the top level count: a lock taken inside a savepoint is released
+    if the savepoint rolls back, so it is not remembered.
+    """
+    if session.in_nested_transaction():
+        return
+    transaction = session.get_transaction()
+    held: tuple[object, set[int]] | None = session.info.get(_HELD_LOCKS)
+    if held is None or held[0] is not transaction:
+        held = (transaction, set())
+        session.info[_HELD_LOCKS] = held
+    held[1].update(keys)
+
+
+def holds_participant_lock(session: Session, key: int) -> bool:
+    """True when the current transaction took ``key`` at its top level (see above)."""
+    held = session.info.get(_HELD_LOCKS)
+    return held is not None and held[0] is session.get_transaction() and key in held[1]
+
+
+def locks_to_take(session: Session, user_ids: Iterable[str]) -> list[int]:
+    """The lock keys of ``user_ids`` this transaction does not hold yet, in a stable order (to
+    be taken, waiting, with ``lock_participant`` statements): a second, re-entrant request for
+    a lock the claim took would be a round trip per event for nothing."""
+    keys = sorted({participant_lock_key(user_id) for user_id in user_ids})
+    return [key for key in keys if not holds_participant_lock(session, key)]
+
+
 class EventRepository(Repository):
     """The loop's reads and writes of ``scheduled_events``."""
 
     def claim(self, session: Session, params: Mapping[str, Any]) -> list[dict[str, Any]]:
         """One round of the claim (``claim_due_events``), sent with the transaction's BEGIN in
-        one round trip: the rows it locked or ended expired."""
+        one round trip: the rows it locked or ended expired. The statement try-locked each
+        participant once: those it got are remembered, so the events' decisions ask for none."""
         [rows] = pipeline.send(session, [self.statements.step("claim_due_events", params)])
+        remember_participant_locks(session, {participant_lock_key(r["user_id"]) for r in rows or () if r["held"]})
         return rows or []
 
     def record_outcomes(self, session: Session, outcomes: Mapping[str, list[Any]]) -> None:

@@ -40,7 +40,6 @@ from sqlalchemy import Engine, create_engine
 from sqlalchemy.pool import NullPool, QueuePool
 
 from scheduler.config import ConfigError, Settings
-from scheduler.database.driver_internals import connect_parameters
 from scheduler.database.engine import is_service_engine, ping_when_idle, settings_per_transaction
 
 logger = logging.getLogger(__name__)
@@ -60,6 +59,20 @@ def is_async(engine: Any) -> bool:
     """An ``AsyncEngine``, or the ``sync_engine`` of one (whose connections need a greenlet)."""
     sync = getattr(engine, "sync_engine", engine)
     return bool(getattr(getattr(sync, "dialect", None), "is_async", False))
+
+
+def connect_parameters(engine: Any) -> dict[str, Any] | None:
+    """The keyword arguments ``engine``'s pool connects with: its URL's, merged with the
+    ``connect_args`` it was created with. SQLAlchemy keeps them only in the closure of the
+    connect function ``create_engine`` gives the pool (``cparams``, private API read here
+    only). ``None`` when the pool's connect function is not that one (a ``creator=`` of the
+    host's, another SQLAlchemy)."""
+    creator: Any = getattr(getattr(engine, "pool", None), "_creator", None)
+    code = getattr(creator, "__code__", None)
+    if code is None or "cparams" not in code.co_freevars or creator.__closure__ is None:
+        return None
+    cell = creator.__closure__[code.co_freevars.index("cparams")]
+    return dict(cell.cell_contents)
 
 
 def sync_twin(engine: Any, role: str = "engine") -> Engine:

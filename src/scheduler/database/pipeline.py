@@ -31,10 +31,17 @@ run any other way (``Session.execute``, a dispatcher's ORM flush), which the lis
 checkpoint of a dispatcher that wrote nothing costs nothing); ``discard`` drops it and says
 whether it was still unsent. The end of the transaction drops it too.
 
-On a connection that is not psycopg's (another driver), or a driver without the private
-pieces used here (``database.driver_internals``, the one module that names them), ``send``
-runs the statements one by one through the session: the same results, a round trip each,
-with a warning logged once; PERF-8 counts the messages on the wire and fails.
+``send`` puts the message on the wire itself (``PGconn.send_query``, public) because psycopg,
+on a connection with no open transaction, first sends its own ``BEGIN`` alone, in a round trip
+of its own, and has no public way to be handed ours. Reading the answers with psycopg's own
+generator, handing each cursor its answer as psycopg's ``execute`` would, SQLAlchemy's
+translation of a driver error and the statement listeners it would call are private API:
+this module is the one that names them (DEC-1.3, "the drivers' private pieces" below), and
+``pyproject.toml`` bounds psycopg and SQLAlchemy below their next minor release for it. On a
+connection that is not psycopg's (another driver), or a driver without one of those pieces
+(``missing()``), ``send`` runs the statements one by one through the session: the same
+results, a round trip each, with a warning logged once; PERF-8 counts the messages on the
+wire and fails.
 """
 
 from __future__ import annotations
@@ -50,8 +57,6 @@ from psycopg import pq
 from psycopg.rows import dict_row
 from sqlalchemy import Connection, Engine, TextClause, event
 from sqlalchemy.orm import Session
-
-from scheduler.database import driver_internals
 
 logger = logging.getLogger(__name__)
 
@@ -164,7 +169,7 @@ def send(session: Session, steps: Sequence[Step]) -> list[list[dict[str, Any]] |
     if not isinstance(driver, psycopg.Connection) or _MISSING:
         _warn_slow_path(driver)
         return _one_by_one(conn, everything)[len(deferred):]
-    before_listeners, after_listeners = driver_internals.statement_listeners(conn)
+    before_listeners, after_listeners = statement_listeners(conn)
     compiled = [_compiled(conn, step) for step in everything]
     contexts = [SimpleNamespace() for _ in everything]  # what the listeners see as the execution context
     cursors: list[Any] = []
@@ -186,7 +191,7 @@ def send(session: Session, steps: Sequence[Step]) -> list[list[dict[str, Any]] |
         begin = _transaction_start(driver)
         message = ";\n".join([*([begin] if begin else []), *texts])
         driver.pgconn.send_query(message.encode(driver.info.encoding))
-        results = driver_internals.read_answers(driver)
+        results = read_answers(driver)
         if begin:
             _check(results.pop(0), driver)
         for i, result in enumerate(results):
@@ -198,13 +203,13 @@ def send(session: Session, steps: Sequence[Step]) -> list[list[dict[str, Any]] |
         for step, cursor, result, (sql, params), context in zip(everything, cursors, results, compiled, contexts,
                                                                 strict=True):
             current = (sql, params, cursor)
-            driver_internals.hand_answer(cursor, result)
+            hand_answer(cursor, result)
             answers.append(cursor.fetchall() if step.fetch else None)
             for after in after_listeners:
                 after(conn, cursor, sql, params, context, False)
     except psycopg.Error as exc:
         # SQLAlchemy's own translation: a DBAPIError, and the pool told of a lost connection
-        driver_internals.raise_translated(conn, exc, current[0], current[1], current[2])
+        raise_translated(conn, exc, current[0], current[1], current[2])
     finally:
         for cursor in cursors:
             cursor.close()
@@ -261,8 +266,56 @@ def _compiled_statement(statement: TextClause, dialect: Any) -> Any:
     return found[1]
 
 
+# -- the drivers' private pieces (DEC-1.3): each named here only --------------------------
+
+# psycopg's generator that sends a message already handed to libpq and reads every answer
+# (one result per statement of the message), run by the connection's ``wait``.
+_EXECUTE: Any = getattr(getattr(psycopg, "generators", None), "execute", None)
+
+
+def missing() -> list[str]:
+    """The private pieces this psycopg lacks (empty: ``send`` sends one message)."""
+    gaps = []
+    if _EXECUTE is None:
+        gaps.append("psycopg.generators.execute")
+    if not hasattr(psycopg.Connection, "wait"):
+        gaps.append("psycopg.Connection.wait")
+    if not hasattr(psycopg.Cursor, "_set_results"):
+        gaps.append("psycopg.Cursor._set_results")
+    if not hasattr(Connection, "_handle_dbapi_exception"):
+        gaps.append("sqlalchemy.Connection._handle_dbapi_exception")
+    if not hasattr(Connection, "dispatch"):
+        gaps.append("sqlalchemy.Connection.dispatch")
+    return gaps
+
+
+def read_answers(driver: psycopg.Connection[Any]) -> list[pq.abc.PGresult]:
+    """Wait for and read every answer to the message just sent with ``pgconn.send_query``."""
+    results: list[pq.abc.PGresult] = driver.wait(_EXECUTE(driver.pgconn))
+    return results
+
+
+def hand_answer(cursor: psycopg.Cursor[Any], result: pq.abc.PGresult) -> None:
+    """Give ``cursor`` one answer, as psycopg's own ``execute`` leaves a cursor (its loaders
+    started afresh), so that ``fetchall`` reads its rows."""
+    cursor._tx = psycopg.adapt.Transformer(cursor)
+    cursor._set_results([result])
+
+
+def statement_listeners(conn: Connection) -> tuple[Any, Any]:
+    """The engine's ``before_cursor_execute`` and ``after_cursor_execute`` listeners, in the
+    order SQLAlchemy calls them."""
+    return conn.dispatch.before_cursor_execute, conn.dispatch.after_cursor_execute
+
+
+def raise_translated(conn: Connection, exc: psycopg.Error, sql: str | None, params: Any, cursor: Any) -> None:
+    """Raise ``exc`` as SQLAlchemy raises a driver error: a ``DBAPIError``, the connection (and
+    the pool's older connections) invalidated when it is gone."""
+    conn._handle_dbapi_exception(exc, sql, params, cursor, None)
+
+
 # The private pieces this driver lacks; any one missing sends the statements one by one.
-_MISSING = driver_internals.missing()
+_MISSING = missing()
 _WARNED: set[str] = set()
 
 
@@ -272,7 +325,7 @@ def _warn_slow_path(driver: Any) -> None:
              else f"the driver is {type(driver).__module__}, not psycopg 3")
     if cause not in _WARNED:
         _WARNED.add(cause)
-        logger.warning("statements sent together go one round trip each: %s (database.driver_internals)", cause)
+        logger.warning("statements sent together go one round trip each: %s (database.pipeline.missing)", cause)
 
 
 # Each statement object compiled once per dialect (SQLAlchemy caches its own executions

@@ -23,7 +23,7 @@ One concept per module:
 - ``webpush``: the push payload and the ``WebPushSender``;
 - ``channels``: the built-in senders a deployment's settings turn on.
 
-This package imports nothing of ``scheduler`` but ``types`` and ``digits``: it sits below
+This package imports nothing of ``scheduler`` but ``types`` and ``whole_numbers``: it sits below
 ``config`` in the layers, which validates its settings with ``signing``, ``vapid`` and
 ``hosts``; ``channels`` reads ``Settings`` through a protocol of its own.
 """

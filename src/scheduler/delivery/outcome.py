@@ -19,8 +19,8 @@ from datetime import UTC, datetime
 
 import httpx
 
-from scheduler.digits import ASCII_DIGITS, digits_value
 from scheduler.types import Delivered, Gone, Retry, SendResult, Undeliverable
+from scheduler.whole_numbers import ASCII_DIGITS, digits_value
 
 EXCERPT_CHARS = 200  # what a record keeps of a provider's answer
 RETRY_STATUSES = frozenset({408, 429})

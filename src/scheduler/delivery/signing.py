@@ -19,7 +19,7 @@ import re
 from collections.abc import Mapping
 from datetime import datetime
 
-from scheduler.digits import digits_value
+from scheduler.whole_numbers import digits_value
 
 PREFIX = "whsec_"
 MIN_SECRET_BYTES = 24  # the spec: at least 24 bytes (192 bits), at most 512 bits

@@ -9,7 +9,7 @@
 SELECT clock_timestamp();
 
 -- name: participant_lock_key
--- A fragment, not a statement: a participant's advisory-lock key from its user_id, the first 8 bytes of sha256('nudging-participant:' || user_id) as a signed bigint (participant_locks.participant_lock_key computes the same in Python).
+-- A fragment, not a statement: a participant's advisory-lock key from its user_id, the first 8 bytes of sha256('nudging-participant:' || user_id) as a signed bigint (database.events.participant_lock_key computes the same in Python).
 ('x' || left(encode(sha256(convert_to('nudging-participant:' || user_id, 'UTF8')), 'hex'), 16))::bit(64)::bigint
 
 -- name: claim_due_events
@@ -69,7 +69,7 @@ WITH outcomes AS MATERIALIZED (
       AND (expires_at IS NULL OR expires_at >= :now)
       -- a later round of the same claim continues after the rows the earlier rounds saw
       -- (a keyset on the index order; the first round starts before every row Python can
-      -- read, core.trigger_range.BEFORE_EVERY_TRIGGER)
+      -- read, core.store.BEFORE_EVERY_TRIGGER)
       AND (due_at, id) > (:after_due, :after_id)
       -- participants whose lock an earlier round found busy: their rows stay untouched
       AND user_id <> ALL(CAST(:busy AS text[]))

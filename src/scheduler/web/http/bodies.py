@@ -30,14 +30,14 @@ from starlette.datastructures import FormData
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 
-from scheduler.core.trigger_range import (
+from scheduler.core.store import (
     OFFSET_TEXT,
     RANGE_TEXT,
     TriggerOutOfRange,
     check_trigger_at,
 )
-from scheduler.digits import digits_value
 from scheduler.web.http.params import MAX_STRING, Unprocessable, check_text
+from scheduler.whole_numbers import digits_value
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 

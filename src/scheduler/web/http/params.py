@@ -38,8 +38,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from scheduler.digits import digits_value
 from scheduler.web.http.answers import ValidationErrorOut
+from scheduler.whole_numbers import digits_value
 
 Endpoint = Callable[..., Awaitable[Response]]
 E = TypeVar("E", bound=StrEnum)

@@ -38,9 +38,8 @@ import anyio
 from starlette.concurrency import run_in_threadpool
 
 from scheduler.application.ingest import publish_committed
-from scheduler.database.database import Database
+from scheduler.database.database import Database, row_as_json
 from scheduler.database.listener import Listener
-from scheduler.database.rows import row_as_json
 from scheduler.types import BulkPublisher, OutboundMessage, Publisher
 from scheduler.web.http.sse import RETRY_MS
 

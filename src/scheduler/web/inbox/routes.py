@@ -22,8 +22,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from scheduler.database.database import Database
-from scheduler.database.rows import row_as_json
+from scheduler.database.database import Database, row_as_json
 from scheduler.web.http.answers import InboxPageOut, respond
 from scheduler.web.http.auth import CHALLENGE, PARTICIPANT, TokenVerifier, require, subject_of
 from scheduler.web.http.params import Param, declares, query, stream_id
