@@ -36,11 +36,10 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from scheduler.config import ConfigError, schema_problem
 from scheduler.database import pipeline
-from scheduler.database.decisions import DecisionRepository
 from scheduler.database.deliveries import DeliveryRepository
 from scheduler.database.engine import database_time, make_sessionmaker
 from scheduler.database.events import EventRepository
-from scheduler.database.inbox import InboxRepository
+from scheduler.database.notifications import DecisionRepository, InboxRepository
 from scheduler.database.operations import OperationsRepository
 from scheduler.database.push_subscriptions import PushSubscriptionRepository
 from scheduler.database.queries import DEFAULT_SCHEMA, Statements

@@ -33,7 +33,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from scheduler.database.decisions import DecisionRepository
+from scheduler.database.notifications import DecisionRepository
 from scheduler.nudging.local_time import LocalTimeError, QuietHours
 from scheduler.nudging.orchestrator import (
     CAP_WINDOW,

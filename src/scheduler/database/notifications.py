@@ -1,14 +1,66 @@
-"""The participants' inbox: the stream's numbers and its NOTIFY, the stream's rows, a
-participant's delivered notifications (``web.inbox``)."""
+"""The notifications' repositories: how they are decided and how the inbox reads them.
+
+``DecisionRepository`` holds the one decision's statements (``nudging.decision``): the read of
+what a batch's decisions need, after the participants' locks, and the one write of everything
+decided (DEC-1.5). ``InboxRepository`` holds the participants' inbox's: the stream's numbers and
+its NOTIFY, the stream's rows, a participant's delivered notifications (``web.inbox``)."""
 
 from __future__ import annotations
 
-from datetime import datetime
+from collections.abc import Mapping, Sequence
+from datetime import datetime, time
 from typing import Any
 
 from sqlalchemy.orm import Session
 
+from scheduler.database import pipeline
+from scheduler.database.events import locks_to_take
 from scheduler.database.repository import Repository
+
+# The statements a decision's write may name (``BatchDecisions.write_statement``).
+WRITES = frozenset({"write_batch_decisions"})
+
+
+class DecisionRepository(Repository):
+    """Reads and writes of deduplication keys, preferences, notifications and deliveries."""
+
+    def read_limits(self, session: Session, users: Sequence[str], keys: Sequence[str],
+                    window_start: datetime, window_end: datetime) -> dict[str, Any]:
+        """Take the lock of every participant of ``users`` this transaction does not hold yet
+        (a live event's; the claim holds a batch's, DEC-2), then read the keys already taken,
+        the participants' preferences (zone and quiet hours too) and the times of their sent
+        notifications in ``[window_start, window_end)`` (the decision counts those of each
+        participant's own day, QUIET-4): one round trip."""
+        locks = [self.statements.step("lock_participant", {"key": key}, fetch=False)
+                 for key in locks_to_take(session, users)]
+        answers = pipeline.send(session, [*locks, self.statements.step("read_batch_limits", {
+            "user_ids": list(users), "window_start": window_start, "window_end": window_end, "keys": list(keys),
+        })])
+        return (answers[-1] or [{}])[0]
+
+    def write(self, session: Session, statement: str, params: Mapping[str, Any]) -> None:
+        """Run a decision's one write (``statement``, one of ``WRITES``) in its own round trip."""
+        if statement not in WRITES:
+            raise ValueError(f"{statement!r} is not a decision's write ({', '.join(sorted(WRITES))})")
+        pipeline.send(session, [self.statements.step(statement, params, fetch=False)])
+
+    def set_preferences(self, session: Session, user_id: str, *, enabled_kinds: Sequence[str] | None,
+                        max_per_day: int, now: datetime, time_zone: str | None = None,
+                        quiet_start: time | None = None, quiet_end: time | None = None) -> dict[str, Any]:
+        """Insert or replace a participant's preferences; the row as stored. A change of their
+        zone or quiet hours releases their held rows in the same statement (``not_before``
+        cleared: each is decided again at the next claim, QUIET-5)."""
+        row = session.execute(self.statements["upsert_preferences"], {
+            "user_id": user_id, "enabled_kinds": None if enabled_kinds is None else list(enabled_kinds),
+            "max_per_day": max_per_day, "time_zone": time_zone, "quiet_start": quiet_start,
+            "quiet_end": quiet_end, "now": now,
+        }).mappings().one()
+        return dict(row)
+
+    def get_preferences(self, session: Session, user_id: str) -> dict[str, Any] | None:
+        """A participant's stored preferences row, ``None`` when none was set."""
+        row = session.execute(self.statements["get_preferences"], {"user_id": user_id}).mappings().one_or_none()
+        return None if row is None else dict(row)
 
 
 class InboxRepository(Repository):
