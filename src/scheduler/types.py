@@ -160,6 +160,12 @@ class DispatchResult:
     ``outcome.refused``: the event is the sender's fault, and a scheduled event ends ``failed``.
     ``not_before`` is set exactly when ``outcome`` is ``DEFERRED``: the instant (UTC) the
     participant's quiet hours end, when the event is decided again (QUIET-2).
+    ``outbound`` goes to the ``Publisher`` after the commit (at most once); ``outbox``, a host
+    dispatcher's messages for the outbox (OUTBOX-7): each is queued as a ``deliveries`` row on
+    its ``channel`` (a ``Sender`` of ``SchedulerService(senders=...)``, or the built-in
+    ``webhook``) in the dispatch transaction and sent at least once by the delivery worker; a
+    channel without a sender is recorded ``undeliverable`` on its row (OUTBOX-8). The built-in
+    platform queues its own deliveries and leaves ``outbox`` empty.
     """
 
     outcome: DispatchOutcome
@@ -168,6 +174,7 @@ class DispatchResult:
     notifications: list[JSONObject] = field(default_factory=list)
     outbound: list[OutboundMessage] = field(default_factory=list)
     not_before: datetime | None = None
+    outbox: list[OutboundMessage] = field(default_factory=list)
 
 
 @runtime_checkable
@@ -196,8 +203,10 @@ class Dispatcher(Protocol):
       batch run optimistically, and may then be called again for an event whose first call was
       rolled back (DEC-1, DEC-1.4). A plain callable declares nothing.
     - **Side effects that leave the process** (a push, an e-mail, a call to another service)
-      do not belong inside: return them as ``outbound`` messages, which a ``Publisher`` sends
-      after the commit, or write an outbox row in ``session``.
+      do not belong inside: return them as ``outbox`` messages, each naming its channel, which
+      ``SchedulerService`` queues in this transaction and its delivery worker sends at least
+      once (OUTBOX-7), or as ``outbound`` messages, which a ``Publisher`` sends after the
+      commit, at most once.
     """
 
     def __call__(self, session: Session, event: DigitalTwinEvent, now: datetime) -> DispatchResult: ...

@@ -36,6 +36,7 @@ from scheduler.delivery.webpush import WebPushSender
 from scheduler.nudging import decision
 from scheduler.nudging.dispatch import NudgingPlatform
 from scheduler.nudging.publishers import LoggingPublisher, RecordingPublisher
+from scheduler.operations.host_outbox import _BatchOutbox, _Outbox, _RepeatableOutbox
 from scheduler.types import (
     UNDECLARED,
     BatchDecisions,
@@ -74,8 +75,9 @@ CLOCKS: list[type[Clock]] = [SystemClock, ManualClock, OffsetClock, DatabaseCloc
 PUBLISHERS: list[type[Publisher]] = [LoggingPublisher, RecordingPublisher, StreamPublisher, CountingPublisher]
 BULK_PUBLISHERS: list[type[BulkPublisher]] = [StreamPublisher]
 DISPATCHERS: list[type[Dispatcher]] = [NudgingPlatform, FaultyDispatcher, HostDispatcher, DeliveryDispatcher,
-                                       RefusingDispatcher, OutsideTransactionDispatcher]
-BATCH_DISPATCHERS: list[type[BatchDispatcher]] = [NudgingPlatform, FaultyDispatcher]
+                                       RefusingDispatcher, OutsideTransactionDispatcher, _Outbox,
+                                       _RepeatableOutbox, _BatchOutbox]
+BATCH_DISPATCHERS: list[type[BatchDispatcher]] = [NudgingPlatform, FaultyDispatcher, _BatchOutbox]
 BATCH_DECISIONS: list[type[BatchDecisions]] = [decision.BatchDecisions]
 SENDERS: list[type[Sender]] = [WebhookSender, WebPushSender]
 

@@ -23,6 +23,13 @@ class DeliveryRepository(Repository):
             "now": now, "lease_until": lease_until, "worker": worker, "limit": limit}).mappings()
         return [dict(r) for r in rows]
 
+    def queue(self, session: Session, messages: Sequence[dict[str, Any]], *, now: datetime) -> list[int]:
+        """Queue outbox rows in ``session``'s transaction (a host dispatcher's, OUTBOX-7): the ids
+        written (a message whose idempotency key is queued already is not written again)."""
+        found = session.execute(self.statements["queue_deliveries"], {"messages": json.dumps(list(messages)),
+                                                                      "now": now})
+        return [int(row[0]) for row in found]
+
     def record_attempts(self, session: Session, records: Sequence[dict[str, Any]], *, worker: str) -> set[str]:
         """Write each attempt's record while ``worker`` still holds its lease; the ids written."""
         found = session.execute(self.statements["record_delivery_attempts"],

@@ -221,9 +221,9 @@ class Delivery(Base):
     )
 
     id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
-    notification_id: Mapped[str] = mapped_column(
-        String(ID_LENGTH), ForeignKey("notifications.id", ondelete="CASCADE"), index=True
-    )
+    # No foreign key: a host dispatcher's outbox row names the host's own message (OUTBOX-7);
+    # retention deletes a notification's deliveries with it (RET-8).
+    notification_id: Mapped[str] = mapped_column(String(ID_LENGTH), index=True)
     user_id: Mapped[str] = mapped_column(String(NAME_LENGTH))
     channel: Mapped[str] = mapped_column(String(32))
     status: Mapped[str] = mapped_column(String(16))

@@ -58,6 +58,7 @@ from scheduler.nudging.rules import Catalogue, load_catalogue
 from scheduler.observability.observer import Observer
 from scheduler.observability.tracing import observe, observer_from_env
 from scheduler.operations.delivery_worker import DeliveryWorker
+from scheduler.operations.host_outbox import with_outbox
 from scheduler.operations.heartbeat import Heartbeat
 from scheduler.operations.metrics import Metrics
 from scheduler.operations.retention import Retention
@@ -140,9 +141,13 @@ class SchedulerService:
         # host's own senders by name; the decision queues a row for each beside the in-app one.
         self.host_senders = host_senders
         self.outbox_channels = tuple(dict.fromkeys([*built_in_channels(self.settings), *host_senders]))
-        self.dispatcher: Dispatcher = dispatcher or NudgingPlatform(
-            self.catalogue, Orchestrator([WebChannel(), *(OutboxChannel(name) for name in self.outbox_channels)]),
-            decisions=self.database.decisions)
+        # A host's dispatcher queues its ``DispatchResult.outbox`` on these channels (OUTBOX-7).
+        self.dispatcher: Dispatcher = (
+            with_outbox(dispatcher, self.database, self.outbox_channels)
+            if dispatcher is not None and not isinstance(dispatcher, NudgingPlatform)
+            else dispatcher or NudgingPlatform(
+                self.catalogue, Orchestrator([WebChannel(), *(OutboxChannel(n) for n in self.outbox_channels)]),
+                decisions=self.database.decisions))
         self._check_dispatcher_schema(self.dispatcher)
         self.delivery: DeliveryWorker | None = None
         self._delivery_task: asyncio.Task[None] | None = None

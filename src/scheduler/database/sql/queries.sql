@@ -366,8 +366,7 @@ WITH document AS MATERIALIZED (
     ORDER BY n.ord
     RETURNING id
 ), delivery AS (
-    -- every channel's deliveries of the sent notifications, in batch order (their ids too);
-    -- the foreign key to the notifications above is checked at the end of the statement
+    -- every channel's deliveries of the sent notifications, in batch order (their ids too)
     -- (an outbox channel's row is queued with its idempotency key and message, due at once:
     -- DEC-OUTBOX; the other rows have none)
     INSERT INTO scheduler.deliveries (notification_id, user_id, channel, status, detail, created_at,
@@ -439,6 +438,20 @@ FROM leased AS l
 LEFT JOIN scheduler.notifications AS n ON n.id = l.notification_id
 LEFT JOIN scheduler.scheduled_events AS e ON e.id = n.scheduled_event_id
 ORDER BY l.next_attempt_at, l.id;
+
+-- name: queue_deliveries
+-- Queue a host dispatcher's outbox messages in the dispatch transaction (OUTBOX-7): each row queued and due at :now, or undeliverable at once with its error (a channel without a sender, OUTBOX-8). Returns the ids written.
+-- a message queued again (the same message id on the same channel: the same idempotency key)
+-- is the row already there, so a repeated call queues it once
+INSERT INTO scheduler.deliveries (notification_id, user_id, channel, status, created_at, idempotency_key, message,
+                                  next_attempt_at, last_error, updated_at)
+SELECT m->>'notification_id', m->>'user_id', m->>'channel', m->>'status', CAST(:now AS timestamptz),
+       m->>'idempotency_key', m->'message', CASE WHEN m->>'status' = 'queued' THEN CAST(:now AS timestamptz) END,
+       m->>'last_error', CAST(:now AS timestamptz)
+FROM jsonb_array_elements(CAST(:messages AS jsonb)) WITH ORDINALITY AS q(m, ord)
+ORDER BY q.ord
+ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+RETURNING id;
 
 -- name: record_delivery_attempts
 -- Record what attempts made of their outbox rows (delivery.record), each only while :worker still holds its lease for that attempt; the lease ends. Returns the ids recorded.

@@ -251,8 +251,8 @@ def upgrade() -> None:
         sa.Column("provider_status", sa.Integer(), nullable=True),
         sa.Column("provider_answer", sa.Text(), nullable=True),
         sa.Column("updated_at", sa.DateTime(timezone=True), nullable=True),
-        sa.ForeignKeyConstraint(["notification_id"], ["notifications.id"],
-                                name="fk_deliveries_notification_id_notifications", ondelete="CASCADE"),
+        # no foreign key: a host dispatcher's outbox row names the host's own message
+        # (OUTBOX-7); retention deletes a notification's deliveries with it (RET-8)
         sa.PrimaryKeyConstraint("id", name="pk_deliveries"),
     )
     op.create_index("ix_deliveries_notification_id", "deliveries", ["notification_id"])
