@@ -58,8 +58,8 @@ from scheduler.nudging.rules import Catalogue, load_catalogue
 from scheduler.observability.observer import Observer
 from scheduler.observability.tracing import observe, observer_from_env
 from scheduler.operations.delivery_worker import DeliveryWorker
-from scheduler.operations.host_outbox import with_outbox
 from scheduler.operations.heartbeat import Heartbeat
+from scheduler.operations.host_outbox import with_outbox
 from scheduler.operations.metrics import Metrics
 from scheduler.operations.retention import Retention
 from scheduler.types import (
