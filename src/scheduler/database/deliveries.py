@@ -44,6 +44,33 @@ class DeliveryRepository(Repository):
             "limit": limit}).mappings()
         return [dict(r) for r in rows]
 
+    def retry(self, session: Session, delivery_id: int, *, now: datetime) -> dict[str, Any] | None:
+        """Queue one retrying or undeliverable row again (not while a worker holds it); the row."""
+        row = session.execute(self.statements["retry_delivery"], {"id": delivery_id, "now": now}).mappings().first()
+        return dict(row) if row is not None else None
+
+    def get(self, session: Session, delivery_id: int) -> dict[str, Any] | None:
+        row = session.execute(self.statements["get_delivery"], {"id": delivery_id}).mappings().first()
+        return dict(row) if row is not None else None
+
+    def list_retryable(self, session: Session, filters: dict[str, Any], *, before_id: int | None,
+                       limit: int) -> list[dict[str, Any]]:
+        """Retrying and undeliverable rows matching ``filters`` (statuses, channel, user_id), newest first."""
+        rows = session.execute(self.statements["list_retryable_deliveries"],
+                               {**filters, "before_id": before_id, "limit": limit}).mappings()
+        return [dict(r) for r in rows]
+
+    def count_retryable(self, session: Session, filters: dict[str, Any], *, now: datetime, cap: int) -> int:
+        return int(session.execute(self.statements["count_retryable_deliveries"],
+                                   {**filters, "now": now, "cap": cap}).scalar_one())
+
+    def retry_chunk(self, session: Session, filters: dict[str, Any], *, now: datetime, as_of: datetime,
+                    after_id: int, chunk: int) -> list[int]:
+        """Queue again one chunk of the matching rows unchanged since ``as_of``, after ``after_id``."""
+        found = session.execute(self.statements["retry_deliveries_chunk"], {
+            **filters, "now": now, "as_of": as_of, "after_id": after_id, "chunk": chunk})
+        return [int(row[0]) for row in found]
+
     def gauges(self, session: Session, now: datetime) -> dict[str, Any]:
         """Queued and retrying rows, and the oldest one's age in seconds at ``now``."""
         return dict(session.execute(self.statements["outbox_gauges"], {"now": now}).mappings().one())

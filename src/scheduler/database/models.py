@@ -218,6 +218,8 @@ class Delivery(Base):
               postgresql_where=text("status IN ('queued', 'retrying')")),
         Index("ix_deliveries_idempotency_key", "idempotency_key", unique=True,
               postgresql_where=text("idempotency_key IS NOT NULL")),
+        # The rows an operator may retry, newest first (the console's list and bulk retry, OUTBOX-9).
+        Index("ix_deliveries_retryable", "id", postgresql_where=text("status IN ('retrying', 'undeliverable')")),
     )
 
     id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)

@@ -481,6 +481,63 @@ WHERE (CAST(:status AS text) IS NULL OR status = :status)
 ORDER BY created_at DESC, id DESC
 LIMIT :limit;
 
+-- name: retry_delivery
+-- Queue one retrying or undeliverable outbox row again by hand, due at :now with its attempts counted afresh, unless a worker's lease on it is live (OUTBOX-10). Returns the row.
+UPDATE scheduler.deliveries
+SET status = 'queued', attempts = 0, next_attempt_at = :now, lease_until = NULL, leased_by = NULL,
+    last_delay_seconds = NULL, updated_at = :now
+WHERE id = :id AND status IN ('retrying', 'undeliverable') AND (lease_until IS NULL OR lease_until <= :now)
+RETURNING id, notification_id, user_id, channel, status, detail, created_at, idempotency_key, attempts,
+          next_attempt_at, lease_until, last_error, delivered_at, provider_status, provider_answer, updated_at;
+
+-- name: get_delivery
+-- One row of deliveries by its id, for an operator.
+SELECT id, notification_id, user_id, channel, status, detail, created_at, idempotency_key, attempts,
+       next_attempt_at, lease_until, last_error, delivered_at, provider_status, provider_answer, updated_at
+FROM scheduler.deliveries WHERE id = :id;
+
+-- name: list_retryable_deliveries
+-- The outbox rows an operator may retry (retrying, undeliverable), newest first, before an optional id, each filter optional (the console, OUTBOX-9).
+SELECT id, notification_id, user_id, channel, status, detail, created_at, idempotency_key, attempts,
+       next_attempt_at, lease_until, last_error, delivered_at, provider_status, provider_answer, updated_at
+FROM scheduler.deliveries
+WHERE status IN ('retrying', 'undeliverable') AND status = ANY(CAST(:statuses AS text[]))
+  AND (CAST(:channel AS text) IS NULL OR channel = :channel)
+  AND (CAST(:user_id AS text) IS NULL OR user_id = :user_id)
+  AND (CAST(:before_id AS bigint) IS NULL OR id < :before_id)
+ORDER BY id DESC
+LIMIT :limit;
+
+-- name: count_retryable_deliveries
+-- The dry run of a bulk retry: how many retrying or undeliverable rows match, none leased live, counting at most one past the cap (OUTBOX-11).
+SELECT count(*) AS count FROM (
+    SELECT 1 FROM scheduler.deliveries
+    WHERE status IN ('retrying', 'undeliverable') AND status = ANY(CAST(:statuses AS text[]))
+      AND (CAST(:channel AS text) IS NULL OR channel = :channel)
+      AND (CAST(:user_id AS text) IS NULL OR user_id = :user_id)
+      AND (lease_until IS NULL OR lease_until <= :now)
+    LIMIT :cap + 1
+) AS matching;
+
+-- name: retry_deliveries_chunk
+-- One chunk of a bulk retry: matching rows unchanged since the dry run, after an id, queued again due at :now with their attempts counted afresh; rows a worker holds are skipped (OUTBOX-11). Returns the ids.
+WITH chosen AS (
+    SELECT id FROM scheduler.deliveries
+    WHERE status IN ('retrying', 'undeliverable') AND status = ANY(CAST(:statuses AS text[]))
+      AND (CAST(:channel AS text) IS NULL OR channel = :channel)
+      AND (CAST(:user_id AS text) IS NULL OR user_id = :user_id)
+      AND (lease_until IS NULL OR lease_until <= :now)
+      AND updated_at <= :as_of AND id > :after_id
+    ORDER BY id
+    LIMIT :chunk
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE scheduler.deliveries AS d
+SET status = 'queued', attempts = 0, next_attempt_at = :now, lease_until = NULL, leased_by = NULL,
+    last_delay_seconds = NULL, updated_at = :now
+FROM chosen WHERE d.id = chosen.id
+RETURNING d.id;
+
 -- name: outbox_gauges
 -- The outbox's depth by status (queued and retrying) and the age of its oldest queued row at :now, in seconds.
 SELECT (SELECT count(*) FROM scheduler.deliveries WHERE status = 'queued') AS queued,

@@ -166,6 +166,14 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
         "summary": "The delivery log and the outbox, each attempt's record with it, newest first (permission: admin)",
         "responses": {"200": _json(DeliveryOut, "deliveries, newest first", many=True), **ERRORS},
     },
+    ("/admin/deliveries/{delivery_id}/retry", "post"): {
+        "summary": "Queue a retrying or undeliverable delivery again, now, its attempts counted afresh; audited "
+                   "(permission: admin)",
+        "responses": {"200": _json(DeliveryOut, "the delivery, queued again"),
+                      "404": _json(ErrorOut, "no such delivery"),
+                      "409": _json(ErrorOut, "not retryable: queued, delivered, an in-app row, or being sent now"),
+                      **ERRORS},
+    },
     ("/admin/participants/{user_id}/preferences", "put"): {
         "summary": "Set a participant's enabled kinds, daily cap, time zone and quiet hours (permission: admin)",
         "request": PreferencesIn,

@@ -44,6 +44,7 @@ from scheduler.web.console.auth import (
 )
 from scheduler.web.console.bulk import bulk_action
 from scheduler.web.console.cancel import cancel_routes
+from scheduler.web.console.deliveries import delivery_routes
 from scheduler.web.console.view import PACKAGE, ConsoleView
 from scheduler.web.http.auth import TokenVerifier, token_problem
 from scheduler.web.http.event_filter import CURSOR, EVENT_FILTER, event_query
@@ -84,6 +85,7 @@ class Console(ConsoleView):
             Route("/console/bulk-reset", guard(self.bulk_page), methods=["GET"]),
             Route("/console/bulk-reset", guard(self.bulk_reset), methods=["POST"]),
             *cancel_routes(self, guard),
+            *delivery_routes(self, guard),
             Route("/console/audit", guard(self.audit_page), methods=["GET"]),
             Route("/console/sessions", guard(self.sessions_page), methods=["GET"]),
             Route("/console/sessions/{session_id}/end", guard(self.end_session), methods=["POST"]),

@@ -264,6 +264,9 @@ def upgrade() -> None:
                     postgresql_where=sa.text("status IN ('queued', 'retrying')"))
     op.create_index("ix_deliveries_idempotency_key", "deliveries", ["idempotency_key"], unique=True,
                     postgresql_where=sa.text("idempotency_key IS NOT NULL"))
+    # the rows an operator may retry (the console's list and bulk retry)
+    op.create_index("ix_deliveries_retryable", "deliveries", ["id"],
+                    postgresql_where=sa.text("status IN ('retrying', 'undeliverable')"))
     op.create_table(
         "participant_preferences",
         sa.Column("user_id", sa.String(200), nullable=False),
