@@ -277,6 +277,10 @@ class Settings(BaseSettings):
         "attempts a delivery gets in all, the first included; after the last it is `undeliverable`", ge=1, le=100)
     delivery_concurrency: int = _setting(
         4, "SCHEDULER_DELIVERY_CONCURRENCY", "sends one replica runs at once", ge=1, le=256)
+    delivery_stale_seconds: int = _setting(
+        600, "SCHEDULER_DELIVERY_STALE_SECONDS",
+        "`/health/scheduler` says `degraded` (still 200) once an outbox row has been due and unsent for "
+        "longer than this: queued, or retrying past its next attempt", ge=10, le=7 * 86400)
 
     if not TYPE_CHECKING:  # mypy keeps the typed signature pydantic's plugin writes
 

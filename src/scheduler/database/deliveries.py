@@ -71,6 +71,11 @@ class DeliveryRepository(Repository):
             **filters, "now": now, "as_of": as_of, "after_id": after_id, "chunk": chunk})
         return [int(row[0]) for row in found]
 
+    def oldest_due_seconds(self, session: Session, now: datetime) -> float | None:
+        """How long the outbox row due the longest has waited at ``now`` (None: none is due)."""
+        seconds = session.execute(self.statements["oldest_due_delivery"], {"now": now}).scalar_one()
+        return None if seconds is None else max(float(seconds), 0.0)
+
     def gauges(self, session: Session, now: datetime) -> dict[str, Any]:
         """Queued and retrying rows, and the oldest one's age in seconds at ``now``."""
         return dict(session.execute(self.statements["outbox_gauges"], {"now": now}).mappings().one())

@@ -61,6 +61,7 @@ from scheduler.operations.delivery_worker import DeliveryWorker
 from scheduler.operations.heartbeat import Heartbeat
 from scheduler.operations.host_outbox import with_outbox
 from scheduler.operations.metrics import Metrics
+from scheduler.operations.outbox_health import OutboxHealth
 from scheduler.operations.retention import Retention
 from scheduler.types import (
     Clock,
@@ -282,7 +283,9 @@ class SchedulerService:
         settings = self.settings
         self.health = HealthRoutes(scheduler=self.scheduler, clock=self.clock, listener=listener,
                                    settings=settings, loop_alive=lambda: self.loop_alive,
-                                   mounted=lambda: self.app.routes, run_scheduler=lambda: self.run_scheduler)
+                                   mounted=lambda: self.app.routes, run_scheduler=lambda: self.run_scheduler,
+                                   outbox=OutboxHealth(self.database, self.clock,
+                                                       stale_seconds=settings.delivery_stale_seconds))
         self.ingest = IngestRoutes(database=self.database, clock=self.clock, dispatcher=self.dispatcher,
                                    publisher=StreamPublisher(self.database, inner_publisher, name=LIVE),
                                    max_body_bytes=settings.max_body_bytes, observer=self.observer,

@@ -545,6 +545,13 @@ SELECT (SELECT count(*) FROM scheduler.deliveries WHERE status = 'queued') AS qu
        (SELECT extract(epoch FROM CAST(:now AS timestamptz) - min(created_at))
         FROM scheduler.deliveries WHERE status IN ('queued', 'retrying')) AS oldest_seconds;
 
+-- name: oldest_due_delivery
+-- How long the outbox row due the longest has waited at :now, in seconds (queued, or retrying past its next attempt); NULL when none is due (HEALTH-4).
+-- the first entry of ix_deliveries_due, whatever the outbox holds
+SELECT extract(epoch FROM CAST(:now AS timestamptz) - min(next_attempt_at)) AS seconds
+FROM scheduler.deliveries
+WHERE status IN ('queued', 'retrying') AND next_attempt_at <= :now;
+
 -- name: list_notifications
 -- Participants' notifications for an operator, newest first.
 SELECT id, user_id, community_id, rule_id, kind, scenario, time_scope, dedup_key, title, body,
