@@ -251,7 +251,8 @@ class SchedulerService:
         """What runs after each poll: retention (deletes old dispatched and cancelled rows and
         the heartbeats of gone replicas, one replica, hourly), this replica's heartbeat and the metrics."""
         self.retention = Retention(self.loop_database, self.clock, days=self.settings.retention_days,
-                                   replicas=self.settings.replica_retention)
+                                   replicas=self.settings.replica_retention,
+                                   notification_days=self.settings.notification_retention_days)
         # On the loop's own pool: requests that hold every API connection never delay it.
         self.heartbeat = Heartbeat(self.loop_database, self.clock)
         # the event types known in advance start at zero on /metrics

@@ -545,6 +545,34 @@ SELECT (SELECT count(*) FROM scheduler.deliveries WHERE status = 'queued') AS qu
        (SELECT extract(epoch FROM CAST(:now AS timestamptz) - min(created_at))
         FROM scheduler.deliveries WHERE status IN ('queued', 'retrying')) AS oldest_seconds;
 
+-- name: delete_old_notifications
+-- Delete up to a batch of notifications created before the cutoff with their deliveries, keeping every notification one of whose deliveries is queued, retrying or undeliverable; and up to a batch of a host dispatcher's delivered outbox rows (no notification) written before it (RET-8). Returns the counts.
+-- each its own short transaction, rows a writer holds skipped (FOR UPDATE SKIP LOCKED); the
+-- statement's CTEs share one snapshot, so a notification deleted here is never a host's row
+WITH doomed AS (
+    SELECT n.id FROM scheduler.notifications AS n
+    WHERE n.created_at < :cutoff
+      AND NOT EXISTS (SELECT 1 FROM scheduler.deliveries AS d
+                      WHERE d.notification_id = n.id AND d.status IN ('queued', 'retrying', 'undeliverable'))
+    LIMIT :batch_size
+    FOR UPDATE SKIP LOCKED
+), host_rows AS (
+    SELECT d.id FROM scheduler.deliveries AS d
+    WHERE d.status = 'delivered' AND d.created_at < :cutoff
+      AND NOT EXISTS (SELECT 1 FROM scheduler.notifications AS n WHERE n.id = d.notification_id)
+    LIMIT :batch_size
+    FOR UPDATE SKIP LOCKED
+), their_deliveries AS (
+    DELETE FROM scheduler.deliveries AS d USING doomed WHERE d.notification_id = doomed.id RETURNING d.id
+), host_deliveries AS (
+    DELETE FROM scheduler.deliveries AS d USING host_rows WHERE d.id = host_rows.id RETURNING d.id
+), notes AS (
+    DELETE FROM scheduler.notifications AS n USING doomed WHERE n.id = doomed.id RETURNING n.id
+)
+SELECT (SELECT count(*) FROM notes) AS notifications,
+       (SELECT count(*) FROM their_deliveries) + (SELECT count(*) FROM host_deliveries) AS deliveries,
+       (SELECT count(*) FROM host_rows) AS host_rows;
+
 -- name: oldest_due_delivery
 -- How long the outbox row due the longest has waited at :now, in seconds (queued, or retrying past its next attempt); NULL when none is due (HEALTH-4).
 -- the first entry of ix_deliveries_due, whatever the outbox holds
