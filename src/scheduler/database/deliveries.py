@@ -3,6 +3,7 @@ list and the metrics' gauges of ``deliveries`` (``scheduler.operations.delivery_
 
 from __future__ import annotations
 
+import builtins
 import json
 from collections.abc import Sequence
 from datetime import datetime
@@ -54,7 +55,7 @@ class DeliveryRepository(Repository):
         return dict(row) if row is not None else None
 
     def list_retryable(self, session: Session, filters: dict[str, Any], *, before_id: int | None,
-                       limit: int) -> list[dict[str, Any]]:
+                       limit: int) -> builtins.list[dict[str, Any]]:
         """Retrying and undeliverable rows matching ``filters`` (statuses, channel, user_id), newest first."""
         rows = session.execute(self.statements["list_retryable_deliveries"],
                                {**filters, "before_id": before_id, "limit": limit}).mappings()
@@ -65,7 +66,7 @@ class DeliveryRepository(Repository):
                                    {**filters, "now": now, "cap": cap}).scalar_one())
 
     def retry_chunk(self, session: Session, filters: dict[str, Any], *, now: datetime, as_of: datetime,
-                    after_id: int, chunk: int) -> list[int]:
+                    after_id: int, chunk: int) -> builtins.list[int]:
         """Queue again one chunk of the matching rows unchanged since ``as_of``, after ``after_id``."""
         found = session.execute(self.statements["retry_deliveries_chunk"], {
             **filters, "now": now, "as_of": as_of, "after_id": after_id, "chunk": chunk})
