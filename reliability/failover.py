@@ -42,6 +42,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import httpx
 import psycopg
 from sqlalchemy import Engine, text
 from sqlalchemy.exc import SQLAlchemyError
@@ -175,6 +176,7 @@ def run(args: argparse.Namespace) -> int:
         clients.stop()
         log(f"clients stopped ({len(clients.figures.acknowledged)} POSTs acknowledged); draining")
         drain_and_check(engine, args.timeout, problems, survivors=replicas)
+        figures.update(_stream_numbered(engine, replicas[0], secret, args.timeout, problems))
         monitor.stop()
         _check_outage(monitor, replicas, pair.killed_at, pair.promoted_at, figures)
 
@@ -254,6 +256,31 @@ def _latency(clients: Clients, killed_at: float, settled_at: float) -> dict[str,
     after = [s for at, s in clients.figures.acknowledged_seconds if at > settled_at]
     return {"median_201_before_kill_seconds": round(statistics.median(before), 3) if before else None,
             "median_201_after_recovery_seconds": round(statistics.median(after), 3) if after else None}
+
+
+def _unnumbered(engine: Engine) -> int:
+    with engine.connect() as connection:
+        return int(connection.execute(text(
+            "SELECT count(*) FROM notifications WHERE status = 'sent' AND stream_seq IS NULL")).scalar_one())
+
+
+def _stream_numbered(engine: Engine, replica: Replica, secret: str, timeout: float,
+                     problems: list[str]) -> dict[str, Any]:
+    """A participant's stream has no gaps (INBOX-15): whatever numbering the failover broke,
+    a stream opened on a replica (its hub's next read) numbers it; every sent notification
+    then has its stream number."""
+    left = _unnumbered(engine)
+    headers = {"Authorization": f"Bearer {mint_token(secret, scope=None, subject='stream-reader')}"}
+    with httpx.Client(timeout=httpx.Timeout(timeout)) as http, \
+            http.stream("GET", f"{replica.base_url}/me/notifications/stream", headers=headers) as response:
+        if response.status_code != 200:
+            problems.append(f"the stream answered {response.status_code} on {replica.name}")
+            return {"stream_unnumbered_after_drain": left}
+        try:
+            wait_for(lambda: _unnumbered(engine) == 0, timeout, "every sent notification's stream number")
+        except ScenarioError:
+            problems.append(f"{_unnumbered(engine)} sent notifications never got a stream number")
+    return {"stream_unnumbered_after_drain": left}
 
 
 def _token(secret: str, scope: str) -> str:

@@ -119,7 +119,10 @@ def scheduler_database_url(database_url: str) -> str:
 
 @pytest.fixture
 def engine(database_url: str) -> Iterator[Engine]:
-    engine = make_engine(database_url, Settings(lock_timeout_ms=0, statement_timeout_ms=60_000))
+    """The test's own hand on the database, not a replica: a lock it holds while a subprocess
+    waits on it must not be ended by DEC-11's idle-in-transaction timeout on a loaded machine."""
+    engine = make_engine(database_url, Settings(lock_timeout_ms=0, statement_timeout_ms=60_000,
+                                                idle_in_transaction_timeout_ms=0))
     yield engine
     engine.dispose()
 

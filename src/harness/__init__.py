@@ -21,6 +21,8 @@ One concept per module:
 - ``clocks``: each replica's host clock (skewed by a step) and the clock its scheduler reads;
 - ``settle``: waiting until every actor has finished or waits on a lock;
 - ``oracle``: the whole-database invariants, checked after every step;
+- ``probe``: what a host's dispatch rolled back on purpose left committed outside the
+  scheduler's transaction (a table outside its schema, the outbox, a pushed message);
 - ``teardown``: ending a run in any state, and what it suppresses;
 - ``host``: a host's own dispatcher in a run (``HostDispatcher``: its factory, table setup,
   expectation of an event and effects check) and how ``package.module:name`` paths load;
@@ -31,6 +33,10 @@ One concept per module:
 - ``pytest_plugin``: the fixtures a host's test suite gets from the wheel (``pytest11``);
   ``sim_runner``, what those fixtures do (a server, a migrated template database and a clone
   of it per test, seeded runs that shrink and write a regression test on a violation);
+- ``local_model``, ``local_run``, ``local_cli``: the local-time scenario (``--scenario
+  local-time``): participants in seeded zones and quiet hours and a start before a DST
+  change, with its model and broken variants; a run of it, its steps and the SIM-LOCAL
+  invariants; and its command;
 - ``model``, ``observer``, ``actors``, ``faults``, ``broken``, ``driver``, ``cli``: the model
   of REQ-0063 to REQ-0067, the observer's connection, the actor threads, event faults, the
   broken variants (their SQL rewrites, built when a run asks for the variant, and the guard

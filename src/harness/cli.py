@@ -18,6 +18,8 @@ from sqlalchemy.exc import SQLAlchemyError
 from harness.broken import VARIANTS
 from harness.driver import FAULTS, OPT_IN, Progress, regression_source, run_random, write_regression
 from harness.host import HostDispatcher, HostImportError, load_host
+from harness.local_cli import cmd_local_time
+from harness.local_model import LOCAL_VARIANTS
 from harness.report import EPILOG, emit_json, write_junit
 from harness.settle import HarnessError
 from harness.shrink import Shrunk, shrink
@@ -30,6 +32,7 @@ from scheduler.digits import digits_value
 DEFAULTS = {"replicas": 4, "clients": 2, "batch_size": 20, "participants": 4, "faults": "all", "scheduler": "correct",
             "modes": "literal"}
 MAX_ACTORS = 40  # keeps a run well under PostgreSQL's default max_connections (100)
+SCENARIOS = ("replicas", "local-time")
 
 
 def parse_faults(raw: str) -> frozenset[str]:
@@ -62,6 +65,9 @@ def _positive(name: str, low: int, high: int) -> Any:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--scenario", choices=SCENARIOS, default="replicas",
+                        help="replicas (default): replicas racing under faults; local-time: participants in "
+                             "their own zones and quiet hours, the clock stepped across a DST change (SIM-LOCAL)")
     parser.add_argument("--replicas", type=_positive("--replicas", 1, 16), default=DEFAULTS["replicas"],
                         help="scheduler replicas sharing the database (default 4)")
     parser.add_argument("--steps", type=_positive("--steps", 1, 10_000_000), default=1000,
@@ -71,8 +77,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--faults", type=parse_faults, default=DEFAULTS["faults"],
                         help=f"comma-separated faults to inject: {', '.join(FAULTS)}; or all (default) or none; "
                              f"opt-in, not in all: {', '.join(OPT_IN)} (some posts carry an expires_at window)")
-    parser.add_argument("--scheduler", choices=sorted(VARIANTS), default=DEFAULTS["scheduler"],
-                        help="correct (default), or a deliberately broken variant the invariants must catch")
+    parser.add_argument("--scheduler", choices=sorted({*VARIANTS, *LOCAL_VARIANTS}), default=DEFAULTS["scheduler"],
+                        help="correct (default), or a deliberately broken variant the invariants must catch "
+                             f"(--scenario local-time: {', '.join(v for v in LOCAL_VARIANTS if v != 'correct')})")
     parser.add_argument("--modes", choices=MODES, default=DEFAULTS["modes"],
                         help="the replicas' loop mode: literal (default, REQ-0065's interval), prompt "
                              "(polls again at once after a full batch), or mixed (odd replicas prompt)")
@@ -80,8 +87,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="rows per claim (default 20, as in production)")
     parser.add_argument("--clients", type=_positive("--clients", 1, 8), default=DEFAULTS["clients"],
                         help="API clients posting events concurrently (default 2)")
-    parser.add_argument("--participants", type=_positive("--participants", 1, 50), default=DEFAULTS["participants"],
-                        help="participants the events are for; few means contention (default 4)")
+    parser.add_argument("--participants", type=_positive("--participants", 1, 50), default=None,
+                        help="participants the events are for; few means contention (default 4; "
+                             "7 with --scenario local-time, one per zone)")
     parser.add_argument("--regression-file", type=Path, default=None,
                         help="where to write a failing program as a pytest test "
                              "(default: <SCHEDULER_DATA_DIR>/simulation/seed-<seed>.py)")
@@ -198,6 +206,10 @@ def _finish(args: argparse.Namespace, document: dict[str, Any], code: int) -> in
 
 
 def cmd_simulate(args: argparse.Namespace, settings: Settings) -> int:
+    if args.scenario == "local-time":
+        return cmd_local_time(args, settings)
+    if args.participants is None:
+        args.participants = DEFAULTS["participants"]
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**32)
     _say(args, f"simulation seed: {seed}")
     replay = replay_command(args, seed)
@@ -214,6 +226,10 @@ def cmd_simulate(args: argparse.Namespace, settings: Settings) -> int:
         return _finish(args, {**base_document, "result": "error", "message": str(exc)}, 2)
     if host is not None:
         replay = base_document["replay"] = replay_command(args, seed, host)
+    if args.scheduler not in VARIANTS:
+        message = f"--scheduler {args.scheduler} is a variant of --scenario local-time"
+        print(f"error: {message}", file=sys.stderr)
+        return _finish(args, {**base_document, "result": "error", "message": message}, 2)
     if not args.json:
         modes = VARIANTS[args.scheduler].modes or args.modes
         who = args.scheduler if host is None else f"dispatcher {host.name}"

@@ -17,6 +17,7 @@ from sqlalchemy import Engine, event, text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
+from harness.probe import ROLLED_BACK, RollbackProbe
 from scheduler.database import pipeline
 from scheduler.database.queries import DEFAULT_SCHEMA
 from scheduler.nudging.decision import BatchDecisions
@@ -75,11 +76,21 @@ class FaultyDispatcher(BatchDispatcher):
         # False: every batch runs per event, as for a host's dispatcher that cannot decide a
         # batch (and production's fallback), the path where each event's savepoint matters
         self.decides_batches = True
+        # a host's run: what an event rolled back on purpose left committed (SIM-HOST-8)
+        self.probe: RollbackProbe | None = None
 
     def __call__(self, session: Session, event: DigitalTwinEvent, now: datetime) -> DispatchResult:
         record = self._record(event)
+        planned = event.facts.get("sim_fault")
+        probed = self.probe.snapshot() if self.probe is not None and planned in ROLLED_BACK else None
         try:
-            result = self.inner(session, event, now)
+            try:
+                result = self.inner(session, event, now)
+            finally:
+                if probed is not None and self.probe is not None:
+                    self.probe.compare(probed, str(event.scheduled_event_id), str(planned))
+            if probed is not None and self.probe is not None:
+                self.probe.rolled_back(str(event.scheduled_event_id), str(planned), getattr(result, "outbound", ()))
             fault = self._decided(event, result, record)
             if fault == "python":
                 raise InjectedEventFault(f"injected failure of event {event.scheduled_event_id}")

@@ -3,7 +3,8 @@
 It reads only committed state (the observer's own connection) and compares it with the
 model: the rows (SIM-2, SIM-4, SIM-5), the notifications that exist (SIM-4, SIM-5), the
 caps and deduplication keys (SIM-6, the built-in platform's decisions: only when it runs),
-idle replicas holding nothing (SIM-7), and a host's own effects (SIM-12, the host's check).
+idle replicas holding nothing (SIM-7), what a host's dispatch rolled back on purpose left
+(SIM-HOST-8, the harness's own probe) and a host's own effects (SIM-12, the host's check).
 A mismatch is the run's ``Violation``, raised through the simulation so it is recorded once.
 """
 
@@ -30,6 +31,20 @@ class Oracle:
         self.check_no_late_dispatch()
         if self.sim.host is not None and self.sim.host.check_every_step:
             self.check_host_effects()
+        self.check_rollback_probe()  # after the host's own check, which names its rows better
+
+    def check_rollback_probe(self) -> None:
+        """A dispatch rolled back on purpose left no committed change outside the scheduler's
+        schema, no outbox row and no pushed message (SIM-HOST-8, ``probe.py``): the harness's
+        own check of a host's dispatcher, which needs nothing from the host."""
+        sim = self.sim
+        if sim.probe is None:
+            return
+        sim._check("SIM-HOST-8")
+        sim.probe.pushed((r.name, r.scheduler.publisher) for r in sim.replicas)
+        finding = sim.probe.first_finding()
+        if finding is not None:
+            raise sim.fail("SIM-HOST-8", finding.sentence())
 
     def check_host_effects(self) -> None:
         """The host's own check of its writes against every committed outcome (SIM-12)."""

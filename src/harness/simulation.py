@@ -31,6 +31,7 @@ from harness.observer import Observer
 from harness.oracle import Oracle
 from harness.phases import Phases
 from harness.posts import Posts
+from harness.probe import RollbackProbe
 from harness.replica_faults import ReplicaFaults
 from harness.run_steps import LiteralRun, PromptRun
 from harness.settle import Settler
@@ -118,6 +119,7 @@ class Simulation(StepChoices):
         self.catalogue = load_catalogue()
         self.replicas: list[Replica] = []
         self.clients: list[Client] = []
+        self.probe: RollbackProbe | None = None
         try:  # the run's pieces (assembly.py)
             if self.host is None:
                 set_preferences(database_url, self.caps, start)
@@ -128,6 +130,11 @@ class Simulation(StepChoices):
                 self.replicas.append(new_replica(database_url, i, self.rewrites, inner, self._make_scheduler))
             for i in range(clients):
                 self.clients.append(new_client(database_url, i))
+            self.probe = None if self.host is None else RollbackProbe(database_url)  # SIM-HOST-8
+            if self.probe is not None:
+                self.probe.watch(r.engine for r in self.replicas)
+                for r in self.replicas:
+                    r.dispatcher.probe = self.probe
         except BaseException:
             self.close()
             raise
@@ -409,5 +416,7 @@ class Simulation(StepChoices):
             "blocked_steps": dict(sorted(self.stats.blocked.items())),
             "checks": dict(sorted(self.stats.checks.items())),
             "checks_total": sum(self.stats.checks.values()),
+            **({} if self.probe is None else {"rollback_probes": self.probe.windows,
+                                              "rollback_probes_inconclusive": self.probe.inconclusive}),
             "dispatcher": "built-in" if self.host is None else self.host.name,
         }

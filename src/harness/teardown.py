@@ -61,5 +61,8 @@ def close_run(sim: RunContext) -> None:
             for pid in observer.alive({p for a in sim.actors for p in a.pids}):
                 observer.terminate(pid)
     sim.replicas, sim.clients = [], []
+    probe = getattr(sim, "probe", None)
+    if probe is not None:
+        probe.close()
     if observer is not None:
         observer.close()

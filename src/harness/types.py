@@ -17,6 +17,7 @@ from harness.broken import Variant
 from harness.host import Expected, HostDispatcher
 from harness.model import Call, Model
 from harness.observer import Observer
+from harness.probe import RollbackProbe
 from scheduler.core.loop import EventOutcome
 from scheduler.types import DigitalTwinEvent
 
@@ -57,6 +58,7 @@ class RunContext(Protocol):
     stats: Stats
     variant: Variant
     host: HostDispatcher | None  # None: the built-in platform
+    probe: RollbackProbe | None  # what a dispatch rolled back on purpose left (a host's run)
     event_faults: tuple[str, ...]  # the faults an event may carry with this dispatcher
 
     def expect(self, event: DigitalTwinEvent) -> Expected | None:

@@ -28,7 +28,6 @@ from reliability.cluster import free_port, wait_for
 from sqlalchemy import create_engine, make_url, text
 
 from scheduler.database.engine import drop_database, ensure_database
-from tests.helpers import reminder_facts
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "fastapi_host"
 pytest.importorskip("fastapi", reason="FastAPI is a test dependency (the example's framework)")
@@ -52,6 +51,7 @@ def _run(env: dict[str, str], *args: str) -> str:
 
 
 @pytest.mark.clause("EMB-9")
+@pytest.mark.clause("EMB-23")
 @pytest.mark.clause("PERM-11")
 def test_the_fastapi_host_example_migrates_both_schemas_dispatches_through_its_own_dispatcher_and_stops_cleanly(
     blank_database: str, tmp_path: Path
@@ -76,7 +76,7 @@ def test_the_fastapi_host_example_migrates_both_schemas_dispatches_through_its_o
     with engine.begin() as conn:
         # each side's history in its own version table: the host's untouched by the scheduler's
         assert conn.execute(text("SELECT version_num FROM public.alembic_version")).scalars().all() == [
-            "host_0001_users"]
+            "host_0002_commitments"]
         conn.execute(text("INSERT INTO users (id, opted_out) VALUES ('anna', false), ('bob', false), "
                           "('carl', true)"))
         conn.execute(text("INSERT INTO notifications (user_id, body) VALUES ('anna', 'the host''s own')"))
@@ -102,8 +102,9 @@ def test_the_fastapi_host_example_migrates_both_schemas_dispatches_through_its_o
             due = (datetime.now(UTC) - timedelta(seconds=1)).isoformat()
 
             def post(user: str, key: str | None, commitment: str) -> dict[str, Any]:
+                # the host's own facts contract: a commitment, no facts_version nor scenario
                 body = {"event_type": "commitment_reminder", "user_id": user, "trigger_at": due,
-                        "facts": {**reminder_facts(), "commitment": commitment}}
+                        "facts": {"commitment": commitment}}
                 if key:
                     body["external_key"] = key
                 answer = client.post("/nudging/admin/scheduled-events", headers=sender, json=body)

@@ -44,12 +44,12 @@ def claim_plan(conn: Connection, mode: str) -> dict[str, Any]:
     else:
         generic = (
             sql("claim_due_events").replace(":now", "$1").replace(":batch_size", "$2")
-            .replace(":after_trigger", "$3").replace(":after_id", "$4").replace(":busy", "$5")
+            .replace(":after_due", "$3").replace(":after_id", "$4").replace(":busy", "$5")
         )
         conn.exec_driver_sql("SET plan_cache_mode = force_generic_plan")
         conn.exec_driver_sql(f"PREPARE bench_claim (timestamptz, integer, timestamptz, text, text[]) AS {generic}")
         # EXECUTE takes no bound parameters: the values go in as literals, the plan stays generic.
-        after = params["after_trigger"].isoformat()
+        after = params["after_due"].isoformat()
         raw = conn.exec_driver_sql(
             f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE bench_claim('{NOW.isoformat()}', {BATCH}, "
             f"'{after}', '', '{{}}')"

@@ -48,7 +48,7 @@ def test_pipelined_statements_run_in_the_sessions_one_transaction_and_return_the
             pipeline.command("SAVEPOINT second"),
             pipeline.Step(command="SELECT txid_current() AS tx, 1 AS one"),
             Statements.of().step("claim_due_events", {"now": "2026-01-01T00:00:00Z", "batch_size": 5,
-                                                "after_trigger": "0001-01-02T00:00:00Z", "after_id": "",
+                                                "after_due": "0001-01-02T00:00:00Z", "after_id": "",
                                                 "busy": []}),
         ])
     finally:

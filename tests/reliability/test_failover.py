@@ -34,13 +34,15 @@ DEADLINE_SECONDS = 30.0
 
 @pytest.mark.clause("FAILOVER-1")
 @pytest.mark.clause("REL-17")
+@pytest.mark.clause("INBOX-15")
 def test_a_small_failover_run_loses_nothing_pushes_nothing_twice_and_heals_with_listen_back(tmp_path: Path) -> None:
     """FAILOVER-1, REL-17: `python -m reliability failover` (a synchronous standby, 2 prompt
     replicas each with another spelling of the two servers, 3 clients for 8 s, 300 backlog
     events, the primary SIGKILLed at 3 s and the standby promoted 1 s later): every POST that
     answered 201 is on the new primary, none pushed twice, nothing stuck, both replicas healthy
     with LISTEN back within 15 s of the promotion without a restart, only 201s and 503s with
-    Retry-After; lost: 0."""
+    Retry-After; lost: 0. INBOX-15: a stream opened on a replica after the drain gets every
+    sent notification its stream number (whatever numbering the failover broke)."""
     run = run_small_scenario("failover", ["--replicas", "2", "--clients", "3", "--seconds", "8", "--kill-at", "3",
                                           "--promote-after", "1", "--events", "300", "--seed", "17"],
                              tmp_path, timeout=300)
@@ -49,6 +51,7 @@ def test_a_small_failover_run_loses_nothing_pushes_nothing_twice_and_heals_with_
     assert figures["acknowledged_missing"] == 0 and figures["dispatched_twice"] == 0, run.output()
     assert 0 < figures["acknowledged_before_kill"] < figures["acknowledged_201"], run.output()
     assert figures["answered_503"] > 0 and figures["max_recovery_seconds"] <= 15, run.output()
+    assert figures["stream_unnumbered_after_drain"] >= 0, run.output()
 
 
 @pytest.mark.clause("FAILOVER-1")

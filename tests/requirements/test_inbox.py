@@ -495,3 +495,63 @@ def test_a_batch_whose_numbering_and_one_push_fail_still_pushes_the_others_and_k
     for user in users:
         page = client.get(ME, headers=bearer(None, subject=user)).json()
         assert [(n["user_id"], n["stream_seq"]) for n in page["items"]] == [(user, None)]
+
+
+@pytest.mark.clause("INBOX-15")
+def test_a_notification_whose_numbering_failed_is_numbered_and_streamed_on_the_inbox_next_read(
+    client: TestClient, service: SchedulerService, publisher: RecordingPublisher, database_url: str
+) -> None:
+    """INBOX-15: two reminders are numbered normally and two more while the numbering fails
+    (the database went away after their batches committed). A hub's next read numbers the two
+    left behind and offers them live; the participant's stream, replayed from the start, then
+    holds every sent notification: nothing missing, nothing twice."""
+    deliver(client, service, n=2)
+    gone = make_url(database_url).set(database="no_such_database").render_as_string(hide_password=False)
+    working = service.scheduler.publisher
+    service.scheduler.publisher = StreamPublisher(Database(make_engine(gone)), publisher)
+    deliver(client, service, n=2)
+    service.scheduler.publisher = working
+    unnumbered = rows(service.engine, "SELECT id FROM notifications WHERE stream_seq IS NULL ORDER BY created_at")
+    assert len(unnumbered) == 2
+    inbox = Inbox(service.database)
+
+    async def next_read() -> list[dict[str, Any]]:
+        subscriber = await inbox.subscribe("participant-1")
+        await asyncio.wait_for(inbox.pump(), timeout=20)
+        live = []
+        while not subscriber.queue.empty():
+            live.append(subscriber.queue.get_nowait())
+        inbox.unsubscribe(subscriber)
+        return live
+
+    live = asyncio.run(next_read())
+    assert [r["id"] for r in live] == [r["id"] for r in unnumbered]
+    sent = rows(service.engine, "SELECT id FROM notifications WHERE status = 'sent' AND user_id = 'participant-1'")
+    with service.database.begin() as session:
+        stream = service.database.inbox.participant_stream_after(session, user_id="participant-1", after=0,
+                                                                  limit=100)
+    assert sorted(r["id"] for r in stream) == sorted(r["id"] for r in sent)
+    assert len({r["stream_seq"] for r in stream}) == len(sent) == 4
+
+
+@pytest.mark.clause("INBOX-15")
+def test_a_stream_open_on_another_replica_receives_a_notification_whose_numbering_failed(
+    client: TestClient, service: SchedulerService, replica_b: SchedulerService, publisher: RecordingPublisher,
+    database_url: str,
+) -> None:
+    """INBOX-15: a stream is open on replica B; replica A's numbering fails after its commit, so
+    no NOTIFY comes; B's hub numbers the notification on its next timed read and the stream
+    receives it (the hub's timer is shortened here so the wait stays short)."""
+    replica_b.inbox.safety_seconds = replica_b.inbox.fallback_seconds = 0.05
+    gone = make_url(database_url).set(database="no_such_database").render_as_string(hide_password=False)
+    service.scheduler.publisher = StreamPublisher(Database(make_engine(gone)), publisher)
+    with serve(replica_b) as base_b, httpx.Client() as http:
+        stream = open_stream(base_b, PARTICIPANT, http)
+        try:
+            stream.until_connected()
+            deliver(client, service)
+            seq, note = stream.next_event()
+            assert note["user_id"] == "participant-1" and note["stream_seq"] == seq
+        finally:
+            stream.close()
+    assert rows(service.engine, "SELECT count(*) AS n FROM notifications WHERE stream_seq IS NULL")[0]["n"] == 0

@@ -63,6 +63,7 @@ for _example in EXAMPLES:  # the examples' packages, importable as their own CI 
 try:
     from host_app.broken import OutsideTransactionDispatcher
     from host_app.dispatcher import DeliveryDispatcher, RefusingDispatcher
+    from host_service.broken import OwnConnectionDispatcher
     from host_service.dispatcher import HostDispatcher
 finally:
     for _example in EXAMPLES:
@@ -75,8 +76,8 @@ CLOCKS: list[type[Clock]] = [SystemClock, ManualClock, OffsetClock, DatabaseCloc
 PUBLISHERS: list[type[Publisher]] = [LoggingPublisher, RecordingPublisher, StreamPublisher, CountingPublisher]
 BULK_PUBLISHERS: list[type[BulkPublisher]] = [StreamPublisher]
 DISPATCHERS: list[type[Dispatcher]] = [NudgingPlatform, FaultyDispatcher, HostDispatcher, DeliveryDispatcher,
-                                       RefusingDispatcher, OutsideTransactionDispatcher, _Outbox,
-                                       _RepeatableOutbox, _BatchOutbox]
+                                       RefusingDispatcher, OutsideTransactionDispatcher, OwnConnectionDispatcher,
+                                       _Outbox, _RepeatableOutbox, _BatchOutbox]
 BATCH_DISPATCHERS: list[type[BatchDispatcher]] = [NudgingPlatform, FaultyDispatcher, _BatchOutbox]
 BATCH_DECISIONS: list[type[BatchDecisions]] = [decision.BatchDecisions]
 SENDERS: list[type[Sender]] = [WebhookSender, WebPushSender]
@@ -224,7 +225,8 @@ def test_a_plain_callable_is_a_dispatcher_that_declares_neither_repeat_nor_batch
     assert capabilities_of(FakeUndeclared()) is UNDECLARED
     platform = NudgingPlatform.__new__(NudgingPlatform)
     assert capabilities_of(platform) == Capabilities(safe_to_repeat=True, batch=platform)
-    for host in (HostDispatcher(), DeliveryDispatcher(), RefusingDispatcher(), OutsideTransactionDispatcher()):
+    for host in (HostDispatcher(), DeliveryDispatcher(), RefusingDispatcher(), OutsideTransactionDispatcher(),
+                 OwnConnectionDispatcher()):
         assert capabilities_of(host) is UNDECLARED, host
     # the simulation's wrapper declares what it wraps: repeatable with the platform, not with a host's
     wrapped, hosted = FaultyDispatcher(platform, 0), FaultyDispatcher(DeliveryDispatcher(), 0)

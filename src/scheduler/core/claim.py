@@ -31,7 +31,7 @@ _BEFORE_ALL = (BEFORE_EVERY_TRIGGER, "")
 
 def claim_params(now: datetime, batch_size: int) -> dict[str, Any]:
     """The bind parameters of a claim's first round (benchmarks and plan tests use them too)."""
-    return {"now": now, "batch_size": batch_size, "after_trigger": _BEFORE_ALL[0],
+    return {"now": now, "batch_size": batch_size, "after_due": _BEFORE_ALL[0],
             "after_id": _BEFORE_ALL[1], "busy": []}
 
 
@@ -53,7 +53,7 @@ def claim_rounds(session: Session, now: datetime, batch_size: int,
     # per busy participant, plus one.
     while True:
         wanted = batch_size - len(events)
-        params = {**claim_params(now, wanted), "after_trigger": after[0], "after_id": after[1],
+        params = {**claim_params(now, wanted), "after_due": after[0], "after_id": after[1],
                   "busy": sorted(busy)}
         returned = events_repository.claim(session, params)
         ended.extend(EventOutcome.expired(r["id"], r["event_type"], r["trigger_at"], r["last_error"], now)

@@ -14,7 +14,12 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from scheduler.core.trigger_range import RANGE_TEXT, TriggerOutOfRange, check_trigger_at
+from scheduler.core.trigger_range import (
+    LATEST_TRIGGER,
+    RANGE_TEXT,
+    TriggerOutOfRange,
+    check_trigger_at,
+)
 
 
 class ExpiryRefused(ValueError):
@@ -55,3 +60,20 @@ def stored_expires_at(trigger_at: datetime, expires_at: datetime | None,
                                           f"expires_at would fall outside {RANGE_TEXT}; send an earlier "
                                           "trigger_at or an expires_at of its own") from None
     return default
+
+
+# The last instant the storable range holds (``LATEST_TRIGGER`` is the first one past it).
+LAST_STORABLE = LATEST_TRIGGER - timedelta(microseconds=1)
+
+
+def held_expires_at(arrived_at: datetime, default_window: timedelta | None) -> datetime | None:
+    """The ``expires_at`` of a live event its participant's quiet hours held (QUIET-7): its
+    arrival plus the default window, or the last storable instant when the window reaches
+    past the range (QUIET-9). The sender sent no time to correct, so nothing is refused:
+    no claim inside the range can come after either."""
+    if default_window is None:
+        return None
+    try:
+        return stored_expires_at(arrived_at, None, default_window)
+    except ExpiryRefused:
+        return LAST_STORABLE

@@ -20,7 +20,7 @@ from typing import Any
 from sqlalchemy import RowMapping
 from sqlalchemy.orm import Session
 
-from scheduler.core.expiry import stored_expires_at
+from scheduler.core.expiry import held_expires_at, stored_expires_at
 from scheduler.core.trigger_range import check_trigger_at
 from scheduler.database.database import Database
 from scheduler.database.events import EventRepository
@@ -123,10 +123,11 @@ def store_held_live_event(session: Session, events: EventRepository, event: Digi
                           traceparent: str | None = None) -> dict[str, Any]:
     """In the live dispatch's transaction, store a live event its participant's quiet hours
     held as a scheduled row: ``trigger_at`` its arrival (``now``), due at ``not_before``, the
-    same facts, the service's default expiry window (QUIET-7); the row as the API shows it."""
+    same facts, the service's default expiry window, kept to the storable range (QUIET-7,
+    QUIET-9); the row as the API shows it."""
     params = {
         "id": str(uuid.uuid4()), "event_type": event.event_type, "user_id": event.user_id,
-        "community_id": event.community_id, "expires_at": stored_expires_at(now, None, default_expiry),
+        "community_id": event.community_id, "expires_at": held_expires_at(now, default_expiry),
         "facts": json.dumps(dict(event.facts)), "now": now, "traceparent": traceparent, "not_before": not_before,
     }
     events.set_change_context(session, "held", None)

@@ -26,6 +26,14 @@ class InboxRepository(Repository):
             session.execute(self.statements["notify_inbox"], {"channel": channel, "payload": str(numbers[-1])})
         return numbers
 
+    def number_unnumbered(self, session: Session, *, lock_key: int, channel: str, limit: int) -> list[int]:
+        """Number the sent notifications a failed numbering left without a stream number
+        (at most ``limit``, oldest first), as ``number_for_stream`` does: a repair that
+        takes the stream's order lock only when there is something to number."""
+        ids = [str(i) for i in session.execute(self.statements["unnumbered_for_stream"],
+                                                {"limit": limit}).scalars()]
+        return self.number_for_stream(session, ids, lock_key=lock_key, channel=channel) if ids else []
+
     def stream_tail(self, session: Session, *, after: int, limit: int) -> list[dict[str, Any]]:
         """The stream's rows numbered after ``after``, in stream order."""
         rows = session.execute(self.statements["stream_tail"], {"after": after, "limit": limit}).mappings()

@@ -134,6 +134,9 @@ class Notification(Base):
         Index("ix_notifications_user_id_stream_seq", "user_id", "stream_seq",
               postgresql_where=text("stream_seq IS NOT NULL")),
         Index("ix_notifications_stream_seq", "stream_seq", postgresql_where=text("stream_seq IS NOT NULL")),
+        # The inbox's repair: sent notifications whose numbering failed after the commit (INBOX-15).
+        Index("ix_notifications_unnumbered", "created_at", "id",
+              postgresql_where=text("stream_seq IS NULL AND status = 'sent'")),
         # An event's page in the console lists the notifications it produced.
         Index(
             "ix_notifications_scheduled_event_id",

@@ -57,7 +57,7 @@ EARLIEST_INSTANT: Final = datetime(1, 1, 15, tzinfo=UTC)
 LATEST_INSTANT: Final = datetime(9999, 12, 15, tzinfo=UTC)
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)  # not frozen: raising sets __traceback__ (a frozen exception cannot be raised through a with)
 class LocalTimeError(ValueError):
     """A time zone or quiet hours a participant cannot have: one ``{field, message}`` per
     problem, the field as a route names it in its 422 (``time_zone``, ``quiet_hours.start``)."""

@@ -285,6 +285,7 @@ class SchedulerService:
         self.health = HealthRoutes(scheduler=self.scheduler, clock=self.clock, listener=listener,
                                    settings=settings, loop_alive=lambda: self.loop_alive,
                                    mounted=lambda: self.app.routes, run_scheduler=lambda: self.run_scheduler,
+                                   facts_contract=self.facts_contract,
                                    outbox=OutboxHealth(self.database, self.clock,
                                                        stale_seconds=settings.delivery_stale_seconds))
         self.ingest = IngestRoutes(database=self.database, clock=self.clock, dispatcher=self.dispatcher,
@@ -432,7 +433,7 @@ class SchedulerService:
             raise ValueError(f"the mount path must start with '/' and not end with one, got {path!r}")
         app.mount(path, self.app_for(*parts))
         host_openapi = app.openapi
-        ours = functools.partial(openapi_document, self.routes_for(*parts))
+        ours = functools.partial(openapi_document, self.routes_for(*parts), facts_contract=self.facts_contract)
 
         def openapi() -> dict[str, Any]:
             if app.openapi_schema is None:

@@ -70,7 +70,7 @@ WITH outcomes AS MATERIALIZED (
       -- a later round of the same claim continues after the rows the earlier rounds saw
       -- (a keyset on the index order; the first round starts before every row Python can
       -- read, core.trigger_range.BEFORE_EVERY_TRIGGER)
-      AND (due_at, id) > (:after_trigger, :after_id)
+      AND (due_at, id) > (:after_due, :after_id)
       -- participants whose lock an earlier round found busy: their rows stay untouched
       AND user_id <> ALL(CAST(:busy AS text[]))
     -- oldest first (by trigger_at when nothing is held: REQ-0065's order, DEC-LOCAL-TIME);
@@ -897,6 +897,16 @@ UPDATE scheduler.notifications
 SET stream_seq = nextval('scheduler.notification_stream_seq')
 WHERE id = ANY(CAST(:ids AS text[])) AND stream_seq IS NULL
 RETURNING stream_seq;
+
+-- name: unnumbered_for_stream
+-- Sent notifications left without a stream number (their numbering failed after the commit), oldest first.
+-- (the service's every sent notification is delivered in-app: the web channel is always on;
+-- the partial index ix_notifications_unnumbered holds only these rows, so this is cheap when
+-- there are none, as there almost always are)
+SELECT id FROM scheduler.notifications
+WHERE stream_seq IS NULL AND status = 'sent'
+ORDER BY created_at, id
+LIMIT :limit;
 
 -- name: notify_inbox
 -- Wake every replica's inbox (LISTEN scheduler_inbox); the payload is the stream number.

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -39,6 +39,9 @@ from scheduler.web.http.params import declares
 from scheduler.web.http.plumbing import respond
 from scheduler.web.http.schemas import HealthOut, SchedulerHealthDetailOut, SchedulerHealthOut
 
+if TYPE_CHECKING:
+    from scheduler.nudging.facts import FactsContract
+
 State = Literal["running", "degraded", "stale", "failing", "stopped"]
 DETAILS = "GET /admin/health/scheduler (admin) has the error"
 
@@ -52,8 +55,10 @@ class HealthRoutes:
 
     def __init__(self, *, scheduler: Scheduler, clock: Clock, listener: Listener, settings: Settings,
                  loop_alive: Callable[[], bool], mounted: Callable[[], Sequence[BaseRoute]],
-                 run_scheduler: Callable[[], bool] = lambda: True, outbox: OutboxHealth | None = None) -> None:
+                 run_scheduler: Callable[[], bool] = lambda: True,
+                 facts_contract: FactsContract | None = None, outbox: OutboxHealth | None = None) -> None:
         self.scheduler = scheduler
+        self.facts_contract = facts_contract  # what the document describes facts by (DEC-FACTS-CONTRACT)
         self.outbox = outbox
         self.clock = clock
         self.listener = listener
@@ -146,7 +151,8 @@ class HealthRoutes:
     async def openapi(self, request: Request) -> Response:
         """The OpenAPI document; under a mount (or ``--root-path``) its ``servers`` entry
         names the prefix, so clients call the mounted URLs."""
-        return JSONResponse(openapi_document(self.mounted(), root_path=request.scope.get("root_path", "")))
+        return JSONResponse(openapi_document(self.mounted(), root_path=request.scope.get("root_path", ""),
+                                             facts_contract=self.facts_contract))
 
 
 def public(snapshot: dict[str, Any]) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
@@ -27,6 +28,7 @@ from scheduler.nudging.facts import (
     check_facts_contract,
     host_contract_errors,
 )
+from scheduler.nudging.local_time import LocalTimeError
 from scheduler.observability.observer import Observer
 from scheduler.types import (
     Clock,
@@ -185,9 +187,15 @@ class IngestRoutes:
     def _dispatch_live(self, event: DigitalTwinEvent, now: datetime, traceparent: str | None) -> DispatchResult:
         # observability: the live dispatch's span (its statements inside); a broken host
         # dispatcher's NotADispatchResult is a 500
-        with self.observer.live_dispatch(event.event_type) as dispatched:
-            result = ingest.dispatch_live(self.database, self.dispatcher, event, now, dispatched=dispatched,
-                                          default_expiry=self.default_expiry, traceparent=traceparent)
+        try:
+            with self.observer.live_dispatch(event.event_type) as dispatched:
+                result = ingest.dispatch_live(self.database, self.dispatcher, event, now, dispatched=dispatched,
+                                              default_expiry=self.default_expiry, traceparent=traceparent)
+        except LocalTimeError as exc:
+            # the participant's stored zone no longer loads (a tz database upgrade dropped it):
+            # their state, not the sender's body, stands in the way; nothing was written (QUIET-8)
+            raise HTTPException(409, f"participant {event.user_id!r} cannot be decided: their stored {exc}; "
+                                     "set their preferences again with a zone the installed tz database holds") from None
         if result.refusal is not None:
             return result
         # after the commit, through the core's publish path (its logger names a failure)

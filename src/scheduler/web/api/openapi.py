@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import copy
+import inspect
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 from starlette.routing import BaseRoute, Route
 
 from scheduler.web.http.params import STREAM_ID_DIGITS, declared
+
+if TYPE_CHECKING:
+    from scheduler.nudging.facts import FactsContract
 from scheduler.web.http.schemas import (
     BatchItemOut,
     CancelConflictOut,
@@ -151,7 +156,8 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
                             "due at not_before"),
             "204": {"description": "no rule triggered"},
             "400": _json(RuleRefusalOut, "no enabled rule claims the scenario at that frequency"),
-            "409": _json(DuplicateOut, "every rule that would have fired was a duplicate"),
+            "409": _one_of((DuplicateOut, ErrorOut), "every rule that would have fired was a duplicate; or "
+                           "the participant's stored time_zone no longer loads (set their preferences again)"),
             **TOO_LARGE,
             **ERRORS,
             "422": _one_of(
@@ -282,16 +288,55 @@ OPERATIONS.update({
 })
 
 
-def openapi_document(routes: Sequence[BaseRoute], root_path: str = "") -> dict[str, Any]:
+# The bodies whose ``facts`` a host's own facts contract judges (DEC-FACTS-CONTRACT).
+FACTS_BODIES = ("ScheduledEventIn", "LiveEventIn")
+HOST_FACTS_REFUSED = ("facts refused by the service's facts contract ({detail, errors: [{field, message}]}, "
+                      "a field of the contract's named facts.<path>), or any other malformed body, each field named")
+
+
+def _host_facts(contract: FactsContract, schemas: dict[str, Any], ref: dict[str, Any] | None) -> None:
+    """``facts`` of the bodies as the host's contract says: its model's schema (``ref``), or an
+    object judged by its callable (named, with the first line of its docstring). Absent facts
+    are given to the contract as an empty object, so the contract, not the schema, requires them."""
+    name = getattr(contract, "__qualname__", type(contract).__qualname__)
+    doc = (inspect.getdoc(contract) or "").strip().splitlines()
+    said = f": {doc[0]}" if doc else ""
+    if ref is not None:
+        facts: dict[str, Any] = {**ref, "description": f"Validated by the service's facts contract, {name}{said}"}
+    else:
+        facts = {"type": "object", "description": f"Judged by the service's facts contract, {name}{said} "
+                                                  "(an object; a refusal names facts)"}
+    for body in FACTS_BODIES:
+        schema = schemas.get(body)
+        if schema is None:
+            continue
+        schema["properties"]["facts"] = facts
+        schema["required"] = [field for field in schema.get("required", []) if field != "facts"]
+
+
+def _contract_model(contract: FactsContract | None) -> type[BaseModel] | None:
+    return contract if isinstance(contract, type) and issubclass(contract, BaseModel) else None
+
+
+def openapi_document(routes: Sequence[BaseRoute], root_path: str = "",
+                     facts_contract: FactsContract | None = None) -> dict[str, Any]:
     """OpenAPI 3.1 for the routes actually mounted (an undocumented route is an error).
 
     ``root_path`` is where the app is mounted (the ASGI ``root_path``): it becomes the
     ``servers`` entry, so the paths stay relative to the app and clients call the right URLs.
+    ``facts_contract``, the service's own (DEC-FACTS-CONTRACT), is what the bodies' ``facts``
+    are described by (a pydantic model's JSON schema among the components, or an object judged
+    by a callable) instead of the built-in contract, and the facts 422s say so.
     """
-    _, definitions = models_json_schema(
-        [(m, "validation" if m.__name__.endswith("In") else "serialization") for m in MODELS],
+    model = _contract_model(facts_contract)
+    refs, definitions = models_json_schema(
+        [(m, "validation" if m.__name__.endswith("In") else "serialization") for m in MODELS]
+        + ([(model, "validation")] if model is not None else []),
         ref_template="#/components/schemas/{model}",
     )
+    if facts_contract is not None:
+        ref = dict(refs[(model, "validation")]) if model is not None else None
+        _host_facts(facts_contract, definitions.setdefault("$defs", {}), ref)
     paths: dict[str, dict[str, Any]] = {}
     for route in routes:
         if not isinstance(route, Route) or not route.include_in_schema:
@@ -302,6 +347,11 @@ def openapi_document(routes: Sequence[BaseRoute], root_path: str = "") -> dict[s
                 raise KeyError(f"route {method} {route.path_format} has no OpenAPI description")
             spec = dict(OPERATIONS[key])
             operation: dict[str, Any] = {"summary": spec["summary"], "responses": spec["responses"]}
+            if facts_contract is not None and "request" in spec and spec["request"].__name__ in FACTS_BODIES:
+                responses = copy.deepcopy(spec["responses"])  # OPERATIONS is shared: never changed
+                responses["422"]["description"] = HOST_FACTS_REFUSED + (
+                    "; or the dispatcher refuses the live event" if key[0] == "/admin/ingest-event" else "")
+                operation["responses"] = responses
             params = [
                 {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
                 for name in route.param_convertors

@@ -70,8 +70,10 @@ class StreamPublisher(BulkPublisher):
             self.number([m.notification_id for m in messages if m.channel == "web"])
         except Exception:
             # Committed and recorded already: the notifications stay readable in
-            # GET /me/notifications; only their live push is lost (logged, not retried).
-            logger.exception("inbox: numbering %d notifications for the stream failed", len(messages))
+            # GET /me/notifications, and every replica's inbox numbers them on its next
+            # read (INBOX-15): late in the stream, never missing from it.
+            logger.exception("inbox: numbering %d notifications for the stream failed; "
+                             "the inbox numbers them on its next read", len(messages))
         publish_committed(self.inner, messages, self.name)
 
     def number(self, notification_ids: list[str]) -> list[int]:
@@ -118,6 +120,13 @@ class InboxStats:
 def _read_tail(database: Database, after: int, limit: int) -> list[dict[str, Any]]:
     with database.begin() as session:
         return database.inbox.stream_tail(session, after=after, limit=limit)
+
+
+def number_unnumbered(database: Database, limit: int) -> int:
+    """Number what a failed numbering left unnumbered (INBOX-15); how many it numbered."""
+    with database.begin() as session:
+        return len(database.inbox.number_unnumbered(session, lock_key=STREAM_LOCK_KEY, channel=CHANNEL,
+                                                    limit=limit))
 
 
 def stream_head(database: Database) -> int:
@@ -232,8 +241,14 @@ class Inbox:
         self.cursor = None  # nobody listens: the next stream starts from the head again
 
     async def pump(self) -> int:
-        """Read every row after the cursor and offer each to its participant's streams."""
+        """Number what a failed numbering left behind, then read every row after the cursor
+        and offer each to its participant's streams."""
         offered = 0
+        if self.subscribers:
+            # Retried until it holds (INBOX-15): a numbering that failed after its batch
+            # committed (a failover, a lost connection) is done here, by whichever replica
+            # reads next; a failure here is logged by the hub and retried on its next wake.
+            await run_in_threadpool(number_unnumbered, self.database, self.read_limit)
         while self.subscribers and self.cursor is not None:
             rows = await run_in_threadpool(_read_tail, self.database, self.cursor, self.read_limit)
             self.stats.reads += 1

@@ -214,6 +214,8 @@ def upgrade() -> None:
                     postgresql_where=sa.text("stream_seq IS NOT NULL"))
     op.create_index("ix_notifications_stream_seq", "notifications", ["stream_seq"],
                     postgresql_where=sa.text("stream_seq IS NOT NULL"))
+    op.create_index("ix_notifications_unnumbered", "notifications", ["created_at", "id"],
+                    postgresql_where=sa.text("stream_seq IS NULL AND status = 'sent'"))
     op.create_index("ix_notifications_scheduled_event_id", "notifications", ["scheduled_event_id"],
                     postgresql_where=sa.text("scheduled_event_id IS NOT NULL"))
 
