@@ -115,7 +115,8 @@ class BulkPublisher(Publisher):
 @dataclass
 class DispatchResult:
     """What the dispatch path decided for one event: ``refusal`` (a row's ``last_error``) exactly
-    when ``outcome.refused``, ``not_before`` (quiet hours' end) exactly when ``DEFERRED``."""
+    when ``outcome.refused``, ``not_before`` exactly when ``DEFERRED``; ``outbound`` is published
+    after the commit (at most once), ``outbox`` queued in it (at least once: OUTBOX-7)."""
 
     outcome: DispatchOutcome
     refusal: str | None = None
@@ -123,6 +124,7 @@ class DispatchResult:
     notifications: list[dict[str, Any]] = field(default_factory=list)
     outbound: list[OutboundMessage] = field(default_factory=list)
     not_before: datetime | None = None
+    outbox: list[OutboundMessage] = field(default_factory=list)
 
 
 @runtime_checkable

@@ -27,7 +27,7 @@ pytest.importorskip("fastapi", reason="FastAPI is a test dependency (the example
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "fastapi_host"
 PATH_VALUES = {"event_id": str(uuid.UUID(int=7)), "session_id": str(uuid.UUID(int=8)), "user_id": "anna",
-               "external_key": "no-such-key"}
+               "external_key": "no-such-key", "delivery_id": "9999"}
 REFERENCE = re.compile(r'"\$ref":\s*"#/components/schemas/([^"]+)"')
 
 

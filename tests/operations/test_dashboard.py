@@ -7,6 +7,7 @@ it breaks an operator's dashboard; and the dashboard shows what OBS and DASH cla
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from collections.abc import Iterator
@@ -21,10 +22,12 @@ from starlette.testclient import TestClient
 
 from scheduler.config import Settings
 from scheduler.core.clock import ManualClock
+from scheduler.nudging.orchestrator import RecordingPublisher
 from scheduler.service import SchedulerService
 from tests.conftest import T0, TEST_SECRET
 from tests.helpers import post_event
 from tests.operations.support import loop_step
+from tests.requirements.test_outbox import ScriptedSender, worker
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "docs" / "grafana-dashboard.json"
 BAD_FACTS = {"facts_version": "1", "scenario": "commitment_reminder", "date": "someday"}
@@ -103,13 +106,24 @@ def problems(dashboard: dict[str, Any], samples: dict[str, set[str]]) -> list[st
 
 
 @pytest.fixture
+def service(settings: Settings, engine: Engine, clock: ManualClock, publisher: RecordingPublisher) -> SchedulerService:
+    """The suite's service with an outbox channel (a fake provider at the edge), so the
+    delivery metrics have series too."""
+    return SchedulerService(settings, engine=engine, clock=clock, publisher=publisher, run_scheduler=False,
+                            senders={"sms": ScriptedSender()})
+
+
+@pytest.fixture
 def exposition(service: SchedulerService, client: TestClient, clock: ManualClock) -> str:
-    """A real scrape after a poll that dispatched one event and failed one, so that every
-    labelled series exists."""
+    """A real scrape after a poll that dispatched one event and failed one, and the delivery
+    worker's attempt at the dispatched one's outbox row, so that every labelled series exists."""
     post_event(client, user_id="anna", trigger_at=T0)
     post_event(client, user_id="carl", trigger_at=T0, facts=BAD_FACTS)
     clock.advance(timedelta(seconds=30))
     loop_step(service)
+    sending = worker(service, ScriptedSender(), clock)
+    sending.observers.append(service.metrics.deliveries)
+    assert len(asyncio.run(sending.run_once())) == 1
     response = client.get("/metrics")
     assert response.status_code == 200, response.text
     text: str = response.text
@@ -130,6 +144,7 @@ def production_exposition(engine: Engine) -> str:
 
 
 @pytest.mark.clause("DASH-1")
+@pytest.mark.clause("DASH-3")
 def test_every_expression_of_the_dashboard_reads_metrics_and_labels_the_service_exposes(
     exposition: str, production_exposition: str
 ) -> None:
@@ -189,3 +204,23 @@ def test_the_dashboard_shows_what_an_operator_starts_from() -> None:
     assert len({p["id"] for p in dashboard["panels"]}) == len(dashboard["panels"])
     assert all(p["datasource"] == {"type": "prometheus", "uid": "${datasource}"} for p in panels)
     assert dashboard["uid"] and dashboard["schemaVersion"] >= 36
+
+
+@pytest.mark.clause("DASH-3")
+def test_the_dashboard_shows_delivery_outcomes_outbox_depth_oldest_queued_and_trigger_to_delivered() -> None:
+    """DASH-3: the delivery row's panels: attempts by channel and outcome as a rate, the outbox's
+    depth by status, the oldest queued delivery's age, and trigger-to-delivered p50 and p99 (each
+    metric exposed, DASH-1's check)."""
+    dashboard = json.loads(DASHBOARD.read_text())
+    exprs = [expr for _, expr in expressions(dashboard)]
+
+    def reads(metric: str, *also: str) -> bool:
+        return any(metric in metric_names(e) and all(part in e for part in also) for e in exprs)
+
+    assert reads("scheduler_delivery_attempts_total", "rate(", "by (channel, outcome)")
+    assert reads("scheduler_deliveries_queued", "by (status)")
+    assert reads("scheduler_oldest_queued_delivery_seconds")
+    assert reads("scheduler_delivery_latency_seconds_bucket", "histogram_quantile(0.5,")
+    assert reads("scheduler_delivery_latency_seconds_bucket", "histogram_quantile(0.99,")
+    titles = [p["title"] for p in dashboard["panels"]]
+    assert "Delivery (outbox)" in titles and "Delivery outcomes by channel" in titles

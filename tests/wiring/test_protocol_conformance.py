@@ -39,6 +39,7 @@ from scheduler.delivery.webpush import WebPushSender
 from scheduler.nudging import decision
 from scheduler.nudging.decision import NudgingPlatform
 from scheduler.nudging.orchestrator import LoggingPublisher, RecordingPublisher
+from scheduler.operations.host_outbox import _BatchOutbox, _Outbox, _RepeatableOutbox
 from scheduler.types import (
     UNDECLARED,
     BatchDecisions,
@@ -79,8 +80,9 @@ PUBLISHERS: list[type[Publisher]] = [LoggingPublisher, RecordingPublisher, Strea
                                      BlockingWebhookPublisher]
 BULK_PUBLISHERS: list[type[BulkPublisher]] = [StreamPublisher]
 DISPATCHERS: list[type[Dispatcher]] = [NudgingPlatform, FaultyDispatcher, HostDispatcher, DeliveryDispatcher,
-                                       RefusingDispatcher, OutsideTransactionDispatcher, OwnConnectionDispatcher]
-BATCH_DISPATCHERS: list[type[BatchDispatcher]] = [NudgingPlatform, FaultyDispatcher]
+                                       RefusingDispatcher, OutsideTransactionDispatcher, OwnConnectionDispatcher,
+                                       _Outbox, _RepeatableOutbox, _BatchOutbox]
+BATCH_DISPATCHERS: list[type[BatchDispatcher]] = [NudgingPlatform, FaultyDispatcher, _BatchOutbox]
 BATCH_DECISIONS: list[type[BatchDecisions]] = [decision.BatchDecisions]
 SENDERS: list[type[Sender]] = [WebhookSender, WebPushSender, ProviderModel]
 

@@ -396,6 +396,35 @@ def check_environment(env: Env) -> None:
         assert service.settings.environment == "development"
 
 
+def check_delivery_stale_seconds(env: Env) -> None:
+    with env.engine.begin() as conn:  # an outbox row due 60 s before the service's clock, unsent
+        conn.execute(text("INSERT INTO deliveries (notification_id, user_id, channel, status, created_at, attempts, "
+                          "next_attempt_at) VALUES ('n-late', 'user-d', 'sms', 'queued', :t, 0, :t)"),
+                     {"t": T0 - timedelta(seconds=60)})
+    for seconds, late in (("45", True), ("90", False)):
+        with service_from_env(env.base(SCHEDULER_DELIVERY_STALE_SECONDS=seconds)) as service:
+            outbox = service.health.outbox
+            assert outbox is not None and outbox.stale_seconds == int(seconds)
+            assert outbox.overdue_seconds() == 60.0 and outbox.stale(60.0) is late, seconds
+
+
+def check_notification_retention_days(env: Env) -> None:
+    with env.engine.begin() as conn:  # a delivered notification of twelve days before the service's clock
+        conn.execute(text("INSERT INTO notifications (id, user_id, community_id, rule_id, kind, scenario, time_scope, "
+                          "dedup_key, title, body, status, source, created_at) VALUES ('n-old', 'user-n', NULL, "
+                          "'r', 'k', 's', 'day', 'key-n-old', 't', 'b', 'sent', 'live', :t)"),
+                     {"t": T0 - timedelta(days=12)})
+    for days, kept in (("0", True), ("20", True), ("10", False)):
+        with service_from_env(env.base(SCHEDULER_NOTIFICATION_RETENTION_DAYS=days)) as service:
+            assert service.retention.notification_days == int(days)
+            service.retention.run_if_due()
+            with env.engine.connect() as conn:
+                left = conn.execute(text("SELECT count(*) FROM notifications WHERE id = 'n-old'")).scalar_one()
+                assert (left == 1) is kept, days
+            with env.engine.begin() as conn:  # the next service may start its own run at once
+                conn.execute(text("DELETE FROM scheduler_maintenance"))
+
+
 def check_retention_days(env: Env) -> None:
     sessions = Database(env.engine)
     row = store.store_event(sessions, event_type="reminder", user_id="user-r", community_id=None, external_key=None,
@@ -552,6 +581,8 @@ CHECKS: dict[str, Callable[[Env], None]] = {
     "transaction_pooling": check_transaction_pooling,
     "environment": check_environment,
     "retention_days": check_retention_days,
+    "delivery_stale_seconds": check_delivery_stale_seconds,
+    "notification_retention_days": check_notification_retention_days,
     "replica_retention_seconds": check_replica_retention_seconds,
     "metrics_require_admin": check_metrics_require_admin,
     "console_refresh_seconds": check_console_refresh_seconds,

@@ -147,6 +147,11 @@ class Settings(BaseSettings):
         "dispatched, cancelled and expired rows older than this are deleted with their history (`0`: keep "
         "everything)",
         ge=0)
+    notification_retention_days: int = _setting(
+        0, "SCHEDULER_NOTIFICATION_RETENTION_DAYS",
+        "notifications older than this are deleted with their deliveries, and a host's delivered outbox rows "
+        "with them; a notification with a queued, retrying or undeliverable delivery is kept (`0`: keep "
+        "every notification; else at least 2, the daily cap's window)", ge=0)
     replica_retention_seconds: int = _setting(
         86_400, "SCHEDULER_REPLICA_RETENTION_SECONDS",
         "a replica's heartbeat silent this long (a killed replica's) leaves `/admin/replicas`, the console "
@@ -225,6 +230,10 @@ class Settings(BaseSettings):
         "attempts a delivery gets in all, the first included; after the last it is `undeliverable`", ge=1, le=100)
     delivery_concurrency: int = _setting(
         4, "SCHEDULER_DELIVERY_CONCURRENCY", "sends one replica runs at once", ge=1, le=256)
+    delivery_stale_seconds: int = _setting(
+        600, "SCHEDULER_DELIVERY_STALE_SECONDS",
+        "`/health/scheduler` says `degraded` (still 200) once an outbox row has been due and unsent for "
+        "longer than this: queued, or retrying past its next attempt", ge=10, le=7 * 86400)
 
     if not TYPE_CHECKING:  # mypy keeps the typed signature pydantic's plugin writes
 
@@ -319,6 +328,14 @@ class Settings(BaseSettings):
             return check_subject(value)
         if info.data.get("vapid_private_key"):
             raise ValueError("is required with SCHEDULER_VAPID_PRIVATE_KEY: the push services are given a contact")
+        return value
+
+    @field_validator("notification_retention_days", mode="after")
+    @classmethod
+    def _keeps_the_cap_window(cls, value: int) -> int:
+        if value == 1:
+            raise ValueError("must be 0 (keep every notification) or at least 2: the daily cap reads the last "
+                             "48 hours of notifications")
         return value
 
     @field_validator("delivery_backoff_cap_seconds", mode="after")

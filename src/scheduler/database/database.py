@@ -21,7 +21,7 @@ benchmarks' EXPLAIN, a test's witness); the layers above run none but through a 
 A ``Database`` is also what those layers open sessions with: ``database.begin()`` and
 ``database()`` are its sessionmaker's. What its repositories return, the API, the inbox's
 stream and the audit trail send as JSON through the one conversion, ``row_as_json`` (the
-models of ``scheduler.web.http.schemas`` validate the result).
+models of ``scheduler.web.http.answers`` validate the result).
 """
 
 from __future__ import annotations

@@ -224,12 +224,14 @@ class Delivery(Base):
               postgresql_where=text("idempotency_key IS NOT NULL")),
         Index("ix_deliveries_push_subscription_id", "push_subscription_id",
               postgresql_where=text("push_subscription_id IS NOT NULL")),
+        # The rows an operator may retry, newest first (the console's list and bulk retry, OUTBOX-9).
+        Index("ix_deliveries_retryable", "id", postgresql_where=text("status IN ('retrying', 'undeliverable')")),
     )
 
     id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
-    notification_id: Mapped[str] = mapped_column(
-        String(ID_LENGTH), ForeignKey("notifications.id", ondelete="CASCADE"), index=True
-    )
+    # No foreign key: a host dispatcher's outbox row names the host's own message (OUTBOX-7);
+    # retention deletes a notification's deliveries with it (RET-8).
+    notification_id: Mapped[str] = mapped_column(String(ID_LENGTH), index=True)
     user_id: Mapped[str] = mapped_column(String(NAME_LENGTH))
     channel: Mapped[str] = mapped_column(String(32))
     status: Mapped[str] = mapped_column(String(16))

@@ -61,6 +61,14 @@ class OperationsRepository(Repository):
         return [str(i) for i in conn.execute(self.statements["delete_expired_events"],
                                              {"cutoff": cutoff, "batch_size": batch_size}).scalars().all()]
 
+    def delete_old_notifications(self, conn: Connection, *, cutoff: datetime, batch_size: int) -> dict[str, int]:
+        """Delete up to ``batch_size`` notifications created before ``cutoff`` with their
+        deliveries (none of them outstanding or undeliverable), and up to ``batch_size`` of a host's
+        delivered outbox rows: how many notifications, deliveries and host rows went."""
+        found = conn.execute(self.statements["delete_old_notifications"],
+                             {"cutoff": cutoff, "batch_size": batch_size}).mappings().one()
+        return {k: int(v) for k, v in found.items()}
+
     # -- the audit trail (``scheduler.application.commands``, ``.audit``) -----------------------
 
     def record_action(self, session: Session, *, now: datetime, actor: str, source: str, action: str,

@@ -4,9 +4,15 @@ A table that only grows makes every replica slower to start and every operator q
 slower to answer (a stuck scheduler in the public system wrote 141k audit rows). Rows that
 reached ``dispatched`` or ``cancelled`` more than ``SCHEDULER_RETENTION_DAYS`` ago (their
 ``updated_at``, set from the injected clock) are deleted with their history; ``failed``
-and ``pending`` rows are never deleted (an operator still has to look at a failed one),
-and notifications and deliveries are kept (they are the participant's record and feed
-the daily cap).
+and ``pending`` rows are never deleted (an operator still has to look at a failed one).
+Notifications and deliveries are the participant's record and feed the daily cap: they
+are kept unless ``SCHEDULER_NOTIFICATION_RETENTION_DAYS`` (``notification_days``, at least 2,
+the cap's window) is set; then notifications created longer ago go with their deliveries
+(the in-app row, the delivered outbox rows), and so do a host dispatcher's delivered outbox
+rows, which have no notification (RET-8). A notification with a delivery still ``queued``,
+``retrying`` or ``undeliverable`` is kept with all its rows: an operator may still retry it
+(it goes, once delivered, at a later run). The events go first, then the notifications, in
+the same run and the same batch budget.
 
 Who and when. ``Retention`` is a ``Scheduler.poll_hook``: after a poll, every replica may
 try. One replica at a time is elected by an advisory lock (``pg_try_advisory_xact_lock``,
@@ -54,6 +60,8 @@ class RetentionReport:
     done: bool
     cutoff: datetime
     replicas_deleted: int = 0
+    notifications_deleted: int = 0  # with ``deliveries_deleted`` of their and a host's outbox rows (RET-8)
+    deliveries_deleted: int = 0
 
 
 class Retention:
@@ -70,15 +78,19 @@ class Retention:
         interval: timedelta = timedelta(hours=1),
         name: str = "retention",
         replicas: timedelta = REPLICA_RETENTION,
+        notification_days: int = 0,
     ) -> None:
         if days < 0:
             raise ValueError("days must be 0 (keep everything) or more")
+        if notification_days < 0 or notification_days == 1:
+            raise ValueError("notification_days must be 0 (keep every notification) or at least 2")
         if replicas <= timedelta(0):
             raise ValueError("replicas must be a positive window")
         self.database = database
         self.engine = database.engine
         self.clock = clock
         self.days = days
+        self.notification_days = notification_days
         self.replicas = replicas
         self.batch_size = batch_size
         self.max_batches = max_batches
@@ -86,6 +98,8 @@ class Retention:
         self.name = name
         self._checked_at: datetime | None = None  # no database round trip within an interval of this
         self._resume: datetime | None = None  # the cutoff of a run this replica has not finished
+        self._events_done = False  # that run deleted every expired event; the notifications are next
+        self._notification_cutoff: datetime | None = None  # that run's, when notifications are pruned
         self.last_report: RetentionReport | None = None
 
     def __call__(self, scheduler: Any = None) -> None:
@@ -119,11 +133,14 @@ class Retention:
                 if replicas_deleted:
                     logger.info("%s: deleted the heartbeats of %d replicas silent since %s", self.name,
                                 replicas_deleted, (now - self.replicas).isoformat())
-                if self.days == 0:  # finished events are kept; only the heartbeats are pruned
+                if self.days == 0 and self.notification_days == 0:  # only the heartbeats are pruned
                     report = RetentionReport(0, 0, True, now, replicas_deleted)
                     self.last_report = report
                     return report
-                cutoff = now - timedelta(days=self.days)
+                cutoff = now - timedelta(days=self.days) if self.days else now
+                self._events_done = self.days == 0  # days=0 keeps every finished event
+                self._notification_cutoff = (now - timedelta(days=self.notification_days)
+                                             if self.notification_days else None)
             return self._delete(conn, cutoff, replicas_deleted)
 
     def _elected(self, conn: Any) -> bool:
@@ -132,25 +149,43 @@ class Retention:
         return self.database.operations.try_retention_lock(conn, RETENTION_LOCK_KEY)
 
     def _delete(self, conn: Any, cutoff: datetime, replicas_deleted: int) -> RetentionReport:
-        deleted = batches = 0
+        deleted = batches = notifications = deliveries = 0
         done = False
         try:
             while batches < self.max_batches:
                 if not self._elected(conn):
                     break  # another replica took over meanwhile: carry on next poll
-                ids = self.database.operations.delete_finished(conn, cutoff=cutoff, batch_size=self.batch_size)
+                if not self._events_done:
+                    ids = self.database.operations.delete_finished(conn, cutoff=cutoff, batch_size=self.batch_size)
+                    conn.commit()
+                    deleted += len(ids)
+                    batches += 1
+                    self._events_done = len(ids) < self.batch_size
+                    continue
+                notification_cutoff = self._notification_cutoff
+                if notification_cutoff is None:
+                    done = True
+                    break
+                gone = self.database.operations.delete_old_notifications(conn, cutoff=notification_cutoff,
+                                                                         batch_size=self.batch_size)
                 conn.commit()
-                deleted += len(ids)
+                notifications += gone["notifications"]
+                deliveries += gone["deliveries"]
                 batches += 1
-                if len(ids) < self.batch_size:
+                if gone["notifications"] < self.batch_size and gone["host_rows"] < self.batch_size:
                     done = True
                     break
         finally:
             conn.rollback()  # nothing is left open (a failed batch leaves its transaction aborted)
             self._resume = None if done else cutoff
-        report = RetentionReport(deleted, batches, done, cutoff, replicas_deleted)
+            if done:
+                self._events_done, self._notification_cutoff = False, None
+        report = RetentionReport(deleted, batches, done, cutoff, replicas_deleted, notifications, deliveries)
         self.last_report = report
         if deleted:
             logger.info("%s: deleted %d rows finished before %s%s", self.name, deleted, cutoff.isoformat(),
                         "" if done else " (more next poll)")
+        if notifications or deliveries:
+            logger.info("%s: deleted %d notifications and %d deliveries older than %d days%s", self.name,
+                        notifications, deliveries, self.notification_days, "" if done else " (more next poll)")
         return report

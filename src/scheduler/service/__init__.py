@@ -51,7 +51,9 @@ from scheduler.observability.observer import Observer
 from scheduler.observability.tracing import observe, observer_from_env
 from scheduler.operations.delivery_worker import DeliveryWorker
 from scheduler.operations.heartbeat import Heartbeat
+from scheduler.operations.host_outbox import with_outbox
 from scheduler.operations.metrics import Metrics
+from scheduler.operations.outbox_health import OutboxHealth
 from scheduler.operations.retention import Retention
 from scheduler.service.engines import Engines
 from scheduler.service.policy import check_security, checked_senders, dispatcher_schema_problem
@@ -124,16 +126,21 @@ class SchedulerService:
         self.clock: Clock = clock or DatabaseClock(self.loop_database.server_time,
                                                    warn_seconds=self.settings.clock_skew_warn_seconds)
         self.catalogue = catalogue or load_catalogue(self.settings.rules_dir)
-        # The outbox's channels (DEC-OUTBOX): the built-in ones the settings turn on, and the
-        # host's own senders by name; the decision queues a row for each beside the in-app one.
         # web push (PUSH-*): the public half of the VAPID key is the inbox page's applicationServerKey
         key = vapid_key(self.settings)
         self.vapid_public_key: str | None = key.public_key_b64url if key is not None else None
+        # The outbox's channels (DEC-OUTBOX): the built-in ones the settings turn on, and the
+        # host's own senders by name; the decision queues a row for each beside the in-app one.
         self.outbox_channels = tuple(dict.fromkeys([*built_in_channels(self.settings), *self.host_senders]))
-        self.dispatcher: Dispatcher = dispatcher or NudgingPlatform(
-            self.catalogue, Orchestrator([WebChannel(), *(OutboxChannel(name, per_subscription=name in PER_SUBSCRIPTION)
-                                                          for name in self.outbox_channels)]),
-            decisions=self.database.decisions)
+        # A host's dispatcher queues its ``DispatchResult.outbox`` on these channels (OUTBOX-7).
+        self.dispatcher: Dispatcher = (
+            with_outbox(dispatcher, self.database, self.outbox_channels)
+            if dispatcher is not None and not isinstance(dispatcher, NudgingPlatform)
+            else dispatcher or NudgingPlatform(
+                self.catalogue,
+                Orchestrator([WebChannel(), *(OutboxChannel(name, per_subscription=name in PER_SUBSCRIPTION)
+                                              for name in self.outbox_channels)]),
+                decisions=self.database.decisions))
         problem = dispatcher_schema_problem(self.dispatcher, self.database.schema)
         if problem is not None:
             self._engines.dispose()
@@ -192,7 +199,8 @@ class SchedulerService:
         """What runs after each poll: retention (deletes old dispatched and cancelled rows and
         the heartbeats of gone replicas, one replica, hourly), this replica's heartbeat and the metrics."""
         self.retention = Retention(self.loop_database, self.clock, days=self.settings.retention_days,
-                                   replicas=self.settings.replica_retention)
+                                   replicas=self.settings.replica_retention,
+                                   notification_days=self.settings.notification_retention_days)
         # On the loop's own pool: requests that hold every API connection never delay it.
         self.heartbeat = Heartbeat(self.loop_database, self.clock)
         # the event types known in advance start at zero on /metrics
@@ -226,7 +234,9 @@ class SchedulerService:
         self.health = HealthRoutes(scheduler=self.scheduler, clock=self.clock, listener=listener,
                                    settings=settings, loop_alive=lambda: self.loop_alive,
                                    mounted=lambda: self.app.routes, run_scheduler=lambda: self.run_scheduler,
-                                   facts_contract=self.facts_contract)
+                                   facts_contract=self.facts_contract,
+                                   outbox=OutboxHealth(self.database, self.clock,
+                                                       stale_seconds=settings.delivery_stale_seconds))
         self.ingest = IngestRoutes(database=self.database, clock=self.clock, dispatcher=self.dispatcher,
                                    publisher=StreamPublisher(self.database, inner_publisher, name=LIVE),
                                    max_body_bytes=settings.max_body_bytes, observer=self.observer,

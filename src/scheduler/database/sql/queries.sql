@@ -366,8 +366,7 @@ WITH document AS MATERIALIZED (
     ORDER BY n.ord
     RETURNING id
 ), delivery AS (
-    -- every channel's deliveries of the sent notifications, in batch order (their ids too);
-    -- the foreign key to the notifications above is checked at the end of the statement
+    -- every channel's deliveries of the sent notifications, in batch order (their ids too)
     -- (an outbox channel's row is queued with its idempotency key and message, due at once:
     -- DEC-OUTBOX; the other rows have none)
     INSERT INTO scheduler.deliveries (notification_id, user_id, channel, status, detail, created_at,
@@ -459,6 +458,20 @@ LEFT JOIN scheduler.scheduled_events AS e ON e.id = n.scheduled_event_id
 LEFT JOIN scheduler.push_subscriptions AS s ON s.id = l.push_subscription_id
 ORDER BY l.next_attempt_at, l.id;
 
+-- name: queue_deliveries
+-- Queue a host dispatcher's outbox messages in the dispatch transaction (OUTBOX-7): each row queued and due at :now, or undeliverable at once with its error (a channel without a sender, OUTBOX-8). Returns the ids written.
+-- a message queued again (the same message id on the same channel: the same idempotency key)
+-- is the row already there, so a repeated call queues it once
+INSERT INTO scheduler.deliveries (notification_id, user_id, channel, status, created_at, idempotency_key, message,
+                                  next_attempt_at, last_error, updated_at)
+SELECT m->>'notification_id', m->>'user_id', m->>'channel', m->>'status', CAST(:now AS timestamptz),
+       m->>'idempotency_key', m->'message', CASE WHEN m->>'status' = 'queued' THEN CAST(:now AS timestamptz) END,
+       m->>'last_error', CAST(:now AS timestamptz)
+FROM jsonb_array_elements(CAST(:messages AS jsonb)) WITH ORDINALITY AS q(m, ord)
+ORDER BY q.ord
+ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+RETURNING id;
+
 -- name: record_delivery_attempts
 -- Record what attempts made of their outbox rows (delivery.record), each only while :worker still holds its lease for that attempt; the lease ends. Returns the ids recorded.
 -- a worker whose lease lapsed (another took the row over and counted another attempt) records
@@ -530,12 +543,104 @@ WHERE (CAST(:status AS text) IS NULL OR status = :status)
 ORDER BY created_at DESC, id DESC
 LIMIT :limit;
 
+-- name: retry_delivery
+-- Queue one retrying or undeliverable outbox row again by hand, due at :now with its attempts counted afresh, unless a worker's lease on it is live (OUTBOX-10). Returns the row.
+UPDATE scheduler.deliveries
+SET status = 'queued', attempts = 0, next_attempt_at = :now, lease_until = NULL, leased_by = NULL,
+    last_delay_seconds = NULL, updated_at = :now
+WHERE id = :id AND status IN ('retrying', 'undeliverable') AND (lease_until IS NULL OR lease_until <= :now)
+RETURNING id, notification_id, user_id, channel, status, detail, created_at, idempotency_key, attempts,
+          next_attempt_at, lease_until, last_error, delivered_at, provider_status, provider_answer, updated_at;
+
+-- name: get_delivery
+-- One row of deliveries by its id, for an operator.
+SELECT id, notification_id, user_id, channel, status, detail, created_at, idempotency_key, attempts,
+       next_attempt_at, lease_until, last_error, delivered_at, provider_status, provider_answer, updated_at
+FROM scheduler.deliveries WHERE id = :id;
+
+-- name: list_retryable_deliveries
+-- The outbox rows an operator may retry (retrying, undeliverable), newest first, before an optional id, each filter optional (the console, OUTBOX-9).
+SELECT id, notification_id, user_id, channel, status, detail, created_at, idempotency_key, attempts,
+       next_attempt_at, lease_until, last_error, delivered_at, provider_status, provider_answer, updated_at
+FROM scheduler.deliveries
+WHERE status IN ('retrying', 'undeliverable') AND status = ANY(CAST(:statuses AS text[]))
+  AND (CAST(:channel AS text) IS NULL OR channel = :channel)
+  AND (CAST(:user_id AS text) IS NULL OR user_id = :user_id)
+  AND (CAST(:before_id AS bigint) IS NULL OR id < :before_id)
+ORDER BY id DESC
+LIMIT :limit;
+
+-- name: count_retryable_deliveries
+-- The dry run of a bulk retry: how many retrying or undeliverable rows match, none leased live, counting at most one past the cap (OUTBOX-11).
+SELECT count(*) AS count FROM (
+    SELECT 1 FROM scheduler.deliveries
+    WHERE status IN ('retrying', 'undeliverable') AND status = ANY(CAST(:statuses AS text[]))
+      AND (CAST(:channel AS text) IS NULL OR channel = :channel)
+      AND (CAST(:user_id AS text) IS NULL OR user_id = :user_id)
+      AND (lease_until IS NULL OR lease_until <= :now)
+    LIMIT :cap + 1
+) AS matching;
+
+-- name: retry_deliveries_chunk
+-- One chunk of a bulk retry: matching rows unchanged since the dry run, after an id, queued again due at :now with their attempts counted afresh; rows a worker holds are skipped (OUTBOX-11). Returns the ids.
+WITH chosen AS (
+    SELECT id FROM scheduler.deliveries
+    WHERE status IN ('retrying', 'undeliverable') AND status = ANY(CAST(:statuses AS text[]))
+      AND (CAST(:channel AS text) IS NULL OR channel = :channel)
+      AND (CAST(:user_id AS text) IS NULL OR user_id = :user_id)
+      AND (lease_until IS NULL OR lease_until <= :now)
+      AND updated_at <= :as_of AND id > :after_id
+    ORDER BY id
+    LIMIT :chunk
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE scheduler.deliveries AS d
+SET status = 'queued', attempts = 0, next_attempt_at = :now, lease_until = NULL, leased_by = NULL,
+    last_delay_seconds = NULL, updated_at = :now
+FROM chosen WHERE d.id = chosen.id
+RETURNING d.id;
+
 -- name: outbox_gauges
 -- The outbox's depth by status (queued and retrying) and the age of its oldest queued row at :now, in seconds.
 SELECT (SELECT count(*) FROM scheduler.deliveries WHERE status = 'queued') AS queued,
        (SELECT count(*) FROM scheduler.deliveries WHERE status = 'retrying') AS retrying,
        (SELECT extract(epoch FROM CAST(:now AS timestamptz) - min(created_at))
         FROM scheduler.deliveries WHERE status IN ('queued', 'retrying')) AS oldest_seconds;
+
+-- name: delete_old_notifications
+-- Delete up to a batch of notifications created before the cutoff with their deliveries, keeping every notification one of whose deliveries is queued, retrying or undeliverable; and up to a batch of a host dispatcher's delivered outbox rows (no notification) written before it (RET-8). Returns the counts.
+-- each its own short transaction, rows a writer holds skipped (FOR UPDATE SKIP LOCKED); the
+-- statement's CTEs share one snapshot, so a notification deleted here is never a host's row
+WITH doomed AS (
+    SELECT n.id FROM scheduler.notifications AS n
+    WHERE n.created_at < :cutoff
+      AND NOT EXISTS (SELECT 1 FROM scheduler.deliveries AS d
+                      WHERE d.notification_id = n.id AND d.status IN ('queued', 'retrying', 'undeliverable'))
+    LIMIT :batch_size
+    FOR UPDATE SKIP LOCKED
+), host_rows AS (
+    SELECT d.id FROM scheduler.deliveries AS d
+    WHERE d.status = 'delivered' AND d.created_at < :cutoff
+      AND NOT EXISTS (SELECT 1 FROM scheduler.notifications AS n WHERE n.id = d.notification_id)
+    LIMIT :batch_size
+    FOR UPDATE SKIP LOCKED
+), their_deliveries AS (
+    DELETE FROM scheduler.deliveries AS d USING doomed WHERE d.notification_id = doomed.id RETURNING d.id
+), host_deliveries AS (
+    DELETE FROM scheduler.deliveries AS d USING host_rows WHERE d.id = host_rows.id RETURNING d.id
+), notes AS (
+    DELETE FROM scheduler.notifications AS n USING doomed WHERE n.id = doomed.id RETURNING n.id
+)
+SELECT (SELECT count(*) FROM notes) AS notifications,
+       (SELECT count(*) FROM their_deliveries) + (SELECT count(*) FROM host_deliveries) AS deliveries,
+       (SELECT count(*) FROM host_rows) AS host_rows;
+
+-- name: oldest_due_delivery
+-- How long the outbox row due the longest has waited at :now, in seconds (queued, or retrying past its next attempt); NULL when none is due (HEALTH-4).
+-- the first entry of ix_deliveries_due, whatever the outbox holds
+SELECT extract(epoch FROM CAST(:now AS timestamptz) - min(next_attempt_at)) AS seconds
+FROM scheduler.deliveries
+WHERE status IN ('queued', 'retrying') AND next_attempt_at <= :now;
 
 -- name: list_notifications
 -- Participants' notifications for an operator, newest first.

@@ -11,7 +11,9 @@ loop is healthy and why, in words an operator can act on (``state``: running, st
 failing, stopped; ``reason``), with counters and times, and never error text: a database
 error names the host, the user and the database. ``GET /admin/health/scheduler`` (admin)
 adds ``last_error`` and the listener's own words. Both answer 503 when the loop is not
-healthy, 200 again after a good poll.
+healthy, 200 again after a good poll. A running loop whose outbox has a delivery due and
+unsent for longer than ``SCHEDULER_DELIVERY_STALE_SECONDS`` is ``degraded`` (HEALTH-4): still
+200, since the outbox is every replica's (``operations.outbox_health``).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
 
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
@@ -28,6 +31,7 @@ from scheduler.config import Settings
 from scheduler.core.clock import clock_details
 from scheduler.core.loop import Scheduler
 from scheduler.database.listener import Listener
+from scheduler.operations.outbox_health import OutboxHealth
 from scheduler.types import Clock, SchedulerMode
 from scheduler.web.api.openapi import openapi_document
 from scheduler.web.http.answers import (
@@ -42,7 +46,7 @@ from scheduler.web.http.params import declares
 if TYPE_CHECKING:
     from scheduler.nudging.facts import FactsContract
 
-State = Literal["running", "stale", "failing", "stopped"]
+State = Literal["running", "degraded", "stale", "failing", "stopped"]
 DETAILS = "GET /admin/health/scheduler (admin) has the error"
 
 
@@ -56,9 +60,10 @@ class HealthRoutes:
     def __init__(self, *, scheduler: Scheduler, clock: Clock, listener: Listener, settings: Settings,
                  loop_alive: Callable[[], bool], mounted: Callable[[], Sequence[BaseRoute]],
                  run_scheduler: Callable[[], bool] = lambda: True,
-                 facts_contract: FactsContract | None = None) -> None:
+                 facts_contract: FactsContract | None = None, outbox: OutboxHealth | None = None) -> None:
         self.scheduler = scheduler
         self.facts_contract = facts_contract  # what the document describes facts by (DEC-FACTS-CONTRACT)
+        self.outbox = outbox
         self.clock = clock
         self.listener = listener
         self.settings = settings
@@ -81,18 +86,23 @@ class HealthRoutes:
     @declares()
     async def scheduler_health(self, request: Request) -> Response:
         """Is the loop healthy, and why (words, counters, times; no error text)."""
-        snapshot = self.details()
+        snapshot = self.details(await self._overdue())
         return respond(SchedulerHealthOut.model_validate(public(snapshot)), _status(snapshot))
 
     @require("admin")
     @declares()
     async def scheduler_health_details(self, request: Request) -> Response:
         """The same, with ``last_error`` and the listener's reason in full."""
-        snapshot = self.details()
+        snapshot = self.details(await self._overdue())
         return respond(SchedulerHealthDetailOut.model_validate(snapshot), _status(snapshot))
 
-    def details(self) -> dict[str, Any]:
-        """Everything the loop reports, ``last_error`` included (the admin view)."""
+    async def _overdue(self) -> float | None:
+        outbox = self.outbox
+        return None if outbox is None else await run_in_threadpool(outbox.overdue_seconds)
+
+    def details(self, overdue: float | None = None) -> dict[str, Any]:
+        """Everything the loop reports, ``last_error`` included (the admin view); ``overdue``:
+        how long the outbox's longest-due delivery has waited (None: not read)."""
         scheduler = self.scheduler
         snapshot: dict[str, Any] = scheduler.health.snapshot()
         snapshot["running"] = self.loop_alive()
@@ -101,8 +111,9 @@ class HealthRoutes:
         snapshot["mode"] = str(scheduler.mode)
         snapshot["wakeups"] = self.wakeups()
         snapshot["clock"] = clock_details(self.clock)
+        snapshot["oldest_due_delivery_seconds"] = overdue
         snapshot["state"], snapshot["reason"] = self.judge(snapshot)
-        snapshot["status"] = "healthy" if snapshot["state"] == "running" else "unhealthy"
+        snapshot["status"] = {"running": "healthy", "degraded": "degraded"}.get(snapshot["state"], "unhealthy")
         return snapshot
 
     def judge(self, snapshot: dict[str, Any]) -> tuple[State, str]:
@@ -121,6 +132,12 @@ class HealthRoutes:
         if snapshot["stale"]:
             return "stale", (f"no poll completed in three intervals ({seconds} each): the loop or the database "
                              "is stuck or very slow")
+        overdue = snapshot.get("oldest_due_delivery_seconds")
+        if self.outbox is not None and self.outbox.stale(overdue):
+            return "degraded", (f"polling every {seconds}, but a delivery has been due and unsent for {overdue:.0f} s, "
+                                f"longer than SCHEDULER_DELIVERY_STALE_SECONDS ({self.outbox.stale_seconds:g} s): "
+                                "the delivery workers are stopped or behind, or a provider is down; see "
+                                "GET /admin/deliveries and the console's Deliveries page")
         return "running", f"polling every {seconds} ({snapshot['mode']} mode)"
 
     def wakeups(self) -> dict[str, Any]:
@@ -153,4 +170,4 @@ def public(snapshot: dict[str, Any]) -> dict[str, Any]:
 
 
 def _status(snapshot: dict[str, Any]) -> int:
-    return 200 if snapshot["state"] == "running" else 503
+    return 200 if snapshot["state"] in ("running", "degraded") else 503

@@ -102,7 +102,9 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
     ("/health/scheduler", "get"): {
         "summary": "Is the polling loop healthy, and why (no error text: that is /admin/health/scheduler)",
         "responses": {
-            "200": _json(SchedulerHealthOut, "state running: the loop runs and polled recently"),
+            "200": _json(SchedulerHealthOut, "state running: the loop runs and polled recently; or degraded: it "
+                                             "does, and an outbox delivery has been due and unsent for longer "
+                                             "than SCHEDULER_DELIVERY_STALE_SECONDS"),
             "503": _json(SchedulerHealthOut, "state stopped (the loop task exited or never started), failing (its last poll failed: a database outage) or stale (no poll completed in three intervals); reason says which in words"),
             **BAD_TOKEN,
         },
@@ -111,7 +113,8 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
         "summary": "The loop's health with the last poll's error (permission: admin)",
         "responses": {
             **ERRORS,
-            "200": _json(SchedulerHealthDetailOut, "state running"),
+            "200": _json(SchedulerHealthDetailOut, "state running, or degraded (an outbox delivery due and unsent "
+                                                   "past SCHEDULER_DELIVERY_STALE_SECONDS)"),
             "503": _json(SchedulerHealthDetailOut, "state stopped, failing or stale; last_error is the last failed poll's error"),
         },
     },
@@ -178,6 +181,14 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
     ("/admin/deliveries", "get"): {
         "summary": "The delivery log and the outbox, each attempt's record with it, newest first (permission: admin)",
         "responses": {"200": _json(DeliveryOut, "deliveries, newest first", many=True), **ERRORS},
+    },
+    ("/admin/deliveries/{delivery_id}/retry", "post"): {
+        "summary": "Queue a retrying or undeliverable delivery again, now, its attempts counted afresh; audited "
+                   "(permission: admin)",
+        "responses": {"200": _json(DeliveryOut, "the delivery, queued again"),
+                      "404": _json(ErrorOut, "no such delivery"),
+                      "409": _json(ErrorOut, "not retryable: queued, delivered, an in-app row, or being sent now"),
+                      **ERRORS},
     },
     ("/admin/participants/{user_id}/preferences", "put"): {
         "summary": "Set a participant's enabled kinds, daily cap, time zone and quiet hours (permission: admin)",

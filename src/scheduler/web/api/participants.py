@@ -6,11 +6,13 @@
 from __future__ import annotations
 
 from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from scheduler.application import participants
+from scheduler.application import deliveries, participants
+from scheduler.application.commands import Actor
 from scheduler.database.database import Database
 from scheduler.nudging.local_time import (
     LocalTimeError,
@@ -26,7 +28,8 @@ from scheduler.web.http.params import Param, Unprocessable, declares, path_param
 
 
 class ParticipantRoutes:
-    """``GET /admin/notifications``, ``GET /admin/deliveries`` and ``GET``/``PUT
+    """``GET /admin/notifications``, ``GET /admin/deliveries``, ``POST
+    /admin/deliveries/{delivery_id}/retry`` and ``GET``/``PUT
     /admin/participants/{user_id}/preferences``."""
 
     def __init__(self, *, database: Database, clock: Clock, max_body_bytes: int) -> None:
@@ -38,6 +41,7 @@ class ParticipantRoutes:
         return [
             Route("/admin/notifications", self.list_notifications, methods=["GET"]),
             Route("/admin/deliveries", self.list_deliveries, methods=["GET"]),
+            Route("/admin/deliveries/{delivery_id}/retry", self.retry_delivery, methods=["POST"]),
             Route("/admin/participants/{user_id}/preferences", self.set_preferences, methods=["PUT"]),
             Route("/admin/participants/{user_id}/preferences", self.get_preferences, methods=["GET"]),
         ]
@@ -67,6 +71,24 @@ class ParticipantRoutes:
             participants.list_deliveries, self.database, status=q["status"], channel=q["channel"],
             user_id=q["user_id"], notification_id=q["notification_id"], limit=q["limit"])
         return respond([DeliveryOut.model_validate(r) for r in rows])
+
+    @require("admin")
+    @declares()
+    async def retry_delivery(self, request: Request) -> Response:
+        """Queue a retrying or undeliverable delivery again, now (OUTBOX-10); audited with the
+        token's subject. 404: no such delivery; 409: not retryable (queued, delivered, an in-app
+        row, or being sent right now)."""
+        delivery_id = deliveries.delivery_id_of(path_param(request, "delivery_id"))
+        actor = Actor(request.user.display_name, "api")
+        done = await run_in_threadpool(
+            lambda: deliveries.retry_delivery(self.database, delivery_id, now=self.clock.now(), actor=actor))
+        if done.outcome == "missing":
+            raise HTTPException(404, "no delivery with that id")
+        if done.outcome == "not_retryable":
+            status = done.delivery["status"] if done.delivery else "?"
+            raise HTTPException(409, f"the delivery is {status}: only a retrying or undeliverable delivery that "
+                                     "no worker is sending right now can be retried")
+        return respond(DeliveryOut.model_validate(done.delivery))
 
     @require("admin")
     @declares()

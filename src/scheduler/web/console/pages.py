@@ -32,6 +32,7 @@ from scheduler.operations.overview import overview
 from scheduler.types import Clock, EventStatus
 from scheduler.web.console.bulk import bulk_action
 from scheduler.web.console.cancel import cancel_routes
+from scheduler.web.console.deliveries import delivery_routes
 from scheduler.web.console.sign_in import (
     CSRF_FIELD,
     NotAdmin,
@@ -91,6 +92,7 @@ class Console(ConsoleView):
             Route("/console/bulk-reset", guard(self.bulk_page), methods=["GET"]),
             Route("/console/bulk-reset", guard(self.bulk_reset), methods=["POST"]),
             *cancel_routes(self, guard),
+            *delivery_routes(self, guard),
             Route("/console/audit", guard(self.audit_page), methods=["GET"]),
             Route("/console/sessions", guard(self.sessions_page), methods=["GET"]),
             Route("/console/sessions/{session_id}/end", guard(self.end_session), methods=["POST"]),

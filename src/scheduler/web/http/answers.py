@@ -153,8 +153,8 @@ class ClockOut(_Out):
 class SchedulerHealthOut(_Out):
     """``GET /health/scheduler`` (open): is the loop healthy and why, without error text."""
 
-    status: Literal["healthy", "unhealthy"]
-    state: Literal["running", "stale", "failing", "stopped"]
+    status: Literal["healthy", "degraded", "unhealthy"]
+    state: Literal["running", "degraded", "stale", "failing", "stopped"]
     reason: str
     running: bool
     started_at: Timestamp | None
@@ -171,6 +171,9 @@ class SchedulerHealthOut(_Out):
     mode: SchedulerMode
     wakeups: WakeupsOut
     clock: ClockOut
+    oldest_due_delivery_seconds: float | None = Field(
+        None, description="how long the outbox's longest-due delivery has waited (0 when none is due; null when "
+                          "unreadable); past SCHEDULER_DELIVERY_STALE_SECONDS the state is degraded")
 
 
 class SchedulerHealthDetailOut(SchedulerHealthOut):

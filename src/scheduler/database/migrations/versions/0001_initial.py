@@ -253,8 +253,8 @@ def upgrade() -> None:
         sa.Column("provider_status", sa.Integer(), nullable=True),
         sa.Column("provider_answer", sa.Text(), nullable=True),
         sa.Column("updated_at", sa.DateTime(timezone=True), nullable=True),
-        sa.ForeignKeyConstraint(["notification_id"], ["notifications.id"],
-                                name="fk_deliveries_notification_id_notifications", ondelete="CASCADE"),
+        # no foreign key: a host dispatcher's outbox row names the host's own message
+        # (OUTBOX-7); retention deletes a notification's deliveries with it (RET-8)
         sa.PrimaryKeyConstraint("id", name="pk_deliveries"),
     )
     op.create_index("ix_deliveries_notification_id", "deliveries", ["notification_id"])
@@ -266,6 +266,9 @@ def upgrade() -> None:
                     postgresql_where=sa.text("status IN ('queued', 'retrying')"))
     op.create_index("ix_deliveries_idempotency_key", "deliveries", ["idempotency_key"], unique=True,
                     postgresql_where=sa.text("idempotency_key IS NOT NULL"))
+    # the rows an operator may retry (the console's list and bulk retry)
+    op.create_index("ix_deliveries_retryable", "deliveries", ["id"],
+                    postgresql_where=sa.text("status IN ('retrying', 'undeliverable')"))
     op.create_table(
         "participant_preferences",
         sa.Column("user_id", sa.String(200), nullable=False),
