@@ -245,8 +245,8 @@ class SchedulerService:
                                    default_expiry=settings.default_expiry, facts_contract=self.facts_contract)
         self.batch = BulkStoreRoutes(database=self.database, clock=self.clock, default_expiry=settings.default_expiry,
                                  facts_contract=self.facts_contract,
-                                 max_events=settings.batch_max_events,
-                                 max_body_bytes=settings.batch_max_body_bytes,
+                                 max_events=settings.bulk_max_events,
+                                 max_body_bytes=settings.bulk_max_body_bytes,
                                  max_item_bytes=settings.max_body_bytes, observer=self.observer)
         self.events = EventRoutes(database=self.database, clock=self.clock)
         self.participants = ParticipantRoutes(database=self.database, clock=self.clock,
