@@ -449,7 +449,7 @@ WITH due AS MATERIALIZED (
 )
 SELECT l.id, l.idempotency_key, l.channel, l.notification_id, l.user_id, l.message, l.attempts,
        l.last_delay_seconds, l.created_at, coalesce(e.trigger_at, l.created_at) AS triggered_at,
-       -- a web_push row's subscription as it is now (none once it was removed: PUSH-8)
+       -- a web_push row's subscription as it stands (none once it was removed: PUSH-8)
        s.id AS push_subscription_id, s.endpoint AS push_endpoint, s.p256dh AS push_p256dh,
        s.auth AS push_auth, s.updated_at AS push_subscribed_at
 FROM leased AS l
