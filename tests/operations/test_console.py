@@ -225,7 +225,8 @@ def test_bulk_reset_counts_first_needs_a_reason_and_resets_what_was_counted(
 def test_bulk_reset_works_in_chunks_up_to_the_cap_and_skips_rows_a_poll_holds(
     client: TestClient, service: SchedulerService, engine: Engine, clock: ManualClock
 ) -> None:
-    """CON-5: 25 failed rows in chunks of 10, capped at 20; a row locked by a running poll is skipped, not waited for."""
+    """CON-5: 25 failed rows in chunks of 10, capped at 20; a row locked by a running poll is
+    skipped, not waited for."""
     failed = _failed(client, service, [f"user-{n:02d}" for n in range(25)])
     where = EventQuery(status=EventStatus.FAILED)
     assert commands.count_matching(service.database, where, commands.RESETTABLE, cap=20) == 21  # "more than the cap"
