@@ -158,7 +158,8 @@ def test_the_per_event_dispatch_path_adds_two_statements_per_event_and_no_second
     # "FROM scheduler.participant_preferences") and the batch's write (counted by its first target, the
     # keys), where they were a key claim with the limits and a notification with its delivery.
     assert many["FROM scheduler.participant_preferences"] == many["INSERT INTO scheduler.dedup_keys"] == 20
-    assert many["INSERT INTO scheduler.notifications"] == many["INSERT INTO scheduler.deliveries"] == 0  # parts of the write
+    # parts of the write
+    assert many["INSERT INTO scheduler.notifications"] == many["INSERT INTO scheduler.deliveries"] == 0
     assert one["SAVEPOINT"] == many["SAVEPOINT"] == 1 and many["RELEASE SAVEPOINT"] == 0
 
 
