@@ -23,6 +23,8 @@ SAME_CONCERN = {
         "the CLI's participants commands present the application's participants",
     frozenset({"scheduler.web.api.participants", "scheduler.application.participants"}):
         "the participants' routes present the application's participants",
+    frozenset({"scheduler.web.console.deliveries", "scheduler.application.deliveries"}):
+        "the console's deliveries page presents the application's retry commands",
     frozenset({"scheduler.cli.vapid", "scheduler.delivery.vapid"}):
         "the CLI's vapid command makes the keys the Web Push channel signs with",
 }
