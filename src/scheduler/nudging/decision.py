@@ -303,11 +303,13 @@ def read(session: Session, users: list[str], keys: list[str], now: datetime,
     row = decisions.read_limits(session, users, keys, now - CAP_WINDOW, now + CAP_WINDOW)
     preferences = {
         str(user): Preferences(None if kinds is None else frozenset(kinds), int(cap), zone,
-                               None if start is None else QuietHours(time.fromisoformat(start), time.fromisoformat(end)))
+                               None if start is None
+                               else QuietHours(time.fromisoformat(start), time.fromisoformat(end)))
         for user, kinds, cap, zone, start, end in row["preferences"]
     }
-    state = BatchState(preferences, {}, {str(key): KeyState(True, duplicate_notification_id=None if dup is None else str(dup))
-                                          for key, dup in row["taken_keys"]})
+    state = BatchState(preferences, {},
+                       {str(key): KeyState(True, duplicate_notification_id=None if dup is None else str(dup))
+                        for key, dup in row["taken_keys"]})
     for n, sent_at in row["sent_recently"]:
         user = users[int(n) - 1]
         try:
