@@ -36,8 +36,8 @@ from scheduler.nudging.rules import load_catalogue
 from scheduler.observability.logs import JsonFormatter, RedactingFormatter, redact
 from scheduler.observability.otel import TracingObserver
 from scheduler.service import SchedulerService
-from tests.conftest import T0, TEST_SECRET
-from tests.helpers import FakeDispatcher, post_event
+from tests.conftest import INGEST, T0, TEST_SECRET
+from tests.helpers import FakeDispatcher, event_body, post_event
 from tests.operations.support import loop_step
 
 PASSWORD = "hunter2-Zq9"
@@ -55,6 +55,10 @@ class Lines:
     def parsed(self) -> list[dict[str, Any]]:
         text = self.stream.getvalue()
         return [json.loads(line) for line in text.splitlines()]
+
+    def clear(self) -> None:
+        self.stream.seek(0)
+        self.stream.truncate()
 
 
 @pytest.fixture
@@ -124,6 +128,35 @@ def test_with_tracing_on_a_json_line_carries_the_trace_id_of_the_dispatch_span(
     failure = next(line for line in json_lines.parsed() if line["level"] == "ERROR")
     assert failure["trace_id"] == f"{dispatch.context.trace_id:032x}"
     assert failure["span_id"] == f"{dispatch.context.span_id:016x}"
+
+
+@pytest.mark.clause("OBS-8")
+def test_two_services_in_one_process_each_name_their_own_replica_on_their_requests_and_polls_lines(
+    settings: Settings, engine: Engine, clock: ManualClock, json_lines: Lines
+) -> None:
+    """OBS-8: two services built in one process, each with its own heartbeat id: a live
+    event's request and a poll of each service's loop log lines (the default publisher's)
+    that name that service's replica, never the other's or none."""
+    first = SchedulerService(settings, engine=engine, clock=clock, run_scheduler=False)
+    second = SchedulerService(settings, engine=engine, clock=clock, run_scheduler=False)
+    assert first.heartbeat.replica_id != second.heartbeat.replica_id
+    with TestClient(first.app) as first_client, TestClient(second.app) as second_client:
+        for service, client, user in ((first, first_client, "ann"), (second, second_client, "bob")):
+            body = event_body(user_id=user)
+            del body["trigger_at"]
+            json_lines.clear()
+            response = client.post("/admin/ingest-event", headers=INGEST, json=body)
+            assert response.status_code < 300, response.text
+            requested = [line for line in json_lines.parsed() if line["logger"].startswith("scheduler.")]
+            assert any(user in line["message"] for line in requested)  # the live notification's line
+            assert {line.get("replica") for line in requested} == {service.heartbeat.replica_id}
+            post_event(client, user_id=f"{user}-polled", trigger_at=T0)  # a day's cap: another participant
+            clock.advance(timedelta(seconds=1))
+            json_lines.clear()
+            loop_step(service)
+            polled = [line for line in json_lines.parsed() if line["logger"].startswith("scheduler.")]
+            assert any(f"{user}-polled" in line["message"] for line in polled)  # the poll's notification's line
+            assert {line.get("replica") for line in polled} == {service.heartbeat.replica_id}
 
 
 def _record(message: str, *args: object, exc: BaseException | None = None) -> logging.LogRecord:

@@ -96,14 +96,14 @@ def test_an_empty_array_stores_nothing_and_a_non_array_is_a_422_naming_the_body(
 def test_more_events_than_the_bound_is_a_413_and_stores_nothing(
     engine: Engine, clock: ManualClock
 ) -> None:
-    """BATCH-1: SCHEDULER_BATCH_MAX_EVENTS items are accepted, one more is a 413; a body past
-    SCHEDULER_BATCH_MAX_BODY_BYTES is a 413 before it is parsed."""
-    settings = Settings(jwt_secret=TEST_SECRET, batch_max_events=3, batch_max_body_bytes=4096)
+    """BATCH-1: SCHEDULER_BULK_MAX_EVENTS items are accepted, one more is a 413; a body past
+    SCHEDULER_BULK_MAX_BODY_BYTES is a 413 before it is parsed."""
+    settings = Settings(jwt_secret=TEST_SECRET, bulk_max_events=3, bulk_max_body_bytes=4096)
     service = SchedulerService(settings, engine=engine, clock=clock, run_scheduler=False)
     with TestClient(service.app) as client:
         assert batch(client, [event_body(user_id=f"u{i}") for i in range(3)]).status_code == 200
         too_many = batch(client, [event_body(user_id=f"v{i}") for i in range(4)])
-        assert too_many.status_code == 413 and "SCHEDULER_BATCH_MAX_EVENTS" in too_many.json()["detail"]
+        assert too_many.status_code == 413 and "SCHEDULER_BULK_MAX_EVENTS" in too_many.json()["detail"]
         too_large = batch(client, [event_body(facts=reminder_facts(padding="x" * 5000))])
         assert too_large.status_code == 413
     assert len(rows(engine, "SELECT id FROM scheduled_events")) == 3
@@ -253,7 +253,7 @@ def test_import_stores_rewrites_and_refuses_by_line_in_chunks_of_the_batch_bound
     rewrites a known key, stores the rest, chunk by chunk, says so and exits 1."""
     post_event(client, external_key="known")
     monkeypatch.setenv("DATABASE_URL", database_url)
-    monkeypatch.setenv("SCHEDULER_BATCH_MAX_EVENTS", "2")
+    monkeypatch.setenv("SCHEDULER_BULK_MAX_EVENTS", "2")
     lines = [json.dumps(event_body(user_id="a", external_key="known")),   # 1: rewritten
              json.dumps(event_body(user_id="b")),                         # 2: stored
              "{not json",                                                 # 3: refused
@@ -318,7 +318,7 @@ def test_import_stopped_by_the_database_exits_2_naming_the_first_line_not_stored
     exits 2 naming the first line not stored."""
     post_event(client, external_key="held")
     monkeypatch.setenv("DATABASE_URL", database_url)
-    monkeypatch.setenv("SCHEDULER_BATCH_MAX_EVENTS", "2")
+    monkeypatch.setenv("SCHEDULER_BULK_MAX_EVENTS", "2")
     monkeypatch.setenv("SCHEDULER_LOCK_TIMEOUT_MS", "200")
     lines = [json.dumps(event_body(user_id=f"early-{i}")) for i in range(2)] + [
         json.dumps(event_body(user_id="late", external_key="held")), json.dumps(event_body(user_id="later"))]

@@ -145,7 +145,7 @@ def test_an_interrupted_import_finishes_the_chunk_being_stored_says_up_to_which_
     path = _held_import(client, engine, tmp_path)
     with engine.connect() as holder:
         holder.execute(text("SELECT id FROM scheduled_events WHERE external_key = 'held' FOR UPDATE"))
-        run = Import(path, database_url, SCHEDULER_BATCH_MAX_EVENTS="1", SCHEDULER_LOCK_TIMEOUT_MS="0")
+        run = Import(path, database_url, SCHEDULER_BULK_MAX_EVENTS="1", SCHEDULER_LOCK_TIMEOUT_MS="0")
         wait_until_blocked_on_a_lock(engine)
         run.process.send_signal(signal.SIGINT)
         run.wait_for_err(STOPPING)
@@ -169,7 +169,7 @@ def test_a_second_interrupt_stops_the_import_at_once_naming_the_lines_then_being
     path = _held_import(client, engine, tmp_path)
     with engine.connect() as holder:
         holder.execute(text("SELECT id FROM scheduled_events WHERE external_key = 'held' FOR UPDATE"))
-        run = Import(path, database_url, SCHEDULER_BATCH_MAX_EVENTS="1", SCHEDULER_LOCK_TIMEOUT_MS="0")
+        run = Import(path, database_url, SCHEDULER_BULK_MAX_EVENTS="1", SCHEDULER_LOCK_TIMEOUT_MS="0")
         wait_until_blocked_on_a_lock(engine)
         run.process.send_signal(signal.SIGINT)
         run.wait_for_err(STOPPING)

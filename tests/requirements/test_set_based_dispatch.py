@@ -13,7 +13,7 @@ path, with the same rows.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -258,18 +258,17 @@ def test_a_write_that_differs_from_the_decisions_falls_back_to_the_per_event_pat
     key = f"commitment-reminder:solo:c-1:{reminder_facts()['date']}"
     batch.session.execute(text("INSERT INTO dedup_keys (key, notification_id, created_at) VALUES (:k, 'n-0', :t)"),
                           {"k": key, "t": T0})
-    original = decision.read
-    reads: list[list[str]] = []
+    original = decision.state_of
+    reads: list[Mapping[str, Any] | None] = []
 
-    def stale_read(session: Session, users: list[str], keys: list[str], now: Any,
-                   decisions: Any) -> decision.BatchState:
-        state = original(session, users, keys, now, decisions)
-        reads.append(keys)
+    def stale_read(limits: Mapping[str, Any] | None, users: Sequence[str], now: Any) -> decision.BatchState:
+        state = original(limits, users, now)
+        reads.append(limits)
         if len(reads) == 1:  # the batch's read, as if made before the insert; the fallback reads afresh
             state.keys.pop(key, None)
         return state
 
-    monkeypatch.setattr(decision, "read", stale_read)
+    monkeypatch.setattr(decision, "state_of", stale_read)
     outcome = service.scheduler.dispatch_next(batch)
     service.scheduler.finish(batch)
     assert outcome is not None and outcome.status == "dispatched"

@@ -2,8 +2,8 @@
 that goes away mid-body is not an error.
 
 Requests go straight to ASGI with a body that never ends (chunk after chunk of ``&``, the
-separator a form parser walks): a route may read at most SCHEDULER_MAX_BODY_BYTES (the batch
-route: SCHEDULER_BATCH_MAX_BODY_BYTES) and one chunk of it before answering 413, and with a
+separator a form parser walks): a route may read at most SCHEDULER_MAX_BODY_BYTES (the bulk
+route: SCHEDULER_BULK_MAX_BODY_BYTES) and one chunk of it before answering 413, and with a
 Content-Length over the limit it reads none.
 """
 
@@ -22,7 +22,7 @@ from tests.security.hostile import DEADLINE, Target, call, targets
 from tests.security.test_hostile_input import console_session
 
 CHUNK = 16 * 1024
-ENDLESS = 32 * 1024 * 1024  # past every route's limit, the batch route's 8 MiB too
+ENDLESS = 32 * 1024 * 1024  # past every route's limit, the bulk route's 8 MiB too
 BATCH = "/admin/scheduled-events/bulk"
 FORM = (b"content-type", b"application/x-www-form-urlencoded")
 JSON = (b"content-type", b"application/json")
@@ -98,8 +98,8 @@ def test_no_route_reads_more_than_the_body_limit_whether_declared_or_chunked(ser
     the limit before a byte is read, a chunked body as soon as the bytes read pass it."""
     refused = []
     for target in _body_routes(service):
-        # the batch route has a bound of its own, sized for a batch of events (BATCH-1)
-        limit = service.settings.batch_max_body_bytes if target.template == BATCH else service.settings.max_body_bytes
+        # the bulk route has a bound of its own, sized for many events (BATCH-1)
+        limit = service.settings.bulk_max_body_bytes if target.template == BATCH else service.settings.max_body_bytes
         headers = _with_credentials(service, target)
         chunked = asyncio.run(_upload(service, target, headers))
         assert chunked.error is None, f"{target.label}: {chunked.error!r}"

@@ -298,8 +298,8 @@ def _batch_body(count: int, padding: int = 0) -> list[dict[str, Any]]:
              "facts": reminder_facts(padding="x" * padding)} for i in range(count)]
 
 
-def check_batch_max_events(env: Env) -> None:
-    with service_from_env(env.base(SCHEDULER_BATCH_MAX_EVENTS="2")) as service, TestClient(service.app) as client:
+def check_bulk_max_events(env: Env) -> None:
+    with service_from_env(env.base(SCHEDULER_BULK_MAX_EVENTS="2")) as service, TestClient(service.app) as client:
         def post(count: int) -> int:
             status: int = client.post("/admin/scheduled-events/bulk", headers=auth(token("nudging.ingest")),
                                       json=_batch_body(count)).status_code
@@ -309,8 +309,8 @@ def check_batch_max_events(env: Env) -> None:
         assert post(2) == 200
 
 
-def check_batch_max_body_bytes(env: Env) -> None:
-    with service_from_env(env.base(SCHEDULER_BATCH_MAX_BODY_BYTES="4096")) as service, \
+def check_bulk_max_body_bytes(env: Env) -> None:
+    with service_from_env(env.base(SCHEDULER_BULK_MAX_BODY_BYTES="4096")) as service, \
             TestClient(service.app) as client:
         def post(padding: int) -> int:
             status: int = client.post("/admin/scheduled-events/bulk", headers=auth(token("nudging.ingest")),
@@ -570,8 +570,8 @@ CHECKS: dict[str, Callable[[Env], None]] = {
     "jwt_leeway_seconds": check_jwt_leeway_seconds,
     "rules_dir": check_rules_dir,
     "max_body_bytes": check_max_body_bytes,
-    "batch_max_events": check_batch_max_events,
-    "batch_max_body_bytes": check_batch_max_body_bytes,
+    "bulk_max_events": check_bulk_max_events,
+    "bulk_max_body_bytes": check_bulk_max_body_bytes,
     "request_header_timeout_seconds": check_request_header_timeout_seconds,
     "request_body_timeout_seconds": check_request_body_timeout_seconds,
     "statement_timeout_ms": check_statement_timeout_ms,

@@ -4,7 +4,7 @@ Each non-blank line is one event, judged exactly as an item of ``POST
 /admin/scheduled-events/bulk`` is (``scheduler.web.api.bulk_store.check_items``: the single POST's
 schema and facts contract, its bound per event, a key given twice refused naming the line
 that gave it first, across the whole file) and stored by the same set-based store
-(``core.store_batch``), ``SCHEDULER_BATCH_MAX_EVENTS`` lines per transaction, with the
+(``core.store_batch``), ``SCHEDULER_BULK_MAX_EVENTS`` lines per transaction, with the
 database's clock (DEC-10). A progress bar goes to stderr when stderr is a terminal; the
 summary (stored, rewritten, refused with their line numbers) to stdout.
 
@@ -130,7 +130,7 @@ def split_lines(data: bytes) -> list[tuple[int, bytes]]:
 def import_lines(lines: Sequence[tuple[int, bytes]], settings: Settings, *, database: Any, clock: Any,
                  actor: str, progress: Progress | None = None, stop: threading.Event | None = None,
                  facts_contract: Any = None) -> Summary:
-    """Judge and store ``lines`` in chunks of ``settings.batch_max_events`` (one transaction each),
+    """Judge and store ``lines`` in chunks of ``settings.bulk_max_events`` (one transaction each),
     their facts by the host's ``facts_contract`` when given (DEC-FACTS-CONTRACT). Once ``stop`` is
     set no further chunk is started; a ``KeyboardInterrupt`` ends the import where it is (a chunk
     then being stored is ``in_flight``: stored all or none)."""
@@ -138,7 +138,7 @@ def import_lines(lines: Sequence[tuple[int, bytes]], settings: Settings, *, data
 
     summary = Summary()
     first_of_key: dict[str, int] = {}
-    chunk_size = settings.batch_max_events
+    chunk_size = settings.bulk_max_events
     for start in range(0, len(lines), chunk_size):
         chunk = lines[start:start + chunk_size]
         first, last = chunk[0][0], chunk[-1][0]
@@ -314,7 +314,7 @@ def add_import_parser(events_sub: Any) -> None:
         description="Store scheduled events, one JSON object per line, each judged as an item of "
         "POST /admin/scheduled-events/bulk (the single POST's schema and facts contract; a repeated "
         "external_key is refused naming the line that gave it first) and stored in transactions of "
-        "SCHEDULER_BATCH_MAX_EVENTS lines; a known external_key's row is rewritten and reset to pending "
+        "SCHEDULER_BULK_MAX_EVENTS lines; a known external_key's row is rewritten and reset to pending "
         "(REQ-0064). The lines are UTF-8 (a byte order mark before the first is skipped); a line that is "
         "not, or is not JSON, is refused on its own, a file's and stdin's alike. A progress bar is shown "
         "on stderr when it is a terminal; the summary (stored, rewritten, refused with line numbers) is "

@@ -115,13 +115,13 @@ class Settings(BaseSettings):
         shown="unset (never expires)", ge=1, le=100 * 365 * 86400)
     max_body_bytes: int = _setting(
         64 * 1024, "SCHEDULER_MAX_BODY_BYTES", "larger bodies are a 413", ge=1024)
-    batch_max_events: int = _setting(
-        1000, "SCHEDULER_BATCH_MAX_EVENTS",
+    bulk_max_events: int = _setting(
+        1000, "SCHEDULER_BULK_MAX_EVENTS",
         "events one `POST /admin/scheduled-events/bulk` (and one chunk of `scheduler events import`) may hold; "
         "more is a 413", ge=1, le=10_000)
-    batch_max_body_bytes: int = _setting(
-        8 * 1024 * 1024, "SCHEDULER_BATCH_MAX_BODY_BYTES",
-        "larger batch bodies are a 413 (each item is still bounded by SCHEDULER_MAX_BODY_BYTES: a 422 for that item)",
+    bulk_max_body_bytes: int = _setting(
+        8 * 1024 * 1024, "SCHEDULER_BULK_MAX_BODY_BYTES",
+        "larger bulk bodies are a 413 (each item is still bounded by SCHEDULER_MAX_BODY_BYTES: a 422 for that item)",
         shown="8 MiB", ge=1024)
     request_header_timeout_seconds: float = _setting(
         10.0, "SCHEDULER_REQUEST_HEADER_TIMEOUT_SECONDS",

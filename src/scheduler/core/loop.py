@@ -44,7 +44,7 @@ from scheduler.core.runner import (
     run_to_completion,
 )
 from scheduler.database.database import Database
-from scheduler.observability.observer import Observer
+from scheduler.observability.observer import Observer, replica_scope
 from scheduler.types import (
     MAX_ERROR_LENGTH,
     ClaimedEvent,
@@ -118,6 +118,8 @@ class Scheduler:
         # Observability: spans around each poll and each event's dispatch, and
         # the event id in log lines; the service sets a tracing observer when tracing is on.
         self.observer: Observer = Observer()
+        # The replica the loop's log lines name (its heartbeat's id; the service sets it, OBS-8).
+        self.replica_id: str | None = None
 
     @property
     def dispatcher(self) -> Dispatcher:
@@ -167,6 +169,10 @@ class Scheduler:
     def poll_once(self, should_stop: Callable[[], bool] | None = None) -> PollReport:
         """One full poll. Stops between events when ``should_stop`` says so (the batch asks it:
         ``Batch.stop_requested``)."""
+        with replica_scope(self.replica_id):
+            return self._poll(should_stop)
+
+    def _poll(self, should_stop: Callable[[], bool] | None) -> PollReport:
         batch = self.claim()
         batch.should_stop = should_stop
         try:
@@ -182,7 +188,7 @@ class Scheduler:
         """The loop's poll: one poll that never raises an ``Exception`` (``None`` when it
         failed), then the poll hooks."""
         # observability: one span per poll of the loop, its statements and hooks inside
-        with self.observer.poll(self.name, str(self.mode)) as observed:
+        with replica_scope(self.replica_id), self.observer.poll(self.name, str(self.mode)) as observed:
             report = self._poll_unobserved(should_stop)
             if report is None:
                 observed.failed(self.health.last_error)

@@ -23,6 +23,7 @@ its attempt returns, without updating ``available`` or ``reason`` again.
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import threading
 import time
@@ -133,7 +134,9 @@ class Listener:
         if self._current is not None:
             return
         run = _Run()
-        run.thread = threading.Thread(target=self._run, args=(run,), name=f"{self.name}-listen", daemon=True)
+        # the caller's context (its replica in the log lines: OBS-8) goes with the thread
+        run.thread = threading.Thread(target=contextvars.copy_context().run, args=(self._run, run),
+                                      name=f"{self.name}-listen", daemon=True)
         with self._lock:
             self._current = run
         run.thread.start()

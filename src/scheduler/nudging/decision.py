@@ -1,11 +1,13 @@
 """The one decision (REQ-0066, DEC-1.5): deduplication, preferences, the daily cap and delivery.
 
 A live event, an event of the scheduler's per-event path and a whole claimed batch are
-decided by the same code: ``decide`` runs each event's rules, reads in one statement what
-the decisions need (``read_batch_limits``: the keys already taken, the participants'
-preferences, today's sent counts), decides every event in order over that state, carrying
-forward what the earlier events did (a key they claimed, a delivery they sent), and leaves
-one statement to write it all (``write_batch_decisions``). A live event is a batch of one.
+decided by the same code. The decision itself is pure (ARCH-11): ``decide`` gets each
+event's rules' candidates and what was read (``BatchState``: the keys already taken, the
+participants' preferences, today's sent counts), decides every event in order over that
+state, carrying forward what the earlier events did (a key they claimed, a delivery they
+sent), and returns what to write (``BatchDecisions``: one statement writes it all). Its
+dispatcher, ``NudgingPlatform``, runs in the session: it runs the rules, asks its
+``DecisionRepository`` for the one read, and sends the one write. A live event is a batch of one.
 
 Exactness rests on the participant lock: every participant decided for is locked until the
 transaction ends (the claim took it, DEC-2, or ``decide`` takes it first), and a
@@ -26,7 +28,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, time
 from typing import Any
@@ -259,58 +261,43 @@ def _json_time(value: object) -> str:
     raise TypeError(f"{type(value).__name__} in a batch's write")
 
 
-def decide(catalogue: Catalogue, orchestrator: Orchestrator, session: Session,
-           events: Sequence[DigitalTwinEvent], now: datetime, *, decisions: DecisionRepository,
-           stop: Callable[[], bool] | None = None, check: Check | None = None) -> BatchDecisions:
-    """Decide ``events`` in order at ``now``, each as if it were alone after the ones before it.
-
-    ``stop`` is asked after each event's rules ran (the last's excepted): when it says so (a
-    stop arrived), only the events evaluated so far are decided, as one by one they would
-    have stopped after the event in hand (DEC-7); ``results`` is then shorter than ``events``.
-    ``check`` may fail an event after its decision (``Check``).
-
-    A rule that raises fails its own event only (its result is the exception); a database
-    error propagates. ``decisions`` runs the read (the schema of the service's ``Database``).
-    """
+def evaluated_in_order(catalogue: Catalogue, events: Sequence[DigitalTwinEvent],
+                       stop: Callable[[], bool] | None = None) -> list[Evaluated]:
+    """Each event's rules (``evaluated``), in order. ``stop`` is asked after each event's rules
+    ran (the last's excepted): when it says so (a stop arrived), only the events evaluated so
+    far are decided, as one by one they would have stopped after the event in hand (DEC-7);
+    the list is then shorter than ``events``."""
     candidates: list[Evaluated] = []
     for event in events:
         candidates.append(evaluated(catalogue, event))
         if stop is not None and len(candidates) < len(events) and stop():
             break
-    events = events[:len(candidates)]
+    return candidates
+
+
+def to_read(events: Sequence[DigitalTwinEvent], candidates: Sequence[Evaluated]) -> tuple[list[str], list[str]]:
+    """What the decisions of ``events`` need read: the participants with a candidate, and the
+    candidates' deduplication keys (sorted: the locks are taken in one order)."""
     users = sorted({e.user_id for e, c in zip(events, candidates, strict=True) if isinstance(c, list) and c})
     keys = sorted({key for c in candidates if isinstance(c, list) for _, key in c})
-    state = read(session, users, keys, now, decisions)
-    results: list[DispatchResult | Exception] = []
-    for index, (event, event_candidates) in enumerate(zip(events, candidates, strict=True)):
-        mark = state.mark()
-        result = decide_event(orchestrator, state, event, event_candidates, now)
-        failure = check(index, result) if check is not None and isinstance(result, DispatchResult) else None
-        if failure is not None:
-            state.undo(mark)
-            result = failure
-        results.append(result)
-    return BatchDecisions(results, state)
+    return users, keys
 
 
-def read(session: Session, users: list[str], keys: list[str], now: datetime,
-         decisions: DecisionRepository) -> BatchState:
-    """The decisions' one read, after the lock of every participant this transaction does not
-    hold yet (a live event's; the claim holds a batch's, DEC-2), in the same round trip."""
-    if not users:
+def state_of(limits: Mapping[str, Any] | None, users: Sequence[str], now: datetime) -> BatchState:
+    """The decisions' input from what ``DecisionRepository.read_limits`` read for ``users``
+    (``None``: nothing was read, no participant had a candidate)."""
+    if limits is None:
         return BatchState({}, {}, {})
-    # every local day lies within CAP_WINDOW of now (LOCAL-5): the cap's day is counted below
-    row = decisions.read_limits(session, users, keys, now - CAP_WINDOW, now + CAP_WINDOW)
     preferences = {
         str(user): Preferences(None if kinds is None else frozenset(kinds), int(cap), zone,
                                None if start is None
                                else QuietHours(time.fromisoformat(start), time.fromisoformat(end)))
-        for user, kinds, cap, zone, start, end in row["preferences"]
+        for user, kinds, cap, zone, start, end in limits["preferences"]
     }
     state = BatchState(preferences, {},
                        {str(key): KeyState(True, duplicate_notification_id=None if dup is None else str(dup))
-                        for key, dup in row["taken_keys"]})
-    for n, sent_at in row["sent_recently"]:
+                        for key, dup in limits["taken_keys"]})
+    for n, sent_at in limits["sent_recently"]:
         user = users[int(n) - 1]
         try:
             day_start, day_end = state.preferences_of(user).day(now)
@@ -321,6 +308,26 @@ def read(session: Session, users: list[str], keys: list[str], now: datetime,
         # their days lies within CAP_WINDOW of now, so the window read holds it whole
         state.sent_today[user] = sum(day_start <= datetime.fromisoformat(t) < day_end for t in sent_at)
     return state
+
+
+def decide(orchestrator: Orchestrator, events: Sequence[DigitalTwinEvent], candidates: Sequence[Evaluated],
+           state: BatchState, now: datetime, *, check: Check | None = None) -> BatchDecisions:
+    """Decide ``events`` (their rules' ``candidates``) in order at ``now`` over what was read
+    (``state``), each as if it were alone after the ones before it; what to write is the
+    result's ``write_statement``. Reads nothing and writes nothing (ARCH-11).
+
+    A rule that raised fails its own event only (its result is the exception); ``check`` may
+    fail an event after its decision (``Check``)."""
+    results: list[DispatchResult | Exception] = []
+    for index, (event, event_candidates) in enumerate(zip(events, candidates, strict=True)):
+        mark = state.mark()
+        result = decide_event(orchestrator, state, event, event_candidates, now)
+        failure = check(index, result) if check is not None and isinstance(result, DispatchResult) else None
+        if failure is not None:
+            state.undo(mark)
+            result = failure
+        results.append(result)
+    return BatchDecisions(results, state)
 
 
 class NudgingPlatform(BatchDispatcher):
@@ -345,7 +352,7 @@ class NudgingPlatform(BatchDispatcher):
         """Decide one event as a batch of one and write its decision (one read, one write;
         the participant's lock first unless this transaction holds it). An evaluator's own
         error propagates."""
-        decided = decide(self.catalogue, self.orchestrator, session, [event], now, decisions=self.decisions)
+        decided = self._decided(session, [event], now)
         [result] = decided.results
         if isinstance(result, Exception):
             raise result
@@ -356,7 +363,17 @@ class NudgingPlatform(BatchDispatcher):
     def decide_batch(self, session: Session, events: Sequence[DigitalTwinEvent], now: datetime,
                      stop: Callable[[], bool] | None = None, check: Check | None = None) -> BatchDecisions:
         """Decide a claimed batch: each event's result as ``__call__`` gives it, one after the
-        other at ``now``, read in one statement; the write (``BatchDecisions.write_statement``)
-        is left to the caller. ``stop`` and ``check``: see ``decision.decide``."""
-        return decide(self.catalogue, self.orchestrator, session, events, now, decisions=self.decisions,
-                      stop=stop, check=check)
+        other at ``now``. The rules run first (``stop``: see ``evaluated_in_order``), then the
+        one read of what their decisions need (after the participants' locks, DEC-2), then the
+        decision (``decide``, ``check`` too); the write (``BatchDecisions.write_statement``)
+        is left to the caller. A database error propagates."""
+        return self._decided(session, events, now, stop, check)
+
+    def _decided(self, session: Session, events: Sequence[DigitalTwinEvent], now: datetime,
+                 stop: Callable[[], bool] | None = None, check: Check | None = None) -> BatchDecisions:
+        candidates = evaluated_in_order(self.catalogue, events, stop)
+        events = events[:len(candidates)]
+        users, keys = to_read(events, candidates)
+        # every local day lies within CAP_WINDOW of now (LOCAL-5): the cap's day is counted in it
+        limits = self.decisions.read_limits(session, users, keys, now - CAP_WINDOW, now + CAP_WINDOW) if users else None
+        return decide(self.orchestrator, events, candidates, state_of(limits, users, now), now, check=check)

@@ -3,7 +3,7 @@
 ``json`` writes one JSON object a line, with stable fields a collector can index:
 ``time`` (UTC, ISO 8601, milliseconds), ``level``, ``logger``, ``message``, and where they
 exist ``event_id`` (the scheduled event being dispatched, or an ``extra={"event_id": ...}``),
-``replica`` (this process's heartbeat id), ``trace_id`` and ``span_id`` (the current span,
+``replica`` (the heartbeat id of the service whose code logs), ``trace_id`` and ``span_id`` (the current span,
 when tracing is on), ``exception`` (the formatted traceback, still one line).
 
 Both formats redact secrets from everything they write: the password of a connection string
@@ -67,7 +67,7 @@ class JsonFormatter(logging.Formatter):
         event_id = getattr(record, "event_id", None) or current_event_id.get()
         if event_id:
             entry["event_id"] = str(event_id)
-        replica = getattr(record, "replica", None) or current_replica()
+        replica = getattr(record, "replica", None) or current_replica.get()
         if replica:
             entry["replica"] = str(replica)
         entry.update(_trace_fields())

@@ -16,13 +16,14 @@ from __future__ import annotations
 import contextlib
 import re
 from collections.abc import Callable, Iterator, Sequence
-from contextvars import ContextVar
+from contextvars import Context, ContextVar, copy_context
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from sqlalchemy import Engine
     from starlette.applications import Starlette
+    from starlette.types import ASGIApp, Receive, Scope, Send
 
     from scheduler.types import ClaimedEvent, DispatchResult, EventOutcome, PollReport
 
@@ -90,17 +91,41 @@ class Observer:
 
 current_event_id: ContextVar[str | None] = ContextVar("scheduler_event_id", default=None)
 
-# The replica this process runs as (its heartbeat's id), set once the service is built.
-_replica: list[str | None] = [None]
+# The replica whose code runs here (its heartbeat's id): each service sets it in the contexts
+# it runs (its tasks, its loop's polls, its requests), never for the process (OBS-8).
+current_replica: ContextVar[str | None] = ContextVar("scheduler_replica", default=None)
 
 
-def set_replica(replica_id: str | None) -> None:
-    """Name this process's replica in every later log line."""
-    _replica[0] = replica_id
+@contextlib.contextmanager
+def replica_scope(replica_id: str | None) -> Iterator[None]:
+    """Log lines inside carry ``replica`` (``None``: whatever the caller's context says)."""
+    if replica_id is None:
+        yield
+        return
+    token = current_replica.set(replica_id)
+    try:
+        yield
+    finally:
+        current_replica.reset(token)
 
 
-def current_replica() -> str | None:
-    return _replica[0]
+def replica_context(replica_id: str | None) -> Context:
+    """A copy of the current context in which log lines carry ``replica_id`` (a task's, a thread's)."""
+    context = copy_context()
+    if replica_id is not None:
+        context.run(current_replica.set, replica_id)
+    return context
+
+
+class ReplicaMiddleware:
+    """ASGI middleware: a request's log lines carry the replica of the service that serves it."""
+
+    def __init__(self, app: ASGIApp, replica_id: str) -> None:
+        self.app, self.replica_id = app, replica_id
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        with replica_scope(self.replica_id):
+            await self.app(scope, receive, send)
 
 
 @contextlib.contextmanager

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from scheduler.config import ConfigError
-from scheduler.observability.observer import Observer, set_replica
+from scheduler.observability.observer import Observer
 
 if TYPE_CHECKING:
     from sqlalchemy import Engine
@@ -58,8 +58,8 @@ def observe(observer: Observer, *, app: Starlette | None, engines: Sequence[Engi
             replica_id: str) -> Observer:
     """Wire ``observer`` into a built service's parts (the composition root hands them over):
     the loop's observer, spans for the app's requests and the engines' statements (when
-    tracing), and the replica id in log lines."""
+    tracing), and the replica id in the loop's log lines (its polls'; OBS-8)."""
     loop.observer = observer
+    loop.replica_id = replica_id
     observer.instrument(app, engines)
-    set_replica(replica_id)
     return observer

@@ -47,7 +47,7 @@ from scheduler.nudging.decision import NudgingPlatform
 from scheduler.nudging.facts import FactsContract
 from scheduler.nudging.orchestrator import LoggingPublisher, Orchestrator, OutboxChannel, WebChannel
 from scheduler.nudging.rules import Catalogue, load_catalogue
-from scheduler.observability.observer import Observer
+from scheduler.observability.observer import Observer, replica_context
 from scheduler.observability.tracing import observe, observer_from_env
 from scheduler.operations.delivery_worker import DeliveryWorker
 from scheduler.operations.heartbeat import Heartbeat
@@ -147,7 +147,6 @@ class SchedulerService:
             raise ConfigError(problem)
         self.delivery: DeliveryWorker | None = None
         self._http: httpx.AsyncClient | None = None
-        self._tasks = Tasks()
         # After commit: number web notifications for the inbox stream and NOTIFY the
         # replicas, then the configured publisher (see scheduler.web.inbox.hub). The live
         # path numbers on the requests' pool, the loop on its own.
@@ -171,13 +170,16 @@ class SchedulerService:
         # The host's own authentication when it passes one (DEC-AUTH-1), else bearer JWTs.
         self.authentication: AuthenticationBackend = authentication or JWTBackend(self.verifier)
         self._attach_poll_hooks(metrics_registry)
+        # The service's tasks, its loop's polls and its requests log as this replica (OBS-8).
+        self._tasks = Tasks(self.heartbeat.replica_id)
         # Observability: spans for requests, statements, polls and dispatches when
         # OTEL_TRACES_EXPORTER asks (or ``observer`` traces); log context either way.
         self.observer = observer if observer is not None else observer_from_env()
         self._route_modules(listener, inner_publisher)
         self.web = WebApp(sources=self._route_sources(), console=lambda: self.console.routes,
                           authentication=self.authentication, lifespan=self.lifespan, observer=self.observer,
-                          owner=self, document=self._document, every_route=lambda: self.routes())
+                          owner=self, document=self._document, every_route=lambda: self.routes(),
+                          replica_id=self.heartbeat.replica_id)
         check_security(self.settings, host_authentication=authentication is not None)
         # the loop's observer and the SQLAlchemy instrumentation (each app ``app_for`` builds
         # is instrumented as it is built)
@@ -243,8 +245,8 @@ class SchedulerService:
                                    default_expiry=settings.default_expiry, facts_contract=self.facts_contract)
         self.batch = BulkStoreRoutes(database=self.database, clock=self.clock, default_expiry=settings.default_expiry,
                                  facts_contract=self.facts_contract,
-                                 max_events=settings.batch_max_events,
-                                 max_body_bytes=settings.batch_max_body_bytes,
+                                 max_events=settings.bulk_max_events,
+                                 max_body_bytes=settings.bulk_max_body_bytes,
                                  max_item_bytes=settings.max_body_bytes, observer=self.observer)
         self.events = EventRoutes(database=self.database, clock=self.clock)
         self.participants = ParticipantRoutes(database=self.database, clock=self.clock,
@@ -364,7 +366,7 @@ class SchedulerService:
         if isinstance(self.clock, DatabaseClock):
             await tasks.start_clock(self.clock)
         if self.listener.has_subscribers and not self.listener.running:
-            await run_in_threadpool(self.listener.start)
+            await run_in_threadpool(replica_context(self.heartbeat.replica_id).run, self.listener.start)
         if not self.run_scheduler or tasks.loop is not None:
             return
         if self.outbox_channels and tasks.delivery is None:

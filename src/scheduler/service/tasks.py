@@ -15,6 +15,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from scheduler.core.clock import DatabaseClock
 from scheduler.core.loop import Scheduler
+from scheduler.observability.observer import replica_context
 from scheduler.operations.delivery_worker import DeliveryWorker
 
 logger = logging.getLogger(__name__)
@@ -26,9 +27,11 @@ CLOCK_RETRY_SECONDS = 1.0
 
 
 class Tasks:
-    """The clock's, the loop's and the delivery worker's tasks, each ``None`` while not running."""
+    """The clock's, the loop's and the delivery worker's tasks, each ``None`` while not running.
+    Each runs in a context of its own whose log lines name ``replica_id`` (OBS-8)."""
 
-    def __init__(self) -> None:
+    def __init__(self, replica_id: str | None = None) -> None:
+        self.replica_id = replica_id
         self.clock: asyncio.Task[None] | None = None
         self.loop: asyncio.Task[None] | None = None
         self._loop_stop: asyncio.Event | None = None
@@ -43,17 +46,21 @@ class Tasks:
         """The first reading before the loop's first claim; then every few seconds."""
         if self.clock is None:
             await _sync_clock(clock, CapacityLimiter(1))
-            self.clock = asyncio.create_task(_keep_clock_synced(clock), name="scheduler-clock")
+            self.clock = asyncio.create_task(_keep_clock_synced(clock), name="scheduler-clock",
+                                             context=replica_context(self.replica_id))
 
     def start_loop(self, scheduler: Scheduler) -> None:
         self._loop_stop = asyncio.Event()
-        self.loop = asyncio.create_task(scheduler.run(self._loop_stop), name="scheduler-loop")
-        self.loop.add_done_callback(_report_exit)
+        context = replica_context(self.replica_id)
+        self.loop = asyncio.create_task(scheduler.run(self._loop_stop), name="scheduler-loop", context=context)
+        self.loop.add_done_callback(_report_exit, context=context)
 
     def start_delivery(self, worker: DeliveryWorker) -> None:
         self._delivery_stop = asyncio.Event()
-        self.delivery = asyncio.create_task(worker.run(self._delivery_stop), name="scheduler-delivery")
-        self.delivery.add_done_callback(_report_delivery_exit)
+        context = replica_context(self.replica_id)
+        self.delivery = asyncio.create_task(worker.run(self._delivery_stop), name="scheduler-delivery",
+                                            context=context)
+        self.delivery.add_done_callback(_report_delivery_exit, context=context)
 
     async def stop_clock(self) -> None:
         if self.clock is not None:

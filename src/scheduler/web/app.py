@@ -21,7 +21,7 @@ from starlette.middleware.authentication import AuthenticationMiddleware
 from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp
 
-from scheduler.observability.observer import Observer
+from scheduler.observability.observer import Observer, ReplicaMiddleware
 from scheduler.web.http.auth import on_auth_error
 from scheduler.web.http.errors import EXCEPTION_HANDLERS
 
@@ -51,7 +51,8 @@ class WebApp:
 
     def __init__(self, *, sources: Sequence[RouteSource], console: Callable[[], Sequence[Route]],
                  authentication: AuthenticationBackend, lifespan: Lifespan, observer: Observer,
-                 owner: object, document: Document, every_route: RouteSource | None = None) -> None:
+                 owner: object, document: Document, every_route: RouteSource | None = None,
+                 replica_id: str | None = None) -> None:
         self.document = document
         self.sources = tuple(sources)
         self.every_route = every_route or self.routes
@@ -60,11 +61,13 @@ class WebApp:
         self.lifespan = lifespan
         self.observer = observer
         self.owner = owner
+        self.replica_id = replica_id
 
     def middleware(self) -> list[Middleware]:
-        """What every part's app runs a request through: the authentication (a host's backend,
-        or bearer JWTs)."""
-        return [Middleware(AuthenticationMiddleware, backend=self.authentication, on_error=on_auth_error)]
+        """What every part's app runs a request through: the replica in its log lines (OBS-8),
+        then the authentication (a host's backend, or bearer JWTs)."""
+        replica = [] if self.replica_id is None else [Middleware(ReplicaMiddleware, replica_id=self.replica_id)]
+        return [*replica, Middleware(AuthenticationMiddleware, backend=self.authentication, on_error=on_auth_error)]
 
     def routes(self) -> list[BaseRoute]:
         """Every route of the service (``routes_for`` selects parts of them)."""

@@ -1,8 +1,8 @@
 """``POST /admin/scheduled-events/bulk``: many scheduled events in one request (BATCH-*).
 
-The body is a JSON array of up to ``SCHEDULER_BATCH_MAX_EVENTS`` events (more is a 413),
+The body is a JSON array of up to ``SCHEDULER_BULK_MAX_EVENTS`` events (more is a 413),
 read through the one bounded reader with a bound of its own
-(``SCHEDULER_BATCH_MAX_BODY_BYTES``). ``check_items`` judges each item exactly as a single
+(``SCHEDULER_BULK_MAX_BODY_BYTES``). ``check_items`` judges each item exactly as a single
 POST judges its body (REQ-0063: the same schema, the same facts contract, the same 422
 bodies; an item larger than ``SCHEDULER_MAX_BODY_BYTES`` is a 422 of its own), and refuses
 an external key already given by an earlier item, naming that item. The valid items are
@@ -154,7 +154,7 @@ class BulkStoreRoutes:
         if not isinstance(payload, list):
             raise Unprocessable.field("body", "must be a JSON array of scheduled events", NOT_AN_ARRAY)
         if len(payload) > self.max_events:
-            raise HTTPException(413, f"more than {self.max_events} events in one request (SCHEDULER_BATCH_MAX_EVENTS)")
+            raise HTTPException(413, f"more than {self.max_events} events in one request (SCHEDULER_BULK_MAX_EVENTS)")
         checked = check_items(payload, max_item_bytes=self.max_item_bytes, default_expiry=self.default_expiry,
                               facts_contract=self.facts_contract)
         # observability: the storing request's trace context, as a single POST's rows keep

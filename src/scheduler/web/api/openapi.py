@@ -140,8 +140,8 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
                                                  "a single POST of it would get (also: larger than "
                                                  "SCHEDULER_MAX_BODY_BYTES; an external_key an earlier item gave)",
                                    many=True),
-                      "413": _json(ErrorOut, "body larger than SCHEDULER_BATCH_MAX_BODY_BYTES, or more items than "
-                                             "SCHEDULER_BATCH_MAX_EVENTS"),
+                      "413": _json(ErrorOut, "body larger than SCHEDULER_BULK_MAX_BODY_BYTES, or more items than "
+                                             "SCHEDULER_BULK_MAX_EVENTS"),
                       **ERRORS,
                       "422": _json(ValidationErrorOut, "the body is not JSON, or not a JSON array")},
     },
