@@ -246,7 +246,8 @@ def ours(server: Server, *, mode: str, replicas: int, events: int, store_rate: f
                     "SELECT EXTRACT(EPOCH FROM dispatched_at - trigger_at) FROM scheduler.scheduled_events "
                     "WHERE status = 'dispatched'")).scalars()]
                 statuses = dict(conn.execute(bench_sql("count_by_status")).tuples().all())
-                sent = conn.execute(text("SELECT count(*) FROM scheduler.notifications WHERE status = 'sent'")).scalar_one()
+                sent = conn.execute(
+                    text("SELECT count(*) FROM scheduler.notifications WHERE status = 'sent'")).scalar_one()
         finally:
             engine.dispose()
     if statuses != {"dispatched": events} or sent != events:
@@ -267,7 +268,8 @@ def ours(server: Server, *, mode: str, replicas: int, events: int, store_rate: f
                              "predicted_high_seconds": low + poll,  # the first poll after T: within one interval
                              "measured_over_predicted_mid": result["drain_seconds"] / (low + poll / 2)}
     progress(f"burst ours {mode}: {events:,} reminders, {replicas} replica(s): all out {result['drain_seconds']:.1f}s "
-             f"after the trigger, lateness p50 {result['lateness']['p50_s']:.2f}s p99 {result['lateness']['p99_s']:.2f}s "
+             f"after the trigger, lateness p50 {result['lateness']['p50_s']:.2f}s "
+             f"p99 {result['lateness']['p99_s']:.2f}s "
              f"max {result['lateness']['max_s']:.2f}s (stored in {stored_in:.1f}s, {margin:.1f}s before it)")
     return result
 
@@ -456,7 +458,8 @@ def peer(server: Server, name: str, *, replicas: int, events: int, handler: str 
         raise RuntimeError(f"burst {label} x{replicas}: {len(lateness)} jobs ran, expected {events}")
     if written and set(written.values()) != {events}:
         raise RuntimeError(f"burst {label} x{replicas}: wrote {written}, expected {events} of each")
-    result: dict[str, Any] = {"system": label, "handler": handler, "mode": f"poll {PEER_POLL_SECONDS:.0f}s", "replicas": replicas, "events": events,
+    result: dict[str, Any] = {"system": label, "handler": handler, "mode": f"poll {PEER_POLL_SECONDS:.0f}s",
+              "replicas": replicas, "events": events,
               "stored_seconds": stored_in, "store_margin_seconds": margin,
               "drain_seconds": drained_at - trigger.timestamp(), "lateness": lateness_summary(lateness)}
     if name == "pgqueuer":

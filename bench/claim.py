@@ -154,7 +154,8 @@ def _databases(server: Server, label: str, sizes: list[int]) -> Iterator[dict[in
         yield engines
 
 
-def _bulk_loaded(server: Server, sizes: list[int], samples: int, budget: float) -> tuple[dict[int, Any], dict[int, Any]]:
+def _bulk_loaded(server: Server, sizes: list[int], samples: int,
+                 budget: float) -> tuple[dict[int, Any], dict[int, Any]]:
     """Terminal rows bulk-loaded: ours, then the naive index, each size side by side."""
     with _databases(server, "claim", sizes) as engines:
         for size, engine in engines.items():

@@ -78,7 +78,8 @@ DESCRIPTIONS = {
     "fullpath": "drain N due commitment reminders through the real NudgingPlatform (rules, dedup, "
                 "preferences, cap, notification rows) by 1/2/4 replicas; beside it procrastinate and pgqueuer "
                 "running the handler a user writes (dedup key, notification, delivery, own transaction)",
-    "http": "requests/s and p50/p99 of POST /admin/scheduled-events (and events/s of the batch route) on a real `scheduler serve` (uvicorn, "
+    "http": "requests/s and p50/p99 of POST /admin/scheduled-events (and events/s of the batch route) "
+            "on a real `scheduler serve` (uvicorn, "
             "127.0.0.1) from a separate load process: new keys, then the same keys re-posted",
     "shutdown": "time from stop to loop exit with a one-hour poll interval: run_blocking, async run, "
                 "and the service lifespan",

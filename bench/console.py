@@ -58,7 +58,8 @@ def _time(client: TestClient, path: str) -> float:
 def _query_times(service: SchedulerService, samples: int) -> dict[str, float]:
     """Median ms of each overview query on its own."""
     queries: dict[str, dict[str, Any]] = {
-        "backlog_gauges": {"now": NOW}, "count_pending": {"cap": COUNT_CAP}, "count_failed": {"cap": COUNT_CAP}, "estimate_events": {},
+        "backlog_gauges": {"now": NOW}, "count_pending": {"cap": COUNT_CAP}, "count_failed": {"cap": COUNT_CAP},
+        "estimate_events": {},
         "estimate_events_by_status": {},
         "count_events_by_status (not run past 200,000 rows)": {"statuses": [str(s) for s in EventStatus]},
         "lateness_percentiles": {"since": NOW - timedelta(hours=1), "now": NOW},
@@ -94,7 +95,8 @@ def run(server: Server, *, rows: int, samples: int) -> dict[str, Any]:
             with engine.connect() as conn:
                 counted: dict[str, int] = {
                     str(status): int(n)
-                    for status, n in conn.execute(text("SELECT status, count(*) FROM scheduler.scheduled_events GROUP BY 1"))
+                    for status, n in conn.execute(
+                        text("SELECT status, count(*) FROM scheduler.scheduled_events GROUP BY 1"))
                 }
             service = SchedulerService(Settings(jwt_secret=SECRET), engine=engine, clock=ManualClock(NOW),
                                        run_scheduler=False)
@@ -120,7 +122,8 @@ def run(server: Server, *, rows: int, samples: int) -> dict[str, Any]:
 
 
 def table(result: dict[str, Any]) -> list[str]:
-    lines = [f"### Console pages with {result['rows']:,} rows ({', '.join(f'{k} {v:,}' for k, v in sorted(result['by_status'].items()))})",
+    by_status = ", ".join(f"{k} {v:,}" for k, v in sorted(result["by_status"].items()))
+    lines = [f"### Console pages with {result['rows']:,} rows ({by_status})",
              "", "| page | median ms | p90 ms |", "| --- | ---: | ---: |"]
     for name, figures in result["pages"].items():
         lines.append(f"| {name} | {figures['median_ms']:.1f} | {figures['p90_ms']:.1f} |")

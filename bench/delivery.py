@@ -144,7 +144,8 @@ def _summary(label: str, first: dict[str, float], trigger: float, events: int) -
 # -- ours: the outbox, on real `scheduler serve` replicas ------------------------------------
 
 
-def _serve(url: str, index: int, receiver: Receiver, concurrency: int, workdir: Path) -> tuple[subprocess.Popen[bytes], int]:
+def _serve(url: str, index: int, receiver: Receiver, concurrency: int,
+           workdir: Path) -> tuple[subprocess.Popen[bytes], int]:
     import socket
 
     with socket.socket() as s:
@@ -386,7 +387,8 @@ async def _install(peer: str, conninfo: str) -> None:
         await conn.close()
 
 
-def peer(server: Server, receiver: Receiver, name: str, *, events: int, replicas: int, concurrency: int) -> dict[str, Any]:
+def peer(server: Server, receiver: Receiver, name: str, *, events: int, replicas: int,
+         concurrency: int) -> dict[str, Any]:
     """The same N as ``name``'s jobs scheduled at ``T``, each POSTing the webhook."""
     reason = missing(name)
     if reason is not None:
@@ -449,7 +451,8 @@ def table(section: dict[str, Any]) -> list[str]:
             continue
         note = ""
         if "extrapolated_to" in s:
-            note = (f"{s['pushes_per_second']:.1f} pushes/s; for {s['extrapolated_to']:,}: p50 ~{s['extrapolated_p50_s']:.0f} s, "
+            note = (f"{s['pushes_per_second']:.1f} pushes/s; for {s['extrapolated_to']:,}: "
+                    f"p50 ~{s['extrapolated_p50_s']:.0f} s, "
                     f"p99 ~{s['extrapolated_p99_s']:.0f} s (extrapolated)")
         elif "meets_target" in s:
             note = "meets the target" if s["meets_target"] else "misses the target"

@@ -173,7 +173,8 @@ WORKERS: dict[str, Callable[[str, str, int, Barrier, Any], None]] = {
 }
 
 
-def run_processes(target: Callable[..., None], args: tuple[Any, ...], replicas: int, timeout: float) -> list[WorkerResult]:
+def run_processes(target: Callable[..., None], args: tuple[Any, ...], replicas: int,
+                  timeout: float) -> list[WorkerResult]:
     """Start ``replicas`` processes of ``target(*args, barrier, queue)``; collect their results."""
     barrier = CTX.Barrier(replicas)
     out = CTX.Queue()

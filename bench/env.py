@@ -110,7 +110,8 @@ class Server:
 
 def bench_engine(url: str, **kwargs: Any) -> Engine:
     """An engine with production's connection options and a generous statement timeout."""
-    return make_engine(url, Settings(statement_timeout_ms=600_000, lock_timeout_ms=0, idle_in_transaction_timeout_ms=0), **kwargs)
+    settings = Settings(statement_timeout_ms=600_000, lock_timeout_ms=0, idle_in_transaction_timeout_ms=0)
+    return make_engine(url, settings, **kwargs)
 
 
 def load_events(engine: Engine, *, pending: int, terminal: int = 0, prefix: str = "user-", held: int = 0) -> None:

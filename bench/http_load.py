@@ -152,7 +152,8 @@ def _load(base: str, token: str, requests: int, concurrency: int, seconds: float
     batch route's phases when ``batch_concurrency`` names them."""
     async def run() -> dict[str, Any]:
         run_id = secrets.token_hex(4)
-        warm = await _phase(base, token, [f"warm-{run_id}-{i}" for i in range(min(200, requests))], concurrency, seconds)
+        warm_keys = [f"warm-{run_id}-{i}" for i in range(min(200, requests))]
+        warm = await _phase(base, token, warm_keys, concurrency, seconds)
         keys = [f"key-{run_id}-{i}" for i in range(requests)]
         new = await _phase(base, token, keys, concurrency, seconds)
         reposted = await _phase(base, token, keys[: new["requests"]], concurrency, seconds)
@@ -225,7 +226,8 @@ def run(server: Server, *, requests: int, concurrency: int, seconds: float,
     for label, r in result.get("batch", {}).items():
         progress(f"http {label}: {r['events_per_second']:.0f} events/s, p50 {r['p50_ms']:.1f} ms, "
                  f"p99 {r['p99_ms']:.1f} ms, statuses {r['statuses']}")
-        if set(r["statuses"]) != {"200" if "batch" in r else "201"} or set(r.get("item_statuses", {"201": 0})) != {"201"}:
+        if (set(r["statuses"]) != {"200" if "batch" in r else "201"}
+                or set(r.get("item_statuses", {"201": 0})) != {"201"}):
             tail = stderr.decode(errors="replace")[-2000:]
             raise RuntimeError(f"http {label}: unexpected statuses {r['statuses']}; server said:\n{tail}")
     total = sum(result[phase]["requests"] for phase in ("warm_up", "new_keys", "reposted_keys"))

@@ -42,7 +42,8 @@ def _timed(conn: Connection, name: str, params: dict[str, Any]) -> float:
 def measure(conn: Connection) -> dict[str, dict[str, float]]:
     """Median ms of a store and of a batch's outcomes, with and without the participant index."""
     facts = json.dumps({"facts_version": "1", "scenario": "commitment_reminder", "commitment": "x", "date": DAY})
-    ids = [r[0] for r in conn.execute(text("SELECT id FROM scheduler.scheduled_events WHERE status = 'pending' LIMIT 20"))]
+    pending = text("SELECT id FROM scheduler.scheduled_events WHERE status = 'pending' LIMIT 20")
+    ids = [r[0] for r in conn.execute(pending)]
     conn.rollback()
     times: dict[str, dict[str, list[float]]] = {
         kind: {"store": [], "outcome": []} for kind in ("with index", "without index")}

@@ -220,6 +220,7 @@ def drain(server: Server, peer: str, *, events: int, replicas: int, batch: int, 
         summary["driver"] = pgqueuer_driver_name()
     if not summary["complete"]:
         raise RuntimeError(f"{peer} drained {summary['events']} of {events} jobs")
-    progress(f"drain {peer} ({handler}): {events:,} jobs, {replicas} worker(s): {summary['events_per_second']:.0f} jobs/s "
+    progress(f"drain {peer} ({handler}): {events:,} jobs, {replicas} worker(s): "
+             f"{summary['events_per_second']:.0f} jobs/s "
              f"({summary['seconds']:.2f}s)")
     return summary

@@ -102,7 +102,8 @@ def run(server: Server, *, events: int, batch: int = 20, kind: str = "ours") -> 
         "top_tottime": text.getvalue().splitlines()[:45],
         "note": "cProfile slows Python down, so its shares overstate Python against the database",
     }
-    progress(f"profile ({result['dispatcher']}): {dispatched:,} events under cProfile, {result['statements_per_event']:.2f} statements "
+    progress(f"profile ({result['dispatcher']}): {dispatched:,} events under cProfile, "
+             f"{result['statements_per_event']:.2f} statements "
              f"per event; psycopg execute {shares.get('psycopg execute (round trips)', 0):.0%} "
              f"of the time")
     return result

@@ -28,7 +28,8 @@ def _mech_rate(runs: list[dict[str, Any]], kind: str, replicas: int, batch: int 
 
 def claim_table(claim: dict[str, Any]) -> list[str]:
     lines = [
-        f"### Claim latency ({claim['pending']:,} due pending rows, batch {claim['batch_size']}, the real claim statement)",
+        f"### Claim latency ({claim['pending']:,} due pending rows, batch {claim['batch_size']}, "
+        "the real claim statement)",
         "",
         "| rows in table | ours median ms | ours p90 ms | naive median ms | naive p90 ms | naive / ours | ours plan "
         "| ours, terminal by UPDATE, before VACUUM: median / p90 ms (buffers) | same after VACUUM: median ms |",
@@ -134,7 +135,8 @@ def mechanics_table(mech: dict[str, Any]) -> list[str]:
     attempts = [f"{r['kind']} x{r['replicas']}: " + "/".join(f"{a:,.0f}" for a in r["attempts_events_per_second"])
                 for r in runs if len(r.get("attempts_events_per_second", [])) > 1]
     if attempts:
-        lines.append("\nBatch 20, ours and both raw loops: best of the interleaved attempts (" + "; ".join(attempts) + ").")
+        lines.append("\nBatch 20, ours and both raw loops: best of the interleaved attempts ("
+                     + "; ".join(attempts) + ").")
     drivers = sorted({r["driver"] for r in runs if r.get("driver")})
     if drivers:
         lines.append(f"\npgqueuer driver: {', '.join(drivers)}.")
@@ -147,7 +149,8 @@ def full_table(full: dict[str, Any], mech: dict[str, Any] | None) -> list[str]:
     lines = [
         f"### Full path: {full['events']:,} due commitment reminders, real NudgingPlatform, batch 20",
         "",
-        "| replicas | full path events/s | mechanics events/s | full / mechanics | dispatch cost per event (ms, one replica's time) |",
+        "| replicas | full path events/s | mechanics events/s | full / mechanics "
+        "| dispatch cost per event (ms, one replica's time) |",
         "| ---: | ---: | ---: | ---: | ---: |",
     ]
     for run in full["runs"]:
@@ -167,13 +170,15 @@ def full_table(full: dict[str, Any], mech: dict[str, Any] | None) -> list[str]:
     if peer_runs:
         lines += ["", "The peers running the equivalent handler (dedup by a unique key, the notification and "
                   "its delivery row, in the handler's own transaction):", "",
-                  "| system | replicas | batch | events/s | ours (full path) / peer |", "| --- | ---: | ---: | ---: | ---: |"]
+                  "| system | replicas | batch | events/s | ours (full path) / peer |",
+                  "| --- | ---: | ---: | ---: | ---: |"]
         for r in peer_runs:
             if "skipped" in r:
                 lines.append(f"| {r['kind']} + work | {r['replicas']} | | skipped: {r['skipped']} | |")
                 continue
             ours = next((o["events_per_second"] for o in full["runs"] if o["replicas"] == r["replicas"]), None)
-            lines.append(f"| {r['kind']} + work | {r['replicas']} | {r['batch_size']} | {_f(r['events_per_second'], 0)} | "
+            lines.append(f"| {r['kind']} + work | {r['replicas']} | {r['batch_size']} | "
+                         f"{_f(r['events_per_second'], 0)} | "
                          f"{_ratio(ours, r['events_per_second'])} |")
     return lines
 
@@ -188,7 +193,8 @@ def formula_table(formula: list[dict[str, Any]]) -> list[str]:
     ]
     for f in formula:
         lines.append(f"| {f['events']:,} | {f['replicas']} | {f['batch_size']} | {f['poll_seconds']} | "
-                     f"{f['poll_cost_seconds']:.4f} | {f['predicted_seconds']:.2f} | {f['run_poll_cost_seconds']:.4f} | "
+                     f"{f['poll_cost_seconds']:.4f} | {f['predicted_seconds']:.2f} | "
+                     f"{f['run_poll_cost_seconds']:.4f} | "
                      f"{f['predicted_with_run_cost_seconds']:.2f} | {f['measured_seconds']:.2f} | "
                      f"{f['measured_over_predicted']:.2f}, {f['measured_over_predicted_with_run_cost']:.2f} |")
     return lines
@@ -206,7 +212,8 @@ def http_table(http: dict[str, Any]) -> list[str]:
     ]
     for phase, label in (("new_keys", "new keys (insert)"), ("reposted_keys", "re-posted keys (upsert rewrite)")):
         r = http[phase]
-        lines.append(f"| {label} | {r['requests']:,} | {r['requests_per_second']:.0f} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} |")
+        lines.append(f"| {label} | {r['requests']:,} | {r['requests_per_second']:.0f} | {r['p50_ms']:.1f} "
+                     f"| {r['p99_ms']:.1f} |")
     if "server_cpu_ms_per_request" in http:
         lines.append(f"\nThe server process used {http['server_cpu_ms_per_request']:.2f} ms of CPU per request "
                      "(PostgreSQL's own time not included).")
@@ -307,7 +314,8 @@ def markdown(results: dict[str, Any]) -> str:
         "",
         f"Machine: {machine.get('cores')} cores ({machine.get('cpu', '?')}), {machine.get('memory_gib', '?')} GiB, "
         f"load average at start {machine.get('load_average_at_start')}, at end {machine.get('load_average_at_end')}; "
-        f"{server.get('version', '?').split(' on ')[0]} ({'embedded pgserver' if server.get('embedded') else 'external'}, "
+        f"{server.get('version', '?').split(' on ')[0]} "
+        f"({'embedded pgserver' if server.get('embedded') else 'external'}, "
         f"shared_buffers {server.get('settings', {}).get('shared_buffers', '?')}); Python {machine.get('python')}. "
         f"Took {results.get('seconds', 0):.0f} s.",
     ]

@@ -121,7 +121,8 @@ def _load(engine: Engine, size: int) -> dict[str, Any]:
                      f"({time.perf_counter() - started:.0f}s)")
     with engine.begin() as conn:
         conn.execute(bench_sql("load_pending_events"), {"now": NOW, "day": DAY, "prefix": "user-", "count": PENDING})
-        conn.execute(bench_sql("console_recent_dispatches"), {"now": NOW, "count": min(RECENT_DISPATCHES, history // 2)})
+        conn.execute(bench_sql("console_recent_dispatches"),
+                     {"now": NOW, "count": min(RECENT_DISPATCHES, history // 2)})
         conn.execute(bench_sql("console_recent_failures"), {"now": NOW, "count": min(RECENT_FAILURES, history // 20)})
     loaded = time.perf_counter() - started
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
@@ -129,7 +130,8 @@ def _load(engine: Engine, size: int) -> dict[str, Any]:
     checkpoint(engine)
     total = time.perf_counter() - started
     with engine.connect() as conn:
-        by_status = {str(s): int(n) for s, n in conn.execute(text("SELECT status, count(*) FROM scheduler.scheduled_events GROUP BY 1"))}
+        counted = conn.execute(text("SELECT status, count(*) FROM scheduler.scheduled_events GROUP BY 1"))
+        by_status = {str(s): int(n) for s, n in counted}
         sizes = {str(name): int(n) for name, n in conn.execute(bench_sql("relation_sizes"))}
     progress(f"scale: {size:,} rows loaded in {loaded:.0f}s, vacuumed and analyzed in {total - loaded:.0f}s; "
              f"table {sizes.get('scheduled_events', 0) / 2**20:,.0f} MiB")
@@ -324,7 +326,8 @@ def run(server: Server, *, sizes: list[int], samples: int, budget: float, page_s
                 _get(clients[size], UNSERVED_PAGE[1])
                 page_figures[UNSERVED_PAGE[0]] = {"samples": 1, "median_ms": (time.perf_counter() - started) * 1000}
                 by[str(size)]["pages"] = page_figures
-                progress(f"scale: {size:,} rows: " + ", ".join(f"{n} {f['median_ms']:.1f} ms" for n, f in page_figures.items()))
+                progress(f"scale: {size:,} rows: "
+                         + ", ".join(f"{n} {f['median_ms']:.1f} ms" for n, f in page_figures.items()))
 
         progress("scale: each hot statement alone, and its plan")
         hot = hot_statements()
@@ -369,7 +372,8 @@ def table(result: dict[str, Any]) -> list[str]:
              f"the rest a history of finished rows; median ms, side by side)", "",
              "Load (s, set-based, then VACUUM ANALYZE) and size on disk:", "", head, rule,
              "| load + vacuum/analyze s | " + " | ".join(
-                 f"{by[s]['load']['load_seconds']:.0f} + {by[s]['load']['vacuum_analyze_seconds']:.0f}" for s in sizes) + " |",
+                 f"{by[s]['load']['load_seconds']:.0f} + {by[s]['load']['vacuum_analyze_seconds']:.0f}"
+                 for s in sizes) + " |",
              "| scheduled_events heap MiB | " + " | ".join(
                  f"{by[s]['load']['relation_bytes'].get('scheduled_events', 0) / 2**20:,.0f}" for s in sizes) + " |",
              "", "The claim (batch 20, rolled back each time): median / p99 ms", "", head, rule]
@@ -398,7 +402,8 @@ def table(result: dict[str, Any]) -> list[str]:
     lines += ["", "Retention 31 days later (calls of at most 20 batches of 500): rows deleted, ms per 1,000 rows",
               "", head, rule,
               "| deleted / ms per 1,000 | " + " | ".join(
-                  f"{by[s]['retention']['deleted']:,} / {_ms(by[s]['retention']['ms_per_1000_rows'])}" for s in sizes) + " |"]
+                  f"{by[s]['retention']['deleted']:,} / {_ms(by[s]['retention']['ms_per_1000_rows'])}"
+                  for s in sizes) + " |"]
     return lines
 
 

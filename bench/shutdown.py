@@ -98,7 +98,8 @@ def run(server: Server, *, repeats: int) -> dict[str, Any]:
             lifespan = [asyncio.run(_service(url)) for _ in range(repeats)]
         finally:
             engine.dispose()
-    result: dict[str, Any] = {"poll_seconds": HOUR, "run_blocking": _summary(blocking), "async_run": _summary(async_task),
+    result: dict[str, Any] = {"poll_seconds": HOUR, "run_blocking": _summary(blocking),
+              "async_run": _summary(async_task),
               "service_lifespan": _summary(lifespan)}
     for name in ("run_blocking", "async_run", "service_lifespan"):
         progress(f"shutdown {name}: median {result[name]['median_ms']:.2f} ms, max {result[name]['max_ms']:.2f} ms "

@@ -45,7 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
         except ModuleNotFoundError:
             continue
         scenario = sub.add_parser(name, help=help_text, description=(module.__doc__ or "").strip().split("\n\n")[0])
-        scenario.add_argument("--seed", type=int, default=None, help="the seed that drives everything (default: random)")
+        scenario.add_argument("--seed", type=int, default=None,
+                              help="the seed that drives everything (default: random)")
         scenario.add_argument("--pgdata", default="/tmp/reliability-pg", help="embedded PostgreSQL data directory")
         scenario.add_argument("--workdir", default="/tmp/reliability-work", help="logs and replica data directories")
         scenario.add_argument("--keep", action="store_true", help="keep the database and logs afterwards")

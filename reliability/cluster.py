@@ -291,8 +291,8 @@ class Cluster:
         workdir.mkdir(parents=True, exist_ok=True)
         log(f"PostgreSQL: {self.pg.uri} (pgdata {self.pg.pgdata})")
         self.url = self.pg.create_database(database)
-        self.engine = make_engine(self.url, Settings(statement_timeout_ms=120_000, lock_timeout_ms=0, idle_in_transaction_timeout_ms=0),
-                                  pool_size=4, max_overflow=2)
+        settings = Settings(statement_timeout_ms=120_000, lock_timeout_ms=0, idle_in_transaction_timeout_ms=0)
+        self.engine = make_engine(self.url, settings, pool_size=4, max_overflow=2)
         self.replicas: list[Replica] = []
         # Set by a scenario that found a problem: keep the database and logs to look at.
         self.keep = False

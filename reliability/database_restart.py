@@ -128,4 +128,5 @@ def _check_health_during_outages(monitor: HealthMonitor, outages: list[tuple[flo
                 problems.append(f"{replica.name}: /health/scheduler never showed the outage "
                                 f"({len(samples)} samples, statuses {sorted({s.status or 0 for s in samples})})")
             elif not all(s.status in (200, 503) and s.body.get("running") for s in samples):
-                problems.append(f"{replica.name}: /health/scheduler failed to answer or the loop stopped during an outage")
+                problems.append(f"{replica.name}: /health/scheduler failed to answer "
+                                "or the loop stopped during an outage")

@@ -40,4 +40,5 @@ def run(args: argparse.Namespace) -> int:
         problems.append(f"pytest exited {result.returncode}: see the output above")
         print(result.stderr[-4000:], file=sys.stderr)
     figures["lost"] = 0 if result.returncode == 0 else 1
-    return report("fuzz", figures, problems, f"python -m reliability fuzz --seed {args.seed} --examples {args.examples}")
+    return report("fuzz", figures, problems,
+                  f"python -m reliability fuzz --seed {args.seed} --examples {args.examples}")

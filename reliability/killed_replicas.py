@@ -93,7 +93,8 @@ def run(args: argparse.Namespace) -> int:
         audit = audit_backlog(c.engine, backlog)
         problems.extend(audit.problems)
         figures.update(audit.figures)
-        figures.update(kills=kills, killed_mid_batch=killed_mid_batch, restarts=sum(r.starts for r in replicas) - len(replicas),
+        figures.update(kills=kills, killed_mid_batch=killed_mid_batch,
+                       restarts=sum(r.starts for r in replicas) - len(replicas),
                        drain_seconds=round(drained, 1),
                        events_per_second=round(args.events / drained, 1) if drained else None)
         figures["lost"] = audit.lost

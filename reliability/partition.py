@@ -240,7 +240,8 @@ class Watch:
     out, and when the database ended the frozen session."""
 
     def __init__(self, engine: Engine, batch: list[str], participants: list[str], pid: int, frozen_at: float) -> None:
-        self.engine, self.batch, self.participants, self.pid, self.frozen_at = engine, batch, participants, pid, frozen_at
+        self.engine, self.batch, self.participants = engine, batch, participants
+        self.pid, self.frozen_at = pid, frozen_at
         self.out: float | None = None
         self.participants_out: float | None = None if participants else 0.0
         self.ended: float | None = None

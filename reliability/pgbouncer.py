@@ -124,7 +124,8 @@ def run(args: argparse.Namespace) -> int:
             backlog_drain_seconds=round(backlog_drained, 1),
             events_per_second=round(args.events / backlog_drained, 1) if backlog_drained else None,
             run_seconds=round(drained, 1),
-            all_rows_per_second=round((args.events + len(clients.figures.acknowledged)) / drained, 1) if drained else None,
+            all_rows_per_second=(round((args.events + len(clients.figures.acknowledged)) / drained, 1)
+                                 if drained else None),
         )
         figures["lost"] = audit.lost + len(clients.figures.acknowledged - set(client_rows(c.engine)))
         if problems:
@@ -174,7 +175,8 @@ def _timed_reminders(c: Cluster, replicas: list[Replica], count: int, timeout: f
         problems.append(f"{count} timed reminders made {notes} notifications, not one each")
     if not lateness:
         return {}
-    return {"timed_reminders": len(lateness), "timed_lateness_seconds": [round(x, 3) for x in lateness], "timed_lateness_median_seconds": round(statistics.median(lateness), 2),
+    return {"timed_reminders": len(lateness), "timed_lateness_seconds": [round(x, 3) for x in lateness],
+            "timed_lateness_median_seconds": round(statistics.median(lateness), 2),
             "timed_lateness_max_seconds": round(max(lateness), 2)}
 
 
@@ -271,5 +273,6 @@ def _pooler_figures(bouncer: PgBouncer, database: str) -> dict[str, Any]:
     except (psycopg.Error, ValueError) as exc:  # figures only: a failing admin console must not fail the run
         log(f"warning: pgbouncer's admin console did not answer: {exc}")
         return {}
-    return {"pgbouncer_transactions": int(str(stats.get("total_xact_count", 0))), "pgbouncer_client_connections": clients,
+    return {"pgbouncer_transactions": int(str(stats.get("total_xact_count", 0))),
+            "pgbouncer_client_connections": clients,
             "pgbouncer_server_connections": servers}

@@ -122,7 +122,8 @@ class PgBouncer:
 
     def _answers(self) -> bool:
         if self.process is not None and self.process.poll() is not None:
-            raise ScenarioError(f"pgbouncer exited with {self.process.returncode}; see {self.log_dir / 'pgbouncer.out'}")
+            raise ScenarioError(f"pgbouncer exited with {self.process.returncode}; "
+                                f"see {self.log_dir / 'pgbouncer.out'}")
         try:
             with psycopg.connect(self.conninfo("postgres"), connect_timeout=2, autocommit=True) as conn:
                 return conn.execute("SELECT 1").fetchone() == (1,)

@@ -108,7 +108,8 @@ class ReplicatedPostgres:
         self.promotion_seconds: float | None = None
 
     def _node(self, name: str) -> Node:
-        return Node(name, self.root / name, free_port(), self.root / f"{name}-socket", self.log_dir / f"postgres-{name}.log")
+        return Node(name, self.root / name, free_port(), self.root / f"{name}-socket",
+                    self.log_dir / f"postgres-{name}.log")
 
     # -- running the wheel's programs ---------------------------------------------------
 
@@ -126,7 +127,8 @@ class ReplicatedPostgres:
                                check=True, cwd=self.root, **identity)
             except subprocess.CalledProcessError as exc:
                 err.seek(0)
-                raise ScenarioError(f"{program} {' '.join(args)} failed ({exc.returncode}): {err.read()[-2000:]}") from None
+                raise ScenarioError(
+                    f"{program} {' '.join(args)} failed ({exc.returncode}): {err.read()[-2000:]}") from None
             except subprocess.TimeoutExpired:
                 raise ScenarioError(f"{program} {' '.join(args)} did not finish within {timeout:g}s") from None
             out.seek(0)

@@ -136,7 +136,8 @@ def run(args: argparse.Namespace) -> int:
             problems.append(f"progress while one participant's lock was held ({during_rate:.0f}/s) fell below "
                             f"half the rate without a hold ({baseline_rate:.0f}/s)")
         if victim_during != victim_before:
-            problems.append(f"{victim}'s rows changed while its lock was held elsewhere (a claim must leave them untouched)")
+            problems.append(f"{victim}'s rows changed while its lock was held elsewhere "
+                            "(a claim must leave them untouched)")
         wait_for(lambda: _user_pending(c.engine, victim) == 0, args.timeout,
                  f"{victim}'s rows to be dispatched after the release", interval=0.1)
 

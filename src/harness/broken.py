@@ -100,7 +100,8 @@ class StatusFirstScheduler(Scheduler):
         batch = super().claim()
         try:
             for event in batch.events:
-                batch.session.execute(self.database.statements["mark_dispatched"], {"id": event.id, "now": batch.claimed_at})
+                batch.session.execute(self.database.statements["mark_dispatched"],
+                                      {"id": event.id, "now": batch.claimed_at})
             # The bug: the status commits apart from the effects, and the row locks go with it.
             batch.session.commit()
         except BaseException:
@@ -177,7 +178,8 @@ VARIANTS: dict[str, Variant] = {
         Variant("correct", "the production scheduler, unchanged", None),
         Variant("no-skip-locked", "the claim locks with FOR UPDATE but without SKIP LOCKED",
                 "SIM-1", rewrites=(Replace(r"FOR UPDATE SKIP LOCKED", "FOR UPDATE"),)),
-        Variant("order-by-id", "the claim orders by id instead of (due_at, id): trigger_at's order when nothing is held",
+        Variant("order-by-id", "the claim orders by id instead of (due_at, id): "
+                "trigger_at's order when nothing is held",
                 "SIM-1", rewrites=(Replace(r"ORDER BY (?:expired, )?(?:c\.)?due_at, (?:c\.)?id", "ORDER BY id"),)),
         Variant("batch-of-21", "the claim takes one row more than the batch size (21 for 20)",
                 "SIM-1", rewrites=(_claim_one_more,)),
@@ -188,7 +190,8 @@ VARIANTS: dict[str, Variant] = {
         Variant("cap-without-lock", "no participant advisory locks: the cap is counted unlocked",
                 "SIM-6", rewrites=(Replace(r"pg_advisory_xact_lock\(", "abs(", claim_only=False),
                                    # the claim tries no lock: `true OR ...` is folded to true when planned
-                                   Replace(r"WHERE pg_try_advisory_xact_lock\(", "WHERE true OR pg_try_advisory_xact_lock(",
+                                   Replace(r"WHERE pg_try_advisory_xact_lock\(",
+                                           "WHERE true OR pg_try_advisory_xact_lock(",
                                             claim_only=False))),
         Variant("prompt-catch-up", "in prompt mode a full claim takes the next batch too, in the same poll",
                 "SIM-1", scheduler_class=CatchUpScheduler, modes="prompt"),

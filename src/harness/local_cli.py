@@ -48,7 +48,8 @@ def replay_command(args: argparse.Namespace, seed: int) -> str:
 def refusal(args: argparse.Namespace) -> str | None:
     """Why these arguments cannot run the local-time scenario (None: they can)."""
     if args.dispatcher is not None or args.setup is not None:
-        return "--scenario local-time runs the built-in platform (its quiet hours and cap): leave out --dispatcher and --setup"
+        return ("--scenario local-time runs the built-in platform (its quiet hours and cap): "
+                "leave out --dispatcher and --setup")
     if args.shrink:
         return "--scenario local-time does not shrink: its program is its seed's, replayed whole"
     if args.scheduler not in LOCAL_VARIANTS:

@@ -146,7 +146,8 @@ LOCAL_VARIANTS: dict[str, Variant] = {
         Variant("ignores-quiet-hours", "the decision reads no quiet hours: nothing is held", "SIM-LOCAL-1",
                 rewrites=(Replace(r"to_char\(p\.quiet_hours_start, 'HH24:MI'\)", "NULL", claim_only=False),)),
         Variant("utc-quiet-hours", "the decision reads every participant's zone as UTC: quiet hours and the "
-                "cap's day on the UTC clock (caught holding in daylight, SIM-LOCAL-3, or sending at night, SIM-LOCAL-1)", "SIM-LOCAL-3",
+                "cap's day on the UTC clock (caught holding in daylight, SIM-LOCAL-3, or sending at night, "
+                "SIM-LOCAL-1)", "SIM-LOCAL-3",
                 rewrites=(Replace(r"p\.max_per_day, p\.time_zone,", "p.max_per_day, NULL,", claim_only=False),)),
     )
 }

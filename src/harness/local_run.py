@@ -177,7 +177,8 @@ class LocalTimeSimulation:
         if deferred and until is not None:
             self.stats.live_deferred += 1
             row_id = str((result.detail or {})["id"])
-            self.model.deferred_live(row_id, person.user, now, until, None if self.live_expiry is None else now + self.live_expiry)
+            expires = None if self.live_expiry is None else now + self.live_expiry
+            self.model.deferred_live(row_id, person.user, now, until, expires)
         self.check()
 
     def tick(self, minutes: int, replica: int = 0) -> PollReport:
@@ -248,7 +249,8 @@ class LocalTimeSimulation:
             if person.quiet_at(at):
                 local = at.astimezone(person.zone)
                 raise self.fail("SIM-LOCAL-1", f"a notification of {source} was sent to {person.describe()} at "
-                                               f"{at:%Y-%m-%d %H:%M}Z ({local:%H:%M %Z} local), inside their quiet hours")
+                                               f"{at:%Y-%m-%d %H:%M}Z ({local:%H:%M %Z} local), "
+                                             "inside their quiet hours")
             per_day[(user, person.day_of(at))] += 1
         for (user, day), count in sorted(per_day.items()):
             person = people[user]
@@ -263,7 +265,8 @@ class LocalTimeSimulation:
         claimed = [o.id for o in report.outcomes]
         if sorted(claimed) != sorted(expect.claimed):
             early = sorted(set(claimed) - set(expect.claimed))
-            shown = [f"{i[:8]} (due {self.model.rows[i].due_at:%Y-%m-%d %H:%M}Z)" for i in early if i in self.model.rows]
+            shown = [f"{i[:8]} (due {self.model.rows[i].due_at:%Y-%m-%d %H:%M}Z)"
+                     for i in early if i in self.model.rows]
             raise self.fail("SIM-LOCAL-3", f"the poll at {expect.now:%Y-%m-%d %H:%M}Z claimed {len(claimed)} rows, "
                                            f"the model {len(expect.claimed)}: not due yet {shown}, "
                                            f"due but left {sorted(set(expect.claimed) - set(claimed))}")
@@ -288,7 +291,8 @@ class LocalTimeSimulation:
         """SIM-LOCAL-3: every row is as the model says: its status and its not_before."""
         db = self._rows()
         if set(db) != set(self.model.rows):
-            raise self.fail("SIM-LOCAL-3", f"rows differ from the model's: extra {sorted(set(db) - set(self.model.rows))}, "
+            raise self.fail("SIM-LOCAL-3", "rows differ from the model's: "
+                                           f"extra {sorted(set(db) - set(self.model.rows))}, "
                                            f"missing {sorted(set(self.model.rows) - set(db))}")
         for row_id, row in self.model.rows.items():
             got = db[row_id]
@@ -305,8 +309,9 @@ class LocalTimeSimulation:
             if got.status not in ("dispatched", "expired"):
                 raise self.fail("SIM-LOCAL-3", f"row {row_id} ended {got.status}")
             if got.status == "dispatched" and got.not_before is not None and not self._in_time(row, got.dispatched_at):
-                raise self.fail("SIM-LOCAL-3", f"held row {row_id} was dispatched at {got.dispatched_at:%Y-%m-%d %H:%M}Z, "
-                                               f"not within {self.interval} of its not_before {got.not_before:%Y-%m-%d %H:%M}Z")
+                raise self.fail("SIM-LOCAL-3", f"held row {row_id} was dispatched at "
+                                               f"{got.dispatched_at:%Y-%m-%d %H:%M}Z, not within {self.interval} "
+                                               f"of its not_before {got.not_before:%Y-%m-%d %H:%M}Z")
 
     def _in_time(self, row: LocalRow, dispatched_at: datetime) -> bool:
         due = row.due_at

@@ -175,7 +175,8 @@ class Model:
         expected = {"pending": "cancelled", "failed": "cancelled", "dispatched": "dispatched",
                     "cancelled": "already_cancelled", "expired": "expired"}[row.status]
         if outcome != expected:
-            return f"the cancel of {event_id} answered {outcome!r}, but the row was {row.status} (expected {expected!r})"
+            return (f"the cancel of {event_id} answered {outcome!r}, "
+                    f"but the row was {row.status} (expected {expected!r})")
         if outcome == "cancelled":
             row.status = "cancelled"
             row.has_dispatched_at = False

@@ -40,7 +40,8 @@ STUCK = text(
 BLOCKERS = text("SELECT pid, pg_blocking_pids(pid) AS blockers FROM unnest(CAST(:pids AS integer[])) AS pid")
 TERMINATE = text("SELECT pg_terminate_backend(:pid, 10000)")
 TRUNCATE = text(
-    "TRUNCATE scheduler.scheduled_events, scheduler.notifications, scheduler.deliveries, scheduler.dedup_keys, scheduler.participant_preferences"
+    "TRUNCATE scheduler.scheduled_events, scheduler.notifications, scheduler.deliveries, scheduler.dedup_keys, "
+    "scheduler.participant_preferences"
 )
 # A leftover session of an earlier run must not make the next one hang: fail instead.
 TRUNCATE_LOCK_TIMEOUT = text("SET lock_timeout = '30s'")

@@ -74,11 +74,13 @@ class Oracle:
         held = self.sim.model.held()
         for event_id, row in model.items():
             got = db[event_id]
-            if (got.version, got.user_id, got.trigger_at) != (row.content.version, row.content.user, row.content.trigger_at):
+            posted = (row.content.version, row.content.user, row.content.trigger_at)
+            if (got.version, got.user_id, got.trigger_at) != posted:
                 raise self.sim.fail("SIM-2", f"row {event_id} holds post v{got.version} for {got.user_id}, "
                                          f"but the last post was v{row.content.version} for {row.content.user}")
             if got.status != row.status:
-                where = f" (held by replica {held[event_id]}, whose batch has not committed)" if event_id in held else ""
+                where = (f" (held by replica {held[event_id]}, whose batch has not committed)"
+                         if event_id in held else "")
                 raise self.sim.fail("SIM-5", f"row {event_id} is {got.status} in the database but "
                                          f"{row.status} in the model{where}")
             if (got.has_error, got.has_dispatched_at) != (row.has_error, row.has_dispatched_at):

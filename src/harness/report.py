@@ -42,7 +42,8 @@ def write_junit(path: Path, document: dict[str, Any]) -> Path:
     case = ET.SubElement(suite, "testcase", classname="scheduler.simulate", name=name,
                          time=str(document.get("elapsed_seconds", 0)))
     if result == "violation":
-        failure = ET.SubElement(case, "failure", message=str(document.get("violation")), type=str(document.get("clause")))
+        failure = ET.SubElement(case, "failure", message=str(document.get("violation")),
+                                type=str(document.get("clause")))
         failure.text = "\n".join([
             str(document.get("violation")),
             *(f"    {line}" for line in document.get("program", [])),

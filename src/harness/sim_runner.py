@@ -51,7 +51,8 @@ def embedded_server() -> Iterator[str]:
                            "(pip install 'nudging-scheduler[embedded]', the pgserver package)") from exc
     from scheduler.database.engine import sqlalchemy_url
 
-    pgdata = Path(os.environ.get("SCHEDULER_SIM_PGDATA") or Path(tempfile.gettempdir()) / f"scheduler-sim-pg-{os.getuid()}")
+    pgdata = Path(os.environ.get("SCHEDULER_SIM_PGDATA")
+                  or Path(tempfile.gettempdir()) / f"scheduler-sim-pg-{os.getuid()}")
     server = pgserver.get_server(pgdata, cleanup_mode="stop")  # type: ignore[attr-defined]
     try:
         yield sqlalchemy_url(server.get_uri(), "postgres")
@@ -93,7 +94,8 @@ def cloned_database(admin_url: str, template: str) -> Iterator[str]:
         with engine.connect() as conn:
             driver = conn.connection.driver_connection
             assert driver is not None
-            driver.execute(sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(sql.Identifier(name), sql.Identifier(template)))
+            driver.execute(sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(sql.Identifier(name),
+                                                                             sql.Identifier(template)))
     finally:
         engine.dispose()
     try:
@@ -186,7 +188,8 @@ class SimulationRunner:
                 program, found = shrunk.program, shrunk.violation
             replay = self.replay_command(current, steps)
             path = self.regressions / f"seed-{current}.py"
-            source = regression_source(sim, found, replay, name=f"seed_{current}_{found.clause.replace('-', '_').lower()}",
+            source = regression_source(sim, found, replay,
+                                       name=f"seed_{current}_{found.clause.replace('-', '_').lower()}",
                                        replicas=params["replicas"], clients=params["clients"],
                                        batch_size=params["batch_size"], scheduler=params.get("scheduler", "correct"),
                                        modes=params.get("modes", "literal"), program=program,

@@ -103,10 +103,12 @@ def test_a_cancel_acts_on_the_same_statuses_through_every_adapter(
     if adapter == "console-bulk":
         for community in ("community-1", "community-2"):
             form = client.get("/console/bulk-cancel", params={"community_id": community}).text
-            expected, as_of = re.search(r'id="dry-run-count">(\d+)<', form), re.search(r'name="as_of" value="([^"]+)"', form)
+            expected = re.search(r'id="dry-run-count">(\d+)<', form)
+            as_of = re.search(r'name="as_of" value="([^"]+)"', form)
             assert expected is not None and as_of is not None
-            assert client.post("/console/bulk-cancel", data={"csrf": csrf, "community_id": community, "as_of": as_of[1],
-                                                             "expected": expected[1], "reason": "withdrawn"}).status_code == 200
+            form_fields = {"csrf": csrf, "community_id": community, "as_of": as_of[1], "expected": expected[1],
+                           "reason": "withdrawn"}
+            assert client.post("/console/bulk-cancel", data=form_fields).status_code == 200
     if adapter == "bulk":
         query = EventQuery()
         count = commands.count_matching(service.database, query, commands.CANCELLABLE)

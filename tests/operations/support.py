@@ -30,8 +30,9 @@ def sign_in(client: TestClient, scope: str | None = "nudging.admin", subject: st
     page = client.get("/console/sign-in")
     nonce = re.search(r'name="nonce" value="([^"]+)"', page.text)
     assert nonce, page.text
-    response = client.post("/console/sign-in", data={"nonce": nonce[1], "token": token(scope, subject=subject, ttl_seconds=ttl_seconds),
-                                                     "next": ""}, follow_redirects=False)
+    signed = token(scope, subject=subject, ttl_seconds=ttl_seconds)
+    response = client.post("/console/sign-in", data={"nonce": nonce[1], "token": signed, "next": ""},
+                           follow_redirects=False)
     assert response.status_code == 303, response.text
     return csrf_of(client.get("/console").text)
 

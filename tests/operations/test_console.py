@@ -45,12 +45,14 @@ def _failed(client: TestClient, service: SchedulerService, users: list[str], **k
 @pytest.mark.clause("CON-1")
 def test_without_a_session_every_console_page_redirects_to_sign_in(client: TestClient) -> None:
     """CON-1: no cookie: 303 to the sign-in page, remembering where the operator was going."""
-    for path in ("/console", "/console/events?status=failed", "/console/events/x", "/console/audit", "/console/bulk-reset"):
+    for path in ("/console", "/console/events?status=failed", "/console/events/x", "/console/audit",
+                 "/console/bulk-reset"):
         response = client.get(path, follow_redirects=False)
         assert response.status_code == 303, path
         assert response.headers["location"].startswith("/console/sign-in?next=%2Fconsole")
     assert client.post("/console/events/x/reset", data={"csrf": "x"}, follow_redirects=False).status_code == 303
-    assert client.get("/console", headers=ADMIN, follow_redirects=False).status_code == 303  # a bearer header is not a session
+    # a bearer header is not a session
+    assert client.get("/console", headers=ADMIN, follow_redirects=False).status_code == 303
 
 
 @pytest.mark.clause("CON-1")
@@ -215,7 +217,8 @@ def test_bulk_reset_counts_first_needs_a_reason_and_resets_what_was_counted(
     assert re.search(r'id="bulk-count">2<', done.text)
     assert [event_row(engine, i)["status"] for i in failed] == ["pending", "pending", "failed"]
     [action] = client.get("/admin/audit", headers=ADMIN).json()
-    assert (action["actor"], action["source"], action["action"], action["count"]) == ("operator-ann", "console", "bulk_reset", 2)
+    assert (action["actor"], action["source"], action["action"], action["count"]) == (
+        "operator-ann", "console", "bulk_reset", 2)
     assert action["filter"] == {"status": "failed", "error_contains": "time_scope"}
     assert action["reason"] == "fixed the time scope rule"
     assert "fixed the time scope rule" in client.get(f"/console/events/{failed[0]}").text
@@ -225,7 +228,8 @@ def test_bulk_reset_counts_first_needs_a_reason_and_resets_what_was_counted(
 def test_bulk_reset_works_in_chunks_up_to_the_cap_and_skips_rows_a_poll_holds(
     client: TestClient, service: SchedulerService, engine: Engine, clock: ManualClock
 ) -> None:
-    """CON-5: 25 failed rows in chunks of 10, capped at 20; a row locked by a running poll is skipped, not waited for."""
+    """CON-5: 25 failed rows in chunks of 10, capped at 20; a row locked by a running poll is
+    skipped, not waited for."""
     failed = _failed(client, service, [f"user-{n:02d}" for n in range(25)])
     where = EventQuery(status=EventStatus.FAILED)
     assert commands.count_matching(service.database, where, commands.RESETTABLE, cap=20) == 21  # "more than the cap"
@@ -257,7 +261,8 @@ def test_every_reset_is_in_the_audit_trail_from_the_api_and_the_console(
     trail = client.get("/admin/audit", headers=ADMIN).json()
     assert [(a["actor"], a["source"], a["action"], a["event_id"], a["count"]) for a in trail] == [
         ("operator-ann", "console", "reset", two, 1), ("api-operator", "api", "reset", one, 1)]
-    assert [a["id"] for a in client.get(f"/admin/audit?limit=1&before_id={trail[0]['id']}", headers=ADMIN).json()] == [trail[1]["id"]]
+    older = client.get(f"/admin/audit?limit=1&before_id={trail[0]['id']}", headers=ADMIN).json()
+    assert [a["id"] for a in older] == [trail[1]["id"]]
     page = client.get("/console/audit").text
     assert page.index("operator-ann") < page.index("api-operator")
     assert client.get("/admin/audit?limit=0", headers=ADMIN).status_code == 422
@@ -313,7 +318,8 @@ def test_the_console_works_mounted_under_a_prefix_of_a_host_app(service: Schedul
         first = client.get("/nudging/console", follow_redirects=False)
         assert first.headers["location"] == "/nudging/console/sign-in?next=%2Fnudging%2Fconsole"
         page = client.get(first.headers["location"])
-        assert 'action="/nudging/console/sign-in"' in page.text and 'src="/nudging/console/static/console.js"' in page.text
+        assert 'action="/nudging/console/sign-in"' in page.text
+        assert 'src="/nudging/console/static/console.js"' in page.text
         nonce = re.search(r'name="nonce" value="([^"]+)"', page.text)[1]  # type: ignore[index]
         response = client.post("/nudging/console/sign-in", follow_redirects=False, data={
             "nonce": nonce, "token": token("nudging.admin"), "next": "/nudging/console"})
@@ -517,7 +523,8 @@ def test_two_sessions_of_one_operator_never_take_each_others_csrf_token_or_sign_
             for path, fields in forms.items():
                 refused = browser.post(path, data={"csrf": theirs, **fields}, follow_redirects=False)
                 assert refused.status_code == 403, (me, path)
-            assert sorted(r["status"] for r in rows(engine, "SELECT status FROM scheduled_events")) == ["failed", "failed"]
+            statuses = sorted(r["status"] for r in rows(engine, "SELECT status FROM scheduled_events"))
+            assert statuses == ["failed", "failed"]
             assert rows(engine, "SELECT * FROM operator_actions") == []
             assert len(rows(engine, "SELECT id FROM web_sessions")) == 2
             assert all(b.get("/console", follow_redirects=False).status_code == 200 for b in browsers.values())
@@ -665,4 +672,5 @@ def test_pending_rows_due_at_one_instant_page_next_due_first_without_losing_or_r
         link = more[1].replace("&amp;", "&") if more else None
     assert [len(p) for p in found] == [50, 10]
     assert found[0][:5] == early
-    assert sorted(i for p in found for i in p) == sorted(r["id"] for r in rows(engine, "SELECT id FROM scheduled_events"))
+    every_id = sorted(r["id"] for r in rows(engine, "SELECT id FROM scheduled_events"))
+    assert sorted(i for p in found for i in p) == every_id

@@ -238,7 +238,8 @@ def test_hostile_facts_and_errors_render_as_inert_text_in_the_browser(
     loop_step(service)
     with engine.begin() as conn:  # a replica whose heartbeat error is HTML too, shown by the live update
         conn.execute(text("UPDATE scheduler_replicas SET last_error = :e, consecutive_failures = 1"), {"e": HOSTILE})
-        conn.execute(text("UPDATE scheduled_events SET last_error = :e WHERE id = :id"), {"e": HOSTILE + ": x", "id": bad})
+        conn.execute(text("UPDATE scheduled_events SET last_error = :e WHERE id = :id"),
+                     {"e": HOSTILE + ": x", "id": bad})
     browser_sign_in(page, site)
     expect(page.locator("#replicas")).to_contain_text("<script>")  # after the stream's update, as text
     expect(page.locator("#failures")).to_contain_text("<img src=x")

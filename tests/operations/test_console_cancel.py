@@ -65,7 +65,8 @@ def test_an_events_page_cancels_it_with_a_reason_and_the_cancel_is_audited(
 def test_a_dispatched_event_cannot_be_cancelled_from_its_page(
     client: TestClient, service: SchedulerService, engine: Engine
 ) -> None:
-    """CON-14: a dispatched row offers no cancel, and a cancel posted anyway is 409 and changes nothing (the attempt recorded with count 0)."""
+    """CON-14: a dispatched row offers no cancel, and a cancel posted anyway is 409 and changes
+    nothing (the attempt recorded with count 0)."""
     row = post_event(client, user_id="anna")
     drain(service)
     csrf = sign_in(client)
@@ -119,7 +120,8 @@ def test_cancel_by_filter_counts_first_needs_a_reason_and_cancels_what_was_count
 def test_cancel_by_filter_works_in_chunks_up_to_the_cap_and_skips_rows_a_poll_holds(
     client: TestClient, service: SchedulerService, engine: Engine, clock: ManualClock
 ) -> None:
-    """CON-15: 25 pending rows in chunks of 10, capped at 20; a row locked by a running poll is skipped, not waited for."""
+    """CON-15: 25 pending rows in chunks of 10, capped at 20; a row locked by a running poll is
+    skipped, not waited for."""
     ids = [post_event(client, user_id=f"user-{n:02d}", trigger_at=LATER)["id"] for n in range(25)]
     where = events.EventQuery(status=EventStatus.PENDING)
     assert commands.count_matching(service.database, where, commands.CANCELLABLE, cap=20) == 21  # "more than the cap"

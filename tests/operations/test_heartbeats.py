@@ -43,7 +43,8 @@ def test_a_poll_of_the_loop_records_this_replicas_heartbeat_with_the_injected_cl
     service.scheduler.health.started(clock.now())
     loop_step(service)
     [row] = _replicas(engine)
-    assert (row["name"], row["host"], row["pid"], row["mode"]) == ("scheduler", socket.gethostname(), os.getpid(), "literal")
+    assert (row["name"], row["host"], row["pid"], row["mode"]) == (
+        "scheduler", socket.gethostname(), os.getpid(), "literal")
     assert row["started_at"] == row["last_poll_at"] == row["seen_at"] == T0
     assert (row["polls"], row["dispatched"], row["failed"], row["consecutive_failures"]) == (1, 1, 1, 0)
     assert row["last_error"] is None

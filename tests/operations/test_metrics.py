@@ -47,7 +47,8 @@ def test_counters_and_the_lateness_histogram_follow_the_polls(
     assert m["scheduler_poll_duration_seconds_count"] == 1
     assert m["scheduler_event_lateness_seconds_count"] == 2
     assert m["scheduler_event_lateness_seconds_sum"] == 180
-    assert (m["scheduler_event_lateness_seconds_bucket{le=60.0}"], m["scheduler_event_lateness_seconds_bucket{le=120.0}"]) == (0, 2)
+    assert (m["scheduler_event_lateness_seconds_bucket{le=60.0}"],
+            m["scheduler_event_lateness_seconds_bucket{le=120.0}"]) == (0, 2)
 
     def broken_claim() -> None:
         raise RuntimeError("database said no")
@@ -91,7 +92,8 @@ def test_the_gauges_read_the_table_at_scrape_time_and_are_cached_a_few_seconds(
     loop_step(service)
     clock.advance(timedelta(seconds=5))
     m = scrape(client)
-    assert (m["scheduler_backlog_events"], m["scheduler_oldest_overdue_seconds"], m["scheduler_failed_events"]) == (0, 0, 1)
+    assert (m["scheduler_backlog_events"], m["scheduler_oldest_overdue_seconds"],
+            m["scheduler_failed_events"]) == (0, 0, 1)
     assert (m["scheduler_replicas{state=ok}"], m["scheduler_replicas{state=stale}"]) == (1, 0)
     clock.advance(timedelta(seconds=91))  # three 30 s intervals without a heartbeat
     m = scrape(client)
@@ -122,7 +124,8 @@ def test_metrics_are_open_by_default_and_need_admin_with_the_setting(
     """OBS-5: /metrics answers without a token; with SCHEDULER_METRICS_REQUIRE_ADMIN it is 401/403/200."""
     assert client.get("/metrics").status_code == 200
     assert Settings.from_env({"SCHEDULER_METRICS_REQUIRE_ADMIN": "true"}).metrics_require_admin
-    guarded = SchedulerService(settings.with_(metrics_require_admin=True), engine=engine, clock=clock, run_scheduler=False)
+    guarded = SchedulerService(settings.with_(metrics_require_admin=True), engine=engine, clock=clock,
+                               run_scheduler=False)
     with TestClient(guarded.app) as locked:
         assert locked.get("/metrics").status_code == 401
         assert locked.get("/metrics", headers=INGEST).status_code == 403
@@ -141,7 +144,8 @@ def test_a_scrape_while_the_database_is_unreachable_says_so_and_still_answers(
     from scheduler.operations.metrics import Metrics, parse_exposition
     from tests.operations.browser import free_port
 
-    nowhere = make_engine(f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/none", Settings(pool_timeout_seconds=1.0))
+    nowhere = make_engine(f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/none",
+                          Settings(pool_timeout_seconds=1.0))
     try:
         sessions = Database(nowhere)
         metrics = Metrics(sessions, clock, lambda: True)

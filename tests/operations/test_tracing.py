@@ -169,10 +169,11 @@ def test_no_span_attribute_names_a_participant_or_a_community(
     ids = {"user_id": PARTICIPANT, "community_id": COMMUNITY}
     for body in (event_body(trigger_at=T0, **ids),
                  event_body(trigger_at=T0, facts={"facts_version": "1", "scenario": "commitment_reminder"}, **ids)):
-        response = traced_client.post("/admin/scheduled-events", json=body, headers={**INGEST, "traceparent": CALLER_TRACEPARENT})
+        response = traced_client.post("/admin/scheduled-events", json=body,
+                                      headers={**INGEST, "traceparent": CALLER_TRACEPARENT})
         assert response.status_code in (201, 422), response.text
-    traced_client.post("/admin/scheduled-events", json=event_body(trigger_at=T0, facts=reminder_facts(day="2026-12-01"), **ids),
-                       headers=INGEST).raise_for_status()
+    stored = event_body(trigger_at=T0, facts=reminder_facts(day="2026-12-01"), **ids)
+    traced_client.post("/admin/scheduled-events", json=stored, headers=INGEST).raise_for_status()
     assert traced_client.post("/admin/ingest-event", headers=INGEST,
                               json=live_body(facts=reminder_facts(day="2026-12-02"), **ids)).status_code == 200
     assert traced_client.get(f"/admin/scheduled-events?user_id={PARTICIPANT}", headers=ADMIN).status_code == 200
@@ -182,8 +183,8 @@ def test_no_span_attribute_names_a_participant_or_a_community(
     clock.advance(timedelta(seconds=5))
     loop_step(traced)
     finished = spans.get_finished_spans()
-    assert {"scheduler.dispatch", "scheduler.poll", "scheduler.ingest", "PUT /admin/participants/{user_id}/preferences"} <= {
-        s.name for s in finished}
+    assert {"scheduler.dispatch", "scheduler.poll", "scheduler.ingest",
+            "PUT /admin/participants/{user_id}/preferences"} <= {s.name for s in finished}
     leaks = [(s.name, value) for s in finished for value in every_recorded_value(s)
              if PARTICIPANT in value or COMMUNITY in value]
     assert leaks == []
@@ -198,7 +199,8 @@ def test_a_live_ingest_is_traced_from_its_request_through_its_dispatch(
 ) -> None:
     """TRACE-3: POST /admin/ingest-event: the request's span, a ``scheduler.ingest`` child with
     the event type and outcome, and the dispatch's statements under it."""
-    response = traced_client.post("/admin/ingest-event", json=live_body(), headers={**INGEST, "traceparent": CALLER_TRACEPARENT})
+    response = traced_client.post("/admin/ingest-event", json=live_body(),
+                                  headers={**INGEST, "traceparent": CALLER_TRACEPARENT})
     assert response.status_code == 200, response.text
     request = one(spans, "POST /admin/ingest-event")
     ingest = one(spans, "scheduler.ingest")
@@ -258,10 +260,12 @@ def test_the_traceparent_parser_follows_the_w3c_rules() -> None:
     """TRACE-4: version 00 is exactly four fields; a later version's extra fields are read
     past; version ff, zero ids, upper case, and overlong values are invalid."""
     assert normalized_traceparent(CALLER_TRACEPARENT) == CALLER_TRACEPARENT
-    assert normalized_traceparent(f"01-{CALLER_TRACE}-{CALLER_SPAN}-00-later-field") == f"00-{CALLER_TRACE}-{CALLER_SPAN}-00"
+    later = normalized_traceparent(f"01-{CALLER_TRACE}-{CALLER_SPAN}-00-later-field")
+    assert later == f"00-{CALLER_TRACE}-{CALLER_SPAN}-00"
     for invalid in (f"{CALLER_TRACEPARENT}-extra", f"ff-{CALLER_TRACE}-{CALLER_SPAN}-01",
                     f"00-{CALLER_TRACE}-{'0' * 16}-01", f"00-{CALLER_TRACE[:-1]}-{CALLER_SPAN}-01",
-                    f"01-{CALLER_TRACE}-{CALLER_SPAN}-01x", f"01-{CALLER_TRACE}-{CALLER_SPAN}-01-" + "a" * 600, "", None):
+                    f"01-{CALLER_TRACE}-{CALLER_SPAN}-01x", f"01-{CALLER_TRACE}-{CALLER_SPAN}-01-" + "a" * 600,
+                    "", None):
         assert normalized_traceparent(invalid) is None, invalid
     parsed = parse_traceparent(CALLER_TRACEPARENT)
     assert parsed is not None and parsed.sampled

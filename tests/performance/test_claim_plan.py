@@ -40,7 +40,8 @@ def claim_plan(conn: Connection, mode: str) -> dict[str, Any]:
     """
     params = claim_params(NOW, BATCH)
     if mode == "custom":
-        raw = conn.execute(text("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql("claim_due_events")), params).scalar_one()
+        explain = text("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql("claim_due_events"))
+        raw = conn.execute(explain, params).scalar_one()
     else:
         generic = (
             sql("claim_due_events").replace(":now", "$1").replace(":batch_size", "$2")

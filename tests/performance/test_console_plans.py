@@ -67,7 +67,8 @@ def problems(plan: dict[str, Any], index: str | set[str], max_rows: int) -> list
         used = scan.get("Index Name") or next(
             (c.get("Index Name") for c in scan.get("Plans", []) if c["Node Type"] == "Bitmap Index Scan"), None)
         if used not in allowed:
-            found.append(f"{scan['Node Type']} on {scan.get('Index Name') or 'the heap'}, not {' or '.join(sorted(allowed))}")
+            found.append(f"{scan['Node Type']} on {scan.get('Index Name') or 'the heap'}, "
+                         f"not {' or '.join(sorted(allowed))}")
         read = scan.get("Actual Rows", 0) + scan.get("Rows Removed by Filter", 0)
         if read > max_rows:
             found.append(f"read {read} rows (at most {max_rows} expected)")
@@ -126,7 +127,9 @@ def test_the_failed_events_page_reads_the_failed_index_and_stops_at_one_page(set
 
 
 @pytest.mark.clause("CON-9")
-def test_every_events_page_reads_one_page_by_keyset_even_unfiltered_and_among_equal_times(settled_table: Engine) -> None:
+def test_every_events_page_reads_one_page_by_keyset_even_unfiltered_and_among_equal_times(
+    settled_table: Engine,
+) -> None:
     """CON-9: the unfiltered page walks the (updated_at, id) index; the next page of failed rows, whose
     times are all equal here, continues on the failed index without rereading the rows before it."""
     first = {**EventQuery().params(), "after_at": None, "after_id": "", "limit": 51}
@@ -199,7 +202,8 @@ def test_the_pending_and_failed_counts_stop_at_the_cap_and_are_estimated_past_it
     assert problems(pending_plan, PENDING, 101) == [], json.dumps(pending_plan, indent=1)
     sessions = sessionmaker(settled_table)
     with sessions.begin() as session:
-        assert counts.counted_or_estimated(session, EventRepository.of(), EventStatus.FAILED, cap=10_000) == (truth["failed"], False)
+        exact = counts.counted_or_estimated(session, EventRepository.of(), EventStatus.FAILED, cap=10_000)
+        assert exact == (truth["failed"], False)
         estimate, estimated = counts.counted_or_estimated(session, EventRepository.of(), EventStatus.FAILED, cap=1_000)
         assert estimated and abs(estimate - truth["failed"]) <= truth["failed"] * 0.1
         figures = counts.status_counts(session, EventRepository.of(), exact_limit=10_000, cap=1_000)

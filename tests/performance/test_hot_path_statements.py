@@ -1,16 +1,16 @@
 """The statements a poll sends, pinned: the queue's own cost per batch does not grow with the batch.
 
-The benchmarks measure time; this counts round trips, which is what the time follows
-(PERF-2). When no event fails, a batch sends the claim (its participants' try-locks in the
-same statement) and one statement recording every outcome, sent with the COMMIT, whatever
-its size: no savepoint and no status update per event (the checkpoint's savepoint goes ahead
-of the dispatcher's first statement, so a dispatcher that writes nothing never sends it). The real dispatch path decides a batch
-set-based: one read (its savepoint sent with it) and one write for the whole batch, the
-outcomes in the write, and no RELEASE (the COMMIT ends the savepoint). The per-event path
-(a dispatcher that cannot decide a batch, or the fallback) decides each event as a batch of
-one through the same code, so it adds two statements per event (the same read and the same
-write, for one event) and no lock for a participant the claim holds.
-A change that puts a per-event statement back into the hot path fails here.
+The benchmarks measure time; this counts round trips, which is what the time follows (PERF-2). When
+no event fails, a batch sends the claim (its participants' try-locks in the same statement) and one
+statement recording every outcome, sent with the COMMIT, whatever its size: no savepoint and no
+status update per event (the checkpoint's savepoint goes ahead of the dispatcher's first statement,
+so a dispatcher that writes nothing never sends it). The real dispatch path decides a batch
+set-based: one read (its savepoint sent with it) and one write for the whole batch, the outcomes in
+the write, and no RELEASE (the COMMIT ends the savepoint). The per-event path (a dispatcher that
+cannot decide a batch, or the fallback) decides each event as a batch of one through the same code,
+so it adds two statements per event (the same read and the same write, for one event) and no lock
+for a participant the claim holds. A change that puts a per-event statement back into the hot path
+fails here.
 """
 
 from __future__ import annotations
@@ -158,7 +158,8 @@ def test_the_per_event_dispatch_path_adds_two_statements_per_event_and_no_second
     # "FROM scheduler.participant_preferences") and the batch's write (counted by its first target, the
     # keys), where they were a key claim with the limits and a notification with its delivery.
     assert many["FROM scheduler.participant_preferences"] == many["INSERT INTO scheduler.dedup_keys"] == 20
-    assert many["INSERT INTO scheduler.notifications"] == many["INSERT INTO scheduler.deliveries"] == 0  # parts of the write
+    # parts of the write
+    assert many["INSERT INTO scheduler.notifications"] == many["INSERT INTO scheduler.deliveries"] == 0
     assert one["SAVEPOINT"] == many["SAVEPOINT"] == 1 and many["RELEASE SAVEPOINT"] == 0
 
 

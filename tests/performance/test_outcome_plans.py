@@ -32,7 +32,8 @@ def table_scans(node: dict[str, Any]) -> list[str]:
     found = []
     if node.get("Relation Name") == "scheduled_events" and node["Node Type"] == "Seq Scan":
         found.append("Seq Scan")
-    if str(node.get("Index Name", "")).startswith(("pk_scheduled_events", "ix_scheduled_events", "uq_scheduled_events")):
+    if str(node.get("Index Name", "")).startswith(
+            ("pk_scheduled_events", "ix_scheduled_events", "uq_scheduled_events")):
         found.append(f"{node['Node Type']} on {node['Index Name']}")
     for child in node.get("Plans", []):
         found += table_scans(child)

@@ -1,10 +1,10 @@
 """Statements sent together (``scheduler.database.pipeline``): what a poll relies on.
 
-The claim with its BEGIN, the set-based read with its savepoint, the batch's last write
-with its COMMIT: each goes as one message. These tests pin what the callers rely on (PERF-6): the statements run in the session's one
-transaction, BEGIN included, with their rows in order; SQLAlchemy's listeners see each of
-them; a database error is SQLAlchemy's ``DBAPIError`` and leaves the transaction able to
-roll back to a savepoint sent in the same message and go on.
+The claim with its BEGIN, the set-based read with its savepoint, the batch's last write with its
+COMMIT: each goes as one message. These tests pin what the callers rely on (PERF-6): the statements
+run in the session's one transaction, BEGIN included, with their rows in order; SQLAlchemy's
+listeners see each of them; a database error is SQLAlchemy's ``DBAPIError`` and leaves the
+transaction able to roll back to a savepoint sent in the same message and go on.
 """
 
 from __future__ import annotations

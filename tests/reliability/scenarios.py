@@ -26,7 +26,8 @@ def suite_pgdata() -> Path | None:
     None when the suite runs on a server of its own (SCHEDULER_TEST_DATABASE_URL)."""
     if os.environ.get("SCHEDULER_TEST_DATABASE_URL"):
         return None
-    return Path(os.environ.get("SCHEDULER_TEST_PGDATA") or Path(tempfile.gettempdir()) / f"scheduler-tests-pg-{os.getuid()}")
+    return Path(os.environ.get("SCHEDULER_TEST_PGDATA")
+                or Path(tempfile.gettempdir()) / f"scheduler-tests-pg-{os.getuid()}")
 
 
 @dataclass(frozen=True)

@@ -91,7 +91,8 @@ def test_an_unreachable_database_answers_503_on_every_route_and_the_loop_shows_i
         assert open_health.status_code == 503 and open_health.json()["state"] == "failing"
         assert "last_error" not in open_health.json() and str(tmp_path) not in open_health.text
         for method, path, body in DATABASE_ROUTES:
-            headers = INGEST if path in {"/admin/scheduled-events", "/admin/ingest-event"} and method == "POST" else ADMIN
+            ingest = path in {"/admin/scheduled-events", "/admin/ingest-event"} and method == "POST"
+            headers = INGEST if ingest else ADMIN
             response = bounded(functools.partial(client.request, method, path, headers=headers, json=body),
                                30, f"{method} {path} during the outage")
             assert (response.status_code, response.json()) == (503, UNAVAILABLE), f"{method} {path}"
@@ -141,7 +142,8 @@ def test_the_pool_heals_after_every_backend_is_terminated_between_requests(
     with TestClient(service.app) as client:
         for round_ in range(3):
             for i in range(3):
-                body = {"event_type": "t", "user_id": f"u{round_}-{i}", "trigger_at": T0.isoformat(), "facts": reminder()}
+                body = {"event_type": "t", "user_id": f"u{round_}-{i}", "trigger_at": T0.isoformat(),
+                        "facts": reminder()}
                 response = client.post("/admin/scheduled-events", headers=INGEST, json=body)
                 assert response.status_code == 201, response.text
                 created.append(response.json()["id"])

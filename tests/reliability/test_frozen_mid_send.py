@@ -115,7 +115,8 @@ def test_a_replica_frozen_mid_send_of_its_commit_round_trip_is_ended_by_the_data
         wait_until(lambda: not _alive(engine, pid), "the server to end the session frozen mid-send", timeout=10)
         assert _locked(engine, ids) == 0  # the rows are free for every other replica
         with engine.connect() as conn:
-            assert conn.execute(text("SELECT count(*) FROM scheduled_events WHERE status = 'pending'")).scalar_one() == 3
+            pending = text("SELECT count(*) FROM scheduled_events WHERE status = 'pending'")
+            assert conn.execute(pending).scalar_one() == 3
     finally:
         proxy.close()  # the frozen client's connection goes: its send ends with an error
         frozen_engine.dispose()

@@ -30,7 +30,8 @@ FROZEN_MS = 300
 
 def _backend_alive(engine: Engine, pid: int) -> bool:
     with engine.connect() as conn:
-        return bool(conn.execute(text("SELECT count(*) FROM pg_stat_activity WHERE pid = :pid"), {"pid": pid}).scalar_one())
+        found = conn.execute(text("SELECT count(*) FROM pg_stat_activity WHERE pid = :pid"), {"pid": pid})
+        return bool(found.scalar_one())
 
 
 @pytest.mark.clause("DEC-11")

@@ -159,7 +159,8 @@ def _small_runs_in_tests() -> dict[str, list[str]]:
             for call in ast.walk(node):
                 if (isinstance(call, ast.Call) and call.args and isinstance(call.args[0], ast.Constant)
                         and isinstance(call.args[0].value, str)
-                        and (getattr(call.func, "id", None) or getattr(call.func, "attr", None)) == "run_small_scenario"):
+                        and (getattr(call.func, "id", None)
+                             or getattr(call.func, "attr", None)) == "run_small_scenario"):
                     found.setdefault(call.args[0].value, []).append(f"{path.relative_to(ROOT)}::{node.name}")
     return found
 

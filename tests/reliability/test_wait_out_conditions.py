@@ -155,6 +155,7 @@ def test_a_database_error_no_wait_can_cure_is_still_a_500(service: SchedulerServ
     later changes nothing, so it is a server error, not a 503 that sends the sender round."""
     error = psycopg.errors.lookup(sqlstate)("injected")
     assert wait_out_reason(DBAPIError("SELECT 1", None, error)) is None
-    with FailingDatabase(engine, sqlstate).installed(), TestClient(service.app, raise_server_exceptions=False) as client:
+    with (FailingDatabase(engine, sqlstate).installed(),
+          TestClient(service.app, raise_server_exceptions=False) as client):
         answer = client.get("/admin/scheduled-events", headers=ADMIN)
     assert answer.status_code == 500, answer.text

@@ -77,12 +77,15 @@ class ExplodingPublisher:
 
 
 @pytest.mark.clause("CTX-DELIVERY.2")
-def test_a_failing_push_does_not_undo_a_committed_dispatch(client: TestClient, service: SchedulerService, engine: Engine) -> None:
+def test_a_failing_push_does_not_undo_a_committed_dispatch(
+    client: TestClient, service: SchedulerService, engine: Engine
+) -> None:
     """CTX-DELIVERY.2: the push happens after commit, so its failure is logged and the row stays dispatched."""
     stored = post_event(client)
     service.scheduler.publisher = ExplodingPublisher()
     assert service.scheduler.poll_once().dispatched == 1
-    assert rows(engine, "SELECT status FROM scheduled_events WHERE id = :id", id=stored["id"])[0]["status"] == "dispatched"
+    [row] = rows(engine, "SELECT status FROM scheduled_events WHERE id = :id", id=stored["id"])
+    assert row["status"] == "dispatched"
 
 
 @pytest.mark.clause("CTX-DELIVERY.3")

@@ -67,7 +67,9 @@ def test_the_cap_counts_the_current_utc_day_only(client: TestClient, clock: Manu
 
 
 @pytest.mark.clause("CTX-PREFS.4")
-def test_the_cap_holds_exactly_when_many_live_events_race_for_one_participant(client: TestClient, engine: Engine) -> None:
+def test_the_cap_holds_exactly_when_many_live_events_race_for_one_participant(
+    client: TestClient, engine: Engine
+) -> None:
     """CTX-PREFS.4: twelve concurrent live events, distinct periods: exactly three sent."""
     barrier = threading.Barrier(12, timeout=30)
 

@@ -53,7 +53,8 @@ def test_the_shipped_catalogue_loads_and_includes_a_commitment_reminder() -> Non
     ("content", "message"),
     [("{not json", "not valid JSON"), (json.dumps([rule(frequency="hourly")]), "frequency"),
      (json.dumps([rule(), rule()]), "defined twice"), (json.dumps([rule(title="{{ broken")]), "does not compile"),
-     (json.dumps([rule(evaluator="no.such.module:f")]), "cannot be imported"), (json.dumps([rule(colour="red")]), "unknown")],
+     (json.dumps([rule(evaluator="no.such.module:f")]), "cannot be imported"),
+     (json.dumps([rule(colour="red")]), "unknown")],
     ids=["json", "frequency", "duplicate-id", "template", "evaluator", "unknown-field"],
 )
 def test_a_malformed_catalogue_is_refused_with_a_message_naming_the_problem(

@@ -119,9 +119,10 @@ def test_a_hosts_other_engine_in_the_same_process_carries_no_listener_of_the_sch
     database_url: str, host_engine: Engine, clock: ManualClock
 ) -> None:
     """EMB-12: a service on a host's engine (and one building its own) puts no listener on the
-    host's engine nor on SQLAlchemy's ``Engine`` or ``Pool`` classes: the host's other engine,
-    made after them, has none (an engine's listeners include its classes'); a transaction on it sends exactly what the host sends,
-    and the pipeline's listeners are on the service's own engines (its view of the host's)."""
+    host's engine nor on SQLAlchemy's ``Engine`` or ``Pool`` classes: the host's other engine, made
+    after them, has none (an engine's listeners include its classes'); a transaction on it sends
+    exactly what the host sends, and the pipeline's listeners are on the service's own engines (its
+    view of the host's)."""
     settings = Settings(jwt_secret=TEST_SECRET)
     hosted = SchedulerService(settings, engine=host_engine, clock=clock, run_scheduler=False)
     own = _service(database_url, "scheduler", clock)

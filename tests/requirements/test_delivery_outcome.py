@@ -91,7 +91,8 @@ def test_a_timeout_or_a_connection_error_is_retried_and_an_unusable_url_is_undel
     """DELIV-2: an exception is classified by what it means; the reason names its type."""
     result = classify(error, now=NOW, retry_after_cap=CAP)
     assert isinstance(result, kind) and classify_error(error) == result
-    assert isinstance(result, Retry | Undeliverable) and result.reason.startswith(said) and type(error).__name__ in result.reason
+    assert isinstance(result, Retry | Undeliverable)
+    assert result.reason.startswith(said) and type(error).__name__ in result.reason
 
 
 @pytest.mark.clause("DELIV-2")

@@ -146,7 +146,8 @@ def test_vapid_keys_prints_a_private_key_the_settings_accept_and_its_public_key_
     first, second = runs[0].stdout.splitlines()
     private = first.removeprefix("SCHEDULER_VAPID_PRIVATE_KEY=")
     public = second.removeprefix("public key (applicationServerKey): ")
-    settings = Settings.from_env({"SCHEDULER_VAPID_PRIVATE_KEY": private, "SCHEDULER_VAPID_SUBJECT": "mailto:a@b.example"})
+    settings = Settings.from_env({"SCHEDULER_VAPID_PRIVATE_KEY": private,
+                                  "SCHEDULER_VAPID_SUBJECT": "mailto:a@b.example"})
     key = vapid_key(settings)
     assert key is not None and key.public_key_b64url == public
     pair = json.loads(runs[1].stdout)

@@ -45,7 +45,8 @@ def _private(scalar: str) -> ec.EllipticCurvePrivateKey:
     return ec.derive_private_key(int.from_bytes(b64url_decode(scalar), "big"), ec.SECP256R1())
 
 
-def delivery(target: PushTarget | None, *, body: str = "Run the dishwasher at noon", key: str = "dlv_7") -> OutboundDelivery:
+def delivery(target: PushTarget | None, *, body: str = "Run the dishwasher at noon",
+             key: str = "dlv_7") -> OutboundDelivery:
     return OutboundDelivery(delivery_id="d-7", idempotency_key=key, channel="web_push", notification_id="n-7",
                             user_id="anna", community_id="sunny-street", kind="commitment_reminder",
                             title="Reminder", body=body, created_at=NOW, push=target)

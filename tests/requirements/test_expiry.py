@@ -343,7 +343,8 @@ def test_expired_rows_beyond_one_claims_bound_are_never_dispatched_and_the_next_
 def test_a_prompt_mode_claim_that_ended_a_full_batch_of_expired_rows_polls_again_at_once() -> None:
     """EXP-6, DEC-EXPIRY: a backlog of expired rows drains without an interval between claims in
     prompt mode; literal mode keeps REQ-0065's interval."""
-    ended = tuple(EventOutcome.expired(f"e{i}", "reminder", T0, "expired: claimed 1s after its expires_at", T0) for i in range(3))
+    ended = tuple(EventOutcome.expired(f"e{i}", "reminder", T0, "expired: claimed 1s after its expires_at", T0)
+                  for i in range(3))
     report = PollReport(claimed=0, outcomes=(), expired=ended)
     assert polls_again_at_once(SchedulerMode.PROMPT, 3, report)
     assert not polls_again_at_once(SchedulerMode.PROMPT, 4, report)

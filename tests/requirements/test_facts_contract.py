@@ -122,4 +122,5 @@ def test_the_import_judges_each_line_by_the_contract_it_is_given(
     assert "stored 1, rewritten 0, refused 1" in out and "facts.commitment" in out
     assert main(["events", "import", "--facts-contract", "no_such_module:Facts", str(path)]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("--facts-contract 'no_such_module:Facts': cannot import no_such_module") and err.count("\n") == 1
+    assert err.startswith("--facts-contract 'no_such_module:Facts': cannot import no_such_module")
+    assert err.count("\n") == 1

@@ -109,7 +109,8 @@ def test_a_declared_host_dispatcher_keeps_its_declaration_and_a_repeated_message
 
     service = host_service(settings, engine, clock, publisher, Repeatable(), sender)
     assert capabilities_of(service.dispatcher).safe_to_repeat
-    assert not capabilities_of(host_service(settings, engine, clock, publisher, plain, sender).dispatcher).safe_to_repeat
+    plain_service = host_service(settings, engine, clock, publisher, plain, sender)
+    assert not capabilities_of(plain_service.dispatcher).safe_to_repeat
     with running(service.app) as client:
         post_event(client, user_id="p-1")
         post_event(client, user_id="p-2")

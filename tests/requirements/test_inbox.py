@@ -44,7 +44,8 @@ def deliver(client: TestClient, service: SchedulerService, user_id: str = "parti
     assert isinstance(clock, ManualClock)
     for _ in range(n):
         clock.advance(timedelta(days=1))
-        post_event(client, user_id=user_id, trigger_at=clock.now(), facts=reminder_facts(clock.now().date().isoformat()))
+        post_event(client, user_id=user_id, trigger_at=clock.now(),
+                   facts=reminder_facts(clock.now().date().isoformat()))
         service.scheduler.poll_once()
 
 

@@ -89,7 +89,8 @@ def test_the_inbox_cookie_holds_a_participants_powers_only_and_only_under_me(
 def test_sign_out_needs_the_csrf_token_and_then_every_replica_refuses_the_cookie(
     client: TestClient, service: SchedulerService, engine: Engine, clock: ManualClock
 ) -> None:
-    """INBOX-13: DELETE /inbox/session with X-CSRF-Token deletes the session; the replayed cookie is 401 here and on replica B."""
+    """INBOX-13: DELETE /inbox/session with X-CSRF-Token deletes the session; the replayed cookie is
+    401 here and on replica B."""
     session = _sign_in(client)
     old = client.cookies["scheduler_inbox"]
     replica_b = SchedulerService(service.settings, engine=engine, clock=clock, run_scheduler=False)

@@ -192,7 +192,8 @@ def test_the_age_is_counted_from_when_the_row_finished_not_when_it_was_stored_or
 
     def store(user: str, due: timedelta = timedelta(0)) -> str:
         when = clock.now() + due
-        return str(post_event(client, user_id=user, trigger_at=when, facts=reminder_facts(when.date().isoformat()))["id"])
+        stored = post_event(client, user_id=user, trigger_at=when, facts=reminder_facts(when.date().isoformat()))
+        return str(stored["id"])
 
     old = store("p-old")
     due_later = store("p-due-later", due=timedelta(days=20))

@@ -47,7 +47,8 @@ from tests.helpers import FakeDispatcher, event_body, event_row, post_event, rem
 @pytest.mark.clause("OPS-1")
 def test_every_command_explains_itself_with_help(capsys: pytest.CaptureFixture[str]) -> None:
     """OPS-1: --help works on the program and on every command and action."""
-    commands = [[], ["serve"], ["migrate"], ["token"], ["events"], ["events", "list"], ["events", "reset"], ["events", "show"],
+    commands = [[], ["serve"], ["migrate"], ["token"], ["events"], ["events", "list"], ["events", "reset"],
+                ["events", "show"],
                 ["rules"], ["rules", "list"], ["participants"], ["participants", "preferences"]]
     for words in commands:
         with pytest.raises(SystemExit) as done:
@@ -212,7 +213,8 @@ def test_events_show_prints_the_row_its_facts_notifications_and_actions(
         assert text in out, text
     assert main(["events", "show", row["id"], "--json"]) == 0
     shown = json.loads(capsys.readouterr().out)
-    assert shown["status"] == "pending" and len(shown["notifications"]) == 1 and shown["actions"][0]["actor"] == "ops-kim"
+    assert shown["status"] == "pending" and len(shown["notifications"]) == 1
+    assert shown["actions"][0]["actor"] == "ops-kim"
     assert main(["events", "show", "no-such-id"]) == 1
 
 
@@ -272,7 +274,8 @@ def test_events_cancel_by_filter_counts_first_needs_a_reason_cancels_only_pendin
     assert main(["events", "cancel", "--event-type", "demo"]) == 2
     assert "--reason" in capsys.readouterr().err
     assert [event_row(engine, i)["status"] for i in pending] == ["pending", "pending"]
-    assert main(["events", "cancel", "--event-type", "demo", "--reason", "campaign withdrawn", "--actor", "ops-kim"]) == 0
+    assert main(["events", "cancel", "--event-type", "demo", "--reason", "campaign withdrawn",
+                 "--actor", "ops-kim"]) == 0
     assert "cancelled 2 rows" in capsys.readouterr().out
     assert [event_row(engine, i)["status"] for i in (*pending, dispatched, other)] == [
         "cancelled", "cancelled", "dispatched", "pending"]
@@ -353,7 +356,8 @@ def test_cli_text_outputs_show_hostile_stored_text_as_visible_escapes_and_non_as
             return captured.out
 
         listed = run("events", "list")
-        assert len(listed.splitlines()) == 2 and {line.split()[0] for line in listed.splitlines()} == {anna["id"], bob["id"]}
+        assert len(listed.splitlines()) == 2
+        assert {line.split()[0] for line in listed.splitlines()} == {anna["id"], bob["id"]}
         assert f"user={visible('anna')}" in listed and f"user={visible('bob')}" in listed
         assert visible("error") in listed  # bob's last_error
         as_json = json.loads(run("events", "list", "--json"))
@@ -412,16 +416,20 @@ def test_a_scratch_database_created_by_several_processes_at_once_is_created_once
     try:
         assert errors == []
         with create_engine(admin).connect() as conn:
-            found = conn.execute(sql_text("SELECT count(*) FROM pg_database WHERE datname = :n"), {"n": name}).scalar_one()
+            found = conn.execute(sql_text("SELECT count(*) FROM pg_database WHERE datname = :n"),
+                                 {"n": name}).scalar_one()
         assert found == 1
     finally:
         drop_database(admin, name)
     with create_engine(admin).connect() as conn:
-        assert conn.execute(sql_text("SELECT count(*) FROM pg_database WHERE datname = :n"), {"n": name}).scalar_one() == 0
+        assert conn.execute(sql_text("SELECT count(*) FROM pg_database WHERE datname = :n"),
+                            {"n": name}).scalar_one() == 0
 
 
 @pytest.mark.clause("OPS-9")
-def test_token_refuses_a_ttl_below_one_second(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_token_refuses_a_ttl_below_one_second(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """OPS-9: ``--ttl 0`` or a negative TTL would mint an expired token: refused with exit 2."""
     monkeypatch.setenv("SCHEDULER_JWT_SECRET", TEST_SECRET)
     for ttl in ("0", "-10"):

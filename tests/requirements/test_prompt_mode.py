@@ -391,7 +391,8 @@ def test_with_listen_switched_off_the_loop_uses_timed_wakeups(engine: Engine, cl
     service = make_service(engine, clock, listen=False)
     assert not service.listener.has_subscribers
     with TestClient(service.app) as client:
-        assert client.get("/health/scheduler").json()["wakeups"] == {"by": "timer", "reason": "SCHEDULER_LISTEN is false"}
+        wakeups = client.get("/health/scheduler").json()["wakeups"]
+        assert wakeups == {"by": "timer", "reason": "SCHEDULER_LISTEN is false"}
 
 
 class FakeSessionsThatFail:

@@ -172,7 +172,8 @@ def test_a_body_that_is_not_json_or_too_large_is_refused_clearly(client: TestCli
 @pytest.mark.clause("REQ-0063.1")
 def test_an_invalid_or_expired_token_cannot_store(client: TestClient, engine: Engine) -> None:
     """REQ-0063.1: a token signed with another secret, or expired, is a 401 with a Bearer challenge."""
-    wrong = client.post(URL, headers=bearer("nudging.ingest", secret="another-secret-entirely-0123456789"), json=event_body())
+    wrong = client.post(URL, headers=bearer("nudging.ingest", secret="another-secret-entirely-0123456789"),
+                        json=event_body())
     expired = client.post(URL, headers=bearer("nudging.ingest", ttl_seconds=-3600), json=event_body())
     for response in (wrong, expired):
         assert response.status_code == 401

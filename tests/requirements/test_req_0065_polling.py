@@ -45,7 +45,8 @@ def test_a_poll_takes_only_pending_rows_that_are_due(
     due = post_event(client, trigger_at=T0 - later(), user_id="a")
     exactly_now = post_event(client, trigger_at=T0, user_id="b")
     future = post_event(client, trigger_at=T0 + timedelta(seconds=1), user_id="c")
-    failed = post_event(client, trigger_at=T0 - later(2), user_id="d", facts={"facts_version": "1", "scenario": "nope", "date": "2026-11-30"})
+    failed = post_event(client, trigger_at=T0 - later(2), user_id="d",
+                        facts={"facts_version": "1", "scenario": "nope", "date": "2026-11-30"})
     service.scheduler.poll_once()  # d fails (no rule), a and b dispatch
     assert statuses(engine)[failed["id"]] == "failed"
     batch = service.scheduler.claim()
@@ -136,11 +137,13 @@ def test_an_operator_resets_a_failed_row_by_hand_and_it_runs_again(
     assert [r["id"] for r in failed] == [bad["id"]]
     assert failed[0]["last_error"].startswith("missing_or_invalid_time_scope")
     with engine.begin() as conn:  # the operator fixes the data, then resets
-        conn.execute(text("UPDATE scheduled_events SET facts = jsonb_set(facts, '{date}', '\"2026-11-30\"') WHERE id = :id"),
+        conn.execute(text("UPDATE scheduled_events SET facts = jsonb_set(facts, '{date}', '\"2026-11-30\"') "
+                          "WHERE id = :id"),
                      {"id": bad["id"]})
     reset = client.post(f"/admin/scheduled-events/{bad['id']}/reset", headers=ADMIN)
     assert reset.status_code == 200
-    assert (reset.json()["status"], reset.json()["last_error"], reset.json()["dispatched_at"]) == ("pending", None, None)
+    assert (reset.json()["status"], reset.json()["last_error"], reset.json()["dispatched_at"]) == (
+        "pending", None, None)
     assert service.scheduler.poll_once().dispatched == 1
     assert client.get(f"/admin/scheduled-events/{bad['id']}", headers=ADMIN).json()["status"] == "dispatched"
     assert client.post("/admin/scheduled-events/no-such-id/reset", headers=ADMIN).status_code == 404

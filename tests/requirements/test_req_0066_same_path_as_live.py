@@ -130,7 +130,8 @@ def test_a_suppressed_notification_ends_dispatched_like_a_delivered_one(
     [
         ({"facts_version": "1", "scenario": "unknown_scenario", "date": "2026-11-30"}, 400, "no_rule_for_scenario"),
         ({"facts_version": "1", "scenario": "commitment_reminder", "week": "2026-W48"}, 400, "no_rule_for_scenario"),
-        ({"facts_version": "1", "scenario": "commitment_reminder", "date": "2026-11-30"}, 422, "missing_required_facts"),
+        ({"facts_version": "1", "scenario": "commitment_reminder", "date": "2026-11-30"}, 422,
+         "missing_required_facts"),
         ({"facts_version": "1", "scenario": "commitment_reminder", "time": "soon", "commitment": "x"}, 422,
          "missing_or_invalid_time_scope"),
     ],

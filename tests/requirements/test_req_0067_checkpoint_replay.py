@@ -65,14 +65,17 @@ def test_a_failure_mid_batch_replays_the_events_before_it_and_each_takes_effect_
     outcomes = [scheduler.dispatch_next(batch) for _ in range(5)]
     assert batch.replayed == 3  # user-0 and user-1 again, then user-2 in a savepoint of its own
     report = scheduler.finish(batch)
-    assert [o.status if o else None for o in outcomes] == ["dispatched", "dispatched", "failed", "dispatched", "dispatched"]
+    assert [o.status if o else None for o in outcomes] == [
+        "dispatched", "dispatched", "failed", "dispatched", "dispatched"]
     assert [o.status for o in report.outcomes] == ["dispatched", "dispatched", "failed", "dispatched", "dispatched"]
-    assert [e.user_id for e in fake.seen] == ["user-0", "user-1", "user-2", "user-0", "user-1", "user-2", "user-3", "user-4"]
+    assert [e.user_id for e in fake.seen] == [
+        "user-0", "user-1", "user-2", "user-0", "user-1", "user-2", "user-3", "user-4"]
     others = ["user-0", "user-1", "user-3", "user-4"]
     assert effects(engine) == {"sent": others, "other_notifications": [], "deliveries": others, "dedup_keys": ["4"]}
     assert sorted(m.user_id for m in publisher.messages) == others  # the rolled-back attempts' pushes are gone
     failed = event_row(engine, posted[2]["id"])
-    assert (failed["status"], failed["dispatched_at"], failed["last_error"]) == ("failed", None, "ValueError: evaluator blew up")
+    assert (failed["status"], failed["dispatched_at"], failed["last_error"]) == (
+        "failed", None, "ValueError: evaluator blew up")
     for stored in posted[:2] + posted[3:]:
         row = event_row(engine, stored["id"])
         assert (row["status"], row["dispatched_at"], row["last_error"]) == ("dispatched", T0, None)

@@ -52,7 +52,8 @@ class ReturnsNoneFor(DeclaredDispatcher):
     # declared safe to repeat, so that its batches replay (DEC-1.4)
     safe_to_repeat = True
 
-    def __init__(self, real: Any, none_for: set[str], *, after: int = 0, raise_for: frozenset[str] = frozenset()) -> None:
+    def __init__(self, real: Any, none_for: set[str], *, after: int = 0,
+                 raise_for: frozenset[str] = frozenset()) -> None:
         self.real, self.none_for, self.after, self.raise_for = real, none_for, after, raise_for
         self.calls: list[str] = []
 
@@ -88,7 +89,8 @@ def test_a_dispatcher_that_returns_none_on_a_replay_fails_that_event_alone(
     """REQ-0067.8: the replay: user-0 returns a result first, then None when replayed after
     user-2 raised; each fails alone with its own reason, the others dispatch."""
     posted = batch_of_five(client)
-    service.scheduler.dispatcher = ReturnsNoneFor(service.dispatcher, {"user-0"}, after=1, raise_for=frozenset({"user-2"}))
+    service.scheduler.dispatcher = ReturnsNoneFor(service.dispatcher, {"user-0"}, after=1,
+                                                  raise_for=frozenset({"user-2"}))
     report = service.scheduler.poll_once()
     assert [o.status for o in report.outcomes] == ["failed", "dispatched", "failed", "dispatched", "dispatched"]
     assert event_row(engine, posted[0]["id"])["last_error"] == NONE_ERROR
@@ -140,7 +142,8 @@ class SetBasedReturningNone(BatchDispatcher):
         victim = self.victim
 
         class Decisions:
-            results: ClassVar[list[Any]] = [None if e.user_id == victim else DispatchResult(outcome=DispatchOutcome.NO_RULE_TRIGGERED)
+            results: ClassVar[list[Any]] = [None if e.user_id == victim
+                                            else DispatchResult(outcome=DispatchOutcome.NO_RULE_TRIGGERED)
                        for e in events]
 
             def write_statement(self, outcomes: dict[str, list[Any]]) -> tuple[str, dict[str, Any]]:

@@ -102,7 +102,8 @@ class StatementKinds:
 
     def __call__(self, conn: Any, cursor: Any, statement: str, *args: Any) -> None:
         words = statement.split()
-        self.kinds[" ".join(words[:2]).upper() if words[0].upper() in ("ROLLBACK", "RELEASE") else words[0].upper()] += 1
+        kind = " ".join(words[:2]).upper() if words[0].upper() in ("ROLLBACK", "RELEASE") else words[0].upper()
+        self.kinds[kind] += 1
 
 
 @pytest.mark.clause("DEC-1.4")

@@ -298,7 +298,8 @@ def test_a_participant_id_that_could_leave_a_comment_or_a_literal_is_decided_lik
     store(service, "h1", HOSTILE_ID, 10)
     store(service, "h2", HOSTILE_ID, 9, day="2026-11-29")
     report = service.scheduler.poll_once()
-    assert [(o.id, o.status, o.error) for o in report.outcomes] == [("h1", "dispatched", None), ("h2", "dispatched", None)]
+    assert [(o.id, o.status, o.error) for o in report.outcomes] == [
+        ("h1", "dispatched", None), ("h2", "dispatched", None)]
     with service.sessions() as session:
         live = platform(session, DigitalTwinEvent("commitment_reminder", HOSTILE_ID, "c-1", reminder_facts()), T0)
         session.commit()

@@ -70,7 +70,8 @@ class SlowSetBasedDispatcher(SlowFakeDispatcher, BatchDispatcher):
     def decide_batch(self, session: Session, events: Sequence[DigitalTwinEvent], now: datetime,
                      stop: Any = None) -> Any:
         class FailingWrite:
-            results: ClassVar[list[DispatchResult]] = [DispatchResult(outcome=DispatchOutcome.NO_RULE_TRIGGERED) for _ in events]
+            results: ClassVar[list[DispatchResult]] = [
+                DispatchResult(outcome=DispatchOutcome.NO_RULE_TRIGGERED) for _ in events]
 
             def write_statement(self, outcomes: dict[str, list[Any]]) -> tuple[str, dict[str, Any]]:
                 return "record_outcomes", {**outcomes, "times": ["not a time" for _ in outcomes["times"]]}
@@ -119,7 +120,8 @@ def test_a_stop_during_the_first_pass_starts_no_further_dispatch(
     report = stop_during_the_slow_call(service, dispatcher)
     assert dispatcher.calls == ["user-0", "user-1"]
     assert [o.status for o in report.outcomes] == ["dispatched", "dispatched"]
-    assert [event_row(engine, i)["status"] for i in ids] == ["dispatched", "dispatched", "pending", "pending", "pending"]
+    assert [event_row(engine, i)["status"] for i in ids] == [
+        "dispatched", "dispatched", "pending", "pending", "pending"]
 
 
 @pytest.mark.clause("DEC-7.1")
@@ -151,4 +153,5 @@ def test_a_stop_during_the_set_based_fallback_starts_no_further_dispatch(
     report = stop_during_the_slow_call(service, dispatcher)
     assert dispatcher.calls == ["user-0", "user-1"]
     assert [o.status for o in report.outcomes] == ["dispatched", "dispatched"]
-    assert [event_row(engine, i)["status"] for i in ids] == ["dispatched", "dispatched", "pending", "pending", "pending"]
+    assert [event_row(engine, i)["status"] for i in ids] == [
+        "dispatched", "dispatched", "pending", "pending", "pending"]

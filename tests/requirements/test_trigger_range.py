@@ -148,7 +148,8 @@ def test_rows_stored_before_the_range_existed_are_claimed_when_due_however_early
     with engine.begin() as conn:
         for event_id, trigger_at in (("year-1-noon", "0001-01-01T12:00Z"), ("year-1", "0001-01-01T00:00:00Z")):
             conn.execute(text(
-                "INSERT INTO scheduled_events (id, event_type, user_id, trigger_at, facts, status, created_at, updated_at)"
+                "INSERT INTO scheduled_events"
+                " (id, event_type, user_id, trigger_at, facts, status, created_at, updated_at)"
                 " VALUES (:id, 't', :id, CAST(:at AS timestamptz), CAST(:facts AS jsonb), 'pending', :now, :now)"),
                 {"id": event_id, "at": trigger_at, "facts": json.dumps({"facts_version": "1", "scenario": "s"}),
                  "now": T0})

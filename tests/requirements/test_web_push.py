@@ -74,7 +74,8 @@ def a_subscription(endpoint: str | None = None, **changes: Any) -> dict[str, Any
     point = ec.generate_private_key(ec.SECP256R1()).public_key().public_bytes(Encoding.X962,
                                                                                PublicFormat.UncompressedPoint)
     body: dict[str, Any] = {"endpoint": endpoint or f"{PUSH_ORIGIN}/push/{secrets.token_urlsafe(8)}",
-                            "expirationTime": None, "keys": {"p256dh": b64(point), "auth": b64(secrets.token_bytes(16))}}
+                            "expirationTime": None,
+                            "keys": {"p256dh": b64(point), "auth": b64(secrets.token_bytes(16))}}
     return body | changes
 
 

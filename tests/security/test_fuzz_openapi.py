@@ -96,7 +96,8 @@ def test_fuzzing_every_operation_gives_no_5xx_json_4xx_and_exactly_the_201_rows(
     # The SSE stream never ends (a 2xx would hang the case): its refusals are tested in
     # tests/requirements/test_inbox.py instead.
     operations = [op for op in operations if op.label != "GET /me/notifications/stream"]
-    assert len(operations) == 30  # the API routes of specs/routes.md but the stream (console pages are not API operations)
+    # the API routes of specs/routes.md but the stream (console pages are not API operations)
+    assert len(operations) == 30
     created: set[str] = set()
     answered: dict[int, int] = {}
 
@@ -130,5 +131,6 @@ def test_fuzzing_every_operation_gives_no_5xx_json_4xx_and_exactly_the_201_rows(
     with engine.connect() as conn:
         stored = sorted(conn.execute(text("SELECT id FROM scheduled_events")).scalars())
     assert stored == sorted(created)
-    print(f"fuzzed {sum(answered.values())} cases: statuses {dict(sorted(answered.items()))}; rows created {len(created)}")
+    print(f"fuzzed {sum(answered.values())} cases: statuses {dict(sorted(answered.items()))}; "
+          f"rows created {len(created)}")
     assert created, "no case reached the database: the fuzzer is not exercising the store"

@@ -213,7 +213,8 @@ def test_unpaired_surrogates_are_422_not_500(safe_client: TestClient, engine: En
 def test_preference_kinds_are_bounded_and_nul_free(safe_client: TestClient) -> None:
     """SEC-14: enabled_kinds entries are text the database can store, and not too many."""
     path = "/admin/participants/p1/preferences"
-    refused(safe_client.put(path, headers=ADMIN, json={"enabled_kinds": ["reminder\u0000"]}), 422, "enabled_kinds", "NUL")
+    refused(safe_client.put(path, headers=ADMIN, json={"enabled_kinds": ["reminder\u0000"]}), 422,
+            "enabled_kinds", "NUL")
     refused(safe_client.put(path, headers=ADMIN, json={"enabled_kinds": ["r" * 201]}), 422, "enabled_kinds")
     refused(safe_client.put(path, headers=ADMIN, json={"enabled_kinds": [f"k{i}" for i in range(101)]}), 422,
             "enabled_kinds")

@@ -103,7 +103,8 @@ def expected_contract_errors(facts: Any) -> str | list[str]:
 @pytest.mark.clause("SEC-16")
 @SETTINGS
 @given(facts=st.one_of(json_values, st.fixed_dictionaries(
-    {}, optional={"facts_version": st.one_of(short_strings, json_values), "scenario": st.one_of(short_strings, json_values),
+    {}, optional={"facts_version": st.one_of(short_strings, json_values),
+                  "scenario": st.one_of(short_strings, json_values),
                   "other": json_values})))
 @example(facts=[])
 @example(facts="")

@@ -140,7 +140,8 @@ def test_an_endpoint_shaped_to_reach_an_internal_address_is_refused_never_stored
 
 @pytest.mark.clause("PUSH-10")
 @FUZZ
-@given(raw=st.binary(max_size=300), content_type=st.sampled_from(["application/json", "text/plain", "", "application/json; charset=latin-1"]),
+@given(raw=st.binary(max_size=300),
+       content_type=st.sampled_from(["application/json", "text/plain", "", "application/json; charset=latin-1"]),
        method=st.sampled_from(["PUT", "DELETE"]))
 @example(raw=b"\xff\xfe{\x00", content_type="application/json", method="PUT")
 @example(raw=b"[" * 5000 + b"]" * 5000, content_type="application/json", method="PUT")

@@ -120,7 +120,8 @@ def test_an_ingest_token_is_403_on_admin_only_routes_and_passes_on_ingest_routes
 
 
 @pytest.mark.clause("SEC-3")
-@pytest.mark.parametrize("entry", [e for e in TABLE if e.permission == "participant" and e.path not in STREAMS], ids=_id)
+@pytest.mark.parametrize("entry", [e for e in TABLE if e.permission == "participant" and e.path not in STREAMS],
+                         ids=_id)
 def test_a_participant_token_reaches_the_participant_routes(client: TestClient, entry: RouteEntry) -> None:
     """SEC-3: any valid token reaches the routes under /me (its own inbox); the stream's
     refusals are in tests/requirements/test_inbox.py. The empty body of a PUT of a push

@@ -343,7 +343,8 @@ def test_scopes_as_a_space_separated_string_and_as_a_list_both_work(client: Test
 
 @pytest.mark.clause("SEC-8")
 @pytest.mark.parametrize(
-    "scope", ["nudging", "nudging.admin.extra", "NUDGING.ADMIN", "nudging.admin,nudging.ingest", 42, {"a": 1}, [1, 2], ""]
+    "scope",
+    ["nudging", "nudging.admin.extra", "NUDGING.ADMIN", "nudging.admin,nudging.ingest", 42, {"a": 1}, [1, 2], ""],
 )
 def test_unknown_or_malformed_scopes_grant_nothing(client: TestClient, scope: Any) -> None:
     """SEC-8: a valid token whose scopes name no permission is 403 (authenticated, not allowed)."""

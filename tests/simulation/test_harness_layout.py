@@ -105,7 +105,8 @@ def test_a_statement_edited_past_one_variants_regex_fails_that_variant_alone(mon
     """SIM-9, SIM-1: with the claim's `FOR UPDATE SKIP LOCKED` edited away, building the
     no-skip-locked variant fails naming it, and every other variant still builds."""
     production = load_queries()
-    edited = {name: Query(q.name, q.description, q.sql.replace("FOR UPDATE SKIP LOCKED", "FOR NO KEY UPDATE SKIP LOCKED"))
+    edited = {name: Query(q.name, q.description,
+                          q.sql.replace("FOR UPDATE SKIP LOCKED", "FOR NO KEY UPDATE SKIP LOCKED"))
               for name, q in production.items()}
     assert edited != production
     monkeypatch.setattr(broken, "load_queries", lambda: edited)

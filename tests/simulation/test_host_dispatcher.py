@@ -26,7 +26,9 @@ from host_app.simulation import HOST, REFUSING  # noqa: E402
 
 @pytest.mark.clause("SIM-HOST-1")
 @pytest.mark.clause("SIM-12")
-def test_a_correct_host_dispatcher_holds_every_invariant_for_any_dispatcher_under_every_fault(database_url: str) -> None:
+def test_a_correct_host_dispatcher_holds_every_invariant_for_any_dispatcher_under_every_fault(
+    database_url: str,
+) -> None:
     """SIM-HOST-1: the example host's dispatcher, every fault on: clean, its effects checked
     after every step (SIM-12), and no ``refused`` fault (the built-in platform's refusal) posted."""
     with Simulation(database_url, seed=4, replicas=3, batch_size=3, participants=4, host=HOST) as sim:
@@ -157,7 +159,8 @@ def test_the_broken_host_dispatcher_is_found_at_the_default_budget_shrunk_and_re
     assert err.splitlines()[0] == "simulation seed: 1"
     assert report["result"] == "violation" and report["clause"] == "SIM-12", report
     assert report["shrunk"] and len(report["program"]) < report["steps_total"] <= 1000 + 100
-    assert report["replay"] == "scheduler simulate --replicas 4 --steps 1000 --seed 1 --dispatcher host_app.simulation:BROKEN"
+    assert report["replay"] == ("scheduler simulate --replicas 4 --steps 1000 --seed 1 "
+                                "--dispatcher host_app.simulation:BROKEN")
     failure = ET.parse(cli_env / "junit.xml").getroot().find("testcase/failure")
     assert failure is not None and failure.get("type") == "SIM-12"
     source = Path(report["regression_file"]).read_text()
@@ -172,7 +175,9 @@ def test_the_broken_host_dispatcher_is_found_at_the_default_budget_shrunk_and_re
 
 
 @pytest.mark.clause("SIM-CI-1")
-def test_a_clean_host_run_writes_pure_json_and_a_passing_junit_suite(cli_env: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_clean_host_run_writes_pure_json_and_a_passing_junit_suite(
+    cli_env: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """SIM-CI-1: success is one JSON document too (seed and progress on stderr), and JUnit XML
     holds one passing test case naming the seed; a bare factory plus --setup works alike."""
     junit = cli_env / "ok.xml"
@@ -193,7 +198,9 @@ def test_a_clean_host_run_writes_pure_json_and_a_passing_junit_suite(cli_env: Pa
 
 
 @pytest.mark.clause("SIM-HOST-5")
-def test_the_refusing_host_is_clean_from_the_command_at_seed_1(cli_env: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_refusing_host_is_clean_from_the_command_at_seed_1(
+    cli_env: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """SIM-HOST-5: ``scheduler simulate --dispatcher host_app.simulation:REFUSING --seed 1`` (a
     SIM-4 violation at step 40 while the model took a refusal for a raise) exits 0."""
     code = main(["simulate", "--dispatcher", "host_app.simulation:REFUSING", "--seed", "1", "--steps", "300",

@@ -22,7 +22,8 @@ def test_the_plugin_is_registered_and_importing_it_imports_nothing_heavy() -> No
     points = {e.name: e.value for e in importlib.metadata.entry_points(group="pytest11")}
     assert points.get("scheduler_sim") == "harness.pytest_plugin"
     script = ("import sys, harness.pytest_plugin\n"
-              "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('scheduler', 'sqlalchemy', 'psycopg', 'pgserver'))\n"
+              "heavy = sorted(m for m in sys.modules\n"
+              "               if m.split('.')[0] in ('scheduler', 'sqlalchemy', 'psycopg', 'pgserver'))\n"
               "print(heavy)\n")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr

@@ -145,4 +145,5 @@ def test_the_delivery_command_prints_the_seed_first_and_the_replay_of_a_caught_v
     assert code == 1
     assert out[0] == "delivery simulation seed: 1"
     assert any(line.startswith("INVARIANT VIOLATED: SIM-DELIV-4 violated") for line in out)
-    assert out[-1] == "replay: python -m harness.delivery --seed 1 --steps 300 --replicas 3 --scheduler delivered-before-send"
+    assert out[-1] == ("replay: python -m harness.delivery --seed 1 --steps 300 --replicas 3 "
+                       "--scheduler delivered-before-send")

@@ -50,7 +50,8 @@ def cli_env(database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
 def test_the_dst_changes_a_run_crosses_are_found_in_the_tz_database_to_the_second() -> None:
     """SIM-LOCAL-4: Berlin, New York and Lord Howe's changes of 2026-27, Lord Howe's at :30."""
     assert transitions("Europe/Berlin") == (datetime(2026, 10, 25, 1, tzinfo=UTC), datetime(2027, 3, 28, 1, tzinfo=UTC))
-    assert transitions("America/New_York") == (datetime(2026, 11, 1, 6, tzinfo=UTC), datetime(2027, 3, 14, 7, tzinfo=UTC))
+    assert transitions("America/New_York") == (datetime(2026, 11, 1, 6, tzinfo=UTC),
+                                               datetime(2027, 3, 14, 7, tzinfo=UTC))
     assert transitions("Australia/Lord_Howe") == (datetime(2026, 10, 3, 15, 30, tzinfo=UTC),
                                                   datetime(2027, 4, 3, 15, tzinfo=UTC))
     assert transitions("Asia/Kathmandu") == transitions("Pacific/Kiritimati") == transitions("UTC") == ()

@@ -15,7 +15,8 @@ ROOT = Path(__file__).resolve().parents[2]
 SPECS = ROOT / "specs"
 SEED = SPECS / "seed-requirements.txt"
 RELATIVE = re.compile(r"(?<![\w/.])((?:\.\./)+[\w./-]*)")
-LINK = re.compile(r"\]\((?P<target>[^)\s#]*)(?:#(?P<anchor>[^)\s]*))?\)|^\[[^\]]+\]:\s*(?P<ref>[^\s#]*)(?:#(?P<refanchor>\S*))?", re.M)
+LINK = re.compile(r"\]\((?P<target>[^)\s#]*)(?:#(?P<anchor>[^)\s]*))?\)"
+                  r"|^\[[^\]]+\]:\s*(?P<ref>[^\s#]*)(?:#(?P<refanchor>\S*))?", re.M)
 REFERENCE = re.compile(r"^\[(?P<name>[^\]]+)\]:\s*(?P<page>[\w-]+\.md)#(?P<anchor>\S+)$", re.M)
 # A few of the seed's own words, and the clause a reader searching for them must find.
 SEARCHES = {
@@ -64,7 +65,8 @@ def test_no_spec_page_names_a_path_outside_the_repository() -> None:
                 problems.append(f"{page.name}: the link to {target} leaves the repository or names nothing")
             elif anchor and resolved.suffix == ".md" and anchor not in anchors(resolved):
                 problems.append(f"{page.name}: no heading of {resolved.name} has the anchor #{anchor}")
-        problems += [f"{page.name}: names the absolute path {path}" for path in re.findall(r"(?<![\w:])/(?:work|home|tmp)/\S+", text)]
+        problems += [f"{page.name}: names the absolute path {path}"
+                     for path in re.findall(r"(?<![\w:])/(?:work|home|tmp)/\S+", text)]
     assert problems == []
 
 

@@ -69,7 +69,8 @@ def test_polls_keep_completing_while_requests_hold_every_thread_and_connection(
         conn.execute(text(
             "INSERT INTO scheduled_events (id, event_type, user_id, trigger_at, facts, status, created_at, updated_at) "
             "VALUES ('due-1', 'reminder', 'loop-user', :t, CAST(:facts AS jsonb), 'pending', :t, :t)"),
-            {"t": datetime.now(UTC) - timedelta(hours=1), "facts": '{"facts_version": "1", "scenario": "commitment_reminder", '
+            {"t": datetime.now(UTC) - timedelta(hours=1),
+             "facts": '{"facts_version": "1", "scenario": "commitment_reminder", '
                                                    '"date": "2026-11-30", "commitment": "x"}'})
     env = {"DATABASE_URL": database_url, "SCHEDULER_JWT_SECRET": TEST_SECRET, "SCHEDULER_DATA_DIR": str(tmp_path),
            "SCHEDULER_POLL_SECONDS": "0", "SCHEDULER_LOCK_TIMEOUT_MS": "0", "SCHEDULER_POOL_TIMEOUT_SECONDS": "120"}

@@ -39,7 +39,8 @@ def test_the_generator_rewrites_a_drifted_table_and_leaves_the_rest_of_the_readm
     the declaration's, and touches nothing around it; ``--markdown`` prints the same table."""
     readme = tmp_path / "README.md"
     stale = README.read_text().replace("| `SCHEDULER_BATCH_SIZE` | `20` |", "| `SCHEDULER_BATCH_SIZE` | `25` |")
-    stale = stale.replace(next(line for line in stale.splitlines() if line.startswith("| `SCHEDULER_LISTEN`")) + "\n", "")
+    listen = next(line for line in stale.splitlines() if line.startswith("| `SCHEDULER_LISTEN`"))
+    stale = stale.replace(listen + "\n", "")
     readme.write_text(stale)
     assert main(["--write-readme", str(readme)]) == 0
     assert readme.read_text() == README.read_text()

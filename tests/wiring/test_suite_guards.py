@@ -210,7 +210,8 @@ def test_an_app_whose_lifespan_runs_the_loop_is_left_with_a_deadline() -> None:
     timeout. Every test whose app runs the loop enters it with ``tests.helpers.running``,
     whose shutdown has a deadline."""
     problems = [f"{path.relative_to(TESTS.parent).as_posix()}:{line}: {call}"
-                for path in sorted(TESTS.rglob("test_*.py")) for line, call in lifespans_left_without_a_deadline(path.read_text())]
+                for path in sorted(TESTS.rglob("test_*.py"))
+                for line, call in lifespans_left_without_a_deadline(path.read_text())]
     assert problems == []
 
 

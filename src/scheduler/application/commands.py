@@ -159,7 +159,8 @@ def cancel_in(session: Session, database: Database, *, now: datetime, actor: Act
     """``cancel`` in the caller's transaction (a host's own code, ``scheduler.cancel``): the
     row's change and its audit entry are committed with the caller's commit, gone with its rollback."""
     row, changed, action_id = _one_row_in(session, database, action="cancel", change="cancelled",
-                                          update="cancel_event", sources=CANCELLABLE, now=now, actor=actor, reason=reason,
+                                          update="cancel_event", sources=CANCELLABLE, now=now, actor=actor,
+                                          reason=reason,
                                           event_id=event_id, external_key=external_key)
     return _cancel_result(row, changed, action_id)
 
@@ -220,12 +221,14 @@ def _bulk(database: Database, query: EventQuery, *, to: EventStatus, now: dateti
 def bulk_reset(database: Database, query: EventQuery, *, now: datetime, as_of: datetime,
                expected: int, actor: Actor, reason: str, cap: int = BULK_CAP, chunk: int = CHUNK) -> BulkResult:
     """Reset what the dry run at ``as_of`` counted (at most ``min(expected, cap)`` ``RESETTABLE`` rows), in chunks."""
-    return _bulk(database, query, to=EventStatus.PENDING, now=now, as_of=as_of, expected=expected, actor=actor, reason=reason,
+    return _bulk(database, query, to=EventStatus.PENDING, now=now, as_of=as_of, expected=expected, actor=actor,
+                 reason=reason,
                  cap=cap, chunk=chunk)
 
 
 def bulk_cancel(database: Database, query: EventQuery, *, now: datetime, as_of: datetime,
                 expected: int, actor: Actor, reason: str, cap: int = BULK_CAP, chunk: int = CHUNK) -> BulkResult:
     """Cancel what the dry run at ``as_of`` counted (at most ``min(expected, cap)`` ``CANCELLABLE`` rows), in chunks."""
-    return _bulk(database, query, to=EventStatus.CANCELLED, now=now, as_of=as_of, expected=expected, actor=actor, reason=reason,
+    return _bulk(database, query, to=EventStatus.CANCELLED, now=now, as_of=as_of, expected=expected, actor=actor,
+                 reason=reason,
                  cap=cap, chunk=chunk)

@@ -45,7 +45,8 @@ class StatusCounts:
         return [str(s) for s in EventStatus if s in self.estimated]
 
 
-def indexed_count(session: Session, events: EventRepository, status: EventStatus, *, cap: int | None = None) -> int | None:
+def indexed_count(session: Session, events: EventRepository, status: EventStatus, *,
+                  cap: int | None = None) -> int | None:
     """The exact count of a status that has a partial index (pending, failed), read from it
     only; None when there are more than ``cap`` (default ``COUNT_CAP``) such rows."""
     limit = COUNT_CAP if cap is None else cap
@@ -53,7 +54,8 @@ def indexed_count(session: Session, events: EventRepository, status: EventStatus
     return count if count <= limit else None
 
 
-def counted_or_estimated(session: Session, events: EventRepository, status: EventStatus, *, cap: int | None = None) -> tuple[int, bool]:
+def counted_or_estimated(session: Session, events: EventRepository, status: EventStatus, *,
+                         cap: int | None = None) -> tuple[int, bool]:
     """An indexed status's count, exact up to ``cap`` rows, else the planner's estimate: (count, estimated)."""
     exact = indexed_count(session, events, status, cap=cap)
     if exact is not None:

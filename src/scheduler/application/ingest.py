@@ -79,5 +79,5 @@ def dispatch_live(database: Database, dispatcher: Dispatcher, event: DigitalTwin
     return result
 
 
-__all__ = ["ExpiryRefused", "NewEvent", "NotADispatchResult", "Stored", "dispatch_live", "store_scheduled_event", "store_scheduled_event_in",
-           "store_scheduled_events", "stored_expires_at"]
+__all__ = ["ExpiryRefused", "NewEvent", "NotADispatchResult", "Stored", "dispatch_live", "store_scheduled_event",
+           "store_scheduled_event_in", "store_scheduled_events", "stored_expires_at"]

@@ -117,7 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
         "migrate", help="bring the scheduler's schema up to date (Alembic), saying what it did",
         description="Run the Alembic migrations up to head in the scheduler's own PostgreSQL schema "
         "(SCHEDULER_DATABASE_SCHEMA, default scheduler), beside a host's tables and Alembic history. "
-        "Prints what it did; a database it cannot migrate (an unknown revision, permission denied, unreachable) is exit 2.")
+        "Prints what it did; a database it cannot migrate (an unknown revision, permission denied, unreachable) "
+        "is exit 2.")
     mig.set_defaults(func=cmd_migrate)
 
     token = sub.add_parser("token", help="mint a local HS256 token (prints only the token)",
@@ -151,7 +152,8 @@ def build_parser() -> argparse.ArgumentParser:
         "leaves the others alone). "
         "Every reset is recorded in the audit trail (GET /admin/audit, the console's audit page).",
         epilog="example: scheduler events reset --status failed --error-contains time_scope --dry-run")
-    ev_reset.add_argument("id", nargs="?", type=text_argument, help="the scheduled event's id (omit to reset by filter)")
+    ev_reset.add_argument("id", nargs="?", type=text_argument,
+                          help="the scheduled event's id (omit to reset by filter)")
     _add_by_filter_options(ev_reset, "reset", RESETTABLE)
     ev_reset.set_defaults(func=cmd_events_reset)
     ev_cancel = events_sub.add_parser(
@@ -162,7 +164,8 @@ def build_parser() -> argparse.ArgumentParser:
         "a cancel by filter needs --reason). Every cancel is recorded in the row's history, a cancel by "
         "filter in the audit trail too, as the console's.",
         epilog="example: scheduler events cancel --status pending --event-type demo --dry-run")
-    ev_cancel.add_argument("id", nargs="?", type=text_argument, help="the scheduled event's id, or its external key with --key "
+    ev_cancel.add_argument("id", nargs="?", type=text_argument,
+                           help="the scheduled event's id, or its external key with --key "
                            "(omit to cancel by filter)")
     ev_cancel.add_argument("--key", action="store_true", help="ID is an external_key")
     _add_by_filter_options(ev_cancel, "cancel", CANCELLABLE)

@@ -130,9 +130,10 @@ def split_lines(data: bytes) -> list[tuple[int, bytes]]:
 def import_lines(lines: Sequence[tuple[int, bytes]], settings: Settings, *, database: Any, clock: Any,
                  actor: str, progress: Progress | None = None, stop: threading.Event | None = None,
                  facts_contract: Any = None) -> Summary:
-    """Judge and store ``lines`` in chunks of ``settings.bulk_max_events`` (one transaction
-    each), their facts by the host's ``facts_contract`` when given (DEC-FACTS-CONTRACT). Once ``stop`` is set no further chunk is started; a ``KeyboardInterrupt`` ends the
-    import where it is (a chunk then being stored is ``in_flight``: stored all or none)."""
+    """Judge and store ``lines`` in chunks of ``settings.bulk_max_events`` (one transaction each),
+    their facts by the host's ``facts_contract`` when given (DEC-FACTS-CONTRACT). Once ``stop`` is
+    set no further chunk is started; a ``KeyboardInterrupt`` ends the import where it is (a chunk
+    then being stored is ``in_flight``: stored all or none)."""
     from sqlalchemy.exc import DataError, DBAPIError, IntegrityError
 
     summary = Summary()

@@ -52,7 +52,8 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
 
     if settings.effective_jwt_secret() is None and not (settings.jwt_public_key or settings.jwks_url):
         if settings.environment == "production":
-            raise ConfigError("production mode needs SCHEDULER_JWT_SECRET, SCHEDULER_JWT_PUBLIC_KEY or SCHEDULER_JWKS_URL")
+            raise ConfigError("production mode needs SCHEDULER_JWT_SECRET, SCHEDULER_JWT_PUBLIC_KEY "
+                              "or SCHEDULER_JWKS_URL")
         settings.data_dir.mkdir(parents=True, exist_ok=True)
         settings.secret_file.write_text(secrets.token_urlsafe(48))
         settings.secret_file.chmod(0o600)

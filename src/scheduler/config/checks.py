@@ -25,7 +25,8 @@ def schema_problem(name: str) -> str | None:
     if not re.fullmatch(SCHEMA_PATTERN, name):
         return "must be a lower-case identifier: a letter or _, then letters, digits or _ (at most 63)"
     if name in SYSTEM_SCHEMAS or name.startswith("pg_"):
-        return (f"{name} is {'the default schema of the database' if name == 'public' else 'a system schema of PostgreSQL'}"
+        what = "the default schema of the database" if name == "public" else "a system schema of PostgreSQL"
+        return (f"{name} is {what}"
                 "; the scheduler needs a schema of its own (e.g. scheduler)")
     return None
 

@@ -9,14 +9,15 @@ per schema), so two services with two schemas share a process, each reading and 
 own tables (EMB-11); and the pipeline's listeners go on the engine it works through, never on
 a SQLAlchemy class, so a host's other engines see none of them (EMB-12).
 
-The repositories run the statements of their concern on a session the caller hands them
-(the caller owns the transaction: a request's, the batch's): ``events`` (the claim, the
-outcomes, the next due row; storing, listing, resetting and cancelling rows, the counts), ``decisions`` (the one read and the one write of
-``nudging.decision``), ``web_sessions`` (the browsers' sessions), ``inbox`` (the stream's
-numbers, the participants' notifications), ``deliveries`` (the outbox: its claim, its records, its list
-and gauges, DEC-OUTBOX), ``push_subscriptions`` (the participants' web-push subscriptions) and ``operations`` (heartbeats, metrics, the
-overview, retention, the audit trail). ``statements`` is every statement by name (the
-benchmarks' EXPLAIN, a test's witness); the layers above run none but through a repository.
+The repositories run the statements of their concern on a session the caller hands them (the caller
+owns the transaction: a request's, the batch's): ``events`` (the claim, the outcomes, the next due
+row; storing, listing, resetting and cancelling rows, the counts), ``decisions`` (the one read and
+the one write of ``nudging.decision``), ``web_sessions`` (the browsers' sessions), ``inbox`` (the
+stream's numbers, the participants' notifications), ``deliveries`` (the outbox: its claim, its
+records, its list and gauges, DEC-OUTBOX), ``push_subscriptions`` (the participants' web-push
+subscriptions) and ``operations`` (heartbeats, metrics, the overview, retention, the audit trail).
+``statements`` is every statement by name (the benchmarks' EXPLAIN, a test's witness); the layers
+above run none but through a repository.
 
 A ``Database`` is also what those layers open sessions with: ``database.begin()`` and
 ``database()`` are its sessionmaker's. What its repositories return, the API, the inbox's

@@ -84,7 +84,8 @@ def sync_twin(engine: Any, role: str = "engine") -> Engine:
     where = f"the async {role} passed to SchedulerService ({name}+{driver})"
     if name != "postgresql" or driver not in {"psycopg", "asyncpg"}:
         raise ConfigError(f"{where} is on a driver the scheduler cannot mirror: pass an AsyncEngine on "
-                          f"postgresql+psycopg_async:// or postgresql+asyncpg://, or a sync postgresql+psycopg:// engine")
+                          "postgresql+psycopg_async:// or postgresql+asyncpg://, "
+                          "or a sync postgresql+psycopg:// engine")
     params = connect_parameters(sync)
     if params is None:
         raise ConfigError(f"{where} has a pool without SQLAlchemy's connect function (a creator= of its own), so "

@@ -110,7 +110,8 @@ class VapidKey:
         except ValueError:
             raise ValueError("must be PEM or the base64url of a 32-byte P-256 private key") from None
         if len(scalar) != 32:
-            raise ValueError(f"must be PEM or the base64url of a 32-byte P-256 private key (it holds {len(scalar)} bytes)")
+            raise ValueError("must be PEM or the base64url of a 32-byte P-256 private key "
+                             f"(it holds {len(scalar)} bytes)")
         value = int.from_bytes(scalar, "big")
         if not 0 < value < _N:
             raise ValueError("is not a P-256 private key (the scalar is out of range)")
@@ -138,4 +139,5 @@ class VapidKey:
 
     def authorization(self, endpoint: str, *, subject: str, now: datetime, lifetime: timedelta = LIFETIME) -> str:
         """The ``Authorization`` header's value for one request to ``endpoint``."""
-        return f"vapid t={self.token(endpoint, subject=subject, now=now, lifetime=lifetime)}, k={self.public_key_b64url}"
+        token = self.token(endpoint, subject=subject, now=now, lifetime=lifetime)
+        return f"vapid t={token}, k={self.public_key_b64url}"

@@ -290,11 +290,13 @@ def state_of(limits: Mapping[str, Any] | None, users: Sequence[str], now: dateti
         return BatchState({}, {}, {})
     preferences = {
         str(user): Preferences(None if kinds is None else frozenset(kinds), int(cap), zone,
-                               None if start is None else QuietHours(time.fromisoformat(start), time.fromisoformat(end)))
+                               None if start is None
+                               else QuietHours(time.fromisoformat(start), time.fromisoformat(end)))
         for user, kinds, cap, zone, start, end in limits["preferences"]
     }
-    state = BatchState(preferences, {}, {str(key): KeyState(True, duplicate_notification_id=None if dup is None else str(dup))
-                                          for key, dup in limits["taken_keys"]})
+    state = BatchState(preferences, {},
+                       {str(key): KeyState(True, duplicate_notification_id=None if dup is None else str(dup))
+                        for key, dup in limits["taken_keys"]})
     for n, sent_at in limits["sent_recently"]:
         user = users[int(n) - 1]
         try:

@@ -217,7 +217,8 @@ class Orchestrator:
         for channel in self.channels:
             _check_channel(channel)
 
-    def deliver(self, notification: Mapping[str, Any], now: datetime) -> tuple[list[DeliveryRow], list[OutboundMessage]]:
+    def deliver(self, notification: Mapping[str, Any],
+                now: datetime) -> tuple[list[DeliveryRow], list[OutboundMessage]]:
         """Every channel's delivery rows and messages for one sent notification, channel by channel."""
         rows: list[DeliveryRow] = []
         outbound: list[OutboundMessage] = []

@@ -242,7 +242,8 @@ def _render(rule: Rule, context: Mapping[str, Any]) -> tuple[str, str]:
     try:
         return rule.title.render(context), rule.body.render(context)
     except UndefinedError as exc:
-        raise RuleRefusal(DispatchOutcome.INVALID_EVENT, "template_variable_missing", f"rule {rule.id}: {exc.message}") from exc
+        raise RuleRefusal(DispatchOutcome.INVALID_EVENT, "template_variable_missing",
+                          f"rule {rule.id}: {exc.message}") from exc
     except TemplateError as exc:  # includes the sandbox's SecurityError
         raise RuleRefusal(DispatchOutcome.INVALID_EVENT, "template_error", f"rule {rule.id}: {exc}") from exc
 
@@ -268,11 +269,13 @@ def evaluate(catalogue: Catalogue, event: DigitalTwinEvent) -> list[Candidate]:
     scenario = str(facts["scenario"])
     rules = catalogue.matching(scenario, scope.frequency)
     if not rules:
-        raise RuleRefusal(DispatchOutcome.NO_RULE_FOR_SCENARIO, "no_rule_for_scenario", f"no enabled rule claims scenario {scenario!r} at {scope.frequency} frequency")
+        raise RuleRefusal(DispatchOutcome.NO_RULE_FOR_SCENARIO, "no_rule_for_scenario",
+                          f"no enabled rule claims scenario {scenario!r} at {scope.frequency} frequency")
     for rule in rules:
         missing = [name for name in rule.required_facts if facts.get(name) in (None, "")]
         if missing:
-            raise RuleRefusal(DispatchOutcome.INVALID_EVENT, "missing_required_facts", f"rule {rule.id} needs {', '.join(missing)}")
+            raise RuleRefusal(DispatchOutcome.INVALID_EVENT, "missing_required_facts",
+                              f"rule {rule.id} needs {', '.join(missing)}")
     candidates = []
     for rule in rules:
         extra: Mapping[str, Any] = {}

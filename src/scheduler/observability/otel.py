@@ -250,7 +250,8 @@ def global_provider(exporters: Sequence[str], env: Mapping[str, str]) -> trace.T
 def _exporter(name: str, env: Mapping[str, str]) -> SpanExporter:
     if name == "console":
         return ConsoleSpanExporter()
-    protocol = (env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or env.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "grpc").strip()
+    protocol = (env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or env.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+                or "grpc").strip()
     if protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
             OTLPSpanExporter as GrpcExporter,

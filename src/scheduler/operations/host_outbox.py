@@ -1,12 +1,12 @@
 """A host dispatcher's outbox (OUTBOX-7, OUTBOX-8): its messages queued in the dispatch transaction.
 
 The built-in platform writes its deliveries with the rest of a batch's decisions. A host's own
-dispatcher returns ``DispatchResult.outbox``: ``OutboundMessage`` values, each naming its
-channel. ``SchedulerService`` hands the loop and the live route the host's dispatcher wrapped
-by ``with_outbox``, which calls it and then writes one ``deliveries`` row per message in the
-same session, so the rows commit with the event's outcome or not at all (a refusal, an error,
-a rolled-back batch queue nothing; nor does a ``deferred`` result, which decides nothing yet). The delivery worker sends them at least once, like the
-built-in channels' rows.
+dispatcher returns ``DispatchResult.outbox``: ``OutboundMessage`` values, each naming its channel.
+``SchedulerService`` hands the loop and the live route the host's dispatcher wrapped by
+``with_outbox``, which calls it and then writes one ``deliveries`` row per message in the same
+session, so the rows commit with the event's outcome or not at all (a refusal, an error, a
+rolled-back batch queue nothing; nor does a ``deferred`` result, which decides nothing yet). The
+delivery worker sends them at least once, like the built-in channels' rows.
 
 - a message on a channel with a sender (the service's outbox channels: the host's
   ``senders`` and the built-in ``webhook``) is ``queued``, due at once, with the idempotency

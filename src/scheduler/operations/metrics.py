@@ -1,15 +1,14 @@
 """``GET /metrics``: Prometheus metrics of this process and of the table, with prometheus_client.
 
 Counters and histograms are fed by a ``Scheduler.poll_hooks`` hook from the poll's report
-(``EventOutcome.event_type`` and ``.lateness``), so they count this process's work only.
-Gauges that need the database are computed at scrape time from the partial indexes
-(backlog, oldest overdue, failed rows: exact up to ``counts.COUNT_CAP`` of them, the
-planner's estimate past it, so a scrape's cost stays bounded at any size) and cached for ``cache_seconds`` of the injected
-clock, so a scraper polling every second costs one set of index-only reads per window.
-Labels never carry participant ids; ``event_type`` is capped at ``MAX_EVENT_TYPES`` values
-(then ``other``), since senders choose it. The event types known in advance (the
-catalogue's scenarios) start at zero, so a healthy service's failure panels show 0, not "No
-data"; they do not count against the cap.
+(``EventOutcome.event_type`` and ``.lateness``), so they count this process's work only. Gauges that
+need the database are computed at scrape time from the partial indexes (backlog, oldest overdue,
+failed rows: exact up to ``counts.COUNT_CAP`` of them, the planner's estimate past it, so a scrape's
+cost stays bounded at any size) and cached for ``cache_seconds`` of the injected clock, so a scraper
+polling every second costs one set of index-only reads per window. Labels never carry participant
+ids; ``event_type`` is capped at ``MAX_EVENT_TYPES`` values (then ``other``), since senders choose
+it. The event types known in advance (the catalogue's scenarios) start at zero, so a healthy
+service's failure panels show 0, not "No data"; they do not count against the cap.
 """
 
 from __future__ import annotations

@@ -29,7 +29,8 @@ def check_security(settings: Settings, *, host_authentication: bool) -> None:
             )
         secret = settings.jwt_secret or ""
         if secret and _weak_secret(secret):
-            raise ConfigError("production mode refuses a development-grade SCHEDULER_JWT_SECRET (use 32+ random characters)")
+            raise ConfigError("production mode refuses a development-grade SCHEDULER_JWT_SECRET "
+                              "(use 32+ random characters)")
     else:
         logger.warning(
             "running in DEVELOPMENT mode (SCHEDULER_ENV is not 'production'): development secrets "

@@ -110,7 +110,8 @@ def schedule(session: Session, *, service: Service, event_type: str, user_id: st
     event = _checked(service, event_type=event_type, user_id=user_id, trigger_at=trigger_at, facts=facts,
                      external_key=external_key, community_id=community_id, expires_at=expires_at)
     row = ingest.store_scheduled_event_in(
-        session, service.database.events, event_type=event.event_type, user_id=event.user_id, community_id=event.community_id,
+        session, service.database.events, event_type=event.event_type, user_id=event.user_id,
+        community_id=event.community_id,
         external_key=event.external_key, trigger_at=event.trigger_at, facts=event.facts,
         expires_at=event.expires_at, now=service.clock.now(), actor=actor or HOST_ACTOR)
     return EventRecord.from_row(row)
@@ -136,7 +137,8 @@ def cancel(session: Session, *, service: Service, event_id: str | None = None,
     or failed row becomes ``cancelled``; the result says what was found (``cancelled``,
     ``already_cancelled``, ``dispatched``, ``expired``, ``missing``). The change and its audit
     entry (source ``host``) are committed with the host's commit, gone with its rollback."""
-    return commands.cancel_in(session, service.database, now=service.clock.now(), actor=Actor(actor or HOST_ACTOR, "host"),
+    return commands.cancel_in(session, service.database, now=service.clock.now(),
+                              actor=Actor(actor or HOST_ACTOR, "host"),
                               event_id=event_id, external_key=external_key, reason=reason)
 
 

@@ -121,7 +121,8 @@ class HealthRoutes:
         seconds = f"{snapshot['poll_seconds']:g} s"
         if not snapshot["running"]:
             if not self.run_scheduler():
-                return "stopped", "this process runs no polling loop (SCHEDULER_ENABLED=false or an embedding without one)"
+                return "stopped", ("this process runs no polling loop "
+                                   "(SCHEDULER_ENABLED=false or an embedding without one)")
             if snapshot["started_at"] is None:
                 return "stopped", "the polling loop has not started yet"
             return "stopped", "the polling loop has exited: reminders wait until this process restarts (see its log)"

@@ -195,7 +195,8 @@ class IngestRoutes:
             # the participant's stored zone no longer loads (a tz database upgrade dropped it):
             # their state, not the sender's body, stands in the way; nothing was written (QUIET-8)
             raise HTTPException(409, f"participant {event.user_id!r} cannot be decided: their stored {exc}; "
-                                     "set their preferences again with a zone the installed tz database holds") from None
+                                     "set their preferences again with a zone the installed tz database "
+                                     "holds") from None
         if result.refusal is not None:
             return result
         # after the commit, through the core's publish path (its logger names a failure)

@@ -94,7 +94,9 @@ ERRORS = {
 # An open route needs no token, but one that is sent must be well formed and valid.
 BAD_TOKEN = {"401": _json(ErrorOut, "an Authorization header was sent and it is malformed or its token invalid")}
 TOO_LARGE = {"413": _json(ErrorOut, "body larger than SCHEDULER_MAX_BODY_BYTES")}
-MISSING_FACTS = "REQ-0063: facts absent, null or empty ({detail: 'Missing facts in ...'}), or without facts_version and scenario as non-empty strings ({detail: {error: invalid_facts_contract, errors}}); any other malformed body names its fields"
+MISSING_FACTS = ("REQ-0063: facts absent, null or empty ({detail: 'Missing facts in ...'}), or without facts_version "
+                 "and scenario as non-empty strings ({detail: {error: invalid_facts_contract, errors}}); "
+                 "any other malformed body names its fields")
 
 # (path, method) -> operation; the request and response schemas come from the models.
 OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
@@ -105,7 +107,9 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
             "200": _json(SchedulerHealthOut, "state running: the loop runs and polled recently; or degraded: it "
                                              "does, and an outbox delivery has been due and unsent for longer "
                                              "than SCHEDULER_DELIVERY_STALE_SECONDS"),
-            "503": _json(SchedulerHealthOut, "state stopped (the loop task exited or never started), failing (its last poll failed: a database outage) or stale (no poll completed in three intervals); reason says which in words"),
+            "503": _json(SchedulerHealthOut, "state stopped (the loop task exited or never started), failing "
+                                             "(its last poll failed: a database outage) or stale (no poll "
+                                             "completed in three intervals); reason says which in words"),
             **BAD_TOKEN,
         },
     },
@@ -115,7 +119,8 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
             **ERRORS,
             "200": _json(SchedulerHealthDetailOut, "state running, or degraded (an outbox delivery due and unsent "
                                                    "past SCHEDULER_DELIVERY_STALE_SECONDS)"),
-            "503": _json(SchedulerHealthDetailOut, "state stopped, failing or stale; last_error is the last failed poll's error"),
+            "503": _json(SchedulerHealthDetailOut, "state stopped, failing or stale; last_error is the last "
+                                                   "failed poll's error"),
         },
     },
     ("/admin/scheduled-events", "post"): {
@@ -141,7 +146,8 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
                       "422": _json(ValidationErrorOut, "the body is not JSON, or not a JSON array")},
     },
     ("/admin/scheduled-events", "get"): {
-        "summary": "List scheduled events by the one query model, newest change first, a page at a time (permission: admin)",
+        "summary": "List scheduled events by the one query model, newest change first, a page at a time "
+                   "(permission: admin)",
         "responses": {"200": {**_json(ScheduledEventOut, "rows, newest change first (then by id)", many=True),
                               "headers": PAGE_HEADERS}, **ERRORS},
     },
@@ -151,7 +157,8 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
     },
     ("/admin/scheduled-events/{event_id}/reset", "post"): {
         "summary": "Reset a row by hand to pending (permission: admin)",
-        "responses": {"200": _json(ScheduledEventOut, "the reset row"), "404": _json(ErrorOut, "no such row"), **ERRORS},
+        "responses": {"200": _json(ScheduledEventOut, "the reset row"), "404": _json(ErrorOut, "no such row"),
+                      **ERRORS},
     },
     ("/admin/ingest-event", "post"): {
         "summary": "Send a live event through the engine and orchestrator (permission: ingest)",

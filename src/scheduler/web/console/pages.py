@@ -287,7 +287,8 @@ class Console(ConsoleView):
     @declares(before_id=Param.integer(1, 2**63 - 1, description="the previous page's last id"))
     async def audit_page(self, request: Request) -> Response:
         before_id = query(request)["before_id"]
-        rows = await run_in_threadpool(lambda: audit.list_actions(self.database, limit=PAGE_SIZE + 1, before_id=before_id))
+        rows = await run_in_threadpool(
+            lambda: audit.list_actions(self.database, limit=PAGE_SIZE + 1, before_id=before_id))
         more = len(rows) > PAGE_SIZE
         rows = rows[:PAGE_SIZE]
         return self.page(request, "audit.html", {"rows": rows, "next_before": rows[-1]["id"] if more else None})

@@ -117,7 +117,8 @@ def console_admin(store: SessionStore) -> ConsoleGuard:
                     return response
                 target = base_path(request) + "/console/sign-in"
                 if request.method == "GET":
-                    target += "?next=" + quote(request.url.path + (f"?{request.url.query}" if request.url.query else ""), safe="")
+                    asked = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+                    target += "?next=" + quote(asked, safe="")
                 response = RedirectResponse(target, status_code=303)
                 if secret:
                     clear_session_cookie(request, response)  # a dead session's cookie is of no use

@@ -65,7 +65,8 @@ class ConsoleView:
         return await read_form(request, self.max_body_bytes)
 
     def csrf_refused(self, request: Request) -> Response:
-        return self.page(request, "error.html", {"message": "missing or wrong CSRF token: reload the page and try again"}, 403)
+        return self.page(request, "error.html",
+                         {"message": "missing or wrong CSRF token: reload the page and try again"}, 403)
 
 
 def _when(value: Any) -> str:

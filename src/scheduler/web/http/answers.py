@@ -282,7 +282,8 @@ class FactsContractErrorOut(_Out):
 
 
 class RuleRefusalDetail(_Out):
-    error: str = Field(description="The rule engine's reason, e.g. no_rule_for_scenario, missing_or_invalid_time_scope.")
+    error: str = Field(
+        description="The rule engine's reason, e.g. no_rule_for_scenario, missing_or_invalid_time_scope.")
     detail: Any = None
 
 
@@ -314,8 +315,10 @@ class BulkItemOut(_Out):
     """One item of ``POST /admin/scheduled-events/bulk``'s answer, in the order sent (BATCH-2)."""
 
     index: int = Field(ge=0, description="the item's position in the array sent (from 0)")
-    status: Literal[201, 422] = Field(description="201: stored (event); 422: refused (error), as a single POST would be")
-    rewritten: bool | None = Field(default=None, description="201 only: true when an existing key's row was rewritten and reset")
+    status: Literal[201, 422] = Field(
+        description="201: stored (event); 422: refused (error), as a single POST would be")
+    rewritten: bool | None = Field(
+        default=None, description="201 only: true when an existing key's row was rewritten and reset")
     event: ScheduledEventOut | None = Field(default=None, description="201 only: the stored row")
     error: ValidationErrorOut | ErrorOut | FactsContractErrorOut | None = Field(
         default=None, description="422 only: the body a single POST of this item would have been answered")

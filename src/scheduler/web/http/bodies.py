@@ -138,7 +138,10 @@ def parse_body(model: type[ModelT], payload: Any) -> ModelT:
 # -- the request models --------------------------------------------------------------------
 
 # An ISO 8601 (RFC 3339) date and time with its offset, in ASCII digits.
-_INSTANT = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt ][0-9]{2}:[0-9]{2}(:[0-9]{2}(\.[0-9]{1,9})?)?([Zz]|[+-][0-9]{2}:?[0-9]{2})")
+_INSTANT = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt ][0-9]{2}:[0-9]{2}(:[0-9]{2}(\.[0-9]{1,9})?)?"
+                      r"([Zz]|[+-][0-9]{2}:?[0-9]{2})")
+# A local clock time, HH:MM on the 24-hour clock (the JSON schema's pattern of quiet hours' ends).
+_CLOCK_TIME = "^([01][0-9]|2[0-3]):[0-5][0-9]$"
 
 MAX_DEPTH = 32
 Name = Field(min_length=1, max_length=MAX_STRING)
@@ -300,8 +303,8 @@ class PreferencesIn(BaseModel):
     quiet_hours: Any = Field(
         default=None,
         json_schema_extra={"anyOf": [{"type": "object", "additionalProperties": False, "required": ["start", "end"],
-                                      "properties": {"start": {"type": "string", "pattern": "^([01][0-9]|2[0-3]):[0-5][0-9]$"},
-                                                     "end": {"type": "string", "pattern": "^([01][0-9]|2[0-3]):[0-5][0-9]$"}}},
+                                      "properties": {"start": {"type": "string", "pattern": _CLOCK_TIME},
+                                                     "end": {"type": "string", "pattern": _CLOCK_TIME}}},
                                      {"type": "null"}]},
         description='local {"start": "HH:MM", "end": "HH:MM"}, may wrap midnight (22:00 to 07:00); '
                     "a reminder due inside is held until they end; null: none")

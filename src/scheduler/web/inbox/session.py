@@ -111,7 +111,8 @@ def inbox_session_routes(store: SessionStore, verifier: TokenVerifier, max_body_
             str(claims["sub"]), "participant", token_seconds_left=seconds_left,
             user_agent=request.headers.get("user-agent")))
         response = respond(_out(session), 201)
-        response.set_cookie(COOKIE, session.secret, max_age=max(int((session.expires_at - session.created_at).total_seconds()), 0),
+        lifetime = max(int((session.expires_at - session.created_at).total_seconds()), 0)
+        response.set_cookie(COOKIE, session.secret, max_age=lifetime,
                             path=_cookie_path(request), secure=request.url.scheme == "https", httponly=True,
                             samesite="strict")
         return response
