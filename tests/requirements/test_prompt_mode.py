@@ -360,7 +360,7 @@ def test_where_notifications_do_not_arrive_the_listener_says_so_once_and_the_loo
         service = make_service(engine, clock)
         service.listener = Listener(conninfo_of(engine), name="scheduler", probe_engine=other_engine,
                                     probe_seconds=0.5)
-        service.listener.subscribe("scheduler_due", service._on_due)
+        service.listener.subscribe("scheduler_due", service.scheduler.announce_notified)
         with api(engine, clock) as sender:
             row = post_event(sender, user_id="later", trigger_at=T0 + timedelta(minutes=1))
         with caplog.at_level(logging.WARNING, logger="scheduler.database.listener"):

@@ -266,6 +266,15 @@ class Scheduler:
         if self.mode is SchedulerMode.PROMPT:
             self.pacing.announce(trigger_at)
 
+    def announce_notified(self, payload: str) -> None:
+        """A NOTIFY from any replica's store (DUE_CHANNEL): its payload is the pending row's
+        trigger time; an unreadable one means look now (a poll costs little)."""
+        try:
+            trigger_at: datetime | None = datetime.fromisoformat(payload) if payload else None
+        except ValueError:
+            trigger_at = None
+        self.announce(trigger_at)
+
     def recheck(self) -> None:
         """Interrupt the current wait so that it re-reads the clock (e.g. after a manual
         clock moved): it polls if a deadline has passed, else goes on waiting."""

@@ -16,7 +16,6 @@ import asyncio
 import contextlib
 import functools
 from collections.abc import AsyncIterator, Mapping, Sequence
-from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -194,7 +193,7 @@ class SchedulerService:
         listener = Listener(conninfo_of(self.engine), name="scheduler", probe_engine=self.engine,
                             connect_args=tcp_parameters(self.settings))
         if self.settings.mode is SchedulerMode.PROMPT and self.settings.listen and self.run_scheduler:
-            listener.subscribe(DUE_CHANNEL, self._on_due)
+            listener.subscribe(DUE_CHANNEL, self.scheduler.announce_notified)
         return listener
 
     def _attach_poll_hooks(self, metrics_registry: CollectorRegistry | None) -> None:
@@ -351,14 +350,6 @@ class SchedulerService:
         finally:
             if not already_running:
                 await self.stop()
-
-    def _on_due(self, payload: str) -> None:
-        """A NOTIFY from any replica's store: a row is pending with this trigger time."""
-        try:
-            trigger_at: datetime | None = datetime.fromisoformat(payload) if payload else None
-        except ValueError:
-            trigger_at = None  # unreadable: look now, a poll costs little
-        self.scheduler.announce(trigger_at)
 
     async def start(self) -> None:
         tasks = self._tasks
