@@ -20,7 +20,7 @@ from harness.driver import FAULTS, OPT_IN, Progress, regression_source, run_rand
 from harness.host import HostDispatcher, HostImportError, load_host
 from harness.local_cli import cmd_local_time
 from harness.local_model import LOCAL_VARIANTS
-from harness.report import EPILOG, emit_json, write_junit
+from harness.report import EPILOG, finish, say
 from harness.settle import HarnessError
 from harness.shrink import Shrunk, shrink
 from harness.simulation import MODES, Simulation
@@ -192,17 +192,6 @@ def _host(args: argparse.Namespace) -> HostDispatcher | None:
     return load_host(args.dispatcher, args.setup)
 
 
-def _say(args: argparse.Namespace, line: str) -> None:
-    """A line of the text report: stdout, or stderr when stdout is reserved for JSON."""
-    print(line, file=sys.stderr if args.json else sys.stdout, flush=True)
-
-
-def _finish(args: argparse.Namespace, document: dict[str, Any], code: int) -> int:
-    if args.json:
-        emit_json(document)
-    if args.junit_xml is not None:
-        write_junit(args.junit_xml, document)
-    return code
 
 
 def cmd_simulate(args: argparse.Namespace, settings: Settings) -> int:
@@ -211,25 +200,25 @@ def cmd_simulate(args: argparse.Namespace, settings: Settings) -> int:
     if args.participants is None:
         args.participants = DEFAULTS["participants"]
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**32)
-    _say(args, f"simulation seed: {seed}")
+    say(args, f"simulation seed: {seed}")
     replay = replay_command(args, seed)
     base_document: dict[str, Any] = {"seed": seed, "replay": replay, "scheduler": args.scheduler,
                                      "dispatcher": args.dispatcher or "built-in"}
     if args.replicas + args.clients + 1 > MAX_ACTORS:
         message = f"--replicas plus --clients must stay under {MAX_ACTORS} connections"
         print(message, file=sys.stderr)
-        return _finish(args, {**base_document, "result": "error", "message": message}, 2)
+        return finish(args, {**base_document, "result": "error", "message": message}, 2)
     try:
         host = _host(args)
     except HostImportError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return _finish(args, {**base_document, "result": "error", "message": str(exc)}, 2)
+        return finish(args, {**base_document, "result": "error", "message": str(exc)}, 2)
     if host is not None:
         replay = base_document["replay"] = replay_command(args, seed, host)
     if args.scheduler not in VARIANTS:
         message = f"--scheduler {args.scheduler} is a variant of --scenario local-time"
         print(f"error: {message}", file=sys.stderr)
-        return _finish(args, {**base_document, "result": "error", "message": message}, 2)
+        return finish(args, {**base_document, "result": "error", "message": message}, 2)
     if not args.json:
         modes = VARIANTS[args.scheduler].modes or args.modes
         who = args.scheduler if host is None else f"dispatcher {host.name}"
@@ -243,7 +232,7 @@ def cmd_simulate(args: argparse.Namespace, settings: Settings) -> int:
     except SQLAlchemyError as exc:
         message = f"cannot create the run's database {name}: {exc}"
         print(message, file=sys.stderr)
-        return _finish(args, {**base_document, "result": "error", "message": message}, 2)
+        return finish(args, {**base_document, "result": "error", "message": message}, 2)
     started = time.monotonic()
 
     def make() -> Simulation:
@@ -261,7 +250,7 @@ def cmd_simulate(args: argparse.Namespace, settings: Settings) -> int:
                 failure = (sim, violation)
             except HarnessError as exc:
                 print(f"\nthe harness could not go on: {exc}\nreplay: {replay}", file=sys.stderr)
-                return _finish(args, {**base_document, "result": "harness_error", "message": str(exc),
+                return finish(args, {**base_document, "result": "harness_error", "message": str(exc),
                                       "elapsed_seconds": round(time.monotonic() - started, 2)}, 3)
             else:
                 elapsed = time.monotonic() - started
@@ -274,7 +263,7 @@ def cmd_simulate(args: argparse.Namespace, settings: Settings) -> int:
             if args.scheduler != "correct":
                 print(f"note: the broken variant {args.scheduler!r} was not caught in {args.steps} steps; "
                       "try more steps or another seed")
-        return _finish(args, summary, 0)
+        return finish(args, summary, 0)
     finally:
         if args.keep_database:
             print(f"database kept: {url}", file=sys.stderr)
@@ -286,22 +275,22 @@ def cmd_simulate(args: argparse.Namespace, settings: Settings) -> int:
 def _report_failure(args: argparse.Namespace, settings: Settings, make: Callable[[], Simulation], sim: Simulation,
                     violation: Violation, seed: int, replay: str, base_document: dict[str, Any],
                     started: float) -> int:
-    _say(args, f"\nINVARIANT VIOLATED: {violation}")
+    say(args, f"\nINVARIANT VIOLATED: {violation}")
     tail = sim.program[-40:]
-    _say(args, f"the last {len(tail)} of {len(sim.program)} steps:")
+    say(args, f"the last {len(tail)} of {len(sim.program)} steps:")
     for line in tail:
-        _say(args, f"    {line}")
+        say(args, f"    {line}")
     shrunk: Shrunk | None = None
     if args.shrink if args.shrink is not None else sim.host is not None:
-        _say(args, f"shrinking the {len(sim.program)}-step program (replaying shorter ones)...")
+        say(args, f"shrinking the {len(sim.program)}-step program (replaying shorter ones)...")
         shrunk = shrink(make, list(sim.program), violation.clause)
         if shrunk is None:
-            _say(args, "the whole program did not fail again on replay: kept as it is")
+            say(args, "the whole program did not fail again on replay: kept as it is")
         else:
-            _say(args, f"shrunk to {len(shrunk.program)} steps in {shrunk.replays} replays "
+            say(args, f"shrunk to {len(shrunk.program)} steps in {shrunk.replays} replays "
                        f"({shrunk.seconds:.1f}s): {shrunk.violation}")
             for line in shrunk.program:
-                _say(args, f"    {line}")
+                say(args, f"    {line}")
     program = shrunk.program if shrunk is not None else list(sim.program)
     path = args.regression_file or settings.data_dir / "simulation" / f"seed-{seed}.py"
     source = regression_source(sim, violation if shrunk is None else shrunk.violation, replay,
@@ -310,16 +299,16 @@ def _report_failure(args: argparse.Namespace, settings: Settings, make: Callable
                                scheduler=args.scheduler, modes=args.modes, program=program,
                                participants=args.participants)
     write_regression(path, source)
-    _say(args, f"the whole program, as a pytest test: {path}")
-    _say(args, f"replay: {replay}")
+    say(args, f"the whole program, as a pytest test: {path}")
+    say(args, f"replay: {replay}")
     expected = VARIANTS[args.scheduler].expected
     if expected is not None:
         verdict = "as expected" if expected == violation.clause else f"(expected {expected})"
-        _say(args, f"broken variant {args.scheduler!r} caught by {violation.clause} {verdict}")
+        say(args, f"broken variant {args.scheduler!r} caught by {violation.clause} {verdict}")
     document = {
         **base_document, "result": "violation", "clause": violation.clause, "violation": str(violation),
         "message": violation.message, "step": violation.step, "steps_total": len(sim.program),
         "last_steps": tail, "program": program, "shrunk": shrunk is not None,
         "regression_file": str(path), "elapsed_seconds": round(time.monotonic() - started, 2),
     }
-    return _finish(args, document, 1)
+    return finish(args, document, 1)

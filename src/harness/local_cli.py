@@ -23,7 +23,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from harness.local_model import LOCAL_VARIANTS
 from harness.local_run import LocalTimeSimulation
-from harness.report import emit_json, write_junit
+from harness.report import finish, say
 from harness.types import Violation
 from scheduler.config import Settings
 from scheduler.database.engine import create_migrated_database, drop_database, resolve_database_url
@@ -58,16 +58,6 @@ def refusal(args: argparse.Namespace) -> str | None:
     return None
 
 
-def _say(args: argparse.Namespace, line: str) -> None:
-    print(line, file=sys.stderr if args.json else sys.stdout, flush=True)
-
-
-def _finish(args: argparse.Namespace, document: dict[str, Any], code: int) -> int:
-    if args.json:
-        emit_json(document)
-    if args.junit_xml is not None:
-        write_junit(args.junit_xml, document)
-    return code
 
 
 def cmd_local_time(args: argparse.Namespace, settings: Settings) -> int:
@@ -75,14 +65,14 @@ def cmd_local_time(args: argparse.Namespace, settings: Settings) -> int:
     if args.participants is None:
         args.participants = LOCAL_PARTICIPANTS
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**32)
-    _say(args, f"simulation seed: {seed}")
+    say(args, f"simulation seed: {seed}")
     replay = replay_command(args, seed)
     base: dict[str, Any] = {"scenario": "local-time", "seed": seed, "replay": replay, "scheduler": args.scheduler,
                             "dispatcher": "built-in"}
     problem = refusal(args)
     if problem is not None:
         print(f"error: {problem}", file=sys.stderr)
-        return _finish(args, {**base, "result": "error", "message": problem}, 2)
+        return finish(args, {**base, "result": "error", "message": problem}, 2)
     for noisy in ("scheduler.core", "alembic", "sqlalchemy.pool"):
         logging.getLogger(noisy).setLevel(logging.CRITICAL)
     name = f"simlocal_{seed}_{os.getpid()}"
@@ -92,29 +82,29 @@ def cmd_local_time(args: argparse.Namespace, settings: Settings) -> int:
     except SQLAlchemyError as exc:
         message = f"cannot create the run's database {name}: {exc}"
         print(message, file=sys.stderr)
-        return _finish(args, {**base, "result": "error", "message": message}, 2)
+        return finish(args, {**base, "result": "error", "message": message}, 2)
     started = time.monotonic()
     try:
         with LocalTimeSimulation(url, seed=seed, participants=args.participants, replicas=args.replicas,
                                  scheduler=args.scheduler, batch_size=args.batch_size) as sim:
-            _say(args, f"local time: {len(sim.participants)} participants, {args.replicas} replicas "
+            say(args, f"local time: {len(sim.participants)} participants, {args.replicas} replicas "
                        f"({args.scheduler}), starting {sim.start:%Y-%m-%dT%H:%MZ} before {sim.crossing}")
             for person in sim.participants:
-                _say(args, f"    {person.describe()}")
+                say(args, f"    {person.describe()}")
             try:
                 sim.run(args.steps)
             except Violation as violation:
                 return _report(args, sim, violation, replay, base, started)
             summary = {**sim.summary(), **base, "result": "clean",
                        "elapsed_seconds": round(time.monotonic() - started, 2)}
-        _say(args, f"steps: {summary['steps_total']}; rows {summary['rows']}, held {summary['holds']} times "
+        say(args, f"steps: {summary['steps_total']}; rows {summary['rows']}, held {summary['holds']} times "
                    f"({summary['live_deferred']} live events deferred), {summary['dispatched']} dispatched, "
                    f"{summary['expired']} expired, {summary['sent']} sent; clean until {summary['end']}")
-        _say(args, f"replay: {replay}")
+        say(args, f"replay: {replay}")
         if args.scheduler != "correct":
-            _say(args, f"note: the broken variant {args.scheduler!r} was not caught in {args.steps} steps; "
+            say(args, f"note: the broken variant {args.scheduler!r} was not caught in {args.steps} steps; "
                        "try more steps or another seed")
-        return _finish(args, summary, 0)
+        return finish(args, summary, 0)
     finally:
         if args.keep_database:
             print(f"database kept: {url}", file=sys.stderr)
@@ -125,18 +115,18 @@ def cmd_local_time(args: argparse.Namespace, settings: Settings) -> int:
 
 def _report(args: argparse.Namespace, sim: LocalTimeSimulation, violation: Violation, replay: str,
             base: dict[str, Any], started: float) -> int:
-    _say(args, f"\nINVARIANT VIOLATED: {violation}")
+    say(args, f"\nINVARIANT VIOLATED: {violation}")
     tail = sim.program[-30:]
-    _say(args, f"the last {len(tail)} of {len(sim.program)} steps:")
+    say(args, f"the last {len(tail)} of {len(sim.program)} steps:")
     for line in tail:
-        _say(args, f"    {line}")
-    _say(args, f"replay: {replay}")
+        say(args, f"    {line}")
+    say(args, f"replay: {replay}")
     expected = LOCAL_VARIANTS[args.scheduler].expected
     if expected is not None:
         verdict = "as expected" if expected == violation.clause else f"(expected {expected})"
-        _say(args, f"broken variant {args.scheduler!r} caught by {violation.clause} {verdict}")
+        say(args, f"broken variant {args.scheduler!r} caught by {violation.clause} {verdict}")
     document = {**base, "result": "violation", "clause": violation.clause, "violation": str(violation),
                 "message": violation.message, "step": violation.step, "steps_total": len(sim.program),
                 "last_steps": tail, "program": list(sim.program), "regression_file": None,
                 "elapsed_seconds": round(time.monotonic() - started, 2)}
-    return _finish(args, document, 1)
+    return finish(args, document, 1)

@@ -8,6 +8,7 @@ could not go on, so any CI's test report shows the seed and the replay command.
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import xml.etree.ElementTree as ET
@@ -58,3 +59,17 @@ def write_junit(path: Path, document: dict[str, Any]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     ET.ElementTree(suite).write(path, encoding="utf-8", xml_declaration=True)
     return path
+
+
+def say(args: argparse.Namespace, line: str) -> None:
+    """A line of a command's text report: stdout, or stderr when stdout is reserved for JSON."""
+    print(line, file=sys.stderr if args.json else sys.stdout, flush=True)
+
+
+def finish(args: argparse.Namespace, document: dict[str, Any], code: int) -> int:
+    """End a command: its JSON document on stdout (``--json``) and its JUnit file (``--junit-xml``)."""
+    if args.json:
+        emit_json(document)
+    if args.junit_xml is not None:
+        write_junit(args.junit_xml, document)
+    return code
