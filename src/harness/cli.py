@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import logging
 import os
 import random
@@ -20,13 +19,12 @@ from harness.driver import FAULTS, OPT_IN, Progress, regression_source, run_rand
 from harness.host import HostDispatcher, HostImportError, load_host
 from harness.local_cli import cmd_local_time
 from harness.local_model import LOCAL_VARIANTS
-from harness.report import EPILOG, finish, say
+from harness.report import EPILOG, finish, release_database, say
 from harness.settle import HarnessError
 from harness.shrink import Shrunk, shrink
 from harness.simulation import MODES, Simulation
 from harness.types import Violation
 from scheduler.config import Settings
-from scheduler.database.engine import drop_database
 from scheduler.whole_numbers import digits_value
 
 DEFAULTS = {"replicas": 4, "clients": 2, "batch_size": 20, "participants": 4, "faults": "all", "scheduler": "correct",
@@ -265,11 +263,7 @@ def cmd_simulate(args: argparse.Namespace, settings: Settings) -> int:
                       "try more steps or another seed")
         return finish(args, summary, 0)
     finally:
-        if args.keep_database:
-            print(f"database kept: {url}", file=sys.stderr)
-        else:
-            with contextlib.suppress(Exception):
-                drop_database(base, name)
+        release_database(args, base, name, url)
 
 
 def _report_failure(args: argparse.Namespace, settings: Settings, make: Callable[[], Simulation], sim: Simulation,

@@ -11,7 +11,6 @@ of ``local_model.ZONES`` once), ``--replicas`` (they poll in turn), ``--batch-si
 from __future__ import annotations
 
 import argparse
-import contextlib
 import logging
 import os
 import random
@@ -23,10 +22,10 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from harness.local_model import LOCAL_VARIANTS
 from harness.local_run import LocalTimeSimulation
-from harness.report import finish, say
+from harness.report import finish, release_database, say
 from harness.types import Violation
 from scheduler.config import Settings
-from scheduler.database.engine import create_migrated_database, drop_database, resolve_database_url
+from scheduler.database.engine import create_migrated_database, resolve_database_url
 
 LOCAL_PARTICIPANTS = 7
 LOCAL_DEFAULTS = {"replicas": 4, "batch_size": 20}
@@ -106,11 +105,7 @@ def cmd_local_time(args: argparse.Namespace, settings: Settings) -> int:
                        "try more steps or another seed")
         return finish(args, summary, 0)
     finally:
-        if args.keep_database:
-            print(f"database kept: {url}", file=sys.stderr)
-        else:
-            with contextlib.suppress(Exception):
-                drop_database(admin, name)
+        release_database(args, admin, name, url)
 
 
 def _report(args: argparse.Namespace, sim: LocalTimeSimulation, violation: Violation, replay: str,

@@ -9,11 +9,14 @@ could not go on, so any CI's test report shows the seed and the replay command.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
+
+from scheduler.database.engine import drop_database
 
 EXIT_CODES = {
     0: "clean: every invariant held",
@@ -73,3 +76,12 @@ def finish(args: argparse.Namespace, document: dict[str, Any], code: int) -> int
     if args.junit_xml is not None:
         write_junit(args.junit_xml, document)
     return code
+
+
+def release_database(args: argparse.Namespace, admin_url: str, name: str, url: str) -> None:
+    """End a command's run database: kept with ``--keep-database`` (its URL on stderr), else dropped."""
+    if args.keep_database:
+        print(f"database kept: {url}", file=sys.stderr)
+    else:
+        with contextlib.suppress(Exception):
+            drop_database(admin_url, name)
