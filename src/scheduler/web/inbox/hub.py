@@ -230,23 +230,27 @@ class Inbox:
         assert self._wake is not None
         while self.subscribers:
             timeout = self.safety_seconds if self.listening else self.fallback_seconds
+            notified = False
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=timeout)
+                notified = True
             self._wake.clear()
             try:
-                await self.pump()
+                # a NOTIFY means a numbering committed; only the timer's wake looks for a
+                # numbering that failed (INBOX-15), so a busy stream costs no extra read
+                await self.pump(repair=not notified)
             except Exception:
                 logger.exception("inbox: reading new notifications failed; retrying")
         self.cursor = None  # nobody listens: the next stream starts from the head again
 
-    async def pump(self) -> int:
-        """Number what a failed numbering left behind, then read every row after the cursor
-        and offer each to its participant's streams."""
+    async def pump(self, repair: bool = True) -> int:
+        """Number what a failed numbering left behind (``repair``), then read every row after
+        the cursor and offer each to its participant's streams."""
         offered = 0
-        if self.subscribers:
+        if repair and self.subscribers:
             # Retried until it holds (INBOX-15): a numbering that failed after its batch
             # committed (a failover, a lost connection) is done here, by whichever replica
-            # reads next; a failure here is logged by the hub and retried on its next wake.
+            # reads next on its timer; a failure is logged by the hub and retried then.
             await run_in_threadpool(number_unnumbered, self.database, self.read_limit)
         while self.subscribers and self.cursor is not None:
             rows = await run_in_threadpool(_read_tail, self.database, self.cursor, self.read_limit)
