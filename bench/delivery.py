@@ -46,6 +46,7 @@ from bench.drain import CTX
 from bench.env import Server, bench_engine, libpq_uri, progress
 from bench.peers import _pgqueuer_driver, missing
 from scheduler.core.clock import SystemClock
+from scheduler.delivery.http import DeliveryHttp, delivery_client
 from scheduler.delivery.signing import format_secret
 from scheduler.delivery.webhook import WebhookSender
 from scheduler.types import OutboundDelivery
@@ -79,7 +80,7 @@ def _receiver(latency: float, ports: Any, stop: MpEvent) -> None:
         return Reply.of(204)
 
     async def serve() -> None:
-        async with LoopbackServer(handle, max_body=1 << 16) as server:
+        async with LoopbackServer(handle, max_body=1 << 16, keep_alive=True) as server:
             ports.put(server.port)
             while not stop.is_set():
                 await asyncio.sleep(0.1)
@@ -270,8 +271,8 @@ def publisher(server: Server, receiver: Receiver, *, events: int, replicas: int,
 # -- the peers: the same HTTP call as a job ---------------------------------------------------
 
 
-def _sender(receiver_url: str) -> tuple[WebhookSender, httpx.AsyncClient]:
-    client = httpx.AsyncClient(limits=httpx.Limits(max_connections=None, max_keepalive_connections=0))
+def _sender(receiver_url: str, concurrency: int) -> tuple[WebhookSender, DeliveryHttp]:
+    client = delivery_client(concurrency)  # the service's own: a kept-alive connection per send slot
     return WebhookSender(receiver_url, client=client, clock=SystemClock(), timeout=10.0, retry_after_cap=5.0,
                          secret=SECRET), client
 
@@ -286,7 +287,7 @@ def _delivery(peer: str, n: int) -> OutboundDelivery:
 def _peer_worker(peer: str, conninfo: str, receiver_url: str, concurrency: int, stop_all: MpEvent,
                  barrier: Barrier, out: Any) -> None:
     async def work() -> None:
-        sender, client = _sender(receiver_url)
+        sender, client = _sender(receiver_url, concurrency)
 
         async def deliver(n: int) -> None:
             await sender.send(_delivery(peer, n))

@@ -209,6 +209,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure_logging(logging.DEBUG if args.verbose else quiet, log_format_of(os.environ))
     # pgserver narrates every pg_ctl call at INFO; keep its warnings only.
     logging.getLogger("pgserver").setLevel(logging.DEBUG if args.verbose else logging.WARNING)
+    # httpx logs every request at INFO: one line per delivery, which its row already records
+    logging.getLogger("httpx").setLevel(logging.DEBUG if args.verbose else logging.WARNING)
     code = run_command(args)
     if args.command == "serve" and argv is None:
         _exit_now(code)

@@ -11,10 +11,9 @@ from __future__ import annotations
 
 from typing import Protocol
 
-import httpx
-
 from scheduler.delivery.backoff import RetryPolicy
 from scheduler.delivery.hosts import AllowedHosts
+from scheduler.delivery.http import HttpClient
 from scheduler.delivery.signing import parse_secret
 from scheduler.delivery.vapid import VapidKey
 from scheduler.delivery.webhook import WebhookSender
@@ -76,7 +75,7 @@ def built_in_channels(settings: DeliverySettings) -> tuple[str, ...]:
 PER_SUBSCRIPTION = frozenset({WebPushSender.channel})  # the channels queued once per push subscription
 
 
-def built_in_senders(settings: DeliverySettings, *, client: httpx.AsyncClient, clock: Clock) -> dict[str, Sender]:
+def built_in_senders(settings: DeliverySettings, *, client: HttpClient, clock: Clock) -> dict[str, Sender]:
     """The senders the settings turn on, by channel name (``webhook``, ``web_push``), each on
     ``client`` with the per-send timeout; a host's own senders join these by name."""
     timeout, cap = settings.delivery_timeout_seconds, settings.delivery_backoff_cap_seconds

@@ -9,8 +9,6 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
-import httpx
-
 from scheduler.delivery import http
 from scheduler.delivery.signing import sign_headers
 from scheduler.types import Clock, OutboundDelivery, SendResult, Undeliverable
@@ -52,7 +50,7 @@ class WebhookSender:
 
     channel = CHANNEL
 
-    def __init__(self, url: str, *, client: httpx.AsyncClient, clock: Clock, timeout: float,
+    def __init__(self, url: str, *, client: http.HttpClient, clock: Clock, timeout: float,
                  retry_after_cap: float, secret: bytes | None = None) -> None:
         self.url = url
         self.timeout = timeout

@@ -16,8 +16,6 @@ from datetime import timedelta
 from enum import StrEnum
 from typing import Any
 
-import httpx
-
 from scheduler.delivery import http
 from scheduler.delivery.encryption import MAX_PLAINTEXT_BYTES, encrypt
 from scheduler.delivery.vapid import VapidKey, check_subject
@@ -77,7 +75,7 @@ class WebPushSender:
 
     channel = CHANNEL
 
-    def __init__(self, vapid: VapidKey, *, subject: str, client: httpx.AsyncClient, clock: Clock,
+    def __init__(self, vapid: VapidKey, *, subject: str, client: http.HttpClient, clock: Clock,
                  timeout: float, retry_after_cap: float, ttl: timedelta = DEFAULT_TTL,
                  urgency: Urgency = Urgency.NORMAL) -> None:
         if not timedelta(0) <= ttl <= MAX_TTL:

@@ -49,6 +49,7 @@ from scheduler.types import Clock, OutboundDelivery, PushTarget, Sender, SendRes
 logger = logging.getLogger(__name__)
 
 IDLE_SECONDS = 1.0  # how long an idle worker waits before it looks again (other replicas' rows)
+STOP_RECORD_SECONDS = 5.0  # how long a stopping worker may take to record the sends that finished
 
 
 def lease_seconds_for(timeout: float) -> float:
@@ -103,10 +104,12 @@ class DeliveryWorker:
         self.idle_seconds = idle_seconds
         self.worker_id = worker_id or f"worker-{uuid.uuid4().hex[:12]}"
         self.observers: list[Observer] = []
-        self._limiter = CapacityLimiter(2)  # the worker's own threads for its statements
+        self._limiter = CapacityLimiter(1)  # the worker's own thread: one round at a time
         self._wake: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._inflight: set[asyncio.Task[None]] = set()
+        self._done: list[tuple[Claimed, SendResult]] = []  # sent, not yet recorded
+        self._finished: asyncio.Event | None = None  # set when a send joins _done
 
     # -- the steps ------------------------------------------------------------------------
 
@@ -167,57 +170,84 @@ class DeliveryWorker:
             loop.call_soon_threadsafe(event.set)
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Claim, send and record until ``stop`` is set; then cancel the sends in flight (their
-        leases run out and another claim sends them again, with the same keys)."""
+        """Claim, send and record until ``stop`` is set; then record the sends that finished and
+        cancel those in flight (their leases run out and another claim sends them again, with
+        the same keys).
+
+        One round at a time, in the worker's thread: the records of every send that finished
+        since the last round in one statement, then one claim for the free slots. The round
+        batches by itself: the sends that finish while one round runs are the next one's, so
+        a busy worker writes few, large statements, and an idle one answers at once. A claim
+        runs only when it may find rows: after a wake, after a claim that filled every slot
+        it asked for, or after ``idle_seconds`` (another replica's rows, a retry come due)."""
         self._loop = asyncio.get_running_loop()
-        self._wake = asyncio.Event()
+        self._wake = wake = asyncio.Event()
+        self._finished = asyncio.Event()
+        look = True  # whether a claim may find due rows
         try:
             while not stop.is_set():
+                if wake.is_set():
+                    wake.clear()
+                    look = True
                 free = self.concurrency - len(self._inflight)
-                claimed: list[Claimed] = []
-                if free > 0:
-                    try:
-                        claimed = await self._thread(self.claim, free)
-                    except Exception:
-                        logger.exception("delivery worker %s: claim failed; trying again", self.worker_id)
-                for one in claimed:
-                    task = asyncio.create_task(self._one(one), name=f"delivery-{one.delivery.delivery_id}")
-                    self._inflight.add(task)
-                    task.add_done_callback(self._inflight.discard)
-                if claimed and len(claimed) == free:
-                    await self._wait_for_slot(stop)
-                elif not claimed:
-                    await self._idle(stop)
+                finished, self._done = self._done, []
+                self._finished.clear()
+                want = free if look and free > 0 else 0
+                if finished or want:
+                    claimed = await self._thread(self._round, finished, want)
+                    # a claim that filled what it asked for may have left more due rows
+                    look = want > 0 and len(claimed) == want
+                    for one in claimed:
+                        task = asyncio.create_task(self._one(one), name=f"delivery-{one.delivery.delivery_id}")
+                        self._inflight.add(task)
+                        task.add_done_callback(self._inflight.discard)
+                    continue
+                # nothing to record and no claim worth making: wait for a finished send, a
+                # wake or the stop; after idle_seconds look again
+                waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(wake.wait()),
+                         asyncio.ensure_future(self._finished.wait())]
+                _, pending = await asyncio.wait(waits, timeout=self.idle_seconds, return_when=asyncio.FIRST_COMPLETED)
+                for future in pending:
+                    future.cancel()
+                if len(pending) == len(waits):
+                    look = True
         finally:
             for task in list(self._inflight):
                 task.cancel()
             if self._inflight:
                 await asyncio.gather(*self._inflight, return_exceptions=True)
+            finished, self._done = self._done, []
+            if finished:
+                # what was sent before the stop is recorded now, not sent again after a lease;
+                # bounded, so a database that is gone does not hold the stop
+                with anyio.move_on_after(STOP_RECORD_SECONDS):
+                    await anyio.to_thread.run_sync(self._round, finished, 0, abandon_on_cancel=True,
+                                                   limiter=self._limiter)
             self._wake = None
+
+    def _round(self, finished: list[tuple[Claimed, SendResult]], want: int) -> list[Claimed]:
+        """Record ``finished`` (a failure is logged: their leases run out and they are sent
+        again, at least once), then lease up to ``want`` rows (a failure is logged too: the
+        next round claims again)."""
+        if finished:
+            try:
+                self.record(finished)
+            except Exception:
+                logger.exception("delivery worker %s: recording %d deliveries failed; their leases run out "
+                                 "and they are sent again", self.worker_id, len(finished))
+        if not want:
+            return []
+        try:
+            return self.claim(want)
+        except Exception:
+            logger.exception("delivery worker %s: claim failed; trying again", self.worker_id)
+            return []
 
     async def _one(self, claimed: Claimed) -> None:
         result = await self.attempt_one(claimed)
-        try:
-            await self._thread(self.record, [(claimed, result)])
-        except Exception:
-            # the lease runs out and the row is sent again: at least once, never lost
-            logger.exception("delivery worker %s: recording delivery %s failed", self.worker_id,
-                             claimed.delivery.delivery_id)
-
-    async def _wait_for_slot(self, stop: asyncio.Event) -> None:
-        stopped = asyncio.ensure_future(stop.wait())
-        await asyncio.wait([*self._inflight, stopped], return_when=asyncio.FIRST_COMPLETED)
-        stopped.cancel()
-
-    async def _idle(self, stop: asyncio.Event) -> None:
-        assert self._wake is not None
-        waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self._wake.wait())]
-        _, pending = await asyncio.wait([*waits, *self._inflight], timeout=self.idle_seconds,
-                                        return_when=asyncio.FIRST_COMPLETED)
-        for future in waits:
-            if future in pending:
-                future.cancel()
-        self._wake.clear()
+        self._done.append((claimed, result))
+        if self._finished is not None:
+            self._finished.set()
 
     async def _thread(self, fn: Callable[..., Any], *args: Any) -> Any:
         return await anyio.to_thread.run_sync(fn, *args, limiter=self._limiter)

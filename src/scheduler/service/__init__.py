@@ -18,7 +18,6 @@ import functools
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-import httpx
 from prometheus_client import CollectorRegistry
 from sqlalchemy import Engine
 from starlette.applications import Starlette
@@ -42,6 +41,7 @@ from scheduler.delivery.channels import (
     retry_policy,
     vapid_key,
 )
+from scheduler.delivery.http import HttpClient, delivery_client
 from scheduler.nudging.decision import NudgingPlatform
 from scheduler.nudging.facts import FactsContract
 from scheduler.nudging.orchestrator import LoggingPublisher, Orchestrator, OutboxChannel, WebChannel
@@ -145,7 +145,7 @@ class SchedulerService:
             self._engines.dispose()
             raise ConfigError(problem)
         self.delivery: DeliveryWorker | None = None
-        self._http: httpx.AsyncClient | None = None
+        self._http: HttpClient | None = None
         # After commit: number web notifications for the inbox stream and NOTIFY the
         # replicas, then the configured publisher (see scheduler.web.inbox.hub). The live
         # path numbers on the requests' pool, the loop on its own.
@@ -214,12 +214,13 @@ class SchedulerService:
         if self.delivery is not None:
             self.delivery.wake()
 
-    def delivery_worker(self, *, client: httpx.AsyncClient | None = None) -> DeliveryWorker:
+    def delivery_worker(self, *, client: HttpClient | None = None) -> DeliveryWorker:
         """This replica's delivery worker, with the built-in senders on a fresh HTTP client (or
         ``client``, which the service then closes when it stops) and the host's (built on start;
         ``run_once`` steps it in a test)."""
         if self.delivery is None:
-            self._http = client or httpx.AsyncClient()
+            # a kept-alive connection per send slot
+            self._http = client or delivery_client(self.settings.delivery_concurrency)
             senders = {**built_in_senders(self.settings, client=self._http, clock=self.clock), **self.host_senders}
             self.delivery = DeliveryWorker(self.loop_database, senders, self.clock,
                                            policy=retry_policy(self.settings),

@@ -1,6 +1,8 @@
 """A small HTTP/1.1 server on 127.0.0.1 for the fakes (``push_service``, ``webhook_receiver``).
 
-One request per connection (it answers ``Connection: close``), a body only with
+One request per connection (it answers ``Connection: close``), or with ``keep_alive`` as many
+as the client sends on it (a provider's usual way: the connection is closed after a request
+that asks ``Connection: close``, or after ``READ_SECONDS`` without one). A body only with
 ``Content-Length`` (at most ``max_body`` bytes), every read bounded by ``READ_SECONDS``. A
 handler answers a ``Reply``, or ``HANG``: the connection is then held open, unanswered, until
 the server stops (a provider that never answers). Leaving the ``async with`` closes every
@@ -61,9 +63,10 @@ Handler = Callable[[Request], Awaitable[Answer]]
 class LoopbackServer:
     """Serves ``handler`` on 127.0.0.1 at a free port while entered."""
 
-    def __init__(self, handler: Handler, *, max_body: int = 64 * 1024) -> None:
+    def __init__(self, handler: Handler, *, max_body: int = 64 * 1024, keep_alive: bool = False) -> None:
         self._handler = handler
         self._max_body = max_body
+        self._keep_alive = keep_alive
         self._server: asyncio.Server | None = None
         self._stopping = asyncio.Event()
         self._connections: set[asyncio.Task[None]] = set()
@@ -108,16 +111,20 @@ class LoopbackServer:
                 await asyncio.wait_for(writer.wait_closed(), STOP_SECONDS)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            request = await asyncio.wait_for(self._read(reader), READ_SECONDS)
-        except _Refused as refused:
-            await self._write(writer, Reply.of(refused.status, refused.reason))
-            return
-        answer = await self._handler(request)
-        if isinstance(answer, _Hang):
-            await self._stopping.wait()  # bounded: __aexit__ sets it, then cancels this task
-            return
-        await self._write(writer, answer)
+        while True:
+            try:
+                request = await asyncio.wait_for(self._read(reader), READ_SECONDS)
+            except _Refused as refused:
+                await self._write(writer, Reply.of(refused.status, refused.reason), close=True)
+                return
+            answer = await self._handler(request)
+            if isinstance(answer, _Hang):
+                await self._stopping.wait()  # bounded: __aexit__ sets it, then cancels this task
+                return
+            close = not self._keep_alive or "close" in request.headers.get("connection", "").lower()
+            await self._write(writer, answer, close=close)
+            if close:
+                return
 
     async def _read(self, reader: asyncio.StreamReader) -> Request:
         try:
@@ -146,12 +153,13 @@ class LoopbackServer:
         body = await reader.readexactly(length)
         return Request(parts[0], parts[1], headers, body)
 
-    async def _write(self, writer: asyncio.StreamWriter, reply: Reply) -> None:
+    async def _write(self, writer: asyncio.StreamWriter, reply: Reply, *, close: bool) -> None:
         try:
             phrase = HTTPStatus(reply.status).phrase
         except ValueError:
             phrase = "Unknown"
-        lines = [f"HTTP/1.1 {reply.status} {phrase}", f"Content-Length: {len(reply.body)}", "Connection: close"]
+        lines = [f"HTTP/1.1 {reply.status} {phrase}", f"Content-Length: {len(reply.body)}"]
+        lines += ["Connection: close"] if close else []
         lines += [f"{name}: {value}" for name, value in reply.headers]
         writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + reply.body)
         await asyncio.wait_for(writer.drain(), READ_SECONDS)
