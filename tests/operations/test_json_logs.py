@@ -132,11 +132,14 @@ def test_with_tracing_on_a_json_line_carries_the_trace_id_of_the_dispatch_span(
 
 @pytest.mark.clause("OBS-8")
 def test_two_services_in_one_process_each_name_their_own_replica_on_their_requests_and_polls_lines(
-    settings: Settings, engine: Engine, clock: ManualClock, json_lines: Lines
+    settings: Settings, engine: Engine, clock: ManualClock, json_lines: Lines, request: pytest.FixtureRequest
 ) -> None:
     """OBS-8: two services built in one process, each with its own heartbeat id: a live
-    event's request and a poll of each service's loop log lines (the default publisher's)
-    that name that service's replica, never the other's or none."""
+    event's request and a poll of each service's loop log lines (the default publisher's, at
+    DEBUG) that name that service's replica, never the other's or none."""
+    publisher_log = logging.getLogger("scheduler.nudging.orchestrator")
+    publisher_log.setLevel(logging.DEBUG)
+    request.addfinalizer(lambda: publisher_log.setLevel(logging.NOTSET))
     first = SchedulerService(settings, engine=engine, clock=clock, run_scheduler=False)
     second = SchedulerService(settings, engine=engine, clock=clock, run_scheduler=False)
     assert first.heartbeat.replica_id != second.heartbeat.replica_id

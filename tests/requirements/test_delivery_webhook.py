@@ -1,5 +1,6 @@
-"""DELIV-6, DELIV-8, DELIV-9, DELIV-17: one POST of a channel, Standard Webhooks signatures,
-and the webhook channel end to end against a local receiver over real loopback HTTP."""
+"""DELIV-6, DELIV-8, DELIV-9, DELIV-17, DELIV-18: one POST of a channel, Standard Webhooks
+signatures, the webhook channel end to end against a local receiver over real loopback HTTP,
+and the production HTTP client (``DeliveryHttp``) that these tests send with."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import hmac
 import json
 import socket
 from collections.abc import AsyncIterator
+from typing import Any
 from datetime import UTC, datetime, timedelta
 
 import httpx
@@ -28,6 +30,7 @@ from scheduler.delivery.signing import (
     verify,
 )
 from scheduler.delivery.webhook import WebhookSender, webhook_body
+from scheduler.testing.loopback import LoopbackServer, Request
 from scheduler.testing.webhook_receiver import HANG, LocalWebhookReceiver, Reply
 from scheduler.types import Delivered, OutboundDelivery, Retry, Undeliverable
 
@@ -46,6 +49,11 @@ def independent_signature(key: bytes, message_id: str, timestamp: str, body: byt
     """The spec's scheme computed here, with nothing of ``scheduler.delivery``."""
     mac = hmac.new(key, message_id.encode() + b"." + timestamp.encode() + b"." + body, hashlib.sha256)
     return "v1," + base64.b64encode(mac.digest()).decode()
+
+
+def production_client() -> http.DeliveryHttp:
+    """The client the service sends with (DEC-DELIVERY-HTTP), a few connections."""
+    return http.delivery_client(4)
 
 
 def delivery(key: str = "dlv_01HX", attempt_number: int = 1) -> OutboundDelivery:
@@ -172,7 +180,7 @@ def test_a_signed_webhook_is_one_post_of_the_notifications_json_that_the_receive
     clock = ManualClock(NOW)
 
     async def scenario() -> None:
-        async with LocalWebhookReceiver(format_secret(KEY), clock=clock) as receiver, httpx.AsyncClient() as client:
+        async with LocalWebhookReceiver(format_secret(KEY), clock=clock) as receiver, production_client() as client:
             sender = WebhookSender(receiver.url, client=client, clock=clock, timeout=5.0, retry_after_cap=60.0,
                                    secret=KEY)
             assert await sender.send(delivery()) == Delivered(status=204, answer="")
@@ -199,7 +207,7 @@ def test_every_attempt_carries_the_same_webhook_id_and_its_own_timestamp() -> No
     clock = ManualClock(NOW)
 
     async def scenario() -> None:
-        async with LocalWebhookReceiver(KEY, clock=clock) as receiver, httpx.AsyncClient() as client:
+        async with LocalWebhookReceiver(KEY, clock=clock) as receiver, production_client() as client:
             receiver.answer(Reply.of(503, "try later", retry_after="30"))
             sender = WebhookSender(receiver.url, client=client, clock=clock, timeout=5.0, retry_after_cap=60.0,
                                    secret=KEY)
@@ -222,7 +230,7 @@ def test_without_a_secret_the_webhook_is_unsigned_and_a_receiver_that_wants_one_
     clock = ManualClock(NOW)
 
     async def scenario() -> None:
-        async with LocalWebhookReceiver(KEY, clock=clock) as receiver, httpx.AsyncClient() as client:
+        async with LocalWebhookReceiver(KEY, clock=clock) as receiver, production_client() as client:
             sender = WebhookSender(receiver.url, client=client, clock=clock, timeout=5.0, retry_after_cap=60.0)
             result = await sender.send(delivery())
             assert isinstance(result, Undeliverable) and result.reason.startswith("HTTP 401")
@@ -237,7 +245,7 @@ def test_without_a_secret_the_webhook_is_unsigned_and_a_receiver_that_wants_one_
 def test_an_idempotency_key_that_cannot_be_a_webhook_id_is_undeliverable_without_a_request() -> None:
     """DELIV-9: a ``.`` in the key would make the signed content ambiguous: nothing is sent."""
     async def scenario() -> None:
-        async with LocalWebhookReceiver(KEY) as receiver, httpx.AsyncClient() as client:
+        async with LocalWebhookReceiver(KEY) as receiver, production_client() as client:
             sender = WebhookSender(receiver.url, client=client, clock=ManualClock(NOW), timeout=5.0,
                                    retry_after_cap=60.0, secret=KEY)
             result = await sender.send(delivery(key="dlv.1"))
@@ -250,7 +258,7 @@ def test_an_idempotency_key_that_cannot_be_a_webhook_id_is_undeliverable_without
 @pytest.mark.clause("DELIV-9")
 def test_the_sender_never_shows_its_secret() -> None:
     """DELIV-9: a sender in a log line names its URL and whether it signs, not the key."""
-    sender = WebhookSender("https://hooks.example/in", client=httpx.AsyncClient(), clock=ManualClock(NOW),
+    sender = WebhookSender("https://hooks.example/in", client=production_client(), clock=ManualClock(NOW),
                            timeout=5.0, retry_after_cap=60.0, secret=KEY)
     shown = repr(sender)
     assert "signed=True" in shown and format_secret(KEY)[6:14] not in shown and str(KEY) not in shown
@@ -263,7 +271,7 @@ def test_the_sender_never_shows_its_secret() -> None:
 def test_a_provider_that_never_answers_is_a_retry_after_the_per_send_timeout() -> None:
     """DELIV-6: the timeout bounds the whole exchange: a hanging receiver is a ``Retry``."""
     async def scenario() -> None:
-        async with LocalWebhookReceiver() as receiver, httpx.AsyncClient() as client:
+        async with LocalWebhookReceiver() as receiver, production_client() as client:
             receiver.answer(HANG)
             sender = WebhookSender(receiver.url, client=client, clock=ManualClock(NOW), timeout=0.2,
                                    retry_after_cap=60.0)
@@ -276,7 +284,7 @@ def test_a_provider_that_never_answers_is_a_retry_after_the_per_send_timeout() -
 def test_a_redirect_is_not_followed() -> None:
     """DELIV-6: a 307 to another URL is answered ``Undeliverable``; no second request is made."""
     async def scenario() -> None:
-        async with LocalWebhookReceiver() as receiver, httpx.AsyncClient() as client:
+        async with LocalWebhookReceiver() as receiver, production_client() as client:
             receiver.answer(Reply.of(307, headers={"Location": receiver.url + "/elsewhere"}))
             sender = WebhookSender(receiver.url, client=client, clock=ManualClock(NOW), timeout=5.0,
                                    retry_after_cap=60.0)
@@ -288,14 +296,16 @@ def test_a_redirect_is_not_followed() -> None:
 
 
 @pytest.mark.clause("DELIV-6")
-def test_nobody_listening_is_a_retry_naming_the_connection_error() -> None:
-    """DELIV-6: a refused connection is a ``Retry`` (the receiver may be restarting)."""
+@pytest.mark.parametrize("client_of", [production_client, httpx.AsyncClient], ids=["production", "httpx"])
+def test_nobody_listening_is_a_retry_naming_the_connection_error(client_of: Any) -> None:
+    """DELIV-6: a refused connection is a ``Retry`` (the receiver may be restarting), with the
+    production client and with an httpx client alike."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
 
     async def scenario() -> None:
-        async with httpx.AsyncClient() as client:
+        async with client_of() as client:
             result = await http.post(client, f"http://127.0.0.1:{port}/hooks", content=b"{}", headers={},
                                      timeout=5.0, clock=ManualClock(NOW), retry_after_cap=60.0)
             assert isinstance(result, Retry) and result.reason.startswith("connection error: ConnectError")
@@ -348,3 +358,115 @@ def test_the_webhook_body_is_compact_utf8_json_of_exactly_the_listed_fields() ->
                                    '"kind":"k","title":"t\u00e9","body":"b","created_at":"2026-05-04T09:30:00+00:00"}'
                                    ).encode()
     assert json.loads(webhook_body(plain))["title"] == "t\u00e9"
+
+
+# -- DELIV-18: the production client ---------------------------------------------------------
+
+
+def _post(client: http.HttpClient, url: str, n: int = 0) -> Any:
+    return http.post(client, url, content=b'{"n": %d}' % n, headers={"content-type": "application/json"},
+                     timeout=5.0, clock=ManualClock(NOW), retry_after_cap=60.0)
+
+
+@pytest.mark.clause("DELIV-18")
+@pytest.mark.clause("DEC-DELIVERY-HTTP")
+def test_the_production_client_keeps_its_connections_alive_one_per_send_slot() -> None:
+    """DELIV-18: 40 sends, 4 at a time, to a provider that keeps connections alive are all
+    delivered over at most 4 connections (one per slot), each asking for no compression."""
+    seen: list[Request] = []
+
+    async def provider(request: Request) -> Reply:
+        seen.append(request)
+        await asyncio.sleep(0.01)  # an answer that takes a moment: the four slots overlap
+        return Reply.of(204)
+
+    async def scenario() -> int:
+        async with LoopbackServer(provider, keep_alive=True) as server, http.delivery_client(4) as client:
+            slots = asyncio.Semaphore(4)
+
+            async def one(n: int) -> Any:
+                async with slots:
+                    return await _post(client, server.url + "/hooks", n)
+
+            results = await asyncio.gather(*(one(n) for n in range(40)))
+            assert results == [Delivered(status=204, answer="")] * 40
+            return server.accepted
+
+    accepted = asyncio.run(asyncio.wait_for(scenario(), 30))
+    assert 1 <= accepted <= 4
+    assert sorted(r.body for r in seen) == sorted(b'{"n": %d}' % n for n in range(40))
+    assert {r.headers["accept-encoding"] for r in seen} == {"identity"}
+
+
+@pytest.mark.clause("DELIV-18")
+def test_an_answer_past_the_bound_is_cut_and_its_connection_is_not_used_again() -> None:
+    """DELIV-18: an 8 MiB answer is read to its first 4 KiB and its connection closed (the
+    rest still on the wire would be read as the next answer); the next send opens another
+    connection and is delivered."""
+    answers = [Reply.of(200, "a" * (8 << 20)), Reply.of(204)]
+
+    async def provider(request: Request) -> Reply:
+        return answers.pop(0)
+
+    async def scenario() -> int:
+        async with LoopbackServer(provider, keep_alive=True) as server, http.delivery_client(4) as client:
+            assert await _post(client, server.url) == Delivered(status=200, answer="a" * 199 + "\u2026")
+            assert await _post(client, server.url) == Delivered(status=204, answer="")
+            return server.accepted
+
+    assert asyncio.run(asyncio.wait_for(scenario(), 30)) == 2
+
+
+@pytest.mark.clause("DELIV-18")
+def test_one_production_client_sends_from_one_event_loop_after_another() -> None:
+    """DELIV-18: the client keeps a session per event loop, so a client that sent from one
+    ``asyncio.run`` sends from the next (a service restarted, a test's steps)."""
+    client = http.delivery_client(2)
+
+    async def once() -> Any:
+        async with LocalWebhookReceiver() as receiver:
+            return await _post(client, receiver.url)
+
+    assert asyncio.run(asyncio.wait_for(once(), 30)) == Delivered(status=204, answer="")
+    assert asyncio.run(asyncio.wait_for(once(), 30)) == Delivered(status=204, answer="")
+
+
+@pytest.mark.clause("DELIV-18")
+@pytest.mark.parametrize("url", ["ftp://hooks.example/in", "http:///no-host", "hooks.example/in"])
+def test_a_url_the_production_client_cannot_use_is_undeliverable_without_a_request(url: str) -> None:
+    """DELIV-18: a URL that is not http or https, or has no host, is ``Undeliverable`` naming it."""
+    async def scenario() -> Any:
+        async with http.delivery_client(1) as client:
+            return await _post(client, url)
+
+    result = asyncio.run(asyncio.wait_for(scenario(), 30))
+    assert isinstance(result, Undeliverable) and result.reason.startswith("the URL cannot be used")
+
+
+@pytest.mark.clause("DELIV-18")
+def test_the_environments_proxy_carries_a_send_unless_no_proxy_names_the_host(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DELIV-18: with ``HTTP_PROXY`` set when the client is made, a send to another host goes
+    to the proxy (the absolute URL as its target); a host that ``NO_PROXY`` names is sent to
+    directly."""
+    targets: list[str] = []
+
+    async def proxy(request: Request) -> Reply:
+        targets.append(request.target)
+        return Reply.of(202)
+
+    async def scenario() -> tuple[Any, Any, list[int]]:
+        async with LoopbackServer(proxy) as server, LocalWebhookReceiver() as receiver:
+            monkeypatch.setenv("HTTP_PROXY", server.url)
+            monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+            for name in ("http_proxy", "no_proxy", "HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
+                monkeypatch.delenv(name, raising=False)
+            async with http.delivery_client(2) as client:
+                proxied = await _post(client, "http://hooks.example/in")
+                direct = await _post(client, receiver.url)
+            return proxied, direct, [r.status for r in receiver.received]
+
+    proxied, direct, received = asyncio.run(asyncio.wait_for(scenario(), 30))
+    assert proxied == Delivered(status=202, answer="") and targets == ["http://hooks.example/in"]
+    assert direct == Delivered(status=204, answer="") and received == [204]

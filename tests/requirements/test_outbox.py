@@ -22,7 +22,7 @@ from scheduler.config import Settings
 from scheduler.core.clock import ManualClock
 from scheduler.delivery.backoff import RetryPolicy
 from scheduler.nudging.orchestrator import RecordingPublisher
-from scheduler.operations.delivery_worker import DeliveryWorker
+from scheduler.operations.delivery_worker import Claimed, DeliveryWorker
 from scheduler.service import SchedulerService
 from scheduler.testing.webhook_receiver import LocalWebhookReceiver, Reply
 from scheduler.types import Delivered, OutboundDelivery, Retry, SendResult, Undeliverable
@@ -334,3 +334,61 @@ def test_the_admin_route_lists_deliveries_by_strict_filters_and_metrics_count_th
     assert 'scheduler_delivery_attempts_total{channel="sms",outcome="delivered"} 1.0' in scrape
     assert 'scheduler_delivery_attempts_total{channel="sms",outcome="retrying"} 1.0' in scrape
     assert "scheduler_delivery_latency_seconds_count 1.0" in scrape
+
+
+@pytest.mark.clause("OUTBOX-12")
+@pytest.mark.clause("DEC-DELIVERY-HTTP")
+def test_sends_that_finish_together_are_recorded_in_one_round_and_an_empty_claim_waits_for_a_wake(
+    outbox_service: SchedulerService, outbox_client: TestClient, engine: Engine, clock: ManualClock
+) -> None:
+    """OUTBOX-12: eight sends that finish at once are recorded by one statement; a claim that
+    filled its slots is followed by another, and one that found nothing is not repeated until
+    a wake (with an hour's ``idle_seconds``, nothing else makes the worker look)."""
+    claims: list[int] = []
+    rounds: list[list[str]] = []
+
+    class Counting(DeliveryWorker):
+        def claim(self, limit: int) -> list[Claimed]:
+            found = super().claim(limit)
+            claims.append(len(found))
+            return found
+
+    class Gated(ScriptedSender):
+        def __init__(self) -> None:
+            super().__init__()
+            self.gate: asyncio.Event | None = None
+
+        async def send(self, delivery: OutboundDelivery) -> SendResult:
+            self.sent.append(delivery)
+            assert self.gate is not None
+            await self.gate.wait()  # bounded: the scenario opens it (and its wait_for bounds it)
+            return Delivered(status=200)
+
+    provider = Gated()
+    for n in range(8):
+        post_event(outbox_client, user_id=f"p-{n}")
+    drain(outbox_service)
+    one = Counting(outbox_service.database, {"sms": provider}, clock, policy=POLICY, concurrency=8, timeout=5.0,
+                   rng=random.Random(7), lease_seconds=30.0, idle_seconds=3600.0, worker_id="worker-a")
+    one.observers.append(lambda recorded: rounds.append(sorted(r.claimed.delivery.delivery_id for r in recorded)))
+
+    async def scenario() -> None:
+        provider.gate = asyncio.Event()
+        stop = asyncio.Event()
+        task = asyncio.create_task(one.run(stop))
+        await _eventually(lambda: len(provider.sent) == 8)
+        assert claims == [8]  # every slot taken: no claim while none is free
+        provider.gate.set()
+        await _eventually(lambda: len(rounds) == 1 and claims == [8, 0])
+        assert rounds == [sorted(d.delivery_id for d in provider.sent)]
+        await asyncio.to_thread(post_event, outbox_client, user_id="p-8")
+        await asyncio.to_thread(drain, outbox_service)
+        assert claims == [8, 0]  # a row is due, but nothing told the worker
+        one.wake()
+        await _eventually(lambda: len(rounds) == 2)
+        assert claims[:3] == [8, 0, 1] and len(provider.sent) == 9
+        stop.set()
+        await asyncio.wait_for(task, 10)
+
+    asyncio.run(asyncio.wait_for(scenario(), timeout=30))
+    assert [r["status"] for r in outbox(engine)] == ["delivered"] * 9

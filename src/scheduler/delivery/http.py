@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import urllib.request
 from collections.abc import Mapping
+from typing import Self
 
 import aiohttp
 import httpx
@@ -100,6 +101,12 @@ class DeliveryHttp:
             else:
                 answer.close()  # the rest is never read: the connection cannot be used again
         return HttpAnswer(status=answer.status, headers=answer.headers, body=body)
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
 
     async def aclose(self) -> None:
         """Close every session of this loop (another loop's closed with that loop)."""

@@ -71,6 +71,7 @@ class LoopbackServer:
         self._stopping = asyncio.Event()
         self._connections: set[asyncio.Task[None]] = set()
         self.port = 0
+        self.accepted = 0  # the connections accepted so far
 
     @property
     def url(self) -> str:
@@ -100,6 +101,7 @@ class LoopbackServer:
         task = asyncio.current_task()
         assert task is not None
         self._connections.add(task)
+        self.accepted += 1
         try:
             await self._serve(reader, writer)
         except (asyncio.CancelledError, ConnectionError, TimeoutError, asyncio.IncompleteReadError):
