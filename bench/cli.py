@@ -52,6 +52,8 @@ class Sizes:
     scale_page_samples: int = 30
     scale_budget: float = 60.0
     delivery_events: int = 10_000
+    delivery_concurrency: int = 256  # sends at once per replica (and per peer worker)
+    delivery_batch: int = 100  # the outbox replicas' SCHEDULER_BATCH_SIZE
 
 
 FULL = Sizes(claim_sizes=(10_000, 100_000, 1_000_000), claim_samples=300, claim_budget=10.0,
@@ -231,7 +233,8 @@ def _scale(server: Any, s: Sizes, results: dict[str, Any]) -> dict[str, Any]:
 def _delivery(server: Any, s: Sizes, results: dict[str, Any]) -> dict[str, Any]:
     from bench import delivery
 
-    return delivery.run(server, events=s.delivery_events)
+    return delivery.run(server, events=s.delivery_events, concurrency=s.delivery_concurrency,
+                        batch_size=s.delivery_batch)
 
 
 RUNNERS: dict[str, Callable[[Any, Sizes, dict[str, Any]], dict[str, Any]]] = {
@@ -242,7 +245,8 @@ RUNNERS: dict[str, Callable[[Any, Sizes, dict[str, Any]], dict[str, Any]]] = {
 
 
 def run_benchmarks(names: Sequence[str], *, quick: bool, out: Path, database_url: str | None,
-                   burst_events: int | None = None, rows: Sequence[int] | None = None) -> int:
+                   burst_events: int | None = None, rows: Sequence[int] | None = None,
+                   concurrency: int | None = None, batch_size: int | None = None) -> int:
     """Run ``names`` in order; one failing benchmark is reported and the others still run."""
     from bench import report
     from bench.env import Server, machine_facts, progress
@@ -254,6 +258,14 @@ def run_benchmarks(names: Sequence[str], *, quick: bool, out: Path, database_url
         if burst_events < 1:
             raise SystemExit("--events must be at least 1")
         sizes = dataclasses.replace(sizes, burst_events=burst_events, delivery_events=burst_events)
+    if concurrency is not None:
+        if not 1 <= concurrency <= 256:
+            raise SystemExit("--concurrency must be 1 to 256 (SCHEDULER_DELIVERY_CONCURRENCY's range)")
+        sizes = dataclasses.replace(sizes, delivery_concurrency=concurrency)
+    if batch_size is not None:
+        if batch_size < 1:
+            raise SystemExit("--batch-size must be at least 1")
+        sizes = dataclasses.replace(sizes, delivery_batch=batch_size)
     if rows:
         if min(rows) <= 1_000:
             raise SystemExit("--rows: every size must be above the 1,000 pending rows")
@@ -313,6 +325,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
             one.add_argument("--events", type=int, default=None, metavar="N",
                              help=f"reminders due at once (default {FULL.delivery_events:,}; "
                                   f"--quick: {QUICK.delivery_events:,})")
+            one.add_argument("--concurrency", type=int, default=None, metavar="C",
+                             help=f"sends at once per replica, and per peer worker (default "
+                                  f"{FULL.delivery_concurrency})")
+            one.add_argument("--batch-size", type=int, default=None, metavar="B",
+                             help=f"the outbox replicas' SCHEDULER_BATCH_SIZE (default {FULL.delivery_batch}; "
+                                  "the service's own default is 20)")
         if name == "scale":
             one.add_argument("--rows", type=int, nargs="+", default=None, metavar="N",
                              help="table sizes to measure side by side (default "
@@ -323,7 +341,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def _run(args: argparse.Namespace, settings: Any = None) -> int:
     return run_benchmarks(args.bench_names, quick=args.quick, out=args.out, database_url=args.database_url,
-                          burst_events=getattr(args, "events", None), rows=getattr(args, "rows", None))
+                          burst_events=getattr(args, "events", None), rows=getattr(args, "rows", None),
+                          concurrency=getattr(args, "concurrency", None), batch_size=getattr(args, "batch_size", None))
 
 
 EPILOG = ("Figures are ratios measured side by side in one run; absolute times on a shared machine "

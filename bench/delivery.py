@@ -1,15 +1,17 @@
 """Benchmark: trigger to delivered. N reminders fall due at one instant, each delivered by
 webhook to a local receiver that answers after 100 ms; how long until each arrives?
 
-The receiver is a process of its own (``scheduler.testing.loopback``'s server; it sleeps
-``--latency-ms`` before its 204 and records when it answered each ``webhook-id`` first). The
+The receiver is a process of its own (``scheduler.testing.loopback``'s server, keeping
+connections alive as a provider does; it sleeps 100 ms before its 204 and records when it
+answered each ``webhook-id`` first). The
 reminders are stored through the real store path (``bench.burst.store_burst``), all due at
 one wall-clock instant ``T`` a few seconds ahead; a reminder's latency is the receiver's
 first 2xx for it minus ``T``. Side by side, in one run:
 
 - **outbox**: two real ``scheduler serve`` replicas (prompt mode) with the webhook channel
   (``SCHEDULER_WEBHOOK_URL``, signed), each running the delivery worker at
-  ``--concurrency`` sends at once (``SCHEDULER_DELIVERY_CONCURRENCY``);
+  ``--concurrency`` sends at once (``SCHEDULER_DELIVERY_CONCURRENCY``, default 256) and its
+  loop at ``--batch-size`` (``SCHEDULER_BATCH_SIZE``, default 100; the service's is 20);
 - **publisher**: the in-process path the outbox replaces: two replica processes whose loop
   publishes each notification after its batch commits, one blocking POST at a time on the
   loop's thread (a ``Publisher`` that calls the receiver). At 100 ms a push that is about
@@ -18,8 +20,9 @@ first 2xx for it minus ``T``. Side by side, in one run:
 - **procrastinate** and **pgqueuer**: the same N as jobs scheduled at ``T``, two worker
   processes each at the same concurrency (procrastinate's ``concurrency``, pgqueuer's
   ``max_concurrent_tasks`` and batch), each job making the same HTTP call (the production
-  ``WebhookSender``, signed, to the same receiver). They poll every second (a NOTIFY at
-  enqueue time cannot wake them at ``T``), as in ``bench burst``.
+  ``WebhookSender`` on the production client, ``DeliveryHttp``, signed, to the same
+  receiver). They poll every second (a NOTIFY at enqueue time cannot wake them at ``T``), as
+  in ``bench burst``.
 """
 
 from __future__ import annotations
@@ -54,7 +57,8 @@ from scheduler.types import OutboundDelivery
 ROOT = Path(__file__).resolve().parent.parent
 SECRET = bytes(range(32))
 LATENCY_MS = 100
-CONCURRENCY = 128
+CONCURRENCY = 256
+BATCH_SIZE = 100  # the outbox replicas' SCHEDULER_BATCH_SIZE (the service's default is 20)
 PUBLISHER_EVENTS = 400
 PEER_POLL_SECONDS = 1.0
 TARGET_P99_SECONDS = 5.0
@@ -145,7 +149,7 @@ def _summary(label: str, first: dict[str, float], trigger: float, events: int) -
 # -- ours: the outbox, on real `scheduler serve` replicas ------------------------------------
 
 
-def _serve(url: str, index: int, receiver: Receiver, concurrency: int,
+def _serve(url: str, index: int, receiver: Receiver, concurrency: int, batch_size: int,
            workdir: Path) -> tuple[subprocess.Popen[bytes], int]:
     import socket
 
@@ -158,6 +162,7 @@ def _serve(url: str, index: int, receiver: Receiver, concurrency: int,
         "SCHEDULER_DATA_DIR": str(workdir / f"replica-{index}"), "SCHEDULER_MODE": "prompt",
         "SCHEDULER_WEBHOOK_URL": receiver.url, "SCHEDULER_WEBHOOK_SECRET": format_secret(SECRET),
         "SCHEDULER_DELIVERY_CONCURRENCY": str(concurrency), "SCHEDULER_DELIVERY_TIMEOUT_SECONDS": "10",
+        "SCHEDULER_BATCH_SIZE": str(batch_size),
         "SCHEDULER_DELIVERY_BACKOFF_SECONDS": "1", "SCHEDULER_DELIVERY_BACKOFF_CAP_SECONDS": "5",
         "PYTHONPATH": str(ROOT / "src") + os.pathsep + env.get("PYTHONPATH", ""),
     })
@@ -182,10 +187,10 @@ def _healthy(port: int, process: subprocess.Popen[bytes], timeout: float = 120) 
 
 
 def outbox(server: Server, receiver: Receiver, *, events: int, replicas: int, concurrency: int,
-           store_rate: float, workdir: Path) -> dict[str, Any]:
+           store_rate: float, workdir: Path, batch_size: int = BATCH_SIZE) -> dict[str, Any]:
     """N reminders through ``replicas`` serve processes with the webhook outbox."""
     with server.fresh_database("delivery_outbox") as url:
-        processes = [_serve(url, i, receiver, concurrency, workdir) for i in range(replicas)]
+        processes = [_serve(url, i, receiver, concurrency, batch_size, workdir) for i in range(replicas)]
         try:
             for process, port in processes:
                 _healthy(port, process)
@@ -204,7 +209,7 @@ def outbox(server: Server, receiver: Receiver, *, events: int, replicas: int, co
                 except subprocess.TimeoutExpired:
                     process.kill()
     result = _summary(f"outbox, {replicas} replicas", first, trigger.timestamp(), events)
-    result.update(replicas=replicas, concurrency=concurrency, stored_seconds=stored,
+    result.update(replicas=replicas, concurrency=concurrency, batch_size=batch_size, stored_seconds=stored,
                   target_p99_s=TARGET_P99_SECONDS, meets_target=result["p99_s"] <= TARGET_P99_SECONDS)
     return result
 
@@ -415,7 +420,7 @@ def peer(server: Server, receiver: Receiver, name: str, *, events: int, replicas
 
 
 def run(server: Server, *, events: int, replicas: int = 2, concurrency: int = CONCURRENCY,
-        publisher_events: int = PUBLISHER_EVENTS, latency_ms: int = LATENCY_MS,
+        batch_size: int = BATCH_SIZE, publisher_events: int = PUBLISHER_EVENTS, latency_ms: int = LATENCY_MS,
         workdir: Path | None = None) -> dict[str, Any]:
     """Every system of the module's list against one receiver; the outbox first."""
     workdir = workdir or Path(os.environ.get("TMPDIR", "/tmp")) / f"bench-delivery-{os.getpid()}"
@@ -425,7 +430,7 @@ def run(server: Server, *, events: int, replicas: int = 2, concurrency: int = CO
     receiver = Receiver(latency_ms / 1000)
     try:
         systems = [outbox(server, receiver, events=events, replicas=replicas, concurrency=concurrency,
-                          store_rate=store_rate, workdir=workdir)]
+                          store_rate=store_rate, workdir=workdir, batch_size=batch_size)]
         systems.append(publisher(server, receiver, events=min(publisher_events, events), replicas=replicas,
                                  target_events=events, store_rate=store_rate))
         for name in ("procrastinate", "pgqueuer"):
@@ -436,7 +441,8 @@ def run(server: Server, *, events: int, replicas: int = 2, concurrency: int = CO
                 systems.append({"system": name, "skipped": f"failed: {type(exc).__name__}: {str(exc).strip()[:200]}"})
     finally:
         receiver.close()
-    return {"events": events, "replicas": replicas, "concurrency": concurrency, "latency_ms": latency_ms,
+    return {"events": events, "replicas": replicas, "concurrency": concurrency, "batch_size": batch_size,
+            "latency_ms": latency_ms,
             "target_p99_s": TARGET_P99_SECONDS, "systems": systems}
 
 
@@ -444,7 +450,8 @@ def table(section: dict[str, Any]) -> list[str]:
     """The Markdown table of one run (``bench.report``)."""
     lines = [f"Trigger to delivered, {section['events']:,} reminders due at once, webhook to a receiver answering "
              f"after {section['latency_ms']} ms, {section['replicas']} replicas or workers at "
-             f"{section['concurrency']} sends each (target p99 <= {section['target_p99_s']:g} s):", "",
+             f"{section['concurrency']} sends each, the outbox's replicas at batch "
+             f"{section.get('batch_size', 20)} (target p99 <= {section['target_p99_s']:g} s):", "",
              "| system | reminders | p50 | p99 | last | note |", "|---|---:|---:|---:|---:|---|"]
     for s in section["systems"]:
         if "skipped" in s:

@@ -342,34 +342,15 @@ def test_sends_that_finish_together_are_recorded_in_one_round_and_an_empty_claim
     outbox_service: SchedulerService, outbox_client: TestClient, engine: Engine, clock: ManualClock
 ) -> None:
     """OUTBOX-12: eight sends that finish at once are recorded by one statement; a claim that
-    filled its slots is followed by another, and one that found nothing is not repeated until
-    a wake (with an hour's ``idle_seconds``, nothing else makes the worker look)."""
+    found fewer rows than it asked for is not repeated until a wake (with an hour's
+    ``idle_seconds``, nothing else makes the worker look)."""
     claims: list[int] = []
     rounds: list[list[str]] = []
-
-    class Counting(DeliveryWorker):
-        def claim(self, limit: int) -> list[Claimed]:
-            found = super().claim(limit)
-            claims.append(len(found))
-            return found
-
-    class Gated(ScriptedSender):
-        def __init__(self) -> None:
-            super().__init__()
-            self.gate: asyncio.Event | None = None
-
-        async def send(self, delivery: OutboundDelivery) -> SendResult:
-            self.sent.append(delivery)
-            assert self.gate is not None
-            await self.gate.wait()  # bounded: the scenario opens it (and its wait_for bounds it)
-            return Delivered(status=200)
-
     provider = Gated()
     for n in range(8):
         post_event(outbox_client, user_id=f"p-{n}")
     drain(outbox_service)
-    one = Counting(outbox_service.database, {"sms": provider}, clock, policy=POLICY, concurrency=8, timeout=5.0,
-                   rng=random.Random(7), lease_seconds=30.0, idle_seconds=3600.0, worker_id="worker-a")
+    one = counting_worker(outbox_service, provider, clock, claims, concurrency=8)
     one.observers.append(lambda recorded: rounds.append(sorted(r.claimed.delivery.delivery_id for r in recorded)))
 
     async def scenario() -> None:
@@ -377,18 +358,79 @@ def test_sends_that_finish_together_are_recorded_in_one_round_and_an_empty_claim
         stop = asyncio.Event()
         task = asyncio.create_task(one.run(stop))
         await _eventually(lambda: len(provider.sent) == 8)
-        assert claims == [8]  # every slot taken: no claim while none is free
+        assert claims == [8]  # asked for 16 (in flight and ahead), found 8: no claim again
         provider.gate.set()
-        await _eventually(lambda: len(rounds) == 1 and claims == [8, 0])
+        await _eventually(lambda: len(rounds) == 1)
         assert rounds == [sorted(d.delivery_id for d in provider.sent)]
         await asyncio.to_thread(post_event, outbox_client, user_id="p-8")
         await asyncio.to_thread(drain, outbox_service)
-        assert claims == [8, 0]  # a row is due, but nothing told the worker
+        assert claims == [8]  # a row is due, but nothing told the worker
         one.wake()
         await _eventually(lambda: len(rounds) == 2)
-        assert claims[:3] == [8, 0, 1] and len(provider.sent) == 9
+        assert claims == [8, 1] and len(provider.sent) == 9
         stop.set()
         await asyncio.wait_for(task, 10)
 
     asyncio.run(asyncio.wait_for(scenario(), timeout=30))
     assert [r["status"] for r in outbox(engine)] == ["delivered"] * 9
+
+
+@pytest.mark.clause("OUTBOX-12")
+def test_a_worker_claims_ahead_of_its_slots_and_gives_back_what_it_never_sent_when_it_stops(
+    outbox_service: SchedulerService, outbox_client: TestClient, engine: Engine, clock: ManualClock
+) -> None:
+    """OUTBOX-12: two slots hold four rows (two sent, two claimed ahead); a stop cancels the two
+    sends (leased: sent again after the lease) and gives back the two never sent, their attempt
+    taken back, so another worker's claim at once takes them and the two never claimed."""
+    claims: list[int] = []
+    provider = Gated()  # its gate never opens: the sends are in flight when the stop comes
+    for n in range(6):
+        post_event(outbox_client, user_id=f"p-{n}")
+    drain(outbox_service)
+    one = counting_worker(outbox_service, provider, clock, claims, concurrency=2)
+
+    async def scenario() -> None:
+        provider.gate = asyncio.Event()
+        stop = asyncio.Event()
+        task = asyncio.create_task(one.run(stop))
+        await _eventually(lambda: len(provider.sent) == 2)
+        assert claims == [4]
+        stop.set()
+        await asyncio.wait_for(task, 10)
+
+    asyncio.run(asyncio.wait_for(scenario(), timeout=30))
+    found = [(r["attempts"], r["leased_by"]) for r in outbox(engine)]
+    assert found == [(1, "worker-a")] * 2 + [(0, None)] * 4
+    sent = {d.delivery_id for d in provider.sent}
+    taken = {c.delivery.delivery_id for c in worker(outbox_service, provider, clock, "worker-b").claim(6)}
+    assert len(taken) == 4 and not taken & sent
+    assert [r["attempts"] for r in outbox(engine) if str(r["id"]) in taken] == [1] * 4
+
+
+class Gated(ScriptedSender):
+    """A fake provider (the edge) whose every answer waits for its gate."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate: asyncio.Event | None = None
+
+    async def send(self, delivery: OutboundDelivery) -> SendResult:
+        self.sent.append(delivery)
+        assert self.gate is not None
+        await self.gate.wait()  # bounded: the scenario's wait_for, or the stop's cancel
+        return Delivered(status=200)
+
+
+def counting_worker(service: SchedulerService, sender: Any, clock: ManualClock, claims: list[int], *,
+                    concurrency: int) -> DeliveryWorker:
+    """A production worker that notes how many rows each of its claims found."""
+
+    class Counting(DeliveryWorker):
+        def claim(self, limit: int) -> list[Claimed]:
+            found = super().claim(limit)
+            claims.append(len(found))
+            return found
+
+    return Counting(service.database, {"sms": sender}, clock, policy=POLICY, concurrency=concurrency,
+                    timeout=5.0, rng=random.Random(7), lease_seconds=30.0, idle_seconds=3600.0,
+                    worker_id="worker-a")

@@ -37,6 +37,15 @@ class DeliveryRepository(Repository):
                                 {"records": json.dumps(list(records)), "worker": worker})
         return {str(row[0]) for row in found}
 
+    def release(self, session: Session, rows: Sequence[dict[str, Any]], *, worker: str) -> set[str]:
+        """Give back rows ``worker`` claimed and never sent (``{"id", "attempts"}`` each): the
+        lease ends, the attempt is taken back; the ids released."""
+        if not rows:
+            return set()
+        found = session.execute(self.statements["release_delivery_leases"],
+                                {"rows": json.dumps(list(rows)), "worker": worker})
+        return {str(row[0]) for row in found}
+
     def list(self, session: Session, *, status: str | None, channel: str | None, user_id: str | None,
              notification_id: str | None, limit: int) -> list[dict[str, Any]]:
         """The delivery log and the outbox, newest first, each filter optional."""

@@ -5,10 +5,12 @@ The decision writes a row of ``deliveries`` with status ``queued`` for every cha
 rolled-back decision leaves none. Every replica runs one worker, an asyncio task beside the
 loop, off the loop's thread:
 
-- **claim** (``claim_due_deliveries``, a short transaction in a worker thread): up to the free
-  send slots of due rows, ``FOR UPDATE SKIP LOCKED``, each leased to this worker until
-  ``now + lease`` and its attempt counted. A worker that dies holding rows leaves them to
-  whichever worker claims after the lease: the send is repeated, with the same idempotency key.
+- **claim** (``claim_due_deliveries``, a short transaction in a worker thread): due rows,
+  ``FOR UPDATE SKIP LOCKED``, each leased to this worker until ``now + lease`` and its attempt
+  counted, up to twice ``concurrency`` held (in flight, and claimed ahead so that a slot that
+  frees starts its next send at once). A worker that dies holding rows leaves them to
+  whichever worker claims after the lease: the send is repeated, with the same idempotency
+  key; a worker that stops gives back the rows it claimed ahead (``release_delivery_leases``).
 - **send** (``delivery.attempt``): at most ``concurrency`` sends in flight, each bounded by the
   per-send timeout, never raising.
 - **record** (``delivery.record.record_attempt``, then ``record_delivery_attempts``):
@@ -29,6 +31,7 @@ test steps); ``run`` repeats it, and between claims waits for a free slot, a wak
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import random
 import uuid
@@ -109,6 +112,8 @@ class DeliveryWorker:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._inflight: set[asyncio.Task[None]] = set()
         self._done: list[tuple[Claimed, SendResult]] = []  # sent, not yet recorded
+        self._ready: collections.deque[Claimed] = collections.deque()  # claimed, not yet sent
+        self.ahead = 2 * concurrency  # rows held at most: in flight and claimed ahead
         self._finished: asyncio.Event | None = None  # set when a send joins _done
 
     # -- the steps ------------------------------------------------------------------------
@@ -170,16 +175,18 @@ class DeliveryWorker:
             loop.call_soon_threadsafe(event.set)
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Claim, send and record until ``stop`` is set; then record the sends that finished and
-        cancel those in flight (their leases run out and another claim sends them again, with
-        the same keys).
+        """Claim, send and record until ``stop`` is set; then cancel the sends in flight (their
+        leases run out and another claim sends them again, with the same keys), record those
+        that finished and give back the rows claimed ahead.
 
         One round at a time, in the worker's thread: the records of every send that finished
-        since the last round in one statement, then one claim for the free slots. The round
-        batches by itself: the sends that finish while one round runs are the next one's, so
-        a busy worker writes few, large statements, and an idle one answers at once. A claim
-        runs only when it may find rows: after a wake, after a claim that filled every slot
-        it asked for, or after ``idle_seconds`` (another replica's rows, a retry come due)."""
+        since the last round in one statement, then one claim for what the worker may hold
+        (``ahead``: its sends in flight and as many claimed ahead). A send that finishes starts
+        the next claimed row's at once, so no slot waits for a round. The round batches by
+        itself: the sends that finish while one round runs are the next one's, so a busy worker
+        writes few, large statements, and an idle one answers at once. A claim runs only when it
+        may find rows: after a wake, after a claim that got all it asked for, or after
+        ``idle_seconds`` (another replica's rows, a retry come due)."""
         self._loop = asyncio.get_running_loop()
         self._wake = wake = asyncio.Event()
         self._finished = asyncio.Event()
@@ -189,18 +196,18 @@ class DeliveryWorker:
                 if wake.is_set():
                     wake.clear()
                     look = True
-                free = self.concurrency - len(self._inflight)
+                # held: in flight, and claimed ahead for the slots that free up before the next
+                # round (a slot never waits for a round trip to the database)
+                held = len(self._inflight) + len(self._ready)
                 finished, self._done = self._done, []
                 self._finished.clear()
-                want = free if look and free > 0 else 0
+                want = self.ahead - held if look and held < self.ahead else 0
                 if finished or want:
                     claimed = await self._thread(self._round, finished, want)
                     # a claim that filled what it asked for may have left more due rows
                     look = want > 0 and len(claimed) == want
-                    for one in claimed:
-                        task = asyncio.create_task(self._one(one), name=f"delivery-{one.delivery.delivery_id}")
-                        self._inflight.add(task)
-                        task.add_done_callback(self._inflight.discard)
+                    self._ready.extend(claimed)
+                    self._start_ready()
                     continue
                 # nothing to record and no claim worth making: wait for a finished send, a
                 # wake or the stop; after idle_seconds look again
@@ -212,18 +219,35 @@ class DeliveryWorker:
                 if len(pending) == len(waits):
                     look = True
         finally:
+            unsent, self._ready = list(self._ready), collections.deque()
             for task in list(self._inflight):
                 task.cancel()
             if self._inflight:
                 await asyncio.gather(*self._inflight, return_exceptions=True)
             finished, self._done = self._done, []
-            if finished:
-                # what was sent before the stop is recorded now, not sent again after a lease;
-                # bounded, so a database that is gone does not hold the stop
+            if finished or unsent:
+                # what was sent before the stop is recorded now, and what was claimed ahead is
+                # given back, not left to a lease; bounded, so a database that is gone does not
+                # hold the stop
                 with anyio.move_on_after(STOP_RECORD_SECONDS):
-                    await anyio.to_thread.run_sync(self._round, finished, 0, abandon_on_cancel=True,
+                    await anyio.to_thread.run_sync(self._last_round, finished, unsent, abandon_on_cancel=True,
                                                    limiter=self._limiter)
             self._wake = None
+
+    def release(self, claimed: list[Claimed]) -> set[str]:
+        """Give back rows claimed and never sent (synchronous: one short transaction)."""
+        rows = [{"id": c.delivery.delivery_id, "attempts": c.delivery.attempt} for c in claimed]
+        with self.database.begin() as session:
+            return self.database.deliveries.release(session, rows, worker=self.worker_id)
+
+    def _last_round(self, finished: list[tuple[Claimed, SendResult]], unsent: list[Claimed]) -> None:
+        self._round(finished, 0)
+        if unsent:
+            try:
+                self.release(unsent)
+            except Exception:
+                logger.exception("delivery worker %s: giving back %d claimed deliveries failed; their leases "
+                                 "run out", self.worker_id, len(unsent))
 
     def _round(self, finished: list[tuple[Claimed, SendResult]], want: int) -> list[Claimed]:
         """Record ``finished`` (a failure is logged: their leases run out and they are sent
@@ -243,9 +267,21 @@ class DeliveryWorker:
             logger.exception("delivery worker %s: claim failed; trying again", self.worker_id)
             return []
 
+    def _start_ready(self) -> None:
+        """Start claimed rows' sends while a slot is free."""
+        while self._ready and len(self._inflight) < self.concurrency:
+            one = self._ready.popleft()
+            task = asyncio.create_task(self._one(one), name=f"delivery-{one.delivery.delivery_id}")
+            self._inflight.add(task)
+            task.add_done_callback(self._inflight.discard)
+
     async def _one(self, claimed: Claimed) -> None:
         result = await self.attempt_one(claimed)
         self._done.append((claimed, result))
+        task = asyncio.current_task()
+        if task is not None:
+            self._inflight.discard(task)  # its slot is free: the next claimed row's send starts now
+        self._start_ready()
         if self._finished is not None:
             self._finished.set()
 

@@ -488,6 +488,17 @@ WHERE d.id = CAST(r->>'id' AS bigint) AND d.leased_by = :worker
   AND d.attempts = CAST(r->>'attempts' AS integer)
 RETURNING d.id;
 
+-- name: release_delivery_leases
+-- Give back outbox rows :worker claimed and never sent (a stopping worker's rows claimed ahead), each only while its lease and attempt are still the worker's: the lease ends and the attempt counted at the claim is taken back. Returns the ids released.
+-- the next claim, this replica's or another's, sends them at once as the same attempt, where
+-- a lease left to run out would hold them back for the lease
+UPDATE scheduler.deliveries AS d
+SET lease_until = NULL, leased_by = NULL, attempts = d.attempts - 1
+FROM jsonb_array_elements(CAST(:rows AS jsonb)) AS r
+WHERE d.id = CAST(r->>'id' AS bigint) AND d.leased_by = :worker
+  AND d.attempts = CAST(r->>'attempts' AS integer)
+RETURNING d.id;
+
 -- name: remove_gone_push_subscriptions
 -- Remove the subscriptions a push service answered 404 or 410 for (PUSH-8), each only as it was when its push was sent: a browser that subscribed again since keeps its new keys. Returns the ids removed.
 DELETE FROM scheduler.push_subscriptions AS s
