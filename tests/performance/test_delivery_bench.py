@@ -50,14 +50,17 @@ def test_the_delivery_benchmark_runs_end_to_end_on_a_few_reminders(bench_server:
 
 @pytest.mark.clause("PERF-11")
 def test_the_delivery_command_takes_its_events_and_stays_out_of_all(capsys: pytest.CaptureFixture[str]) -> None:
-    """PERF-11: ``python -m bench delivery --events N`` chooses N (default 10,000); ``--help``
-    says so; ``all`` does not run it."""
+    """PERF-11: ``python -m bench delivery --events N`` chooses N (default 10,000),
+    ``--concurrency C`` the sends at once (default 256) and ``--batch-size B`` the outbox
+    replicas' batch (default 100); ``--help`` says so; ``all`` does not run it."""
     parser = argparse.ArgumentParser()
     cli.configure(parser)
-    args = parser.parse_args(["delivery", "--events", "2500"])
+    args = parser.parse_args(["delivery", "--events", "2500", "--concurrency", "64", "--batch-size", "50"])
     assert args.bench_names == ("delivery",) and args.events == 2500
+    assert (args.concurrency, args.batch_size) == (64, 50)
     assert "delivery" not in parser.parse_args(["all"]).bench_names
-    assert cli.FULL.delivery_events == 10_000
+    assert (cli.FULL.delivery_events, cli.FULL.delivery_concurrency, cli.FULL.delivery_batch) == (10_000, 256, 100)
     with pytest.raises(SystemExit):
         parser.parse_args(["delivery", "--help"])
-    assert "--events N" in capsys.readouterr().out
+    shown = capsys.readouterr().out
+    assert "--events N" in shown and "--concurrency C" in shown and "--batch-size B" in shown
