@@ -11,8 +11,8 @@ import hmac
 import json
 import socket
 from collections.abc import AsyncIterator
-from typing import Any
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import httpx
 import pytest
