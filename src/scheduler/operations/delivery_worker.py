@@ -204,8 +204,10 @@ class DeliveryWorker:
                 want = self.ahead - held if look and held < self.ahead else 0
                 if finished or want:
                     claimed = await self._thread(self._round, finished, want)
-                    # a claim that filled what it asked for may have left more due rows
-                    look = want > 0 and len(claimed) == want
+                    if want:
+                        # a claim that got all it asked for may have left more due rows (a round
+                        # that only recorded knows nothing new: what it thought stands)
+                        look = len(claimed) == want
                     self._ready.extend(claimed)
                     self._start_ready()
                     continue
