@@ -38,10 +38,11 @@ class DeliveryHttp:
 
     One session per event loop (a service's loop; each ``asyncio.run`` of a test), made on the
     loop's first request, with at most ``connections`` connections, kept alive. The
-    environment's proxies (``HTTP_PROXY``, ``HTTPS_PROXY``, ``NO_PROXY``) apply, read once as
-    httpx reads them (aiohttp's ``trust_env`` would read them, and ``~/.netrc``, on every
-    request). Nothing is decompressed, no redirect is followed, and aiohttp's errors are raised
-    as httpx's, so the classification (``outcome.classify_error``) is one for both clients."""
+    environment's proxies apply: ``HTTP_PROXY`` and ``HTTPS_PROXY`` read once, when the client
+    is made, and ``NO_PROXY`` asked of each send's host only when there is a proxy (aiohttp's
+    ``trust_env`` would read them all, and ``~/.netrc``, on every request). Nothing is
+    decompressed, no redirect is followed, and aiohttp's errors are raised as httpx's, so the
+    classification (``outcome.classify_error``) is one for both clients."""
 
     def __init__(self, connections: int) -> None:
         if connections < 1:
