@@ -49,7 +49,7 @@ from bench.drain import CTX
 from bench.env import Server, bench_engine, libpq_uri, progress
 from bench.peers import _pgqueuer_driver, missing
 from scheduler.core.clock import SystemClock
-from scheduler.delivery.http import DeliveryHttp, delivery_client
+from scheduler.delivery.http import DeliveryHttp
 from scheduler.delivery.signing import format_secret
 from scheduler.delivery.webhook import WebhookSender
 from scheduler.types import OutboundDelivery
@@ -277,7 +277,7 @@ def publisher(server: Server, receiver: Receiver, *, events: int, replicas: int,
 
 
 def _sender(receiver_url: str, concurrency: int) -> tuple[WebhookSender, DeliveryHttp]:
-    client = delivery_client(concurrency)  # the service's own: a kept-alive connection per send slot
+    client = DeliveryHttp(concurrency)  # the service's own: a kept-alive connection per send slot
     return WebhookSender(receiver_url, client=client, clock=SystemClock(), timeout=10.0, retry_after_cap=5.0,
                          secret=SECRET), client
 

@@ -53,7 +53,7 @@ def independent_signature(key: bytes, message_id: str, timestamp: str, body: byt
 
 def production_client() -> http.DeliveryHttp:
     """The client the service sends with (DEC-DELIVERY-HTTP), a few connections."""
-    return http.delivery_client(4)
+    return http.DeliveryHttp(4)
 
 
 def delivery(key: str = "dlv_01HX", attempt_number: int = 1) -> OutboundDelivery:
@@ -381,7 +381,7 @@ def test_the_production_client_keeps_its_connections_alive_one_per_send_slot() -
         return Reply.of(204)
 
     async def scenario() -> int:
-        async with LoopbackServer(provider, keep_alive=True) as server, http.delivery_client(4) as client:
+        async with LoopbackServer(provider, keep_alive=True) as server, http.DeliveryHttp(4) as client:
             slots = asyncio.Semaphore(4)
 
             async def one(n: int) -> Any:
@@ -409,7 +409,7 @@ def test_an_answer_past_the_bound_is_cut_and_its_connection_is_not_used_again() 
         return answers.pop(0)
 
     async def scenario() -> int:
-        async with LoopbackServer(provider, keep_alive=True) as server, http.delivery_client(4) as client:
+        async with LoopbackServer(provider, keep_alive=True) as server, http.DeliveryHttp(4) as client:
             assert await _post(client, server.url) == Delivered(status=200, answer="a" * 199 + "\u2026")
             assert await _post(client, server.url) == Delivered(status=204, answer="")
             return server.accepted
@@ -421,7 +421,7 @@ def test_an_answer_past_the_bound_is_cut_and_its_connection_is_not_used_again() 
 def test_one_production_client_sends_from_one_event_loop_after_another() -> None:
     """DELIV-18: the client keeps a session per event loop, so a client that sent from one
     ``asyncio.run`` sends from the next (a service restarted, a test's steps)."""
-    client = http.delivery_client(2)
+    client = http.DeliveryHttp(2)
 
     async def once() -> Any:
         async with LocalWebhookReceiver() as receiver:
@@ -436,7 +436,7 @@ def test_one_production_client_sends_from_one_event_loop_after_another() -> None
 def test_a_url_the_production_client_cannot_use_is_undeliverable_without_a_request(url: str) -> None:
     """DELIV-18: a URL that is not http or https, or has no host, is ``Undeliverable`` naming it."""
     async def scenario() -> Any:
-        async with http.delivery_client(1) as client:
+        async with http.DeliveryHttp(1) as client:
             return await _post(client, url)
 
     result = asyncio.run(asyncio.wait_for(scenario(), 30))
@@ -462,7 +462,7 @@ def test_the_environments_proxy_carries_a_send_unless_no_proxy_names_the_host(
             monkeypatch.setenv("NO_PROXY", "127.0.0.1")
             for name in ("http_proxy", "no_proxy", "HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
                 monkeypatch.delenv(name, raising=False)
-            async with http.delivery_client(2) as client:
+            async with http.DeliveryHttp(2) as client:
                 proxied = await _post(client, "http://hooks.example/in")
                 direct = await _post(client, receiver.url)
             return proxied, direct, [r.status for r in receiver.received]

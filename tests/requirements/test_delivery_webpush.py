@@ -176,7 +176,7 @@ def test_a_push_is_encrypted_for_the_subscription_sent_over_loopback_and_decrypt
     clock, key = ManualClock(NOW), VapidKey.generate()
 
     async def scenario() -> None:
-        async with LocalPushService(clock=clock) as push, http.delivery_client(4) as client:
+        async with LocalPushService(clock=clock) as push, http.DeliveryHttp(4) as client:
             browser = push.subscribe(application_server_key=key.public_key_b64url)
             sent = delivery(browser.target, body="Run the dishwasher at noon \u2600")
             result = await _sender(client, key, clock, urgency=Urgency.HIGH).send(sent)
@@ -208,7 +208,7 @@ def test_the_push_services_answers_are_classified_gone_retry_or_undeliverable(re
     clock, key = ManualClock(NOW), VapidKey.generate()
 
     async def scenario() -> None:
-        async with LocalPushService(clock=clock) as push, http.delivery_client(4) as client:
+        async with LocalPushService(clock=clock) as push, http.DeliveryHttp(4) as client:
             browser = push.subscribe()
             push.answer(reply)
             assert await _sender(client, key, clock).send(delivery(browser.target)) == expected
@@ -225,7 +225,7 @@ def test_an_unsubscribed_browsers_endpoint_answers_410_and_a_hanging_push_servic
     clock, key = ManualClock(NOW), VapidKey.generate()
 
     async def scenario() -> None:
-        async with LocalPushService(clock=clock) as push, http.delivery_client(4) as client:
+        async with LocalPushService(clock=clock) as push, http.DeliveryHttp(4) as client:
             dropped, hanging = push.subscribe(), push.subscribe()
             push.unsubscribe(dropped)
             assert await _sender(client, key, clock).send(delivery(dropped.target)) == Gone(status=410,
@@ -244,7 +244,7 @@ def test_the_local_push_service_refuses_a_push_signed_with_another_key_or_an_exp
     clock, key, other = ManualClock(NOW), VapidKey.generate(), VapidKey.generate()
 
     async def scenario() -> None:
-        async with LocalPushService(clock=clock) as push, http.delivery_client(4) as client:
+        async with LocalPushService(clock=clock) as push, http.DeliveryHttp(4) as client:
             browser = push.subscribe(application_server_key=key.public_key_b64url)
             result = await _sender(client, other, clock).send(delivery(browser.target))
             assert isinstance(result, Undeliverable) and result.reason.startswith("HTTP 401")
@@ -262,7 +262,7 @@ def test_a_delivery_without_a_subscription_or_with_unusable_keys_is_undeliverabl
     clock, key = ManualClock(NOW), VapidKey.generate()
 
     async def scenario() -> None:
-        async with LocalPushService(clock=clock) as push, http.delivery_client(4) as client:
+        async with LocalPushService(clock=clock) as push, http.DeliveryHttp(4) as client:
             sender = _sender(client, key, clock)
             assert isinstance(await sender.send(delivery(None)), Undeliverable)
             broken = PushTarget(endpoint=push.origin + "/push/x", p256dh=b"\x04" + bytes(64), auth=bytes(16))
@@ -287,7 +287,7 @@ def test_a_body_too_long_for_one_push_is_shortened_with_an_ellipsis_to_fit() -> 
 @pytest.mark.clause("DELIV-14")
 def test_a_sender_refuses_a_subject_that_is_no_contact_and_a_ttl_past_four_weeks() -> None:
     """DELIV-14: built wrong, a sender fails at once, not on the first push."""
-    client, key = http.delivery_client(1), VapidKey.generate()
+    client, key = http.DeliveryHttp(1), VapidKey.generate()
     with pytest.raises(ValueError, match="contact"):
         WebPushSender(key, subject="ops", client=client, clock=ManualClock(NOW), timeout=5.0, retry_after_cap=60.0)
     with pytest.raises(ValueError, match="TTL"):

@@ -22,12 +22,6 @@ from scheduler.types import Clock, Retry, SendResult
 ANSWER_BYTES = 4096
 
 
-def delivery_client(connections: int) -> DeliveryHttp:
-    """The delivery worker's HTTP client: up to ``connections`` kept-alive connections, one
-    per send slot (``DeliveryHttp``)."""
-    return DeliveryHttp(connections)
-
-
 class DeliveryHttp:
     """The built-in channels' HTTP client in production: aiohttp sessions (DEC-DELIVERY-HTTP).
 
@@ -56,11 +50,11 @@ class DeliveryHttp:
 
     def _session(self) -> aiohttp.ClientSession:
         loop = asyncio.get_running_loop()
-        for ended in [other for other in self._sessions if other.is_closed()]:
-            # an ended asyncio.run's session: its loop is closed, and its sockets with it
-            del self._sessions[ended]
         session = self._sessions.get(loop)
         if session is None or session.closed:
+            for ended in [other for other in self._sessions if other.is_closed()]:
+                # an ended asyncio.run's session: its loop is closed, and its sockets with it
+                del self._sessions[ended]
             session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=self.connections, limit_per_host=0),
                 auto_decompress=False, timeout=aiohttp.ClientTimeout(total=None))

@@ -232,8 +232,7 @@ class DeliveryWorker:
                 # given back, not left to a lease; bounded, so a database that is gone does not
                 # hold the stop
                 with anyio.move_on_after(STOP_RECORD_SECONDS):
-                    await anyio.to_thread.run_sync(self._last_round, finished, unsent, abandon_on_cancel=True,
-                                                   limiter=self._limiter)
+                    await self._thread(self._round, finished, 0, unsent, abandon=True)
             self._wake = None
 
     def release(self, claimed: list[Claimed]) -> set[str]:
@@ -242,32 +241,28 @@ class DeliveryWorker:
         with self.database.begin() as session:
             return self.database.deliveries.release(session, rows, worker=self.worker_id)
 
-    def _last_round(self, finished: list[tuple[Claimed, SendResult]], unsent: list[Claimed]) -> None:
-        self._round(finished, 0)
-        if unsent:
-            try:
-                self.release(unsent)
-            except Exception:
-                logger.exception("delivery worker %s: giving back %d claimed deliveries failed; their leases "
-                                 "run out", self.worker_id, len(unsent))
-
-    def _round(self, finished: list[tuple[Claimed, SendResult]], want: int) -> list[Claimed]:
-        """Record ``finished`` (a failure is logged: their leases run out and they are sent
-        again, at least once), then lease up to ``want`` rows (a failure is logged too: the
-        next round claims again)."""
+    def _round(self, finished: list[tuple[Claimed, SendResult]], want: int,
+               unsent: list[Claimed] | None = None) -> list[Claimed]:
+        """Record ``finished``, give back ``unsent`` (a stopping worker's), then lease up to
+        ``want`` rows. A step that fails is logged and the round goes on: unrecorded and
+        ungiven rows wait for their leases (and are sent again, at least once), and the next
+        round claims again."""
         if finished:
-            try:
-                self.record(finished)
-            except Exception:
-                logger.exception("delivery worker %s: recording %d deliveries failed; their leases run out "
-                                 "and they are sent again", self.worker_id, len(finished))
-        if not want:
-            return []
+            self._step(self.record, finished, "recording %d deliveries failed; their leases run out and they "
+                       "are sent again", len(finished))
+        if unsent:
+            self._step(self.release, unsent, "giving back %d claimed deliveries failed; their leases run out",
+                       len(unsent))
+        claimed: list[Claimed] | None = self._step(self.claim, want, "claim failed; trying again") if want else None
+        return claimed or []
+
+    def _step(self, fn: Callable[[Any], Any], arg: Any, failed: str, *args: object) -> Any:
+        """``fn(arg)``, or None with ``failed`` logged (per-round isolation: ``Exception`` only)."""
         try:
-            return self.claim(want)
+            return fn(arg)
         except Exception:
-            logger.exception("delivery worker %s: claim failed; trying again", self.worker_id)
-            return []
+            logger.exception("delivery worker %s: " + failed, self.worker_id, *args)
+            return None
 
     def _start_ready(self) -> None:
         """Start claimed rows' sends while a slot is free."""
@@ -287,8 +282,9 @@ class DeliveryWorker:
         if self._finished is not None:
             self._finished.set()
 
-    async def _thread(self, fn: Callable[..., Any], *args: Any) -> Any:
-        return await anyio.to_thread.run_sync(fn, *args, limiter=self._limiter)
+    async def _thread(self, fn: Callable[..., Any], *args: Any, abandon: bool = False) -> Any:
+        """``fn(*args)`` in the worker's thread (``abandon``: a cancel does not wait for it)."""
+        return await anyio.to_thread.run_sync(fn, *args, abandon_on_cancel=abandon, limiter=self._limiter)
 
 
 def _claimed(row: Mapping[str, Any]) -> Claimed:

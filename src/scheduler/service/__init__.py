@@ -41,7 +41,7 @@ from scheduler.delivery.channels import (
     retry_policy,
     vapid_key,
 )
-from scheduler.delivery.http import HttpClient, delivery_client
+from scheduler.delivery.http import DeliveryHttp, HttpClient
 from scheduler.nudging.decision import NudgingPlatform
 from scheduler.nudging.facts import FactsContract
 from scheduler.nudging.orchestrator import LoggingPublisher, Orchestrator, OutboxChannel, WebChannel
@@ -220,7 +220,7 @@ class SchedulerService:
         ``run_once`` steps it in a test)."""
         if self.delivery is None:
             # a kept-alive connection per send slot
-            self._http = client or delivery_client(self.settings.delivery_concurrency)
+            self._http = client or DeliveryHttp(self.settings.delivery_concurrency)
             senders = {**built_in_senders(self.settings, client=self._http, clock=self.clock), **self.host_senders}
             self.delivery = DeliveryWorker(self.loop_database, senders, self.clock,
                                            policy=retry_policy(self.settings),
