@@ -29,7 +29,7 @@ from scheduler.database.database import Database
 from scheduler.database.engine import make_engine
 from scheduler.nudging.orchestrator import RecordingPublisher
 from scheduler.service import SchedulerService
-from scheduler.web.inbox.hub import STREAM_LOCK_KEY, Inbox, StreamPublisher, sse_stream
+from scheduler.web.inbox.hub import CHANNEL, STREAM_LOCK_KEY, Inbox, StreamPublisher, sse_stream
 from tests.conftest import ADMIN, INGEST, PARTICIPANT, bearer
 from tests.helpers import event_body, post_event, reminder_facts, rows, wait_until_blocked_on_a_lock
 from tests.servers import READ_DEADLINE, EventStream, serve, wait_for
@@ -244,7 +244,8 @@ def test_a_stream_number_waits_for_the_transaction_numbering_before_it_to_commit
     publisher = StreamPublisher(service.database)
     held = service.sessions()
     held.execute(service.database.statements["lock_stream_order"], {"key": STREAM_LOCK_KEY})
-    first = held.execute(service.database.statements["number_for_stream"], {"ids": [first_id]}).scalar_one()
+    first = held.execute(service.database.statements["number_for_stream"],
+                         {"ids": [first_id], "channel": CHANNEL}).scalar_one()
     got: list[list[int]] = []
     thread = threading.Thread(target=lambda: got.append(publisher.number([second_id])))
     thread.start()

@@ -11,18 +11,29 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from scheduler.database import pipeline
+from scheduler.database.pipeline import Step
 from scheduler.database.repository import Repository
+
+
+def _rows(session: Session, step: Step, commit: bool) -> list[dict[str, Any]]:
+    """``step``'s rows, sent in one round trip in the session's transaction (its BEGIN too when
+    it opens here); with ``commit``, the transaction's COMMIT in the same message: the worker's
+    short transactions cost one round trip each, not three (BEGIN, the statement, COMMIT)."""
+    steps = [step, pipeline.command("COMMIT")] if commit else [step]
+    return pipeline.send(session, steps)[0] or []
 
 
 class DeliveryRepository(Repository):
     """``deliveries`` as the outbox: due rows leased and recorded, listed, counted."""
 
     def claim_due(self, session: Session, *, now: datetime, lease_until: datetime, worker: str,
-                  limit: int) -> list[dict[str, Any]]:
-        """Lease up to ``limit`` due rows to ``worker`` until ``lease_until``, counting the attempt."""
-        rows = session.execute(self.statements["claim_due_deliveries"], {
-            "now": now, "lease_until": lease_until, "worker": worker, "limit": limit}).mappings()
-        return [dict(r) for r in rows]
+                  limit: int, commit: bool = False) -> list[dict[str, Any]]:
+        """Lease up to ``limit`` due rows to ``worker`` until ``lease_until``, counting the attempt;
+        with ``commit``, the claim is its own transaction, BEGIN to COMMIT in one round trip."""
+        step = self.statements.step("claim_due_deliveries", {
+            "now": now, "lease_until": lease_until, "worker": worker, "limit": limit})
+        return _rows(session, step, commit)
 
     def queue(self, session: Session, messages: Sequence[dict[str, Any]], *, now: datetime) -> list[int]:
         """Queue outbox rows in ``session``'s transaction (a host dispatcher's, OUTBOX-7): the ids
@@ -31,11 +42,13 @@ class DeliveryRepository(Repository):
                                                                       "now": now})
         return [int(row[0]) for row in found]
 
-    def record_attempts(self, session: Session, records: Sequence[dict[str, Any]], *, worker: str) -> set[str]:
-        """Write each attempt's record while ``worker`` still holds its lease; the ids written."""
-        found = session.execute(self.statements["record_delivery_attempts"],
-                                {"records": json.dumps(list(records)), "worker": worker})
-        return {str(row[0]) for row in found}
+    def record_attempts(self, session: Session, records: Sequence[dict[str, Any]], *, worker: str,
+                        commit: bool = False) -> set[str]:
+        """Write each attempt's record while ``worker`` still holds its lease; the ids written.
+        With ``commit``, the record is its own transaction, BEGIN to COMMIT in one round trip."""
+        step = self.statements.step("record_delivery_attempts", {"records": json.dumps(list(records)),
+                                                                 "worker": worker})
+        return {str(row["id"]) for row in _rows(session, step, commit)}
 
     def release(self, session: Session, rows: Sequence[dict[str, Any]], *, worker: str) -> set[str]:
         """Give back rows ``worker`` claimed and never sent (``{"id", "attempts"}`` each): the

@@ -67,16 +67,20 @@ class InboxRepository(Repository):
     """Reads and numbering of ``notifications`` for the inbox."""
 
     def number_for_stream(self, session: Session, notification_ids: list[str], *, lock_key: int,
-                          channel: str) -> list[int]:
+                          channel: str, commit: bool = False) -> list[int]:
         """Give each notification its stream number (once), under the stream's order lock
         (held to the commit: numbers commit in the order they are given), and NOTIFY
-        ``channel`` with the newest (delivered with the commit); the numbers, in order."""
-        session.execute(self.statements["lock_stream_order"], {"key": lock_key})
-        numbers = sorted(int(n) for n in session.execute(
-            self.statements["number_for_stream"], {"ids": notification_ids}).scalars())
-        if numbers:
-            session.execute(self.statements["notify_inbox"], {"channel": channel, "payload": str(numbers[-1])})
-        return numbers
+        ``channel`` with the newest (delivered with the commit); the numbers, in order.
+
+        The lock and the numbering go in one round trip (``database.pipeline``), with the
+        transaction's BEGIN when it opens here and, with ``commit``, its COMMIT: the session's
+        transaction has then ended (a publisher's own, after a batch committed)."""
+        steps = [self.statements.step("lock_stream_order", {"key": lock_key}, fetch=False),
+                 self.statements.step("number_for_stream", {"ids": notification_ids, "channel": channel})]
+        if commit:
+            steps.append(pipeline.command("COMMIT"))
+        numbered = pipeline.send(session, steps)[1] or []
+        return sorted(int(row["stream_seq"]) for row in numbered)
 
     def number_unnumbered(self, session: Session, *, lock_key: int, channel: str, limit: int) -> list[int]:
         """Number the sent notifications a failed numbering left without a stream number

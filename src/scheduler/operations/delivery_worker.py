@@ -121,9 +121,9 @@ class DeliveryWorker:
     def claim(self, limit: int) -> list[Claimed]:
         """Lease up to ``limit`` due rows (synchronous: one short transaction)."""
         now = self.clock.now()
-        with self.database.begin() as session:
+        with self.database() as session:
             found = self.database.deliveries.claim_due(session, now=now, lease_until=now + self.lease,
-                                                       worker=self.worker_id, limit=limit)
+                                                       worker=self.worker_id, limit=limit, commit=True)
         return [_claimed(row) for row in found]
 
     async def attempt_one(self, claimed: Claimed) -> SendResult:
@@ -145,10 +145,14 @@ class DeliveryWorker:
         document = [_record_json(claimed.delivery.delivery_id, record, now) for claimed, _, record in records]
         gone = [claimed.push_subscription for claimed, _, record in records
                 if record.remove_subscription and claimed.push_subscription is not None]
-        with self.database.begin() as session:
-            kept = self.database.deliveries.record_attempts(session, document, worker=self.worker_id)
-            # the push service's 404/410 is the subscription's end, whoever holds the lease (PUSH-8)
-            self.database.push_subscriptions.remove_gone(session, gone)
+        with self.database() as session:
+            # one round trip, BEGIN to COMMIT, unless a subscription is gone too
+            kept = self.database.deliveries.record_attempts(session, document, worker=self.worker_id,
+                                                            commit=not gone)
+            if gone:
+                # the push service's 404/410 is the subscription's end, whoever holds the lease (PUSH-8)
+                self.database.push_subscriptions.remove_gone(session, gone)
+                session.commit()
         recorded = [Recorded(c, r, rec, now, c.delivery.delivery_id in kept) for c, r, rec in records]
         for observer in self.observers:
             try:

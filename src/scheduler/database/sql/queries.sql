@@ -965,11 +965,22 @@ RETURNING id;
 SELECT pg_advisory_xact_lock(:key);
 
 -- name: number_for_stream
--- Give delivered notifications (a batch's) their places in the inbox stream, once each.
-UPDATE scheduler.notifications
-SET stream_seq = nextval('scheduler.notification_stream_seq')
-WHERE id = ANY(CAST(:ids AS text[])) AND stream_seq IS NULL
-RETURNING stream_seq;
+-- Give delivered notifications (a batch's) their places in the inbox stream, once each, and wake every replica's inbox (LISTEN :channel) with the newest number; the numbers given.
+-- one statement, so the numbering is one round trip after the stream's order lock; the NOTIFY
+-- is delivered with the commit (the numbers visible by then), and none is sent when nothing
+-- was numbered (every id numbered already)
+WITH numbered AS (
+    UPDATE scheduler.notifications
+    SET stream_seq = nextval('scheduler.notification_stream_seq')
+    WHERE id = ANY(CAST(:ids AS text[])) AND stream_seq IS NULL
+    RETURNING stream_seq
+), announced AS (
+    -- the payload is the newest number: a hub reads the table after its cursor, not the payload's rows
+    SELECT pg_notify(:channel, CAST(max(stream_seq) AS text)) FROM numbered HAVING count(*) > 0
+)
+-- the filter is a one-time condition on a subquery: the NOTIFY runs once, before the rows
+SELECT stream_seq FROM numbered
+WHERE (SELECT count(*) FROM announced) >= 0;
 
 -- name: unnumbered_for_stream
 -- Sent notifications left without a stream number (their numbering failed after the commit), oldest first.
@@ -980,10 +991,6 @@ SELECT id FROM scheduler.notifications
 WHERE stream_seq IS NULL AND status = 'sent'
 ORDER BY created_at, id
 LIMIT :limit;
-
--- name: notify_inbox
--- Wake every replica's inbox (LISTEN scheduler_inbox); the payload is the stream number.
-SELECT pg_notify(:channel, :payload);
 
 -- name: stream_tail
 -- Streamed notifications after :after in stream order: every replica's live fan-out reads this.

@@ -79,11 +79,12 @@ class StreamPublisher(BulkPublisher):
         """Give each notification its stream number (once) and announce the newest."""
         if not notification_ids:
             return []
-        with self.database.begin() as session:
+        with self.database() as session:
             # under the stream's order lock, held until commit: numbers commit in the order
-            # they are given; the NOTIFY (the newest number) is delivered with the commit
+            # they are given; the NOTIFY (the newest number) is delivered with the commit. One
+            # round trip, BEGIN to COMMIT: the poll that published waits for nothing more
             return self.database.inbox.number_for_stream(session, notification_ids, lock_key=STREAM_LOCK_KEY,
-                                                         channel=CHANNEL)
+                                                         channel=CHANNEL, commit=True)
 
 
 @dataclass(eq=False)
