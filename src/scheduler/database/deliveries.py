@@ -12,16 +12,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from scheduler.database import pipeline
-from scheduler.database.pipeline import Step
 from scheduler.database.repository import Repository
-
-
-def _rows(session: Session, step: Step, commit: bool) -> list[dict[str, Any]]:
-    """``step``'s rows, sent in one round trip in the session's transaction (its BEGIN too when
-    it opens here); with ``commit``, the transaction's COMMIT in the same message: the worker's
-    short transactions cost one round trip each, not three (BEGIN, the statement, COMMIT)."""
-    steps = [step, pipeline.command("COMMIT")] if commit else [step]
-    return pipeline.send(session, steps)[0] or []
 
 
 class DeliveryRepository(Repository):
@@ -33,7 +24,7 @@ class DeliveryRepository(Repository):
         with ``commit``, the claim is its own transaction, BEGIN to COMMIT in one round trip."""
         step = self.statements.step("claim_due_deliveries", {
             "now": now, "lease_until": lease_until, "worker": worker, "limit": limit})
-        return _rows(session, step, commit)
+        return pipeline.send(session, [step], commit=commit)[0] or []
 
     def queue(self, session: Session, messages: Sequence[dict[str, Any]], *, now: datetime) -> list[int]:
         """Queue outbox rows in ``session``'s transaction (a host dispatcher's, OUTBOX-7): the ids
@@ -48,7 +39,7 @@ class DeliveryRepository(Repository):
         With ``commit``, the record is its own transaction, BEGIN to COMMIT in one round trip."""
         step = self.statements.step("record_delivery_attempts", {"records": json.dumps(list(records)),
                                                                  "worker": worker})
-        return {str(row["id"]) for row in _rows(session, step, commit)}
+        return {str(row["id"]) for row in pipeline.send(session, [step], commit=commit)[0] or []}
 
     def release(self, session: Session, rows: Sequence[dict[str, Any]], *, worker: str) -> set[str]:
         """Give back rows ``worker`` claimed and never sent (``{"id", "attempts"}`` each): the

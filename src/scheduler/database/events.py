@@ -87,7 +87,7 @@ class EventRepository(Repository):
         """Send ``statement`` (a named statement of this schema: the outcomes, or a batch's one
         write) and ``COMMIT`` in one message; no statement: the COMMIT alone."""
         steps = [] if statement is None else [self.statements.step(statement, params or {}, fetch=False)]
-        pipeline.send(session, [*steps, pipeline.command("COMMIT")])
+        pipeline.send(session, steps, commit=True)
 
     def next_pending_trigger(self, session: Session, after: datetime) -> datetime | None:
         """The earliest pending ``trigger_at`` after ``after``, from the pending index."""

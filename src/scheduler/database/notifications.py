@@ -77,9 +77,7 @@ class InboxRepository(Repository):
         transaction has then ended (a publisher's own, after a batch committed)."""
         steps = [self.statements.step("lock_stream_order", {"key": lock_key}, fetch=False),
                  self.statements.step("number_for_stream", {"ids": notification_ids, "channel": channel})]
-        if commit:
-            steps.append(pipeline.command("COMMIT"))
-        numbered = pipeline.send(session, steps)[1] or []
+        numbered = pipeline.send(session, steps, commit=commit)[1] or []
         return sorted(int(row["stream_seq"]) for row in numbered)
 
     def number_unnumbered(self, session: Session, *, lock_key: int, channel: str, limit: int) -> list[int]:

@@ -159,16 +159,20 @@ def attached(engine: Engine) -> bool:
     return all(event.contains(engine, name, listener) for name, listener in LISTENERS)
 
 
-def send(session: Session, steps: Sequence[Step]) -> list[list[dict[str, Any]] | None]:
+def send(session: Session, steps: Sequence[Step], *, commit: bool = False) -> list[list[dict[str, Any]] | None]:
     """Run ``steps`` (after the deferred commands) in one message and one round trip in the
-    session's transaction; return each step's rows (``None`` where ``fetch`` is false)."""
+    session's transaction; return each step's rows (``None`` where ``fetch`` is false).
+
+    ``commit``: the transaction's ``COMMIT`` ends the same message (a short transaction is then
+    one round trip, BEGIN to COMMIT; it does not run if a step failed). The transaction has
+    then ended on the server: the caller closes the session, whose rollback finds nothing open."""
     deferred = discard(session)
-    everything = [*deferred, *steps]
+    everything = [*deferred, *steps, *([command("COMMIT")] if commit else [])]
     conn = session.connection()
     driver = conn.connection.driver_connection
     if not isinstance(driver, psycopg.Connection) or _MISSING:
         _warn_slow_path(driver)
-        return _one_by_one(conn, everything)[len(deferred):]
+        return _one_by_one(conn, everything)[len(deferred):len(deferred) + len(steps)]
     before_listeners, after_listeners = statement_listeners(conn)
     compiled = [_compiled(conn, step) for step in everything]
     contexts = [SimpleNamespace() for _ in everything]  # what the listeners see as the execution context
@@ -213,7 +217,7 @@ def send(session: Session, steps: Sequence[Step]) -> list[list[dict[str, Any]] |
     finally:
         for cursor in cursors:
             cursor.close()
-    return answers[len(deferred):]
+    return answers[len(deferred):len(deferred) + len(steps)]
 
 
 def _transaction_start(driver: psycopg.Connection[Any]) -> str | None:
