@@ -434,3 +434,63 @@ def counting_worker(service: SchedulerService, sender: Any, clock: ManualClock, 
     return Counting(service.database, {"sms": sender}, clock, policy=POLICY, concurrency=concurrency,
                     timeout=5.0, rng=random.Random(7), lease_seconds=30.0, idle_seconds=3600.0,
                     worker_id="worker-a")
+
+
+REFUSE_RECORDS = """
+CREATE FUNCTION refuse_delivered() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN RAISE EXCEPTION 'fault: the database refuses the record'; END $$;
+CREATE TRIGGER tr_refuse_delivered BEFORE UPDATE ON deliveries
+FOR EACH ROW WHEN (NEW.status = 'delivered') EXECUTE FUNCTION refuse_delivered();
+"""
+ACCEPT_RECORDS = "DROP TRIGGER tr_refuse_delivered ON deliveries; DROP FUNCTION refuse_delivered();"
+
+
+@pytest.mark.clause("OUTBOX-13")
+@pytest.mark.clause("DEC-OUTBOX")
+def test_a_record_the_database_refuses_is_kept_and_recorded_later_without_sending_again(
+    outbox_service: SchedulerService, outbox_client: TestClient, engine: Engine, clock: ManualClock,
+    sender: ScriptedSender
+) -> None:
+    """OUTBOX-13: while the database refuses the record of a finished send (a fault injected
+    in PostgreSQL itself: a trigger that fails the update to ``delivered``), the worker keeps
+    the result and tries again each ``idle_seconds``; once the database takes it, the row is
+    delivered after one attempt, and the provider was sent it once."""
+    refused: list[int] = []
+
+    class Refused(DeliveryWorker):
+        def record(self, outcomes: list[tuple[Claimed, SendResult]]) -> list[Any]:
+            try:
+                return super().record(outcomes)
+            except Exception:
+                refused.append(len(outcomes))
+                raise
+
+    post_event(outbox_client, user_id="p-1")
+    drain(outbox_service)
+    one = Refused(outbox_service.database, {"sms": sender}, clock, policy=POLICY, concurrency=4, timeout=5.0,
+                  rng=random.Random(7), lease_seconds=30.0, idle_seconds=0.05, worker_id="worker-a")
+    with engine.begin() as conn:
+        conn.exec_driver_sql(REFUSE_RECORDS)
+
+    async def scenario() -> None:
+        stop = asyncio.Event()
+        task = asyncio.create_task(one.run(stop))
+        try:
+            await _eventually(lambda: len(refused) >= 3)  # refused, kept, tried again, refused again
+            with engine.begin() as conn:
+                conn.exec_driver_sql(ACCEPT_RECORDS)
+            await _eventually(lambda: [r["status"] for r in outbox(engine)] == ["delivered"])
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 10)
+
+    try:
+        asyncio.run(asyncio.wait_for(scenario(), timeout=30))
+    finally:
+        with engine.begin() as conn:
+            conn.exec_driver_sql("DROP TRIGGER IF EXISTS tr_refuse_delivered ON deliveries; "
+                                 "DROP FUNCTION IF EXISTS refuse_delivered();")
+    assert set(refused) == {1}
+    row = outbox(engine)[0]
+    assert sorted(d.idempotency_key for d in sender.sent) == [row["idempotency_key"]]
+    assert (row["attempts"], row["leased_by"], row["lease_until"]) == (1, None, None)

@@ -17,7 +17,14 @@ loop, off the loop's thread:
   ``delivered``, ``retrying`` with ``next_attempt_at`` after the backoff, or ``undeliverable``;
   only while the lease is still this worker's for that attempt. A web push the push service
   answered 404 or 410 (``Gone``) also removes its subscription, as it was when the push was
-  sent, in the same transaction (PUSH-8).
+  sent, in the same transaction (PUSH-8). A record the database refuses (down, restarted) is
+  kept and tried again by a later round, ``idle_seconds`` on (OUTBOX-13): what was sent is not
+  sent again for a moment's outage; only a worker that stops or dies first leaves it to the
+  leases.
+
+A round is a poll: its connection, used a moment ago, is not pinged before use
+(``database.engine.polling``); a connection that died meanwhile fails the round, and the next
+one takes a fresh connection.
 
 A ``web_push`` row is one subscription's: the claim reads the subscription as it is now, and a
 row whose subscription was removed meanwhile has none (its sender answers ``Undeliverable``).
@@ -44,6 +51,7 @@ import anyio.to_thread
 from anyio import CapacityLimiter
 
 from scheduler.database.database import Database
+from scheduler.database.engine import polling
 from scheduler.delivery.attempt import attempt
 from scheduler.delivery.backoff import RetryPolicy
 from scheduler.delivery.record import AttemptRecord, record_attempt
@@ -191,23 +199,33 @@ class DeliveryWorker:
         writes few, large statements, and an idle one answers at once. A claim runs only when it
         may find rows: after a wake, after a claim that got all it asked for, or after
         ``idle_seconds`` (another replica's rows, a retry come due)."""
-        self._loop = asyncio.get_running_loop()
+        self._loop = loop = asyncio.get_running_loop()
         self._wake = wake = asyncio.Event()
         self._finished = asyncio.Event()
         look = True  # whether a claim may find due rows
+        retry_at: float | None = None  # after a refused record: when the next record is tried
         try:
             while not stop.is_set():
                 if wake.is_set():
                     wake.clear()
                     look = True
+                if retry_at is not None and loop.time() >= retry_at:
+                    retry_at = None
                 # held: in flight, and claimed ahead for the slots that free up before the next
                 # round (a slot never waits for a round trip to the database)
                 held = len(self._inflight) + len(self._ready)
-                finished, self._done = self._done, []
+                finished: list[tuple[Claimed, SendResult]] = []
+                if retry_at is None:
+                    finished, self._done = self._done, []
                 self._finished.clear()
                 want = self.ahead - held if look and held < self.ahead else 0
                 if finished or want:
-                    claimed = await self._thread(self._round, finished, want)
+                    claimed, unrecorded = await self._thread(self._round, finished, want)
+                    if unrecorded:
+                        # the database refused the record: kept, first in line, and tried
+                        # again after idle_seconds (no hot loop against a database that is down)
+                        self._done[:0] = unrecorded
+                        retry_at = loop.time() + self.idle_seconds
                     if want:
                         # a claim that got all it asked for may have left more due rows (a round
                         # that only recorded knows nothing new: what it thought stands)
@@ -215,11 +233,14 @@ class DeliveryWorker:
                     self._ready.extend(claimed)
                     self._start_ready()
                     continue
-                # nothing to record and no claim worth making: wait for a finished send, a
-                # wake or the stop; after idle_seconds look again
-                waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(wake.wait()),
-                         asyncio.ensure_future(self._finished.wait())]
-                _, pending = await asyncio.wait(waits, timeout=self.idle_seconds, return_when=asyncio.FIRST_COMPLETED)
+                # nothing to record and no claim worth making: wait for a finished send (unless
+                # records wait for their retry), a wake or the stop; after idle_seconds (or at the
+                # retry) look again
+                waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(wake.wait())]
+                if retry_at is None:
+                    waits.append(asyncio.ensure_future(self._finished.wait()))
+                timeout = self.idle_seconds if retry_at is None else max(0.0, retry_at - loop.time())
+                _, pending = await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
                 for future in pending:
                     future.cancel()
                 if len(pending) == len(waits):
@@ -246,19 +267,22 @@ class DeliveryWorker:
             return self.database.deliveries.release(session, rows, worker=self.worker_id)
 
     def _round(self, finished: list[tuple[Claimed, SendResult]], want: int,
-               unsent: list[Claimed] | None = None) -> list[Claimed]:
+               unsent: list[Claimed] | None = None) -> tuple[list[Claimed], list[tuple[Claimed, SendResult]]]:
         """Record ``finished``, give back ``unsent`` (a stopping worker's), then lease up to
-        ``want`` rows. A step that fails is logged and the round goes on: unrecorded and
-        ungiven rows wait for their leases (and are sent again, at least once), and the next
-        round claims again."""
-        if finished:
-            self._step(self.record, finished, "recording %d deliveries failed; their leases run out and they "
-                       "are sent again", len(finished))
-        if unsent:
-            self._step(self.release, unsent, "giving back %d claimed deliveries failed; their leases run out",
-                       len(unsent))
-        claimed: list[Claimed] | None = self._step(self.claim, want, "claim failed; trying again") if want else None
-        return claimed or []
+        ``want`` rows: what it leased, and what it could not record. A step that fails is
+        logged and the round goes on: the caller keeps the unrecorded for a later round
+        (OUTBOX-13), ungiven rows wait for their leases, and the next round claims again."""
+        unrecorded: list[tuple[Claimed, SendResult]] = []
+        with polling():  # a round's connection was used a moment ago: no ping first
+            if finished and self._step(self.record, finished, "recording %d deliveries failed; kept for the "
+                                       "next round", len(finished)) is None:
+                unrecorded = finished
+            if unsent:
+                self._step(self.release, unsent, "giving back %d claimed deliveries failed; their leases run out",
+                           len(unsent))
+            claimed: list[Claimed] | None = (self._step(self.claim, want, "claim failed; trying again")
+                                             if want else None)
+        return claimed or [], unrecorded
 
     def _step(self, fn: Callable[[Any], Any], arg: Any, failed: str, *args: object) -> Any:
         """``fn(arg)``, or None with ``failed`` logged (per-round isolation: ``Exception`` only)."""
