@@ -440,7 +440,7 @@ REFUSE_RECORDS = """
 CREATE FUNCTION refuse_delivered() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN RAISE EXCEPTION 'fault: the database refuses the record'; END $$;
 CREATE TRIGGER tr_refuse_delivered BEFORE UPDATE ON deliveries
-FOR EACH ROW WHEN (NEW.status = 'delivered') EXECUTE FUNCTION refuse_delivered();
+FOR EACH ROW WHEN (NEW.status = 'delivered' AND OLD.user_id = 'p-1') EXECUTE FUNCTION refuse_delivered();
 """
 ACCEPT_RECORDS = "DROP TRIGGER tr_refuse_delivered ON deliveries; DROP FUNCTION refuse_delivered();"
 
@@ -452,9 +452,10 @@ def test_a_record_the_database_refuses_is_kept_and_recorded_later_without_sendin
     sender: ScriptedSender
 ) -> None:
     """OUTBOX-13: while the database refuses the record of a finished send (a fault injected
-    in PostgreSQL itself: a trigger that fails the update to ``delivered``), the worker keeps
-    the result and tries again each ``idle_seconds``; once the database takes it, the row is
-    delivered after one attempt, and the provider was sent it once."""
+    in PostgreSQL itself: a trigger that fails p-1's update to ``delivered``), the worker keeps
+    the result and tries again each ``idle_seconds``; a send that finishes meanwhile (p-2's) is
+    recorded in its own statement, not held back; once the database takes p-1's record, its row
+    is delivered after one attempt, and the provider was sent each row once."""
     refused: list[int] = []
 
     class Refused(DeliveryWorker):
@@ -477,9 +478,14 @@ def test_a_record_the_database_refuses_is_kept_and_recorded_later_without_sendin
         task = asyncio.create_task(one.run(stop))
         try:
             await _eventually(lambda: len(refused) >= 3)  # refused, kept, tried again, refused again
+            await asyncio.to_thread(post_event, outbox_client, user_id="p-2")
+            await asyncio.to_thread(drain, outbox_service)
+            one.wake()
+            await _eventually(lambda: [(r["user_id"], r["status"]) for r in outbox(engine)]
+                              == [("p-1", "queued"), ("p-2", "delivered")])
             with engine.begin() as conn:
                 conn.exec_driver_sql(ACCEPT_RECORDS)
-            await _eventually(lambda: [r["status"] for r in outbox(engine)] == ["delivered"])
+            await _eventually(lambda: [r["status"] for r in outbox(engine)] == ["delivered"] * 2)
         finally:
             stop.set()
             await asyncio.wait_for(task, 10)
@@ -491,6 +497,6 @@ def test_a_record_the_database_refuses_is_kept_and_recorded_later_without_sendin
             conn.exec_driver_sql("DROP TRIGGER IF EXISTS tr_refuse_delivered ON deliveries; "
                                  "DROP FUNCTION IF EXISTS refuse_delivered();")
     assert set(refused) == {1}
-    row = outbox(engine)[0]
-    assert sorted(d.idempotency_key for d in sender.sent) == [row["idempotency_key"]]
-    assert (row["attempts"], row["leased_by"], row["lease_until"]) == (1, None, None)
+    found = outbox(engine)
+    assert sorted(d.idempotency_key for d in sender.sent) == sorted(r["idempotency_key"] for r in found)
+    assert [(r["attempts"], r["leased_by"], r["lease_until"]) for r in found] == [(1, None, None)] * 2

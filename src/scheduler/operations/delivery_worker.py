@@ -79,6 +79,8 @@ class Claimed:
     # a web push's subscription as the claim read it (its id, its updated_at): what a 404 or
     # 410 removes
     push_subscription: tuple[int, datetime] | None = None
+    # the end of the claim's lease: a record kept past it is left to the lease (OUTBOX-13)
+    leased_until: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -132,7 +134,7 @@ class DeliveryWorker:
         with self.database() as session:
             found = self.database.deliveries.claim_due(session, now=now, lease_until=now + self.lease,
                                                        worker=self.worker_id, limit=limit, commit=True)
-        return [_claimed(row) for row in found]
+        return [_claimed(row, now + self.lease) for row in found]
 
     async def attempt_one(self, claimed: Claimed) -> SendResult:
         """One attempt through the row's channel (a channel without a sender is undeliverable)."""
@@ -204,6 +206,7 @@ class DeliveryWorker:
         self._finished = asyncio.Event()
         look = True  # whether a claim may find due rows
         retry_at: float | None = None  # after a refused record: when the next record is tried
+        kept: list[tuple[Claimed, SendResult]] = []  # the refused records, tried again at retry_at
         try:
             while not stop.is_set():
                 if wake.is_set():
@@ -215,16 +218,18 @@ class DeliveryWorker:
                 # round (a slot never waits for a round trip to the database)
                 held = len(self._inflight) + len(self._ready)
                 finished: list[tuple[Claimed, SendResult]] = []
+                again: list[tuple[Claimed, SendResult]] = []
                 if retry_at is None:
                     finished, self._done = self._done, []
+                    again, kept = kept, []
                 self._finished.clear()
                 want = self.ahead - held if look and held < self.ahead else 0
-                if finished or want:
-                    claimed, unrecorded = await self._thread(self._round, finished, want)
+                if finished or want or again:
+                    claimed, unrecorded = await self._thread(self._round, finished, want, None, again)
                     if unrecorded:
-                        # the database refused the record: kept, first in line, and tried
-                        # again after idle_seconds (no hot loop against a database that is down)
-                        self._done[:0] = unrecorded
+                        # the database refused the record: kept, and tried again after
+                        # idle_seconds (no hot loop against a database that is down)
+                        kept = unrecorded
                         retry_at = loop.time() + self.idle_seconds
                     if want:
                         # a claim that got all it asked for may have left more due rows (a round
@@ -251,7 +256,7 @@ class DeliveryWorker:
                 task.cancel()
             if self._inflight:
                 await asyncio.gather(*self._inflight, return_exceptions=True)
-            finished, self._done = self._done, []
+            finished, self._done = kept + self._done, []
             if finished or unsent:
                 # what was sent before the stop is recorded now, and what was claimed ahead is
                 # given back, not left to a lease; bounded, so a database that is gone does not
@@ -267,22 +272,37 @@ class DeliveryWorker:
             return self.database.deliveries.release(session, rows, worker=self.worker_id)
 
     def _round(self, finished: list[tuple[Claimed, SendResult]], want: int,
-               unsent: list[Claimed] | None = None) -> tuple[list[Claimed], list[tuple[Claimed, SendResult]]]:
-        """Record ``finished``, give back ``unsent`` (a stopping worker's), then lease up to
-        ``want`` rows: what it leased, and what it could not record. A step that fails is
-        logged and the round goes on: the caller keeps the unrecorded for a later round
+               unsent: list[Claimed] | None = None, again: list[tuple[Claimed, SendResult]] | None = None,
+               ) -> tuple[list[Claimed], list[tuple[Claimed, SendResult]]]:
+        """Record ``again`` (records refused before) and ``finished``, each in its own statement,
+        give back ``unsent`` (a stopping worker's), then lease up to ``want`` rows: what it
+        leased, and what it could not record. A step that fails is logged and the round goes
+        on: the caller keeps the unrecorded for a later round while their leases last
         (OUTBOX-13), ungiven rows wait for their leases, and the next round claims again."""
         unrecorded: list[tuple[Claimed, SendResult]] = []
         with polling():  # a round's connection was used a moment ago: no ping first
-            if finished and self._step(self.record, finished, "recording %d deliveries failed; kept for the "
-                                       "next round", len(finished)) is None:
-                unrecorded = finished
+            # apart: a record that keeps failing (a row the statement cannot take) never holds
+            # back the records of the sends that finished since
+            for outcomes in (again, finished):
+                if outcomes and self._step(self.record, outcomes, "recording %d deliveries failed; kept for a "
+                                           "later round", len(outcomes)) is None:
+                    unrecorded.extend(outcomes)
             if unsent:
                 self._step(self.release, unsent, "giving back %d claimed deliveries failed; their leases run out",
                            len(unsent))
             claimed: list[Claimed] | None = (self._step(self.claim, want, "claim failed; trying again")
                                              if want else None)
-        return claimed or [], unrecorded
+        return claimed or [], self._within_lease(unrecorded)
+
+    def _within_lease(self, unrecorded: list[tuple[Claimed, SendResult]]) -> list[tuple[Claimed, SendResult]]:
+        """The refused records whose lease still holds; the others are left to their leases
+        (another claim sends them again, with the same keys)."""
+        now = self.clock.now()
+        kept = [(c, r) for c, r in unrecorded if c.leased_until is None or c.leased_until > now]
+        if len(kept) < len(unrecorded):
+            logger.warning("delivery worker %s: %d refused records outlived their leases; they are sent again",
+                           self.worker_id, len(unrecorded) - len(kept))
+        return kept
 
     def _step(self, fn: Callable[[Any], Any], arg: Any, failed: str, *args: object) -> Any:
         """``fn(arg)``, or None with ``failed`` logged (per-round isolation: ``Exception`` only)."""
@@ -315,7 +335,7 @@ class DeliveryWorker:
         return await anyio.to_thread.run_sync(fn, *args, abandon_on_cancel=abandon, limiter=self._limiter)
 
 
-def _claimed(row: Mapping[str, Any]) -> Claimed:
+def _claimed(row: Mapping[str, Any], leased_until: datetime) -> Claimed:
     message = row["message"] or {}
     created = message.get("created_at")
     delivery = OutboundDelivery(
@@ -329,7 +349,7 @@ def _claimed(row: Mapping[str, Any]) -> Claimed:
     )
     subscription = row.get("push_subscription_id")
     pushed = (int(subscription), row["push_subscribed_at"]) if subscription is not None else None
-    return Claimed(delivery, row["last_delay_seconds"], row["triggered_at"], pushed)
+    return Claimed(delivery, row["last_delay_seconds"], row["triggered_at"], pushed, leased_until)
 
 
 def _push_target(row: Mapping[str, Any]) -> PushTarget | None:
