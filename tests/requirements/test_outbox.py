@@ -500,3 +500,28 @@ def test_a_record_the_database_refuses_is_kept_and_recorded_later_without_sendin
     found = outbox(engine)
     assert sorted(d.idempotency_key for d in sender.sent) == sorted(r["idempotency_key"] for r in found)
     assert [(r["attempts"], r["leased_by"], r["lease_until"]) for r in found] == [(1, None, None)] * 2
+
+
+@pytest.mark.clause("DEC-OUTBOX-STORAGE")
+def test_a_claim_updates_its_rows_in_place_on_the_pages_the_decision_filled(
+    outbox_client: TestClient, outbox_service: SchedulerService, engine: Engine, clock: ManualClock,
+    sender: ScriptedSender
+) -> None:
+    """DEC-OUTBOX-STORAGE: with the outbox's fill factor, a claim's new row versions stay on
+    the pages the decision wrote (heap-only updates: no index entry); the pages are several,
+    so a page with no room would have moved its rows."""
+    for n in range(120):
+        post_event(outbox_client, user_id=f"participant-{n}")
+    drain(outbox_service)
+    [options] = rows(engine, "SELECT reloptions FROM pg_class WHERE oid = 'deliveries'::regclass")
+    assert options["reloptions"] == ["fillfactor=50"]
+
+    def pages() -> dict[int, int]:
+        found = rows(engine, "SELECT id, (ctid::text::point)[0]::int AS page FROM deliveries WHERE channel = 'sms'")
+        return {r["id"]: r["page"] for r in found}
+
+    before = pages()
+    claimed = worker(outbox_service, sender, clock).claim(len(before))
+    assert sorted(int(c.delivery.delivery_id) for c in claimed) == sorted(before)
+    assert len(set(before.values())) > 3  # several pages, each filled as far as the fill factor lets it
+    assert pages() == before

@@ -54,6 +54,7 @@ def test_the_wheel_is_nudging_scheduler_with_the_service_and_the_harness_and_not
     assert "scheduler = scheduler.cli:main" in entry_points
     for shipped in ("scheduler/database/sql/queries.sql", "scheduler/database/migrations/versions/0001_initial.py",
                     "scheduler/database/migrations/versions/0002_push_subscriptions.py",
+                    "scheduler/database/migrations/versions/0003_outbox_fillfactor.py",
                     "scheduler/web/inbox/pages/service-worker.js",
                     "scheduler/database/migrations/script.py.mako", "scheduler/nudging/rules_catalogue/reminders.json",
                     "scheduler/py.typed", "harness/py.typed"):

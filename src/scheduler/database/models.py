@@ -206,11 +206,13 @@ class DedupKey(Base):
 
 
 class Delivery(Base):
-    """The delivery log: one row per channel a notification was written to."""
+    """The delivery log: one row per channel a notification was written to. Its pages are half
+    filled (fillfactor 50, migration 0003), so the worker's claim updates a row in place
+    (DEC-OUTBOX-STORAGE)."""
 
     __tablename__ = "deliveries"
     __table_args__ = (
-        # The daily cap counts a participant's sent deliveries since midnight (UTC).
+        # A participant's sent deliveries, by time (the daily cap counts notifications: QUIET-4).
         Index(
             "ix_deliveries_sent_by_user",
             "user_id",
