@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
+import gc
 import logging
 import secrets
 import signal
@@ -80,6 +81,12 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
             lambda: _say(settings, announce),
             on_exit=app.state.service.streams.close_all,
         )
+        # What exists now (the modules, the app) lives as long as the process: frozen out of
+        # the cyclic collector's passes, which a busy replica otherwise spends about a tenth of
+        # its CPU on, walking these same objects again (docs/performance.md). This process's
+        # own, never the library's: an embedding host decides for its process.
+        gc.collect()
+        gc.freeze()
         with _graceful_signals():
             server.run(sockets=[listener])
     finally:
