@@ -15,7 +15,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine
+from sqlalchemy import Engine, text
 from starlette.testclient import TestClient
 
 from scheduler.config import Settings
@@ -525,3 +525,44 @@ def test_a_claim_updates_its_rows_in_place_on_the_pages_the_decision_filled(
     assert sorted(int(c.delivery.delivery_id) for c in claimed) == sorted(before)
     assert len(set(before.values())) > 3  # several pages, each filled as far as the fill factor lets it
     assert pages() == before
+
+
+def _node_types(plan: dict[str, Any]) -> list[tuple[str, str | None]]:
+    """Every node of an EXPLAIN (FORMAT JSON) plan: its type and the index it uses."""
+    found = [(plan["Node Type"], plan.get("Index Name"))]
+    for child in plan.get("Plans", []):
+        found.extend(_node_types(child))
+    return found
+
+
+@pytest.mark.clause("DEC-OUTBOX-STORAGE")
+def test_a_claim_walks_the_due_index_in_order_and_stops_at_its_limit_whatever_the_statistics_say(
+    outbox_service: SchedulerService, engine: Engine, clock: ManualClock
+) -> None:
+    """DEC-OUTBOX-STORAGE: with a backlog of due rows in a table whose statistics lag it (never
+    analyzed, as in a burst), the claim as the worker sends it (``claim_by_due_order`` first)
+    reads ``ix_deliveries_due`` in order, with no bitmap scan and no sort of the due rows;
+    the planner left to itself sorts every due row for the first few."""
+    with engine.begin() as conn:
+        conn.execute(text(
+            "INSERT INTO deliveries (notification_id, user_id, channel, status, created_at, idempotency_key, "
+            "message, next_attempt_at, updated_at, attempts) "
+            "SELECT 'n-' || g, 'u-' || g, 'sms', 'queued', :now, 'k-' || g, '{}', :now - g * interval '1 ms', :now, 0 "
+            "FROM generate_series(1, :n) AS g"), {"now": clock.now(), "n": 3000})
+    statements = outbox_service.database.deliveries.statements
+    params = {"now": clock.now(), "lease_until": clock.now() + timedelta(seconds=30), "worker": "w", "limit": 64}
+
+    def due_plan(ordered: bool) -> list[tuple[str, str | None]]:
+        with engine.connect() as conn:
+            if ordered:
+                conn.execute(statements["claim_by_due_order"])
+            [[document]] = conn.execute(text("EXPLAIN (FORMAT JSON) " + str(statements["claim_due_deliveries"])),
+                                        params).fetchall()
+            conn.rollback()
+        [due] = [p for p in document[0]["Plan"]["Plans"] if p.get("Subplan Name") == "CTE due"]
+        return _node_types(due)
+
+    ordered = due_plan(ordered=True)
+    assert ("Index Scan", "ix_deliveries_due") in ordered
+    assert not {"Bitmap Heap Scan", "Sort"} & {kind for kind, _ in ordered}
+    assert {"Bitmap Heap Scan", "Sort"} <= {kind for kind, _ in due_plan(ordered=False)}

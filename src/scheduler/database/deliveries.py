@@ -21,10 +21,14 @@ class DeliveryRepository(Repository):
     def claim_due(self, session: Session, *, now: datetime, lease_until: datetime, worker: str,
                   limit: int, commit: bool = False) -> list[dict[str, Any]]:
         """Lease up to ``limit`` due rows to ``worker`` until ``lease_until``, counting the attempt;
-        with ``commit``, the claim is its own transaction, BEGIN to COMMIT in one round trip."""
+        with ``commit``, the claim is its own transaction, BEGIN to COMMIT in one round trip, and
+        walks the due index in order whatever the statistics say (``claim_by_due_order``)."""
         step = self.statements.step("claim_due_deliveries", {
             "now": now, "lease_until": lease_until, "worker": worker, "limit": limit})
-        return pipeline.send(session, [step], commit=commit)[0] or []
+        if not commit:
+            return pipeline.send(session, [step])[0] or []
+        plan = self.statements.step("claim_by_due_order", {}, fetch=False)
+        return pipeline.send(session, [plan, step], commit=True)[1] or []
 
     def queue(self, session: Session, messages: Sequence[dict[str, Any]], *, now: datetime) -> list[int]:
         """Queue outbox rows in ``session``'s transaction (a host dispatcher's, OUTBOX-7): the ids

@@ -425,6 +425,13 @@ SELECT w.*,
        END AS differs
 FROM wrote AS w CROSS JOIN decided AS d;
 
+-- name: claim_by_due_order
+-- For the rest of this transaction (a claim of its own), no bitmap scans: the claim after it walks ix_deliveries_due in order and stops at its limit.
+-- Without it, a table whose statistics lag a burst (a few rows estimated due, thousands
+-- queued) is read by a bitmap scan of every due row, all of them sorted for the first
+-- :limit: a claim's cost grew with the backlog (DEC-OUTBOX-STORAGE)
+SELECT set_config('enable_bitmapscan', 'off', true);
+
 -- name: claim_due_deliveries
 -- Lease up to :limit due outbox rows (queued or retrying, next_attempt_at reached by :now, no live lease) to :worker until :lease_until, oldest due first, counting the attempt (DEC-OUTBOX).
 -- FOR UPDATE SKIP LOCKED: two workers claiming at once take different rows; the lease
