@@ -40,11 +40,12 @@ LINE_BYTES = 1024  # a chunk-size line, at most
 MAX_INTERIM = 8  # 1xx answers skipped before the final one
 PAUSE_BYTES = 256 * 1024  # more than this unread: the transport stops reading until asked again
 
+_TOKEN_CHARS = r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+"  # RFC 9110's tchar: a header's name
 _STATUS = re.compile(rb"HTTP/1\.([01]) ([0-9]{3})(?: [\t\x20-\x7e\x80-\xff]*)?")
-_TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_TOKEN = re.compile(_TOKEN_CHARS.encode("ascii"))  # an answer's header name, as bytes
+_HEADER_NAME = re.compile(_TOKEN_CHARS)  # a request's
 _CHUNK = re.compile(rb"([0-9A-Fa-f]{1,15})(?:[ \t]*;[\t\x20-\x7e\x80-\xff]*)?")
 _DIGITS = re.compile(r"[0-9]{1,18}")
-_HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _BAD_VALUE = re.compile(r"[\x00\r\n]")
 
 Key = tuple[str, str, int]  # scheme, host, port
