@@ -6,7 +6,8 @@ read to its end leaves its connection for the next send; interim 1xx answers are
 answer that says ``Connection: close``, an HTTP/1.0 one and a send cut short by its timeout
 close their connection. An answer that breaks HTTP/1.1 is a ``Retry`` naming the protocol
 error, whatever its bytes: never an exception, never a delivery. HTTPS verifies the
-provider's certificate.
+provider's certificate. No more connections are open or opening at once than the limit,
+across every provider.
 
 The provider here is a fake at the edge: a TCP server that reads each request and writes
 the scripted bytes of an answer, as they are, hostile ones included.
@@ -20,7 +21,7 @@ import ipaddress
 import ssl
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -53,7 +54,7 @@ class ScriptedProvider:
     def url(self) -> str:
         return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}/hooks"
 
-    async def __aenter__(self) -> ScriptedProvider:
+    async def __aenter__(self) -> Self:
         self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0, ssl=self.tls)
         self.port = self._server.sockets[0].getsockname()[1]
         return self
@@ -249,3 +250,43 @@ def test_https_is_delivered_to_a_provider_whose_certificate_verifies_and_refused
     assert trusted == [Delivered(status=204, answer="")] * 2 and heard == 2
     assert isinstance(refused, Retry) and refused.reason.startswith("connection error: ConnectError"), refused
     assert requests == 2
+
+
+class CountingProvider(ScriptedProvider):
+    """A ``ScriptedProvider`` that also counts its connections open now (a fake at the edge)."""
+
+    def __init__(self, answers: Sequence[bytes | None]) -> None:
+        super().__init__(answers)
+        self.open = 0
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.open += 1
+        try:
+            await super()._serve(reader, writer)
+        finally:
+            self.open -= 1
+
+
+@pytest.mark.clause("DELIV-18")
+@pytest.mark.clause("DELIV-19")
+def test_the_connection_limit_holds_across_hosts_with_the_connections_being_opened_counted() -> None:
+    """DELIV-19: with a limit of 2, two sends at once to one provider leave 2 connections idle;
+    two sends at once to another provider then close both of those before theirs are open, so
+    no more than 2 stay open (a connection being opened counts against the limit)."""
+    ok = b"HTTP/1.1 204 No Content\r\n\r\n"
+
+    async def scenario() -> tuple[list[SendResult], int, int]:
+        # answers to spare: a provider keeps each connection open until the client ends it
+        async with CountingProvider([ok] * 4) as first, CountingProvider([ok] * 4) as second, \
+                http.DeliveryHttp(2) as client:
+            results = list(await asyncio.gather(send(client, first.url), send(client, first.url)))
+            assert first.accepted == 2  # both kept idle for the first provider
+            results += await asyncio.gather(send(client, second.url), send(client, second.url))
+            async with asyncio.timeout(5):  # the first provider sees its two connections end
+                while first.open:
+                    await asyncio.sleep(0.01)
+            return results, second.accepted, second.open
+
+    results, accepted, still_open = run(scenario())
+    assert results == [Delivered(status=204, answer="")] * 4
+    assert accepted == 2 and still_open == 2

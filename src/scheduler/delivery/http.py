@@ -93,7 +93,7 @@ class DeliveryHttp:
             if target.scheme not in ("http", "https") or not target.host:
                 raise httpx.UnsupportedProtocol(f"not an http or https URL: {url[:200]!r}")
             proxy = self._proxy(target)
-            if proxy is None and target.user is None:
+            if proxy is None and target.user is None and target.password is None:
                 sent = await self.pool().post(target, content, {**WIRE_HEADERS, **headers}, ANSWER_BYTES)
                 return HttpAnswer(status=sent.status, headers=sent.header_map(), body=sent.body)
             answer = await self._session().post(target, data=content, headers={**IDENTITY, **headers},

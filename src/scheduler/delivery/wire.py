@@ -1,5 +1,5 @@
 """HTTP/1.1 on asyncio's own transports: the built-in channels' direct POSTs
-(DEC-DELIVERY-HTTP, DELIV-18).
+(DEC-DELIVERY-HTTP, DELIV-18, DELIV-19).
 
 One POST and the start of its answer over a connection of one event loop's pool, kept alive
 while the answer allows it; TLS is asyncio's (``ssl``), with the system's trust store unless
@@ -106,7 +106,8 @@ class _Connection(asyncio.Protocol):
 
     @property
     def reusable(self) -> bool:
-        return (not self.ended and not self.buffer and self.transport is not None
+        # a paused transport would not see the server's close while idle
+        return (not self.ended and not self.buffer and not self._paused and self.transport is not None
                 and not self.transport.is_closing())
 
     def close(self) -> None:
@@ -272,7 +273,8 @@ class WirePool:
         self._slots = asyncio.Semaphore(limit)
         self._idle: dict[Key, list[_Connection]] = {}
         self._idle_count = 0
-        self._active = 0  # connections in an exchange
+        self._active = 0  # sends holding a slot: in an exchange, or opening its connection
+        self._closed = False
         self.opened = 0  # connections made (what a test counts)
 
     def _ssl_context(self) -> ssl.SSLContext:
@@ -282,27 +284,37 @@ class WirePool:
 
     def _take(self, key: Key) -> _Connection | None:
         idle = self._idle.get(key)
-        while idle:
+        found = None
+        while idle and found is None:
             conn = idle.pop()
             self._idle_count -= 1
             if conn.reusable:
-                return conn
-            conn.close()
-        return None
+                found = conn
+            else:
+                conn.close()
+        if idle is not None and not idle:
+            del self._idle[key]  # a host no longer sent to leaves nothing behind
+        return found
 
     def _give_back(self, conn: _Connection) -> None:
+        if self._closed:
+            conn.close()  # the pool was closed while this send was in flight
+            return
         self._idle.setdefault(conn.key, []).append(conn)
         self._idle_count += 1
 
     def _make_room(self) -> None:
-        """Close an idle connection of another host when the open ones would pass the limit."""
-        if self._idle_count + self._active < self.limit:
+        """Close an idle connection (another host's) when opening one would pass the limit: the
+        sends holding a slot, this one included, and the idle connections are every connection
+        open or opening."""
+        if self._idle_count + self._active <= self.limit:
             return
-        for idle in self._idle.values():
-            if idle:
-                idle.pop(0).close()
-                self._idle_count -= 1
-                return
+        for key, idle in self._idle.items():
+            idle.pop(0).close()
+            self._idle_count -= 1
+            if not idle:
+                del self._idle[key]
+            return
 
     async def _open(self, key: Key) -> _Connection:
         scheme, host, port = key
@@ -310,8 +322,9 @@ class WirePool:
         tls = self._ssl_context() if scheme == "https" else None
         loop = asyncio.get_running_loop()
         try:
+            # a name's trailing dot (a fully qualified name) is no part of its certificate's
             _, conn = await loop.create_connection(lambda: _Connection(key), host, port, ssl=tls,
-                                                   server_hostname=host if tls is not None else None)
+                                                   server_hostname=host.rstrip(".") if tls is not None else None)
         except OSError as exc:  # refused, unreachable, no such host, a TLS handshake that failed
             raise httpx.ConnectError(f"cannot connect to {host}:{port}: {exc}") from exc
         self.opened += 1
@@ -325,24 +338,26 @@ class WirePool:
         head = request_head(url, headers, len(content))
         key = (url.scheme, host, port)
         async with self._slots:
+            self._active += 1  # counted before it opens: the limit holds for connections opening too
+            conn: _Connection | None = None
             keep = False
-            conn = self._take(key) or await self._open(key)
-            self._active += 1
             try:
+                conn = self._take(key) or await self._open(key)
                 assert conn.transport is not None
                 conn.transport.write(head + content)
                 answer, keep = await read_answer(conn, cap)
             finally:
                 self._active -= 1
                 # an answer not read to its end, a send cut short: the connection goes with it
-                if keep:
+                if conn is not None and keep:
                     self._give_back(conn)
-                else:
+                elif conn is not None:
                     conn.close()
         return answer
 
     def close(self) -> None:
-        """Close every idle connection."""
+        """Close every idle connection; a send still in flight closes its own when it ends."""
+        self._closed = True
         for idle in self._idle.values():
             for conn in idle:
                 conn.close()
