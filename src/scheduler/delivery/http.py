@@ -141,8 +141,8 @@ class DeliveryHttp:
 
 HttpClient = DeliveryHttp | httpx.AsyncClient  # what a channel sends with
 IDENTITY = {"accept-encoding": "identity"}
-# what aiohttp sends of its own on a direct send, beside IDENTITY (the channels' headers follow)
-WIRE_HEADERS = {"accept": "*/*", "accept-encoding": "identity", "user-agent": "scheduler"}
+# a direct send's own headers: what aiohttp sends of its own, and IDENTITY (the channels' follow)
+WIRE_HEADERS = {"accept": "*/*", **IDENTITY, "user-agent": "scheduler"}
 
 
 async def post(client: HttpClient, url: str, *, content: bytes, headers: Mapping[str, str],

@@ -8,9 +8,9 @@ carries no credentials; aiohttp carries the others.
 
 Why not aiohttp for every send: the worker's CPU per send is what a busy replica spends on
 the same two cores that decide, and aiohttp's request and response machinery (a request
-object, header multidicts, cookies, traces, timers, a stream reader) costs about 165 µs of CPU a
-POST where this costs about 60 µs (5,000 signed webhooks 128 at a time to a receiver
-answering after 100 ms).
+object, header multidicts, cookies, traces, timers, a stream reader) made a signed webhook
+through ``http.post`` cost about 165 µs of CPU; on this, 117 µs, of which the HTTP is about 60
+(5,000 POSTs 128 at a time to a receiver answering after 100 ms).
 
 The answer is a stranger's bytes, parsed strictly here and only here: a status line
 ``HTTP/1.0`` or ``HTTP/1.1`` and three digits; header names that are tokens, values without
