@@ -10,8 +10,8 @@ from __future__ import annotations
 import asyncio
 import ssl
 import urllib.request
-from collections.abc import Mapping
-from typing import Self
+from collections.abc import Callable, Mapping
+from typing import Self, TypeVar
 
 import aiohttp
 import httpx
@@ -22,6 +22,7 @@ from scheduler.delivery.wire import WirePool
 from scheduler.types import Clock, Retry, SendResult
 
 ANSWER_BYTES = 4096
+T = TypeVar("T")
 
 
 class DeliveryHttp:
@@ -48,7 +49,7 @@ class DeliveryHttp:
         if connections < 1:
             raise ValueError(f"at least one connection, got {connections}")
         self.connections = connections
-        self._ssl = ssl_context
+        self._ssl = ssl_context  # the system's trust store when None: made once, on first use
         self._sessions: dict[asyncio.AbstractEventLoop, aiohttp.ClientSession] = {}
         self._pools: dict[asyncio.AbstractEventLoop, WirePool] = {}
         self._proxies = urllib.request.getproxies_environment()
@@ -56,29 +57,21 @@ class DeliveryHttp:
     def __repr__(self) -> str:
         return f"DeliveryHttp(connections={self.connections})"
 
+    def _tls(self) -> ssl.SSLContext:
+        """The one TLS context of every pool and session (loading a trust store costs tens of ms)."""
+        if self._ssl is None:
+            self._ssl = ssl.create_default_context()
+        return self._ssl
+
     def _session(self) -> aiohttp.ClientSession:
-        loop = asyncio.get_running_loop()
-        session = self._sessions.get(loop)
-        if session is None or session.closed:
-            for ended in [other for other in self._sessions if other.is_closed()]:
-                # an ended asyncio.run's session: its loop is closed, and its sockets with it
-                del self._sessions[ended]
-            session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=self.connections, limit_per_host=0,
-                                               ssl=self._ssl if self._ssl is not None else True),
-                auto_decompress=False, timeout=aiohttp.ClientTimeout(total=None))
-            self._sessions[loop] = session
-        return session
+        """This event loop's aiohttp session (a proxied send's, or one with credentials)."""
+        return _of_this_loop(self._sessions, lambda: aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=self.connections, limit_per_host=0, ssl=self._tls()),
+            auto_decompress=False, timeout=aiohttp.ClientTimeout(total=None)), usable=lambda s: not s.closed)
 
     def pool(self) -> WirePool:
         """This event loop's own connections (made on its first direct send)."""
-        loop = asyncio.get_running_loop()
-        pool = self._pools.get(loop)
-        if pool is None:
-            for ended in [other for other in self._pools if other.is_closed()]:
-                del self._pools[ended]  # an ended asyncio.run's: its sockets closed with its loop
-            pool = self._pools[loop] = WirePool(self.connections, self._ssl)
-        return pool
+        return _of_this_loop(self._pools, lambda: WirePool(self.connections, self._tls))
 
     def _proxy(self, url: yarl.URL) -> str | None:
         """The environment's proxy for ``url`` (None: none, or ``NO_PROXY`` names its host)."""
@@ -94,8 +87,7 @@ class DeliveryHttp:
                 raise httpx.UnsupportedProtocol(f"not an http or https URL: {url[:200]!r}")
             proxy = self._proxy(target)
             if proxy is None and target.user is None and target.password is None:
-                sent = await self.pool().post(target, content, {**WIRE_HEADERS, **headers}, ANSWER_BYTES)
-                return HttpAnswer(status=sent.status, headers=sent.header_map(), body=sent.body)
+                return await self.pool().post(target, content, {**WIRE_HEADERS, **headers}, ANSWER_BYTES)
             answer = await self._session().post(target, data=content, headers={**IDENTITY, **headers},
                                                 allow_redirects=False, proxy=proxy)
         except (ValueError, aiohttp.InvalidURL) as exc:
@@ -137,6 +129,19 @@ class DeliveryHttp:
         for owner, session in sessions.items():
             if owner is loop:
                 await session.close()
+
+
+def _of_this_loop(made: dict[asyncio.AbstractEventLoop, T], make: Callable[[], T],
+                  usable: Callable[[T], bool] = lambda _: True) -> T:
+    """The running loop's entry of ``made``, made now if it has none (or none ``usable``); the
+    entries of loops that ended are dropped (an ended ``asyncio.run``: its sockets closed with it)."""
+    loop = asyncio.get_running_loop()
+    found = made.get(loop)
+    if found is None or not usable(found):
+        for ended in [other for other in made if other.is_closed()]:
+            del made[ended]
+        found = made[loop] = make()
+    return found
 
 
 HttpClient = DeliveryHttp | httpx.AsyncClient  # what a channel sends with
