@@ -1,12 +1,12 @@
 """Benchmark: trigger to delivered. N reminders fall due at one instant, each delivered by
 webhook to a local receiver that answers after 100 ms; how long until each arrives?
 
-The receiver is a process of its own (``scheduler.testing.loopback``'s server, keeping
-connections alive as a provider does; it sleeps 100 ms before its 204 and records when it
-answered each ``webhook-id`` first). The
-reminders are stored through the real store path (``bench.burst.store_burst``), all due at
-one wall-clock instant ``T`` a few seconds ahead; a reminder's latency is the receiver's
-first 2xx for it minus ``T``. Side by side, in one run:
+The receiver is a process of its own (``bench.provider``: it keeps connections alive as a
+provider does, answers 204 100 ms after each POST and records when it answered each
+``webhook-id`` first; it spends as little CPU as it can, since it stands for a provider on
+another machine and runs on the measured one). The reminders are stored through the real
+store path (``bench.burst.store_burst``), all due at one wall-clock instant ``T`` a few
+seconds ahead; a reminder's latency is the receiver's first 2xx for it minus ``T``. Side by side, in one run:
 
 - **outbox**: two real ``scheduler serve`` replicas (prompt mode) with the webhook channel
   (``SCHEDULER_WEBHOOK_URL``, signed), each running the delivery worker at
@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import statistics
 import subprocess
@@ -68,38 +67,18 @@ TARGET_P99_SECONDS = 5.0
 
 
 def _receiver(latency: float, ports: Any, stop: MpEvent) -> None:
-    """The receiver process: answers every POST 204 after ``latency`` seconds; GET /count?prefix=
-    how many keys with that prefix it answered (what a waiting driver asks, four times a second),
-    GET /stats its whole record (read once, at the end: 10,000 keys are half a megabyte of JSON,
-    whose encoding and parsing would take CPU from the system being measured)."""
-    from urllib.parse import parse_qs, urlsplit
+    """The receiver process: ``bench.provider``'s server, answering every POST 204 after
+    ``latency`` seconds, until ``stop``."""
+    from bench.provider import Record, serve
 
-    from scheduler.testing.loopback import LoopbackServer, Reply, Request
-
-    first: dict[str, float] = {}
-    counts = {"requests": 0}
-
-    async def handle(request: Request) -> Reply:
-        if request.method == "GET":
-            target = urlsplit(request.target)
-            if target.path == "/count":
-                prefix = parse_qs(target.query).get("prefix", [""])[0]
-                seen = sum(1 for key in first if key.startswith(prefix))
-                return Reply.of(200, json.dumps({"seen": seen, "requests": counts["requests"]}))
-            return Reply.of(200, json.dumps({"first": first, "requests": counts["requests"]}))
-        counts["requests"] += 1
-        await asyncio.sleep(latency)
-        key = request.headers.get("webhook-id", "")
-        first.setdefault(key, time.time())
-        return Reply.of(204)
-
-    async def serve() -> None:
-        async with LoopbackServer(handle, max_body=1 << 16, keep_alive=True) as server:
-            ports.put(server.port)
+    async def run() -> None:
+        server = await serve(Record(), latency)
+        async with server:
+            ports.put(server.sockets[0].getsockname()[1])
             while not stop.is_set():
                 await asyncio.sleep(0.1)
 
-    asyncio.run(serve())
+    asyncio.run(run())
 
 
 class Receiver:
