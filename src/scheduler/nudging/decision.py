@@ -251,14 +251,26 @@ class BatchDecisions:
         arrays = {name: list(outcomes[name]) for name in ("ids", "statuses", "errors", "times")}
         # a held row's end of quiet hours (QUIET-2); None keeps the row's own
         arrays["not_befores"] = list(outcomes.get("not_befores") or [None] * len(arrays["ids"]))
-        return "write_batch_decisions", {"batch": json.dumps(document, default=_json_time), **arrays}
+        return "write_batch_decisions", {"batch": json.dumps(document, default=_JsonTime()), **arrays}
 
 
-def _json_time(value: object) -> str:
-    """A time in the write's JSON: ISO 8601 with its offset and microseconds (exact as timestamptz)."""
-    if isinstance(value, datetime):
-        return value.isoformat()
-    raise TypeError(f"{type(value).__name__} in a batch's write")
+class _JsonTime:
+    """A time in the write's JSON: ISO 8601 with its offset and microseconds (exact as
+    timestamptz). A batch's rows carry its one decision time again and again, so the last
+    time's text is kept for the next (one encoding a write, not one a row)."""
+
+    def __init__(self) -> None:
+        self._last: tuple[datetime, str] | None = None
+
+    def __call__(self, value: object) -> str:
+        if not isinstance(value, datetime):
+            raise TypeError(f"{type(value).__name__} in a batch's write")
+        last = self._last
+        if last is not None and last[0] is value:
+            return last[1]
+        text = value.isoformat()
+        self._last = (value, text)
+        return text
 
 
 def evaluated_in_order(catalogue: Catalogue, events: Sequence[DigitalTwinEvent],
@@ -297,15 +309,25 @@ def state_of(limits: Mapping[str, Any] | None, users: Sequence[str], now: dateti
     state = BatchState(preferences, {},
                        {str(key): KeyState(True, duplicate_notification_id=None if dup is None else str(dup))
                         for key, dup in limits["taken_keys"]})
+    # a batch decides at one instant, so a zone's day is the same for each of its participants:
+    # found once per zone (a burst's participants share a few zones), a broken one's error too
+    days: dict[str | None, tuple[datetime, datetime] | LocalTimeError] = {}
     for n, sent_at in limits["sent_recently"]:
         user = users[int(n) - 1]
-        try:
-            day_start, day_end = state.preferences_of(user).day(now)
-        except LocalTimeError as exc:
-            state.broken_zones[user] = exc
+        participant = state.preferences_of(user)
+        day = days.get(participant.time_zone)
+        if day is None:
+            try:
+                day = participant.day(now)
+            except LocalTimeError as exc:
+                day = exc
+            days[participant.time_zone] = day
+        if isinstance(day, LocalTimeError):
+            state.broken_zones[user] = day
             continue
         # the participant's own day, in Python (zoneinfo's rules, DEC-LOCAL-TIME): every one of
         # their days lies within CAP_WINDOW of now, so the window read holds it whole
+        day_start, day_end = day
         state.sent_today[user] = sum(day_start <= datetime.fromisoformat(t) < day_end for t in sent_at)
     return state
 

@@ -139,6 +139,11 @@ SET status = o.status,
 FROM outcomes AS o
 -- by primary key: only rows this transaction claimed and still holds locked
 WHERE e.id = o.id
+  -- the same rows named as one array, so each is found through the primary key whatever the
+  -- table's statistics say: joined to o alone, a planner that sees a small table (a burst's
+  -- rows stored since it was last analyzed) hashes a sequential scan of all of it, and each
+  -- batch's write grew with every row ever stored (DEC-PLANS)
+  AND e.id = ANY(ARRAY(SELECT id FROM outcomes))
 
 -- name: batch_outcomes
 -- A fragment, not a statement: a batch's outcomes as the rows write_outcomes reads, one element of each array per event, in the batch's order; record_outcomes and write_batch_decisions include it as {{batch_outcomes}}.
@@ -352,6 +357,8 @@ WITH document AS MATERIALIZED (
     FROM document, jsonb_array_elements(document.b->'repeated_keys') AS r
     -- only as the read saw it: a new suppressed_dedup row exactly when the key had none
     WHERE d.key = r->>'key'
+      -- through the primary key whatever the statistics say, as write_outcomes (DEC-PLANS)
+      AND d.key = ANY(ARRAY(SELECT k->>'key' FROM document, jsonb_array_elements(document.b->'repeated_keys') AS k))
       AND (d.duplicate_notification_id IS NULL) = (r->>'notification_id' IS NOT NULL)
     RETURNING d.key
 ), notification AS (
@@ -426,11 +433,16 @@ SELECT w.*,
 FROM wrote AS w CROSS JOIN decided AS d;
 
 -- name: claim_by_due_order
--- For the rest of this transaction (a claim of its own), no bitmap scans: the claim after it walks ix_deliveries_due in order and stops at its limit.
--- Without it, a table whose statistics lag a burst (a few rows estimated due, thousands
+-- For the rest of this transaction (a claim of its own), no bitmap scans and no hash or merge joins: the claim after it walks ix_deliveries_due in order, stops at its limit, and finds each row's notification and event by primary key.
+-- Without the first, a table whose statistics lag a burst (a few rows estimated due, thousands
 -- queued) is read by a bitmap scan of every due row, all of them sorted for the first
 -- :limit: a claim's cost grew with the backlog (DEC-OUTBOX-STORAGE)
-SELECT set_config('enable_bitmapscan', 'off', true);
+SELECT set_config('enable_bitmapscan', 'off', true),
+       -- without these, a claim estimated at a few hundred rows joins them to deliveries,
+       -- notifications and scheduled_events by hashing a sequential scan of each whole table:
+       -- a claim's cost grew with everything ever decided (DEC-OUTBOX-STORAGE)
+       set_config('enable_hashjoin', 'off', true),
+       set_config('enable_mergejoin', 'off', true);
 
 -- name: claim_due_deliveries
 -- Lease up to :limit due outbox rows (queued or retrying, next_attempt_at reached by :now, no live lease) to :worker until :lease_until, oldest due first, counting the attempt (DEC-OUTBOX).
