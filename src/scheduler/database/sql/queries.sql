@@ -140,9 +140,9 @@ FROM outcomes AS o
 -- by primary key: only rows this transaction claimed and still holds locked
 WHERE e.id = o.id
   -- the same rows named as one array, so each is found through the primary key whatever the
-  -- table's statistics say: joined to o alone, a planner that sees a small table (a burst's
-  -- rows stored since it was last analyzed) hashes a sequential scan of all of it, and each
-  -- batch's write grew with every row ever stored (DEC-PLANS)
+  -- planner's costs say: joined to o alone, a table of some tens of thousands of rows was read
+  -- whole by a hashed sequential scan (cheaper than a hundred probes by the planner's count of
+  -- a random read), so a burst's every batch read every row stored so far (DEC-PLANS)
   AND e.id = ANY(ARRAY(SELECT id FROM outcomes))
 
 -- name: batch_outcomes
@@ -440,7 +440,7 @@ FROM wrote AS w CROSS JOIN decided AS d;
 SELECT set_config('enable_bitmapscan', 'off', true),
        -- without these, a claim estimated at a few hundred rows joins them to deliveries,
        -- notifications and scheduled_events by hashing a sequential scan of each whole table:
-       -- a claim's cost grew with everything ever decided (DEC-OUTBOX-STORAGE)
+       -- a burst's every claim read everything decided so far (DEC-PLANS)
        set_config('enable_hashjoin', 'off', true),
        set_config('enable_mergejoin', 'off', true);
 
