@@ -255,9 +255,8 @@ class BatchDecisions:
 
 
 class _JsonTime:
-    """A time in the write's JSON: ISO 8601 with its offset and microseconds (exact as
-    timestamptz). A batch's rows carry its one decision time again and again, so the last
-    time's text is kept for the next (one encoding a write, not one a row)."""
+    """A time in the write's JSON: ISO 8601 with its offset and microseconds (exact as timestamptz);
+    the last one's text is kept, since a batch's rows carry its one decision time again and again."""
 
     def __init__(self) -> None:
         self._last: tuple[datetime, str] | None = None
