@@ -54,6 +54,7 @@ class Sizes:
     delivery_events: int = 10_000
     delivery_concurrency: int = 256  # sends at once per replica (and per peer worker)
     delivery_batch: int = 100  # the outbox replicas' SCHEDULER_BATCH_SIZE
+    delivery_rounds: int = 1  # the outbox and pgqueuer, taking turns at going first
 
 
 FULL = Sizes(claim_sizes=(10_000, 100_000, 1_000_000), claim_samples=300, claim_budget=10.0,
@@ -234,7 +235,7 @@ def _delivery(server: Any, s: Sizes, results: dict[str, Any]) -> dict[str, Any]:
     from bench import delivery
 
     return delivery.run(server, events=s.delivery_events, concurrency=s.delivery_concurrency,
-                        batch_size=s.delivery_batch)
+                        batch_size=s.delivery_batch, rounds=s.delivery_rounds)
 
 
 RUNNERS: dict[str, Callable[[Any, Sizes, dict[str, Any]], dict[str, Any]]] = {
@@ -246,7 +247,8 @@ RUNNERS: dict[str, Callable[[Any, Sizes, dict[str, Any]], dict[str, Any]]] = {
 
 def run_benchmarks(names: Sequence[str], *, quick: bool, out: Path, database_url: str | None,
                    burst_events: int | None = None, rows: Sequence[int] | None = None,
-                   concurrency: int | None = None, batch_size: int | None = None) -> int:
+                   concurrency: int | None = None, batch_size: int | None = None,
+                   rounds: int | None = None) -> int:
     """Run ``names`` in order; one failing benchmark is reported and the others still run."""
     from bench import report
     from bench.env import Server, machine_facts, progress
@@ -266,6 +268,10 @@ def run_benchmarks(names: Sequence[str], *, quick: bool, out: Path, database_url
         if batch_size < 1:
             raise SystemExit("--batch-size must be at least 1")
         sizes = dataclasses.replace(sizes, delivery_batch=batch_size)
+    if rounds is not None:
+        if rounds < 1:
+            raise SystemExit("--rounds must be at least 1")
+        sizes = dataclasses.replace(sizes, delivery_rounds=rounds)
     if rows:
         if min(rows) <= 1_000:
             raise SystemExit("--rows: every size must be above the 1,000 pending rows")
@@ -331,6 +337,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
             one.add_argument("--batch-size", type=int, default=None, metavar="B",
                              help=f"the outbox replicas' SCHEDULER_BATCH_SIZE (default {FULL.delivery_batch}; "
                                   "the service's own default is 20)")
+            one.add_argument("--rounds", type=int, default=None, metavar="R",
+                             help="run the outbox and pgqueuer R times, taking turns at going first, and report "
+                                  "every round's p99 and each one's median round (default 1)")
         if name == "scale":
             one.add_argument("--rows", type=int, nargs="+", default=None, metavar="N",
                              help="table sizes to measure side by side (default "
@@ -342,7 +351,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def _run(args: argparse.Namespace, settings: Any = None) -> int:
     return run_benchmarks(args.bench_names, quick=args.quick, out=args.out, database_url=args.database_url,
                           burst_events=getattr(args, "events", None), rows=getattr(args, "rows", None),
-                          concurrency=getattr(args, "concurrency", None), batch_size=getattr(args, "batch_size", None))
+                          concurrency=getattr(args, "concurrency", None), batch_size=getattr(args, "batch_size", None),
+                          rounds=getattr(args, "rounds", None))
 
 
 EPILOG = ("Figures are ratios measured side by side in one run; absolute times on a shared machine "

@@ -55,12 +55,35 @@ def test_the_delivery_command_takes_its_events_and_stays_out_of_all(capsys: pyte
     replicas' batch (default 100); ``--help`` says so; ``all`` does not run it."""
     parser = argparse.ArgumentParser()
     cli.configure(parser)
-    args = parser.parse_args(["delivery", "--events", "2500", "--concurrency", "64", "--batch-size", "50"])
+    args = parser.parse_args(["delivery", "--events", "2500", "--concurrency", "64", "--batch-size", "50",
+                              "--rounds", "3"])
     assert args.bench_names == ("delivery",) and args.events == 2500
-    assert (args.concurrency, args.batch_size) == (64, 50)
+    assert (args.concurrency, args.batch_size, args.rounds) == (64, 50, 3)
     assert "delivery" not in parser.parse_args(["all"]).bench_names
-    assert (cli.FULL.delivery_events, cli.FULL.delivery_concurrency, cli.FULL.delivery_batch) == (10_000, 256, 100)
+    assert (cli.FULL.delivery_events, cli.FULL.delivery_concurrency, cli.FULL.delivery_batch,
+            cli.FULL.delivery_rounds) == (10_000, 256, 100, 1)
     with pytest.raises(SystemExit):
         parser.parse_args(["delivery", "--help"])
     shown = capsys.readouterr().out
     assert "--events N" in shown and "--concurrency C" in shown and "--batch-size B" in shown
+    assert "--rounds R" in shown
+
+
+@pytest.mark.clause("PERF-11")
+def test_rounds_report_each_systems_median_round_and_every_rounds_p99() -> None:
+    """PERF-11: with ``--rounds``, a system's row is its median round by p99 (the lower middle
+    one of an even count) carrying every round's p99, a peer skipped in a round is that row,
+    and the table lists every round and how often the outbox was at or ahead of pgqueuer."""
+    rounds = [{"system": "outbox", "p99_s": p, "p50_s": p / 2, "last_s": p, "events": 10} for p in (3.0, 2.0, 4.0, 2.5)]
+    middle = delivery._median_round(rounds)
+    assert middle["p99_s"] == 2.5 and middle["rounds_p99_s"] == [3.0, 2.0, 4.0, 2.5]
+    skipped = {"system": "pgqueuer", "skipped": "not installed"}
+    assert delivery._median_round([rounds[0], skipped]) == skipped
+    section = {"events": 10, "latency_ms": 100, "replicas": 2, "concurrency": 4, "batch_size": 100,
+               "target_p99_s": 5.0, "systems": [middle | {"meets_target": True}],
+               "rounds": [{"first": "outbox", "outbox_p99_s": 3.0, "pgqueuer_p99_s": 2.9},
+                          {"first": "pgqueuer", "outbox_p99_s": 2.0, "pgqueuer_p99_s": 2.8},
+                          {"first": "outbox", "outbox_p99_s": 4.0, "pgqueuer_p99_s": None}]}
+    text = "\n".join(delivery.table(section))
+    assert "outbox p99 3.00 s / 2.00 s / 4.00 s; pgqueuer p99 2.90 s / 2.80 s / -" in text
+    assert "the outbox at or ahead of pgqueuer in 1 of 2." in text
