@@ -35,6 +35,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from multiprocessing.synchronize import Barrier
 from multiprocessing.synchronize import Event as MpEvent
@@ -433,33 +434,42 @@ def run(server: Server, *, events: int, replicas: int = 2, concurrency: int = CO
     store_rate = calibrate_store_rate(server)
     receiver = Receiver(latency_ms / 1000)
 
-    def ours() -> dict[str, Any]:
+    def ours(receiver: Receiver) -> dict[str, Any]:
         return outbox(server, receiver, events=events, replicas=replicas, concurrency=concurrency,
                       store_rate=store_rate, workdir=workdir, batch_size=batch_size)
 
-    def theirs(name: str) -> dict[str, Any]:
+    def theirs(receiver: Receiver, name: str) -> dict[str, Any]:
         try:
             return peer(server, receiver, name, events=events, replicas=replicas, concurrency=concurrency)
         except Exception as exc:  # noqa: BLE001 - one peer's failure is its row; the others still run
             progress(f"delivery {name} FAILED: {type(exc).__name__}: {exc}")
             return {"system": name, "skipped": f"failed: {type(exc).__name__}: {str(exc).strip()[:200]}"}
 
+    def alone(run: Callable[[Receiver], dict[str, Any]]) -> dict[str, Any]:
+        # a later round's run on a receiver of its own: the receiver keeps every key's first
+        # answer, and the outbox's keys (its idempotency keys) have no prefix to count by
+        fresh = Receiver(latency_ms / 1000)
+        try:
+            return run(fresh)
+        finally:
+            fresh.close()
+
     played: list[dict[str, dict[str, Any]]] = []
     try:
-        first = ours()
+        first = ours(receiver)
         systems = [first, publisher(server, receiver, events=min(publisher_events, events), replicas=replicas,
-                                    target_events=events, store_rate=store_rate), theirs("procrastinate")]
-        played.append({"outbox": first, "pgqueuer": theirs("pgqueuer")})
-        for number in range(1, rounds):
-            progress(f"delivery: round {number + 1} of {rounds}, {'pgqueuer' if number % 2 else 'the outbox'} first")
-            if number % 2:
-                pgqueuer = theirs("pgqueuer")
-                played.append({"pgqueuer": pgqueuer, "outbox": ours()})
-            else:
-                mine = ours()
-                played.append({"outbox": mine, "pgqueuer": theirs("pgqueuer")})
+                                    target_events=events, store_rate=store_rate), theirs(receiver, "procrastinate")]
+        played.append({"outbox": first, "pgqueuer": theirs(receiver, "pgqueuer")})
     finally:
         receiver.close()
+    for number in range(1, rounds):
+        progress(f"delivery: round {number + 1} of {rounds}, {'pgqueuer' if number % 2 else 'the outbox'} first")
+        if number % 2:
+            pgqueuer = alone(lambda r: theirs(r, "pgqueuer"))
+            played.append({"pgqueuer": pgqueuer, "outbox": alone(ours)})
+        else:
+            mine = alone(ours)
+            played.append({"outbox": mine, "pgqueuer": alone(lambda r: theirs(r, "pgqueuer"))})
     section: dict[str, Any] = {"events": events, "replicas": replicas, "concurrency": concurrency,
                                "batch_size": batch_size, "latency_ms": latency_ms,
                                "target_p99_s": TARGET_P99_SECONDS}
