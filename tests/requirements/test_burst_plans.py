@@ -43,12 +43,15 @@ def _fill(engine: Engine, now: Any, *, queued: bool) -> None:
             "INSERT INTO dedup_keys (key, notification_id, created_at) "
             "SELECT 'd-' || g, 'n-' || g, :now FROM generate_series(1, :n) AS g"), {"now": now, "n": ROWS})
         conn.execute(text(
+            "INSERT INTO participant_preferences (user_id, max_per_day, updated_at) "
+            "SELECT 'u-' || g, 3, :now FROM generate_series(1, :n) AS g"), {"now": now, "n": ROWS})
+        conn.execute(text(
             "INSERT INTO deliveries (notification_id, user_id, channel, status, created_at, idempotency_key, "
             "message, next_attempt_at, updated_at, attempts) "
             "SELECT 'n-' || g, 'u-' || g, 'sms', :status, :now, 'i-' || g, '{}', "
             "CASE WHEN :queued THEN :now - g * interval '1 ms' END, :now, 0 FROM generate_series(1, :n) AS g"),
             {"now": now, "n": ROWS, "queued": queued, "status": "queued" if queued else "delivered"})
-        conn.execute(text("ANALYZE scheduled_events, notifications, dedup_keys, deliveries"))
+        conn.execute(text("ANALYZE scheduled_events, notifications, dedup_keys, deliveries, participant_preferences"))
 
 
 def _plan(engine: Engine, statement: str, params: dict[str, Any], *, first: str | None = None) -> list[dict[str, Any]]:
@@ -144,3 +147,23 @@ def test_a_claimed_batchs_outcomes_are_recorded_by_primary_key_in_a_burst(
     assert "scheduled_events" not in _scanned_whole(_plan(engine, sql, params))
     alone = _without(sql, "AND e.id = ANY(ARRAY(SELECT id FROM outcomes))")
     assert "scheduled_events" in _scanned_whole(_plan(engine, alone, params))
+
+
+@pytest.mark.clause("DEC-PLANS")
+def test_a_batchs_read_finds_its_participants_preferences_and_taken_keys_by_primary_key_in_a_burst(
+    service: SchedulerService, engine: Engine, clock: ManualClock
+) -> None:
+    """DEC-PLANS: the decision's one read (``read_batch_limits``) of a batch of 100 participants
+    and 100 deduplication keys probes ``participant_preferences`` and ``dedup_keys`` by primary
+    key; with the ids as counted arrays, the planner scans both tables whole, comparing every
+    row with every id."""
+    now = clock.now()
+    _fill(engine, now, queued=False)
+    sql = service.database.statements.sql("read_batch_limits")
+    params = {"user_ids": [f"u-{i}" for i in range(1, 101)], "keys": [f"d-{i}" for i in range(1, 101)],
+              "window_start": now - timedelta(hours=48), "window_end": now + timedelta(hours=48)}
+    assert not _scanned_whole(_plan(engine, sql, params)) & {"participant_preferences", "dedup_keys"}
+    counted = (sql.replace("ANY(ARRAY(SELECT unnest(CAST(:user_ids AS text[]))))", "ANY(CAST(:user_ids AS text[]))")
+               .replace("ANY(ARRAY(SELECT unnest(CAST(:keys AS text[]))))", "ANY(CAST(:keys AS text[]))"))
+    assert counted != sql
+    assert _scanned_whole(_plan(engine, counted, params)) >= {"participant_preferences", "dedup_keys"}

@@ -307,7 +307,10 @@ SELECT
                                                to_char(p.quiet_hours_start, 'HH24:MI'),
                                                to_char(p.quiet_hours_end, 'HH24:MI'))), '[]')
      FROM scheduler.participant_preferences AS p
-     WHERE p.user_id = ANY(CAST(:user_ids AS text[]))) AS preferences,
+     -- the ids as an array the planner cannot count, so each is one probe of the primary key
+     -- however many rows the table holds: counted, a hundred of them made a sequential scan of
+     -- some thousands of rows look cheaper, each row compared with every id (DEC-PLANS)
+     WHERE p.user_id = ANY(ARRAY(SELECT unnest(CAST(:user_ids AS text[]))))) AS preferences,
     -- per participant (by its position in the user_ids array) the times of its sent
     -- notifications in the window around now: the decision's own record, whatever
     -- becomes of their deliveries (ix_notifications_user_id_created_at). Every local day lies
@@ -324,7 +327,8 @@ SELECT
     ) AS sent_recently,
     (SELECT coalesce(json_agg(json_build_array(k.key, k.duplicate_notification_id)), '[]')
      FROM scheduler.dedup_keys AS k
-     WHERE k.key = ANY(CAST(:keys AS text[]))) AS taken_keys;
+     -- by the primary key whatever the table's size, as the preferences above (DEC-PLANS)
+     WHERE k.key = ANY(ARRAY(SELECT unnest(CAST(:keys AS text[]))))) AS taken_keys;
 
 -- name: write_batch_decisions
 -- A batch's decisions in one statement (a live event is a batch of one): new keys, repeated keys, notifications, every channel's deliveries and the outcomes (none for a live event).
