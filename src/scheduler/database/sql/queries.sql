@@ -139,11 +139,6 @@ SET status = o.status,
 FROM outcomes AS o
 -- by primary key: only rows this transaction claimed and still holds locked
 WHERE e.id = o.id
-  -- the same rows named as one array, so each is found through the primary key whatever the
-  -- planner's costs say: joined to o alone, a table of some tens of thousands of rows was read
-  -- whole by a hashed sequential scan (cheaper than a hundred probes by the planner's count of
-  -- a random read), so a burst's every batch read every row stored so far (DEC-PLANS)
-  AND e.id = ANY(ARRAY(SELECT id FROM outcomes))
 
 -- name: batch_outcomes
 -- A fragment, not a statement: a batch's outcomes as the rows write_outcomes reads, one element of each array per event, in the batch's order; record_outcomes and write_batch_decisions include it as {{batch_outcomes}}.
@@ -158,7 +153,12 @@ SELECT * FROM unnest(CAST(:ids AS text[]), CAST(:statuses AS text[]), CAST(:erro
 WITH outcomes AS (
     {{batch_outcomes}}
 )
-{{write_outcomes}};
+{{write_outcomes}}
+  -- the same rows named as one array, so each is found through the primary key whatever the
+  -- planner's costs say: joined to outcomes alone, a table of some tens of thousands of rows
+  -- was read whole by a hashed sequential scan (cheaper than a hundred probes by the planner's
+  -- count of a random read), so a burst's every batch read every row stored so far (DEC-PLANS)
+  AND e.id = ANY(ARRAY(SELECT id FROM outcomes));
 
 -- name: mark_dispatched
 -- One row dispatched (the benchmarks' raw-SQL ceiling and the status-first broken variant).
@@ -409,6 +409,8 @@ WITH document AS MATERIALIZED (
     -- exactly record_outcomes' write: dispatched with its time and no error, or failed with
     -- the reason, or pending, held until its not_before (QUIET-2)
     {{write_outcomes}}
+      -- by primary key whatever the planner's costs say, as record_outcomes (DEC-PLANS)
+      AND e.id = ANY(ARRAY(SELECT id FROM outcomes))
     RETURNING e.id
 ), wrote AS (
     SELECT (SELECT count(*) FROM new_keys) AS new_keys,
