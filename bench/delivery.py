@@ -20,8 +20,8 @@ seconds ahead; a reminder's latency is the receiver's first 2xx for it minus ``T
 - **procrastinate** and **pgqueuer**: the same N as jobs scheduled at ``T``, two worker
   processes each at the same concurrency (procrastinate's ``concurrency``, pgqueuer's
   ``max_concurrent_tasks`` and batch), each job making the same HTTP call (the production
-  ``WebhookSender`` on the production client, ``DeliveryHttp``, signed, to the same
-  receiver). They poll every second (a NOTIFY at enqueue time cannot wake them at ``T``), as
+  ``WebhookSender`` on the production client, ``DeliveryHttp``, signed, to a receiver of the
+  same kind). They poll every second (a NOTIFY at enqueue time cannot wake them at ``T``), as
   in ``bench burst``.
 """
 
@@ -421,64 +421,66 @@ def peer(server: Server, receiver: Receiver, name: str, *, events: int, replicas
 def run(server: Server, *, events: int, replicas: int = 2, concurrency: int = CONCURRENCY,
         batch_size: int = BATCH_SIZE, publisher_events: int = PUBLISHER_EVENTS, latency_ms: int = LATENCY_MS,
         workdir: Path | None = None, rounds: int = 1) -> dict[str, Any]:
-    """Every system of the module's list against one receiver; the outbox first. With
-    ``rounds`` above one, the outbox and pgqueuer run that many times, taking turns at going
-    first (a machine's pace drifts over minutes: one run each is a coin toss when the two are
-    close); their rows are then each one's median round by p99, and ``rounds`` lists every
-    round. The publisher and procrastinate, far behind, run once."""
+    """Every system of the module's list, each run against a receiver of its own (it keeps
+    every key's first answer, and the outbox's keys, its idempotency keys, have no prefix to
+    count by); the outbox first. With ``rounds`` above one, the outbox and pgqueuer run that
+    many times, taking turns at going first (a machine's pace drifts over minutes: one run
+    each is a coin toss when the two are close); their rows are then each one's median round
+    by p99, and ``rounds`` lists every round. The publisher and procrastinate, far behind, run
+    once, in the first round."""
     if rounds < 1:
         raise ValueError(f"at least one round, got {rounds}")
     workdir = workdir or Path(os.environ.get("TMPDIR", "/tmp")) / f"bench-delivery-{os.getpid()}"
     workdir.mkdir(parents=True, exist_ok=True)
     progress("delivery: calibrating the store rate")
     store_rate = calibrate_store_rate(server)
-    receiver = Receiver(latency_ms / 1000)
 
-    def ours(receiver: Receiver) -> dict[str, Any]:
-        return outbox(server, receiver, events=events, replicas=replicas, concurrency=concurrency,
-                      store_rate=store_rate, workdir=workdir, batch_size=batch_size)
-
-    def theirs(receiver: Receiver, name: str) -> dict[str, Any]:
+    def against_a_receiver(measure: Callable[[Receiver], dict[str, Any]]) -> dict[str, Any]:
+        receiver = Receiver(latency_ms / 1000)
         try:
-            return peer(server, receiver, name, events=events, replicas=replicas, concurrency=concurrency)
+            return measure(receiver)
+        finally:
+            receiver.close()
+
+    def ours() -> dict[str, Any]:
+        return against_a_receiver(lambda r: outbox(server, r, events=events, replicas=replicas, concurrency=concurrency,
+                                                   store_rate=store_rate, workdir=workdir, batch_size=batch_size))
+
+    def theirs(name: str) -> dict[str, Any]:
+        try:
+            return against_a_receiver(lambda r: peer(server, r, name, events=events, replicas=replicas,
+                                                     concurrency=concurrency))
         except Exception as exc:  # noqa: BLE001 - one peer's failure is its row; the others still run
             progress(f"delivery {name} FAILED: {type(exc).__name__}: {exc}")
             return {"system": name, "skipped": f"failed: {type(exc).__name__}: {str(exc).strip()[:200]}"}
 
-    def alone(run: Callable[[Receiver], dict[str, Any]]) -> dict[str, Any]:
-        # a later round's run on a receiver of its own: the receiver keeps every key's first
-        # answer, and the outbox's keys (its idempotency keys) have no prefix to count by
-        fresh = Receiver(latency_ms / 1000)
-        try:
-            return run(fresh)
-        finally:
-            fresh.close()
-
-    played: list[dict[str, dict[str, Any]]] = []
-    try:
-        first = ours(receiver)
-        systems = [first, publisher(server, receiver, events=min(publisher_events, events), replicas=replicas,
-                                    target_events=events, store_rate=store_rate), theirs(receiver, "procrastinate")]
-        played.append({"outbox": first, "pgqueuer": theirs(receiver, "pgqueuer")})
-    finally:
-        receiver.close()
-    for number in range(1, rounds):
-        progress(f"delivery: round {number + 1} of {rounds}, {'pgqueuer' if number % 2 else 'the outbox'} first")
-        if number % 2:
-            pgqueuer = alone(lambda r: theirs(r, "pgqueuer"))
-            played.append({"pgqueuer": pgqueuer, "outbox": alone(ours)})
+    played: list[dict[str, Any]] = []
+    once: list[dict[str, Any]] = []
+    for number in range(rounds):
+        first = "pgqueuer" if number % 2 else "outbox"
+        if number:
+            progress(f"delivery: round {number + 1} of {rounds}, {first} first")
+        if first == "pgqueuer":
+            theirs_row = theirs("pgqueuer")
+            ours_row = ours()
         else:
-            mine = alone(ours)
-            played.append({"outbox": mine, "pgqueuer": alone(lambda r: theirs(r, "pgqueuer"))})
+            ours_row = ours()
+            if number == 0:
+                once = [against_a_receiver(lambda r: publisher(server, r, events=min(publisher_events, events),
+                                                               replicas=replicas, target_events=events,
+                                                               store_rate=store_rate)),
+                        theirs("procrastinate")]
+            theirs_row = theirs("pgqueuer")
+        played.append({"first": first, "outbox": ours_row, "pgqueuer": theirs_row})
     section: dict[str, Any] = {"events": events, "replicas": replicas, "concurrency": concurrency,
                                "batch_size": batch_size, "latency_ms": latency_ms,
                                "target_p99_s": TARGET_P99_SECONDS}
     if rounds == 1:
-        return section | {"systems": [*systems, played[0]["pgqueuer"]]}
-    systems[0] = _median_round([r["outbox"] for r in played])
-    section["rounds"] = [{"first": next(iter(r)), **{f"{name}_p99_s": r[name].get("p99_s") for name in r}}
-                         for r in played]
-    return section | {"systems": [*systems, _median_round([r["pgqueuer"] for r in played])]}
+        return section | {"systems": [played[0]["outbox"], *once, played[0]["pgqueuer"]]}
+    section["rounds"] = [{"first": r["first"], "outbox_p99_s": r["outbox"].get("p99_s"),
+                          "pgqueuer_p99_s": r["pgqueuer"].get("p99_s")} for r in played]
+    return section | {"systems": [_median_round([r["outbox"] for r in played]), *once,
+                                  _median_round([r["pgqueuer"] for r in played])]}
 
 
 def _median_round(results: list[dict[str, Any]]) -> dict[str, Any]:
