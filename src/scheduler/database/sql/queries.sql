@@ -154,11 +154,15 @@ WITH outcomes AS (
     {{batch_outcomes}}
 )
 {{write_outcomes}}
-  -- the same rows named as one array, so each is found through the primary key whatever the
-  -- planner's costs say: joined to outcomes alone, a table of some tens of thousands of rows
-  -- was read whole by a hashed sequential scan (cheaper than a hundred probes by the planner's
-  -- count of a random read), so a burst's every batch read every row stored so far (DEC-PLANS)
-  AND e.id = ANY(ARRAY(SELECT id FROM outcomes));
+{{outcomes_by_key}};
+
+-- name: outcomes_by_key
+-- A fragment, not a statement: a clause after write_outcomes where the outcomes are a batch's arrays (batch_outcomes), naming its rows again as one array so that each is found by primary key; record_outcomes and write_batch_decisions include it as {{outcomes_by_key}}.
+-- joined to the outcomes alone, a table of some tens of thousands of rows was read whole by a
+-- hashed sequential scan (cheaper than a hundred probes by the planner's count of a random
+-- read), so a burst's every batch read every row stored so far (DEC-PLANS); the claim's expired
+-- step, whose few rows its own index finds, keeps the join alone and its plan (PERF-1)
+  AND e.id = ANY(ARRAY(SELECT id FROM outcomes))
 
 -- name: mark_dispatched
 -- One row dispatched (the benchmarks' raw-SQL ceiling and the status-first broken variant).
@@ -361,7 +365,7 @@ WITH document AS MATERIALIZED (
     FROM document, jsonb_array_elements(document.b->'repeated_keys') AS r
     -- only as the read saw it: a new suppressed_dedup row exactly when the key had none
     WHERE d.key = r->>'key'
-      -- through the primary key whatever the statistics say, as write_outcomes (DEC-PLANS)
+      -- through the primary key whatever the planner's costs say, as outcomes_by_key (DEC-PLANS)
       AND d.key = ANY(ARRAY(SELECT k->>'key' FROM document, jsonb_array_elements(document.b->'repeated_keys') AS k))
       AND (d.duplicate_notification_id IS NULL) = (r->>'notification_id' IS NOT NULL)
     RETURNING d.key
@@ -409,8 +413,7 @@ WITH document AS MATERIALIZED (
     -- exactly record_outcomes' write: dispatched with its time and no error, or failed with
     -- the reason, or pending, held until its not_before (QUIET-2)
     {{write_outcomes}}
-      -- by primary key whatever the planner's costs say, as record_outcomes (DEC-PLANS)
-      AND e.id = ANY(ARRAY(SELECT id FROM outcomes))
+    {{outcomes_by_key}}
     RETURNING e.id
 ), wrote AS (
     SELECT (SELECT count(*) FROM new_keys) AS new_keys,
